@@ -1,0 +1,155 @@
+//! Server configuration: one TOML file per node, every key also a command-line flag.
+//!
+//! Each key is declared once below; the macro derives the flag, the TOML field, the merge
+//! (flag over file over default) and the resolved config.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+
+macro_rules! server_options {
+    ($( $(#[doc = $doc:literal])+ $name:ident : $ty:ty = $default:expr ; )*) => {
+        /// Every server setting as optional, as read from a file or flags.
+        #[derive(clap::Args, serde::Deserialize, serde::Serialize, Debug, Default, Clone)]
+        #[serde(deny_unknown_fields)]
+        pub struct ServerOptions {
+            $( $(#[doc = $doc])+ #[arg(long)] #[serde(skip_serializing_if = "Option::is_none")] pub $name: Option<$ty>, )*
+        }
+
+        /// Every server setting, resolved.
+        #[derive(Debug, Clone)]
+        pub struct ServerConfig {
+            $( $(#[doc = $doc])+ pub $name: $ty, )*
+        }
+
+        impl ServerOptions {
+            /// Settings from `self`, falling back to `base` for any it leaves unset.
+            pub fn over(self, base: ServerOptions) -> ServerOptions {
+                ServerOptions { $( $name: self.$name.or(base.$name), )* }
+            }
+
+            pub fn resolve(self) -> ServerConfig {
+                ServerConfig { $( $name: self.$name.unwrap_or_else(|| $default), )* }
+            }
+        }
+    };
+}
+
+server_options! {
+    /// This node's id; must appear in `peers`.
+    id: u64 = 1;
+    /// Directory for the raft log and snapshots.
+    data_dir: PathBuf = PathBuf::from("chorus-data");
+    /// Address for Redis clients (RESP).
+    resp_addr: SocketAddr = "127.0.0.1:6379".parse().expect("valid");
+    /// Address for the Prometheus metrics endpoint (GET /metrics).
+    metrics_addr: SocketAddr = "127.0.0.1:9379".parse().expect("valid");
+    /// Every voter as id=host:port (peer port), comma separated, this node included.
+    peers: String = "1=127.0.0.1:7379".into();
+    /// Raft tick length in milliseconds.
+    tick_ms: u64 = 100;
+    /// Election timeout in ticks (randomised between this and twice this).
+    election_ticks: usize = 10;
+    /// Leader heartbeat interval in ticks.
+    heartbeat_ticks: usize = 2;
+    /// Most client commands in one raft entry.
+    max_batch_commands: usize = 4096;
+    /// Most bytes of commands in one raft entry.
+    max_batch_bytes: usize = 4 * 1024 * 1024;
+    /// How long a request waits for a leader before a retryable TRYAGAIN error.
+    leader_wait_ms: u64 = 3000;
+    /// How long a write may take to apply before a TIMEOUT (outcome unknown) error.
+    request_timeout_ms: u64 = 5000;
+    /// Snapshot the state machine after this many applied entries.
+    snapshot_interval_entries: u64 = 20_000;
+    /// Snapshot the state machine after this many applied bytes of commands.
+    snapshot_interval_bytes: u64 = 64 * 1024 * 1024;
+    /// Entries kept behind a snapshot for followers that lag a little.
+    log_keep_entries: u64 = 5_000;
+    /// Size at which the raft log starts a new segment file.
+    segment_size_bytes: u64 = 64 * 1024 * 1024;
+    /// Largest peer frame accepted (a whole snapshot travels in one frame).
+    max_frame_bytes: usize = 512 * 1024 * 1024;
+    /// Outgoing messages queued per peer before new ones are dropped.
+    peer_queue_messages: usize = 4096;
+    /// Largest RESP bulk string accepted from a client.
+    max_request_bytes: usize = 64 * 1024 * 1024;
+    /// Default read consistency for new connections: "linearizable" or "stale".
+    read_consistency: String = "linearizable".into();
+    /// Log filter, e.g. "info" or "chorus=debug,raft=info".
+    log: String = "info".into();
+}
+
+impl ServerOptions {
+    pub fn from_file(path: &std::path::Path) -> anyhow::Result<ServerOptions> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("options serialise")
+    }
+}
+
+/// Parses "1=127.0.0.1:7001,2=127.0.0.1:7002".
+pub fn parse_peers(peers: &str) -> anyhow::Result<Vec<(u64, SocketAddr)>> {
+    let mut out = Vec::new();
+    for part in peers.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .with_context(|| format!("peer '{part}' is not id=host:port"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .with_context(|| format!("peer id '{id}' is not a number"))?;
+        let addr: SocketAddr = addr
+            .trim()
+            .parse()
+            .with_context(|| format!("peer address '{addr}' is not host:port"))?;
+        if id == 0 {
+            bail!("peer ids start at 1 (0 means 'no node' in raft)");
+        }
+        if out.iter().any(|(other, _)| *other == id) {
+            bail!("peer id {id} is listed twice");
+        }
+        out.push((id, addr));
+    }
+    if out.is_empty() {
+        bail!("no peers configured");
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_file_override_defaults() {
+        let file: ServerOptions = toml::from_str("id = 2\ntick_ms = 50\n").unwrap();
+        let flags = ServerOptions {
+            tick_ms: Some(20),
+            ..Default::default()
+        };
+        let config = flags.over(file).resolve();
+        assert_eq!(config.id, 2);
+        assert_eq!(config.tick_ms, 20);
+        assert_eq!(config.election_ticks, 10);
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        assert!(toml::from_str::<ServerOptions>("tick = 5").is_err());
+    }
+
+    #[test]
+    fn peers_parse_and_validate() {
+        let peers = parse_peers("1=127.0.0.1:7001, 2=127.0.0.1:7002").unwrap();
+        assert_eq!(peers.len(), 2);
+        assert!(parse_peers("1=127.0.0.1:7001,1=127.0.0.1:7002").is_err());
+        assert!(parse_peers("0=127.0.0.1:1").is_err());
+        assert!(parse_peers("x").is_err());
+    }
+}

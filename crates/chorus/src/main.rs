@@ -1,0 +1,122 @@
+//! The `chorus` command: run a node, manage a local cluster, or watch the demo.
+
+mod cluster;
+mod config;
+mod demo;
+mod server;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "chorus",
+    version,
+    about = "A replicated data store speaking the Redis protocol"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Commands,
+}
+
+#[derive(Subcommand)]
+enum Commands {
+    /// Run one node. Settings come from --config FILE (TOML) and flags; flags win.
+    Server {
+        /// TOML file with any of the settings below.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        options: Box<config::ServerOptions>,
+    },
+    /// Manage a local multi-process cluster on 127.0.0.1.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
+    /// Start a local 3-node cluster, drive a workload, crash and restart the leader, verify.
+    Demo(demo::DemoArgs),
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Create (or restart the stopped nodes of) a cluster in DIR and wait for a leader.
+    Start {
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        #[arg(long)]
+        dir: PathBuf,
+        /// Extra `chorus server` flags for every node, after `--`.
+        #[arg(last = true)]
+        server_args: Vec<String>,
+    },
+    /// One line per node: id, role, pid, RESP address.
+    Status {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Stop every node of the cluster in DIR (data is kept).
+    Stop {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// SIGKILL one node, as a crash would.
+    Kill {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        node: u64,
+    },
+}
+
+fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        match cli.command {
+            Commands::Server { config, options } => {
+                let file = match config {
+                    Some(path) => config::ServerOptions::from_file(&path)?,
+                    None => config::ServerOptions::default(),
+                };
+                let config = (*options).over(file).resolve();
+                init_logging(&config.log);
+                server::run(config).await
+            }
+            Commands::Cluster { command } => match command {
+                ClusterCommand::Start {
+                    nodes,
+                    dir,
+                    server_args,
+                } => {
+                    let file = cluster::start(&dir, nodes, server_args).await?;
+                    cluster::print_status(&cluster::status(&dir, &file).await);
+                    Ok(())
+                }
+                ClusterCommand::Status { dir } => {
+                    let file = cluster::load(&dir)?;
+                    cluster::print_status(&cluster::status(&dir, &file).await);
+                    Ok(())
+                }
+                ClusterCommand::Stop { dir } => cluster::stop(&dir),
+                ClusterCommand::Kill { dir, node } => cluster::kill_node(&dir, node),
+            },
+            Commands::Demo(args) => demo::run(args).await,
+        }
+    })
+}

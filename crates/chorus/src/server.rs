@@ -1,0 +1,112 @@
+//! `chorus server`: wires storage, raft, transport, the RESP front end and metrics together.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use chorus_kv::{FrontEndOptions, KvState};
+use chorus_log::{IdentityCodec, NodeConfig, ReadConsistency};
+use chorus_resp::Limits;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::config::{parse_peers, ServerConfig};
+
+pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
+    let peers = parse_peers(&config.peers)?;
+    if !peers.iter().any(|(id, _)| *id == config.id) {
+        bail!("node id {} is not in peers '{}'", config.id, config.peers);
+    }
+    let default_consistency = match config.read_consistency.as_str() {
+        "linearizable" => ReadConsistency::Linearizable,
+        "stale" => ReadConsistency::Stale,
+        other => bail!("read_consistency must be 'linearizable' or 'stale', not '{other}'"),
+    };
+    // Bind client-facing ports before starting raft so a port clash fails fast and clearly.
+    let resp_listener = TcpListener::bind(config.resp_addr)
+        .await
+        .with_context(|| format!("cannot listen for RESP clients on {}", config.resp_addr))?;
+    let metrics_listener = TcpListener::bind(config.metrics_addr)
+        .await
+        .with_context(|| format!("cannot serve metrics on {}", config.metrics_addr))?;
+
+    let node_config = NodeConfig {
+        id: config.id,
+        peers,
+        data_dir: config.data_dir.clone(),
+        tick_ms: config.tick_ms,
+        election_ticks: config.election_ticks,
+        heartbeat_ticks: config.heartbeat_ticks,
+        max_batch_commands: config.max_batch_commands,
+        max_batch_bytes: config.max_batch_bytes,
+        leader_wait_ms: config.leader_wait_ms,
+        request_timeout_ms: config.request_timeout_ms,
+        snapshot_interval_entries: config.snapshot_interval_entries,
+        snapshot_interval_bytes: config.snapshot_interval_bytes,
+        log_keep_entries: config.log_keep_entries,
+        segment_size_bytes: config.segment_size_bytes,
+        max_frame_bytes: config.max_frame_bytes,
+        peer_queue_messages: config.peer_queue_messages,
+    };
+    let node = chorus_log::start(node_config, KvState::new(), Box::new(IdentityCodec))
+        .await
+        .context("cannot start the raft node")?;
+    tokio::spawn(serve_metrics(metrics_listener));
+    let options = FrontEndOptions {
+        default_consistency,
+        limits: Limits {
+            max_bulk_bytes: config.max_request_bytes,
+            ..Limits::default()
+        },
+        max_pipeline_commands: 1024,
+        resp_addr: config.resp_addr,
+    };
+    tracing::info!(
+        id = config.id, resp = %config.resp_addr, metrics = %config.metrics_addr,
+        data_dir = %config.data_dir.display(), "chorus node serving"
+    );
+    tokio::spawn(chorus_kv::serve(resp_listener, node, options));
+
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM received; exiting"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received; exiting"),
+    }
+    // Every acknowledged write is already fsynced; there is nothing to flush.
+    Ok(())
+}
+
+/// A minimal HTTP/1.1 responder: GET /metrics in Prometheus text format, 404 otherwise.
+async fn serve_metrics(listener: TcpListener) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        tokio::spawn(async move {
+            let mut request = Vec::with_capacity(1024);
+            let mut chunk = [0u8; 1024];
+            let read_head = async {
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 8192 {
+                    let n = stream.read(&mut chunk).await?;
+                    if n == 0 {
+                        break;
+                    }
+                    request.extend_from_slice(&chunk[..n]);
+                }
+                Ok::<_, std::io::Error>(())
+            };
+            if tokio::time::timeout(Duration::from_secs(5), read_head).await.is_err() {
+                return;
+            }
+            let (status, body) = if request.starts_with(b"GET /metrics ") {
+                ("200 OK", chorus_metrics::render())
+            } else {
+                ("404 Not Found", "try GET /metrics\n".to_string())
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+    }
+}

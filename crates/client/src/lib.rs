@@ -1,0 +1,106 @@
+//! A small async client for Chorus over RESP, with pipelining. It speaks the public protocol
+//! only, so it works against any node (and against Redis).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+pub use chorus_resp::Value;
+use chorus_resp::{parse_value, write_command, Limits};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("connection to {addr} failed: {source}")]
+    Connect {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("server closed the connection")]
+    Closed,
+    #[error("malformed reply: {0}")]
+    Protocol(#[from] chorus_resp::Error),
+}
+
+pub struct Client {
+    addr: SocketAddr,
+    stream: TcpStream,
+    input: BytesMut,
+    output: Vec<u8>,
+    timeout: Duration,
+    limits: Limits,
+}
+
+impl Client {
+    /// Connects with a default per-request timeout of 10 s.
+    pub async fn connect(addr: SocketAddr) -> Result<Client, ClientError> {
+        let timeout = Duration::from_secs(10);
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| ClientError::Timeout(timeout))?
+            .map_err(|source| ClientError::Connect { addr, source })?;
+        stream.set_nodelay(true)?;
+        Ok(Client {
+            addr,
+            stream,
+            input: BytesMut::with_capacity(16 * 1024),
+            output: Vec::with_capacity(1024),
+            timeout,
+            limits: Limits::default(),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// Sends one command and waits for its reply. Server errors come back as `Value::Error`.
+    pub async fn command<A: AsRef<[u8]>>(&mut self, args: &[A]) -> Result<Value, ClientError> {
+        let mut replies = self.pipeline(std::slice::from_ref(&args)).await?;
+        Ok(replies.pop().expect("one reply per command"))
+    }
+
+    /// Sends several commands in one write and returns their replies in order.
+    pub async fn pipeline<C: AsRef<[A]>, A: AsRef<[u8]>>(&mut self, commands: &[C]) -> Result<Vec<Value>, ClientError> {
+        let timeout = self.timeout;
+        tokio::time::timeout(timeout, self.pipeline_inner(commands))
+            .await
+            .map_err(|_| ClientError::Timeout(timeout))?
+    }
+
+    async fn pipeline_inner<C: AsRef<[A]>, A: AsRef<[u8]>>(
+        &mut self,
+        commands: &[C],
+    ) -> Result<Vec<Value>, ClientError> {
+        self.output.clear();
+        for c in commands {
+            write_command(c.as_ref(), &mut self.output);
+        }
+        self.stream.write_all(&self.output).await?;
+        let mut replies = Vec::with_capacity(commands.len());
+        while replies.len() < commands.len() {
+            match parse_value(&self.input, &self.limits)? {
+                Some((value, used)) => {
+                    self.input.advance(used);
+                    replies.push(value);
+                }
+                None => {
+                    if self.stream.read_buf(&mut self.input).await? == 0 {
+                        return Err(ClientError::Closed);
+                    }
+                }
+            }
+        }
+        Ok(replies)
+    }
+}

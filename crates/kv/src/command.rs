@@ -1,0 +1,344 @@
+//! Key-value commands: parsing client arguments into typed commands (with Redis-compatible error
+//! messages), and the log encoding of a write (its argument list, length-prefixed).
+
+use bytes::Bytes;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetCondition {
+    Always,
+    IfAbsent,
+    IfPresent,
+}
+
+/// A command that changes state; goes through the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    Set {
+        key: Bytes,
+        value: Bytes,
+        condition: SetCondition,
+        /// SETNX answers 1/0 instead of OK/nil.
+        reply_as_int: bool,
+    },
+    Del(Vec<Bytes>),
+    MSet(Vec<(Bytes, Bytes)>),
+    IncrBy {
+        key: Bytes,
+        delta: i64,
+    },
+    Append {
+        key: Bytes,
+        value: Bytes,
+    },
+    HSet {
+        key: Bytes,
+        pairs: Vec<(Bytes, Bytes)>,
+        /// HMSET answers OK instead of the number of new fields.
+        reply_ok: bool,
+    },
+    HDel {
+        key: Bytes,
+        fields: Vec<Bytes>,
+    },
+}
+
+/// A command that only reads state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Read {
+    Get(Bytes),
+    MGet(Vec<Bytes>),
+    Exists(Vec<Bytes>),
+    StrLen(Bytes),
+    Type(Bytes),
+    HGet { key: Bytes, field: Bytes },
+    HMGet { key: Bytes, fields: Vec<Bytes> },
+    HGetAll(Bytes),
+    HLen(Bytes),
+    HExists { key: Bytes, field: Bytes },
+    DbSize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    Write(Write),
+    Read(Read),
+}
+
+/// A Redis-style error message (without the leading '-').
+pub type CommandError = String;
+
+fn wrong_arity(name: &str) -> CommandError {
+    format!("ERR wrong number of arguments for '{name}' command")
+}
+
+pub fn syntax_error() -> CommandError {
+    "ERR syntax error".into()
+}
+
+pub fn parse_i64(arg: &[u8]) -> Result<i64, CommandError> {
+    std::str::from_utf8(arg)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| "ERR value is not an integer or out of range".into())
+}
+
+fn pairs(args: &[Bytes], name: &str) -> Result<Vec<(Bytes, Bytes)>, CommandError> {
+    if args.is_empty() || !args.len().is_multiple_of(2) {
+        return Err(wrong_arity(name));
+    }
+    Ok(args.chunks_exact(2).map(|p| (p[0].clone(), p[1].clone())).collect())
+}
+
+/// The lower-cased command name, for dispatch and metrics.
+pub fn command_name(args: &[Bytes]) -> String {
+    args.first()
+        .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
+        .unwrap_or_default()
+}
+
+impl Command {
+    /// Parses a data command. `Ok(None)` means the name is not a data command.
+    pub fn parse(args: &[Bytes]) -> Result<Option<Command>, CommandError> {
+        let name = command_name(args);
+        let rest = &args[1.min(args.len())..];
+        let exact = |n: usize| {
+            if rest.len() == n {
+                Ok(())
+            } else {
+                Err(wrong_arity(&name))
+            }
+        };
+        let at_least = |n: usize| {
+            if rest.len() >= n {
+                Ok(())
+            } else {
+                Err(wrong_arity(&name))
+            }
+        };
+        let cmd = match name.as_str() {
+            "get" => {
+                exact(1)?;
+                Command::Read(Read::Get(rest[0].clone()))
+            }
+            "set" => {
+                at_least(2)?;
+                let mut condition = SetCondition::Always;
+                for opt in &rest[2..] {
+                    match String::from_utf8_lossy(opt).to_ascii_uppercase().as_str() {
+                        "NX" if condition == SetCondition::Always => condition = SetCondition::IfAbsent,
+                        "XX" if condition == SetCondition::Always => condition = SetCondition::IfPresent,
+                        "EX" | "PX" | "EXAT" | "PXAT" | "KEEPTTL" => {
+                            return Err("ERR key expiry (EX/PX/EXAT/PXAT/KEEPTTL) is not supported by Chorus".into())
+                        }
+                        "GET" => return Err("ERR SET ... GET is not supported by Chorus".into()),
+                        _ => return Err(syntax_error()),
+                    }
+                }
+                Command::Write(Write::Set {
+                    key: rest[0].clone(),
+                    value: rest[1].clone(),
+                    condition,
+                    reply_as_int: false,
+                })
+            }
+            "setnx" => {
+                exact(2)?;
+                Command::Write(Write::Set {
+                    key: rest[0].clone(),
+                    value: rest[1].clone(),
+                    condition: SetCondition::IfAbsent,
+                    reply_as_int: true,
+                })
+            }
+            "del" | "unlink" => {
+                at_least(1)?;
+                Command::Write(Write::Del(rest.to_vec()))
+            }
+            "exists" => {
+                at_least(1)?;
+                Command::Read(Read::Exists(rest.to_vec()))
+            }
+            "mget" => {
+                at_least(1)?;
+                Command::Read(Read::MGet(rest.to_vec()))
+            }
+            "mset" => Command::Write(Write::MSet(pairs(rest, &name)?)),
+            "incr" | "decr" => {
+                exact(1)?;
+                let delta = if name == "incr" { 1 } else { -1 };
+                Command::Write(Write::IncrBy {
+                    key: rest[0].clone(),
+                    delta,
+                })
+            }
+            "incrby" | "decrby" => {
+                exact(2)?;
+                let n = parse_i64(&rest[1])?;
+                let delta = if name == "incrby" {
+                    n
+                } else {
+                    n.checked_neg()
+                        .ok_or_else(|| "ERR decrement would overflow".to_string())?
+                };
+                Command::Write(Write::IncrBy {
+                    key: rest[0].clone(),
+                    delta,
+                })
+            }
+            "append" => {
+                exact(2)?;
+                Command::Write(Write::Append {
+                    key: rest[0].clone(),
+                    value: rest[1].clone(),
+                })
+            }
+            "strlen" => {
+                exact(1)?;
+                Command::Read(Read::StrLen(rest[0].clone()))
+            }
+            "type" => {
+                exact(1)?;
+                Command::Read(Read::Type(rest[0].clone()))
+            }
+            "hset" | "hmset" => {
+                at_least(3)?;
+                Command::Write(Write::HSet {
+                    key: rest[0].clone(),
+                    pairs: pairs(&rest[1..], &name)?,
+                    reply_ok: name == "hmset",
+                })
+            }
+            "hget" => {
+                exact(2)?;
+                Command::Read(Read::HGet {
+                    key: rest[0].clone(),
+                    field: rest[1].clone(),
+                })
+            }
+            "hmget" => {
+                at_least(2)?;
+                Command::Read(Read::HMGet {
+                    key: rest[0].clone(),
+                    fields: rest[1..].to_vec(),
+                })
+            }
+            "hgetall" => {
+                exact(1)?;
+                Command::Read(Read::HGetAll(rest[0].clone()))
+            }
+            "hdel" => {
+                at_least(2)?;
+                Command::Write(Write::HDel {
+                    key: rest[0].clone(),
+                    fields: rest[1..].to_vec(),
+                })
+            }
+            "hlen" => {
+                exact(1)?;
+                Command::Read(Read::HLen(rest[0].clone()))
+            }
+            "hexists" => {
+                exact(2)?;
+                Command::Read(Read::HExists {
+                    key: rest[0].clone(),
+                    field: rest[1].clone(),
+                })
+            }
+            "dbsize" => {
+                exact(0)?;
+                Command::Read(Read::DbSize)
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some(cmd))
+    }
+}
+
+const ARGS_VERSION: u8 = 1;
+
+/// Log encoding of a write: `[version u8][count u32]` then `[len u32][bytes]` per argument.
+/// The raw argument list (not the typed command) is what travels, so every replica parses it the
+/// same way and preprocessors (UniCache) see the command word, key and fields as separate items.
+pub fn encode_args(args: &[Bytes]) -> Bytes {
+    let size = 5 + args.iter().map(|a| a.len() + 4).sum::<usize>();
+    let mut out = Vec::with_capacity(size);
+    out.push(ARGS_VERSION);
+    out.extend_from_slice(&(args.len() as u32).to_le_bytes());
+    for a in args {
+        out.extend_from_slice(&(a.len() as u32).to_le_bytes());
+        out.extend_from_slice(a);
+    }
+    Bytes::from(out)
+}
+
+pub fn decode_args(buf: &[u8]) -> Result<Vec<Bytes>, &'static str> {
+    let (&version, mut rest) = buf.split_first().ok_or("empty command")?;
+    if version != ARGS_VERSION {
+        return Err("unknown command encoding version");
+    }
+    let take_u32 = |rest: &mut &[u8]| -> Result<usize, &'static str> {
+        if rest.len() < 4 {
+            return Err("truncated command");
+        }
+        let (n, tail) = rest.split_at(4);
+        *rest = tail;
+        Ok(u32::from_le_bytes([n[0], n[1], n[2], n[3]]) as usize)
+    };
+    let count = take_u32(&mut rest)?;
+    let mut args = Vec::with_capacity(count.min(rest.len() / 4));
+    for _ in 0..count {
+        let len = take_u32(&mut rest)?;
+        if rest.len() < len {
+            return Err("truncated command");
+        }
+        let (arg, tail) = rest.split_at(len);
+        args.push(Bytes::copy_from_slice(arg));
+        rest = tail;
+    }
+    if !rest.is_empty() {
+        return Err("trailing bytes after command");
+    }
+    Ok(args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<Bytes> {
+        s.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect()
+    }
+
+    #[test]
+    fn parses_with_redis_errors() {
+        assert_eq!(
+            Command::parse(&args("SET k v NX")).unwrap(),
+            Some(Command::Write(Write::Set {
+                key: "k".into(),
+                value: "v".into(),
+                condition: SetCondition::IfAbsent,
+                reply_as_int: false
+            }))
+        );
+        assert_eq!(
+            Command::parse(&args("get")).unwrap_err(),
+            "ERR wrong number of arguments for 'get' command"
+        );
+        assert_eq!(Command::parse(&args("SET k v NX XX")).unwrap_err(), "ERR syntax error");
+        assert!(Command::parse(&args("SET k v EX 10")).is_err());
+        assert!(Command::parse(&args("INCRBY k nope")).is_err());
+        assert!(Command::parse(&args("MSET a 1 b")).is_err());
+        assert!(Command::parse(&args("DECRBY k -9223372036854775808")).is_err());
+        assert_eq!(Command::parse(&args("FLUSHALL")).unwrap(), None);
+    }
+
+    #[test]
+    fn args_round_trip_and_reject_truncation() {
+        let a = args("HSET h f1 v1 f2 v2");
+        let encoded = encode_args(&a);
+        assert_eq!(decode_args(&encoded).unwrap(), a);
+        for cut in 0..encoded.len() {
+            assert!(decode_args(&encoded[..cut]).is_err());
+        }
+    }
+}

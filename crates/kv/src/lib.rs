@@ -1,0 +1,9 @@
+//! The key-value service: Redis-compatible commands, the state machine they apply to, and the
+//! RESP front end that routes writes through the replicated log and reads through ReadIndex.
+
+pub mod command;
+pub mod server;
+pub mod state;
+
+pub use server::{serve, FrontEndOptions, KvNode};
+pub use state::KvState;

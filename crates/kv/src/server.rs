@@ -1,0 +1,542 @@
+//! RESP front end: accepts Redis clients, answers server commands locally, sends writes through
+//! the log and reads through ReadIndex (or local state, when a connection opted into stale reads).
+//!
+//! Pipelined commands are dispatched together and answered in order. A read that follows a write
+//! on the same connection waits for that write, so a connection always reads its own writes.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Buf, Bytes, BytesMut};
+use chorus_log::{NodeError, NodeHandle, ReadConsistency};
+use chorus_metrics::{labeled_counter, labeled_histogram, Counter, Histogram};
+use chorus_resp::{parse_command, write_value, Limits, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::command::{command_name, encode_args, Command};
+use crate::state::KvState;
+
+pub type KvNode = NodeHandle<KvState>;
+
+#[derive(Debug, Clone)]
+pub struct FrontEndOptions {
+    /// Default for new connections; a connection can switch with READONLY / READWRITE.
+    pub default_consistency: ReadConsistency,
+    pub limits: Limits,
+    /// Most commands taken from one pipeline before replies are written.
+    pub max_pipeline_commands: usize,
+    pub resp_addr: SocketAddr,
+}
+
+/// Command names we count individually; anything else is counted as "other".
+const COUNTED_COMMANDS: &[&str] = &[
+    "get",
+    "set",
+    "setnx",
+    "del",
+    "unlink",
+    "exists",
+    "mget",
+    "mset",
+    "incr",
+    "incrby",
+    "decr",
+    "decrby",
+    "append",
+    "strlen",
+    "type",
+    "hset",
+    "hmset",
+    "hget",
+    "hmget",
+    "hgetall",
+    "hdel",
+    "hlen",
+    "hexists",
+    "dbsize",
+    "ping",
+    "echo",
+    "info",
+    "select",
+    "config",
+    "command",
+    "client",
+    "hello",
+    "quit",
+    "readonly",
+    "readwrite",
+    "other",
+];
+
+struct FrontEndMetrics {
+    by_command: HashMap<&'static str, Arc<Counter>>,
+    write_seconds: Arc<Histogram>,
+    read_seconds: Arc<Histogram>,
+    errors: Arc<Counter>,
+    connections: Arc<Counter>,
+    protocol_errors: Arc<Counter>,
+}
+
+impl FrontEndMetrics {
+    fn new() -> Self {
+        FrontEndMetrics {
+            by_command: COUNTED_COMMANDS
+                .iter()
+                .map(|c| {
+                    let counter = labeled_counter(
+                        "chorus_commands_total",
+                        "RESP commands received, by command",
+                        Some(("command", c)),
+                    );
+                    (*c, counter)
+                })
+                .collect(),
+            write_seconds: labeled_histogram(
+                "chorus_command_duration_seconds",
+                "Time from receipt to reply, by kind",
+                Some(("kind", "write")),
+            ),
+            read_seconds: labeled_histogram(
+                "chorus_command_duration_seconds",
+                "Time from receipt to reply, by kind",
+                Some(("kind", "read")),
+            ),
+            errors: chorus_metrics::counter("chorus_command_errors_total", "Commands answered with an error"),
+            connections: chorus_metrics::counter("chorus_resp_connections_total", "RESP connections accepted"),
+            protocol_errors: chorus_metrics::counter(
+                "chorus_resp_protocol_errors_total",
+                "RESP connections closed for malformed or oversized input",
+            ),
+        }
+    }
+
+    fn count(&self, name: &str) {
+        let key = if self.by_command.contains_key(name) {
+            name
+        } else {
+            "other"
+        };
+        self.by_command[key].inc();
+    }
+}
+
+struct Shared {
+    node: KvNode,
+    options: FrontEndOptions,
+    metrics: FrontEndMetrics,
+    next_client_id: AtomicU64,
+    started: Instant,
+}
+
+/// Serves RESP clients on `listener` until the process exits.
+pub async fn serve(listener: TcpListener, node: KvNode, options: FrontEndOptions) {
+    let shared = Arc::new(Shared {
+        node,
+        options,
+        metrics: FrontEndMetrics::new(),
+        next_client_id: AtomicU64::new(1),
+        started: Instant::now(),
+    });
+    loop {
+        let (stream, remote) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "RESP accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        shared.metrics.connections.inc();
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let id = shared.next_client_id.fetch_add(1, Ordering::Relaxed);
+            let mut conn = Connection {
+                id,
+                name: None,
+                consistency: shared.options.default_consistency,
+                shared,
+            };
+            if let Err(e) = conn.run(stream).await {
+                tracing::debug!(%remote, error = %e, "RESP connection ended");
+            }
+        });
+    }
+}
+
+/// A reply in the making, kept in command order.
+enum Slot {
+    Ready(Value),
+    Waiting {
+        reply: chorus_log::node::Pending<Value>,
+        started: Instant,
+        is_write: bool,
+    },
+}
+
+struct Connection {
+    id: u64,
+    name: Option<Bytes>,
+    consistency: ReadConsistency,
+    shared: Arc<Shared>,
+}
+
+enum Flow {
+    Continue,
+    Close,
+}
+
+fn node_error(e: NodeError) -> Value {
+    let prefix = match e {
+        NodeError::NoLeader { .. } | NodeError::Overloaded => "TRYAGAIN",
+        NodeError::Timeout { .. } => "TIMEOUT",
+        NodeError::LeaderChanged => "UNCERTAIN",
+        NodeError::ShuttingDown => "ERR",
+    };
+    Value::error(format!("{prefix} {e}"))
+}
+
+impl Connection {
+    async fn run(&mut self, mut stream: TcpStream) -> std::io::Result<()> {
+        let mut input = BytesMut::with_capacity(16 * 1024);
+        let mut output = Vec::with_capacity(16 * 1024);
+        let limits = self.shared.options.limits;
+        loop {
+            if stream.read_buf(&mut input).await? == 0 {
+                return Ok(());
+            }
+            let mut slots = Vec::new();
+            let mut flow = Flow::Continue;
+            let mut pending_writes = false;
+            while slots.len() < self.shared.options.max_pipeline_commands {
+                let (args, used) = match parse_command(&input, &limits) {
+                    Ok(Some(parsed)) => parsed,
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.shared.metrics.protocol_errors.inc();
+                        slots.push(Slot::Ready(Value::error(format!("ERR {e}"))));
+                        flow = Flow::Close;
+                        break;
+                    }
+                };
+                input.advance(used);
+                if args.is_empty() {
+                    continue;
+                }
+                let is_read = matches!(Command::parse(&args), Ok(Some(Command::Read(_))));
+                if is_read && pending_writes {
+                    // Read-your-writes: finish the earlier writes before this read is ordered.
+                    self.resolve(&mut slots, &mut output).await;
+                    pending_writes = false;
+                }
+                let (slot, next) = self.dispatch(args).await;
+                if matches!(slot, Slot::Waiting { is_write: true, .. }) {
+                    pending_writes = true;
+                }
+                slots.push(slot);
+                if let Flow::Close = next {
+                    flow = Flow::Close;
+                    break;
+                }
+            }
+            self.resolve(&mut slots, &mut output).await;
+            stream.write_all(&output).await?;
+            output.clear();
+            if let Flow::Close = flow {
+                stream.shutdown().await?;
+                return Ok(());
+            }
+        }
+    }
+
+    async fn resolve(&self, slots: &mut Vec<Slot>, output: &mut Vec<u8>) {
+        for slot in slots.drain(..) {
+            let value = match slot {
+                Slot::Ready(v) => v,
+                Slot::Waiting {
+                    reply,
+                    started,
+                    is_write,
+                } => {
+                    let value = match reply.await {
+                        Ok(Ok(v)) => v,
+                        Ok(Err(e)) => node_error(e),
+                        Err(_) => node_error(NodeError::ShuttingDown),
+                    };
+                    let histogram = if is_write {
+                        &self.shared.metrics.write_seconds
+                    } else {
+                        &self.shared.metrics.read_seconds
+                    };
+                    histogram.observe(started.elapsed());
+                    value
+                }
+            };
+            if value.is_error() {
+                self.shared.metrics.errors.inc();
+            }
+            write_value(&value, output);
+        }
+    }
+
+    async fn dispatch(&mut self, args: Vec<Bytes>) -> (Slot, Flow) {
+        let name = command_name(&args);
+        self.shared.metrics.count(&name);
+        let started = Instant::now();
+        match Command::parse(&args) {
+            Err(e) => (Slot::Ready(Value::error(e)), Flow::Continue),
+            Ok(Some(Command::Write(_))) => {
+                let slot = match self.shared.node.submit_write(encode_args(&args)).await {
+                    Ok(reply) => Slot::Waiting {
+                        reply,
+                        started,
+                        is_write: true,
+                    },
+                    Err(e) => Slot::Ready(node_error(e)),
+                };
+                (slot, Flow::Continue)
+            }
+            Ok(Some(Command::Read(read))) => {
+                let slot = match self.shared.node.submit_read(read, self.consistency).await {
+                    Ok(reply) => Slot::Waiting {
+                        reply,
+                        started,
+                        is_write: false,
+                    },
+                    Err(e) => Slot::Ready(node_error(e)),
+                };
+                (slot, Flow::Continue)
+            }
+            Ok(None) => {
+                let (value, flow) = self.server_command(&name, &args[1..]).await;
+                (Slot::Ready(value), flow)
+            }
+        }
+    }
+
+    /// Commands answered by this node without touching the log.
+    async fn server_command(&mut self, name: &str, rest: &[Bytes]) -> (Value, Flow) {
+        let arity = |ok: bool| {
+            if ok {
+                Ok(())
+            } else {
+                Err(Value::error(format!(
+                    "ERR wrong number of arguments for '{name}' command"
+                )))
+            }
+        };
+        let sub = rest
+            .first()
+            .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase())
+            .unwrap_or_default();
+        let value = match name {
+            "ping" => match rest {
+                [] => Value::Simple("PONG".into()),
+                [msg] => Value::bulk(msg.clone()),
+                _ => return (arity(false).unwrap_err(), Flow::Continue),
+            },
+            "echo" => match rest {
+                [msg] => Value::bulk(msg.clone()),
+                _ => return (arity(false).unwrap_err(), Flow::Continue),
+            },
+            "quit" => return (Value::ok(), Flow::Close),
+            "select" => match rest {
+                [db] if db.as_ref() == b"0" => Value::ok(),
+                [_] => Value::error("ERR DB index is out of range (Chorus has one database, 0)"),
+                _ => return (arity(false).unwrap_err(), Flow::Continue),
+            },
+            "readonly" => {
+                self.consistency = ReadConsistency::Stale;
+                Value::ok()
+            }
+            "readwrite" => {
+                self.consistency = ReadConsistency::Linearizable;
+                Value::ok()
+            }
+            "info" => Value::bulk(self.info(&sub).await),
+            "config" => match (sub.as_str(), rest.len()) {
+                ("get", n) if n >= 2 => config_get(&rest[1..]),
+                ("get", _) => Value::error("ERR wrong number of arguments for 'config|get' command"),
+                ("set", _) | ("rewrite", _) | ("resetstat", _) => Value::error(
+                    "ERR CONFIG SET/REWRITE/RESETSTAT are not supported; configure chorus with its TOML file or flags",
+                ),
+                _ => Value::error(format!("ERR unknown subcommand '{sub}' for 'config'")),
+            },
+            "command" => match sub.as_str() {
+                "" | "docs" | "info" | "list" => Value::array(Vec::new()),
+                "count" => Value::Integer((COUNTED_COMMANDS.len() - 1) as i64),
+                _ => Value::error(format!("ERR unknown subcommand '{sub}' for 'command'")),
+            },
+            "client" => match (sub.as_str(), rest.len()) {
+                ("setname", 2) => {
+                    self.name = Some(rest[1].clone());
+                    Value::ok()
+                }
+                ("getname", 1) => Value::Bulk(self.name.clone()),
+                ("id", 1) => Value::Integer(self.id as i64),
+                ("setinfo", 3) => Value::ok(),
+                ("info", 1) => Value::bulk(format!(
+                    "id={} name={} db=0 read_consistency={}\n",
+                    self.id,
+                    self.name
+                        .as_ref()
+                        .map(|n| String::from_utf8_lossy(n).into_owned())
+                        .unwrap_or_default(),
+                    self.consistency_name()
+                )),
+                _ => Value::error(format!("ERR unknown or malformed subcommand '{sub}' for 'client'")),
+            },
+            "hello" => match sub.as_str() {
+                "" | "2" if rest.len() <= 1 => Value::array(vec![
+                    Value::bulk("server"),
+                    Value::bulk("chorus"),
+                    Value::bulk("version"),
+                    Value::bulk(env!("CARGO_PKG_VERSION")),
+                    Value::bulk("proto"),
+                    Value::Integer(2),
+                    Value::bulk("id"),
+                    Value::Integer(self.id as i64),
+                    Value::bulk("mode"),
+                    Value::bulk("standalone"),
+                    Value::bulk("role"),
+                    Value::bulk("master"),
+                    Value::bulk("modules"),
+                    Value::array(Vec::new()),
+                ]),
+                "" | "2" => Value::error("ERR HELLO options (AUTH, SETNAME) are not supported"),
+                "3" => Value::error("NOPROTO RESP3 is not supported; use HELLO 2"),
+                _ => Value::error("NOPROTO unsupported protocol version"),
+            },
+            _ => {
+                let first = rest
+                    .iter()
+                    .take(3)
+                    .map(|a| format!("'{}'", String::from_utf8_lossy(a)))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                Value::error(format!(
+                    "ERR unknown command '{name}', with args beginning with: {first}"
+                ))
+            }
+        };
+        (value, Flow::Continue)
+    }
+
+    fn consistency_name(&self) -> &'static str {
+        match self.consistency {
+            ReadConsistency::Linearizable => "linearizable",
+            ReadConsistency::Stale => "stale",
+        }
+    }
+
+    async fn info(&self, section: &str) -> String {
+        let status = self.shared.node.status();
+        let keys = match self
+            .shared
+            .node
+            .read(crate::command::Read::DbSize, ReadConsistency::Stale)
+            .await
+        {
+            Ok(Value::Integer(n)) => n,
+            _ => 0,
+        };
+        let all = section.is_empty() || section == "all" || section == "everything" || section == "default";
+        let mut out = String::new();
+        if all || section == "server" {
+            out.push_str(&format!(
+                "# Server\r\nredis_version:7.0.0\r\nchorus_version:{}\r\nredis_mode:standalone\r\nprocess_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{}\r\n\r\n",
+                env!("CARGO_PKG_VERSION"),
+                std::process::id(),
+                self.shared.options.resp_addr.port(),
+                self.shared.started.elapsed().as_secs()
+            ));
+        }
+        if all || section == "replication" {
+            let role = if status.role == chorus_log::Role::Leader {
+                "master"
+            } else {
+                "slave"
+            };
+            out.push_str(&format!("# Replication\r\nrole:{role}\r\n\r\n"));
+        }
+        if all || section == "raft" {
+            out.push_str(&format!(
+                "# Raft\r\nraft_node_id:{}\r\nraft_role:{}\r\nraft_term:{}\r\nraft_leader_id:{}\r\nraft_commit_index:{}\r\nraft_applied_index:{}\r\nraft_first_index:{}\r\nraft_last_index:{}\r\nraft_snapshot_index:{}\r\nread_consistency:{}\r\n\r\n",
+                status.id,
+                status.role.as_str(),
+                status.term,
+                status.leader_id,
+                status.commit_index,
+                status.applied_index,
+                status.first_index,
+                status.last_index,
+                status.snapshot_index,
+                self.consistency_name()
+            ));
+        }
+        if all || section == "keyspace" {
+            out.push_str(&format!("# Keyspace\r\ndb0:keys={keys},expires=0,avg_ttl=0\r\n"));
+        }
+        out
+    }
+}
+
+/// Answers CONFIG GET honestly for the parameters that describe Chorus; others match nothing.
+fn config_get(patterns: &[Bytes]) -> Value {
+    const KNOWN: &[(&str, &str)] = &[
+        ("appendonly", "yes"),
+        ("appendfsync", "always"),
+        ("databases", "1"),
+        ("maxmemory", "0"),
+        ("save", ""),
+    ];
+    let mut out = Vec::new();
+    for (key, value) in KNOWN {
+        if patterns
+            .iter()
+            .any(|p| glob_match(&String::from_utf8_lossy(p).to_ascii_lowercase(), key))
+        {
+            out.push(Value::bulk(*key));
+            out.push(Value::bulk(*value));
+        }
+    }
+    Value::array(out)
+}
+
+/// Glob with `*` and `?`, enough for CONFIG GET patterns.
+fn glob_match(pattern: &str, text: &str) -> bool {
+    fn matches(p: &[u8], t: &[u8]) -> bool {
+        match (p.first(), t.first()) {
+            (None, None) => true,
+            (Some(b'*'), _) => matches(&p[1..], t) || (!t.is_empty() && matches(p, &t[1..])),
+            (Some(b'?'), Some(_)) => matches(&p[1..], &t[1..]),
+            (Some(a), Some(b)) if a == b => matches(&p[1..], &t[1..]),
+            _ => false,
+        }
+    }
+    matches(pattern.as_bytes(), text.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_get_matches_globs() {
+        assert_eq!(
+            config_get(&[Bytes::from("save")]),
+            Value::array(vec![Value::bulk("save"), Value::bulk("")])
+        );
+        let Value::Array(Some(all)) = config_get(&[Bytes::from("*")]) else {
+            panic!()
+        };
+        assert_eq!(all.len(), 10);
+        assert_eq!(config_get(&[Bytes::from("nothing*")]), Value::array(vec![]));
+        assert!(glob_match("append*", "appendfsync"));
+        assert!(!glob_match("append?", "appendonly"));
+    }
+}

@@ -1,0 +1,61 @@
+use std::path::PathBuf;
+
+/// Malformed bytes from disk or the network.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("truncated: wanted {wanted} bytes, {available} available")]
+    Truncated { wanted: usize, available: usize },
+    #[error("{0} unexpected trailing bytes")]
+    TrailingBytes(usize),
+    #[error("bad magic or unsupported version")]
+    BadMagic,
+    #[error("checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    Checksum { stored: u32, computed: u32 },
+    #[error("invalid {0}")]
+    Invalid(&'static str),
+    #[error("length {size} exceeds the limit of {limit}")]
+    TooLarge { size: usize, limit: usize },
+}
+
+/// Errors opening or writing the raft log storage.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "corrupt {path} at byte {offset}: {reason}. The file is not at the log's tail, so this is \
+         not a torn write; move the data directory aside and let the node catch up from its peers"
+    )]
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        reason: DecodeError,
+    },
+    #[error("inconsistent log: {0}")]
+    Inconsistent(String),
+}
+
+pub(crate) fn io_error(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> StorageError {
+    let path = path.into();
+    move |source| StorageError::Io { path, source }
+}
+
+/// Why a request to the replicated log did not complete. Every variant says whether retrying
+/// is safe, because clients must know if a write may have happened.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum NodeError {
+    #[error("no leader elected within {waited_ms} ms; the request was not applied, retry")]
+    NoLeader { waited_ms: u64 },
+    #[error("not committed within {waited_ms} ms; the write may or may not have been applied")]
+    Timeout { waited_ms: u64 },
+    #[error("leadership changed before the write committed; it may or may not have been applied")]
+    LeaderChanged,
+    #[error("node is overloaded; the request was not applied, retry")]
+    Overloaded,
+    #[error("node is shutting down; the request may not have been applied")]
+    ShuttingDown,
+}

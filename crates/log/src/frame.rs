@@ -1,0 +1,113 @@
+//! Peer wire frames: `[magic "CH" u16][version u8][kind u8][payload len u32][crc32 u32][payload]`.
+//!
+//! The first frame on a connection is a hello naming the sending node; every later frame carries
+//! one protobuf-encoded raft message. Oversized lengths are rejected before any allocation.
+
+use crate::error::DecodeError;
+use crate::wire::Reader;
+
+pub const FRAME_HEADER_BYTES: usize = 12;
+const MAGIC: [u8; 2] = *b"CH";
+pub const PROTOCOL_VERSION: u8 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameKind {
+    Hello = 1,
+    Raft = 2,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub kind: FrameKind,
+    pub payload_len: usize,
+    pub crc32: u32,
+}
+
+pub fn decode_header(buf: &[u8; FRAME_HEADER_BYTES], max_payload_bytes: usize) -> Result<FrameHeader, DecodeError> {
+    let mut r = Reader::new(buf);
+    if r.bytes(2)? != MAGIC || r.u8()? != PROTOCOL_VERSION {
+        return Err(DecodeError::BadMagic);
+    }
+    let kind = match r.u8()? {
+        1 => FrameKind::Hello,
+        2 => FrameKind::Raft,
+        _ => return Err(DecodeError::Invalid("frame kind")),
+    };
+    let payload_len = r.u32()? as usize;
+    if payload_len > max_payload_bytes {
+        return Err(DecodeError::TooLarge {
+            size: payload_len,
+            limit: max_payload_bytes,
+        });
+    }
+    Ok(FrameHeader {
+        kind,
+        payload_len,
+        crc32: r.u32()?,
+    })
+}
+
+pub fn verify_payload(header: &FrameHeader, payload: &[u8]) -> Result<(), DecodeError> {
+    let computed = crc32fast::hash(payload);
+    if computed != header.crc32 {
+        return Err(DecodeError::Checksum {
+            stored: header.crc32,
+            computed,
+        });
+    }
+    Ok(())
+}
+
+pub fn encode_frame(kind: FrameKind, payload: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&MAGIC);
+    out.push(PROTOCOL_VERSION);
+    out.push(kind as u8);
+    let len = u32::try_from(payload.len()).expect("frame larger than 4 GiB");
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
+pub fn encode_hello(node_id: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(FRAME_HEADER_BYTES + 8);
+    encode_frame(FrameKind::Hello, &node_id.to_le_bytes(), &mut out);
+    out
+}
+
+pub fn decode_hello(payload: &[u8]) -> Result<u64, DecodeError> {
+    let mut r = Reader::new(payload);
+    let id = r.u64()?;
+    r.finish()?;
+    Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_round_trip_and_rejections() {
+        let mut out = Vec::new();
+        encode_frame(FrameKind::Raft, b"payload", &mut out);
+        let header: [u8; FRAME_HEADER_BYTES] = out[..FRAME_HEADER_BYTES].try_into().unwrap();
+        let h = decode_header(&header, 1024).unwrap();
+        assert_eq!(h.kind, FrameKind::Raft);
+        assert_eq!(h.payload_len, 7);
+        verify_payload(&h, &out[FRAME_HEADER_BYTES..]).unwrap();
+        assert!(verify_payload(&h, b"paylOad").is_err());
+        assert!(matches!(decode_header(&header, 6), Err(DecodeError::TooLarge { .. })));
+        let mut bad = header;
+        bad[0] = b'X';
+        assert_eq!(decode_header(&bad, 1024), Err(DecodeError::BadMagic));
+        let mut bad_kind = header;
+        bad_kind[3] = 9;
+        assert!(decode_header(&bad_kind, 1024).is_err());
+    }
+
+    #[test]
+    fn hello_round_trip() {
+        let frame = encode_hello(3);
+        assert_eq!(decode_hello(&frame[FRAME_HEADER_BYTES..]).unwrap(), 3);
+        assert!(decode_hello(b"short").is_err());
+    }
+}

@@ -1,0 +1,16 @@
+//! The replicated log: a raft node (TiKV's `raft` crate) with durable storage, a TCP peer
+//! transport and an entry-codec seam. It knows nothing about what the commands mean.
+
+pub mod batch;
+pub mod codec;
+pub mod error;
+pub mod frame;
+pub mod node;
+mod raft_log;
+pub mod storage;
+pub mod transport;
+mod wire;
+
+pub use codec::{CodecError, EntryCodec, IdentityCodec};
+pub use error::{DecodeError, NodeError, StorageError};
+pub use node::{start, NodeConfig, NodeHandle, NodeStatus, ReadConsistency, Role, StartError, StateMachine};

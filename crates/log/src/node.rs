@@ -1,0 +1,993 @@
+//! The replicated log node: one thread owns `RawNode` and runs the Ready loop; everything else
+//! talks to it through bounded channels.
+//!
+//! The loop runs on a dedicated thread (with its own single-threaded tokio runtime for timers and
+//! channels) because it fsyncs: blocking there stalls only raft, never the network tasks.
+//!
+//! Writes are batched: every command that arrived since the last iteration is proposed as one
+//! raft entry. Followers propose too; raft forwards the entry to the leader, and the proposing
+//! node answers its client when it applies the entry itself. Linearizable reads are batched the
+//! same way behind one ReadIndex request and served once the node has applied up to that index.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use chorus_metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+use raft::eraftpb::{ConfChange, ConfChangeV2, Entry, EntryType, Message, MessageType, Snapshot};
+use raft::{RawNode, ReadState, SnapshotStatus, StateRole};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::batch::{self, Origin, BATCH_HEADER_BYTES, COMMAND_OVERHEAD_BYTES};
+use crate::codec::EntryCodec;
+use crate::error::{NodeError, StorageError};
+use crate::storage::{write_snapshot_file, DiskStorage, StorageOptions};
+use crate::transport::{self, PeerEvent, TransportConfig};
+
+/// A deterministic state machine fed by the committed log.
+pub trait StateMachine: Send + 'static {
+    /// A read executed against local state (after ReadIndex when linearizable).
+    type Query: Send + 'static;
+    type Output: Send + 'static;
+
+    /// Applies one committed command. Must depend only on the state and the command.
+    fn apply(&mut self, index: u64, command: &[u8]) -> Self::Output;
+    fn query(&self, query: &Self::Query) -> Self::Output;
+    fn snapshot(&self) -> Vec<u8>;
+    /// Replaces the state with a snapshot. An error means the snapshot is corrupt.
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String>;
+}
+
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub id: u64,
+    /// Every voter, this node included.
+    pub peers: Vec<(u64, SocketAddr)>,
+    pub data_dir: PathBuf,
+    pub tick_ms: u64,
+    pub election_ticks: usize,
+    pub heartbeat_ticks: usize,
+    pub max_batch_commands: usize,
+    pub max_batch_bytes: usize,
+    /// How long a request waits for a leader before failing with a retryable error.
+    pub leader_wait_ms: u64,
+    /// How long a proposed write may take to apply before its outcome is reported unknown.
+    pub request_timeout_ms: u64,
+    pub snapshot_interval_entries: u64,
+    pub snapshot_interval_bytes: u64,
+    /// Entries kept behind a snapshot so slightly lagging followers need no snapshot.
+    pub log_keep_entries: u64,
+    pub segment_size_bytes: u64,
+    pub max_frame_bytes: usize,
+    pub peer_queue_messages: usize,
+}
+
+impl NodeConfig {
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peers.iter().find(|(id, _)| *id == self.id).map(|(_, a)| *a)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Role {
+    #[default]
+    Follower,
+    PreCandidate,
+    Candidate,
+    Leader,
+}
+
+impl Role {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Role::Follower => "follower",
+            Role::PreCandidate => "precandidate",
+            Role::Candidate => "candidate",
+            Role::Leader => "leader",
+        }
+    }
+}
+
+impl From<StateRole> for Role {
+    fn from(r: StateRole) -> Self {
+        match r {
+            StateRole::Follower => Role::Follower,
+            StateRole::PreCandidate => Role::PreCandidate,
+            StateRole::Candidate => Role::Candidate,
+            StateRole::Leader => Role::Leader,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeStatus {
+    pub id: u64,
+    pub role: Role,
+    pub term: u64,
+    /// 0 when no leader is known.
+    pub leader_id: u64,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub first_index: u64,
+    pub last_index: u64,
+    pub snapshot_index: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadConsistency {
+    /// ReadIndex through the leader, then served once applied locally.
+    Linearizable,
+    /// Served from local state right away; may miss recent writes.
+    Stale,
+}
+
+type Reply<O> = oneshot::Sender<Result<O, NodeError>>;
+pub type Pending<O> = oneshot::Receiver<Result<O, NodeError>>;
+
+enum Request<SM: StateMachine> {
+    Write {
+        command: Bytes,
+        reply: Reply<SM::Output>,
+    },
+    Read {
+        query: SM::Query,
+        consistency: ReadConsistency,
+        reply: Reply<SM::Output>,
+    },
+}
+
+/// Cheap to clone; how the rest of the process reaches the raft loop.
+pub struct NodeHandle<SM: StateMachine> {
+    requests: mpsc::Sender<Request<SM>>,
+    status: watch::Receiver<NodeStatus>,
+}
+
+impl<SM: StateMachine> Clone for NodeHandle<SM> {
+    fn clone(&self) -> Self {
+        NodeHandle {
+            requests: self.requests.clone(),
+            status: self.status.clone(),
+        }
+    }
+}
+
+impl<SM: StateMachine> NodeHandle<SM> {
+    /// Queues a write; the receiver resolves when this node has applied it.
+    pub async fn submit_write(&self, command: Bytes) -> Result<Pending<SM::Output>, NodeError> {
+        let (reply, rx) = oneshot::channel();
+        self.requests
+            .send(Request::Write { command, reply })
+            .await
+            .map_err(|_| NodeError::ShuttingDown)?;
+        Ok(rx)
+    }
+
+    pub async fn submit_read(
+        &self,
+        query: SM::Query,
+        consistency: ReadConsistency,
+    ) -> Result<Pending<SM::Output>, NodeError> {
+        let (reply, rx) = oneshot::channel();
+        self.requests
+            .send(Request::Read {
+                query,
+                consistency,
+                reply,
+            })
+            .await
+            .map_err(|_| NodeError::ShuttingDown)?;
+        Ok(rx)
+    }
+
+    pub async fn write(&self, command: Bytes) -> Result<SM::Output, NodeError> {
+        self.submit_write(command)
+            .await?
+            .await
+            .unwrap_or(Err(NodeError::ShuttingDown))
+    }
+
+    pub async fn read(&self, query: SM::Query, consistency: ReadConsistency) -> Result<SM::Output, NodeError> {
+        self.submit_read(query, consistency)
+            .await?
+            .await
+            .unwrap_or(Err(NodeError::ShuttingDown))
+    }
+
+    pub fn status(&self) -> NodeStatus {
+        self.status.borrow().clone()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("raft configuration rejected: {0}")]
+    Raft(#[from] raft::Error),
+    #[error("cannot listen for peers on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("node {0} is not in the peer list")]
+    NotAPeer(u64),
+    #[error("snapshot in the data directory cannot be restored: {0}")]
+    Restore(String),
+}
+
+struct LogMetrics {
+    term: Arc<Gauge>,
+    role: Arc<Gauge>,
+    leader_id: Arc<Gauge>,
+    commit_index: Arc<Gauge>,
+    applied_index: Arc<Gauge>,
+    first_index: Arc<Gauge>,
+    last_index: Arc<Gauge>,
+    commands_proposed: Arc<Counter>,
+    entries_proposed: Arc<Counter>,
+    proposals_dropped: Arc<Counter>,
+    leader_changes: Arc<Counter>,
+    fsync_seconds: Arc<Histogram>,
+    ready_seconds: Arc<Histogram>,
+    snapshots_created: Arc<Counter>,
+    snapshots_installed: Arc<Counter>,
+    messages_dropped: Arc<Counter>,
+    codec_errors: Arc<Counter>,
+    batch_decode_errors: Arc<Counter>,
+    read_index_requests: Arc<Counter>,
+    requests_failed: Arc<Counter>,
+}
+
+impl LogMetrics {
+    fn new() -> Self {
+        LogMetrics {
+            term: gauge("chorus_raft_term", "Current raft term"),
+            role: gauge(
+                "chorus_raft_role",
+                "Raft role: 0 follower, 1 precandidate, 2 candidate, 3 leader",
+            ),
+            leader_id: gauge("chorus_raft_leader_id", "Id of the known leader, 0 if none"),
+            commit_index: gauge("chorus_raft_commit_index", "Raft commit index"),
+            applied_index: gauge("chorus_raft_applied_index", "Index applied to the state machine"),
+            first_index: gauge("chorus_raft_first_index", "First index held in the raft log"),
+            last_index: gauge("chorus_raft_last_index", "Last index held in the raft log"),
+            commands_proposed: counter(
+                "chorus_raft_commands_proposed_total",
+                "Client commands proposed by this node",
+            ),
+            entries_proposed: counter(
+                "chorus_raft_entries_proposed_total",
+                "Raft entries (command batches) proposed by this node",
+            ),
+            proposals_dropped: counter(
+                "chorus_raft_proposals_dropped_total",
+                "Proposals raft refused (no leader, transfer, too much uncommitted)",
+            ),
+            leader_changes: counter(
+                "chorus_raft_leader_changes_total",
+                "Times this node saw the leader change",
+            ),
+            fsync_seconds: histogram("chorus_raft_fsync_seconds", "Time to write and fsync a Ready"),
+            ready_seconds: histogram("chorus_raft_ready_seconds", "Time to handle one Ready end to end"),
+            snapshots_created: counter(
+                "chorus_raft_snapshots_created_total",
+                "Snapshots this node wrote of its state machine",
+            ),
+            snapshots_installed: counter(
+                "chorus_raft_snapshots_installed_total",
+                "Snapshots received from a leader and installed",
+            ),
+            messages_dropped: counter(
+                "chorus_peer_messages_dropped_total",
+                "Outgoing raft messages dropped because a peer queue was full",
+            ),
+            codec_errors: counter(
+                "chorus_entry_codec_errors_total",
+                "Incoming append messages the entry codec could not decode",
+            ),
+            batch_decode_errors: counter(
+                "chorus_apply_batch_decode_errors_total",
+                "Committed entries whose batch did not decode (skipped on every replica)",
+            ),
+            read_index_requests: counter(
+                "chorus_raft_read_index_requests_total",
+                "ReadIndex requests issued (one per batch of reads)",
+            ),
+            requests_failed: counter(
+                "chorus_requests_failed_total",
+                "Requests failed by timeout, missing leader or overload",
+            ),
+        }
+    }
+}
+
+struct Waiter<O> {
+    reply: Reply<O>,
+    arrived: Instant,
+    /// Raft term when the write was handed to raft (0 before that).
+    proposed_term: u64,
+}
+
+struct ReadWaiter<SM: StateMachine> {
+    query: SM::Query,
+    reply: Reply<SM::Output>,
+    arrived: Instant,
+}
+
+struct IssuedReads<SM: StateMachine> {
+    issued_at: Instant,
+    reads: Vec<ReadWaiter<SM>>,
+}
+
+/// Snapshot written by a background thread, ready to be adopted by the loop.
+type SnapshotJob = oneshot::Receiver<Result<Snapshot, StorageError>>;
+
+struct RaftLoop<SM: StateMachine> {
+    config: NodeConfig,
+    raw: RawNode<DiskStorage>,
+    sm: SM,
+    origin: Origin,
+    codec: Box<dyn EntryCodec>,
+    peers: HashMap<u64, mpsc::Sender<Message>>,
+    status: watch::Sender<NodeStatus>,
+    metrics: LogMetrics,
+    next_request_id: u64,
+    /// Writes waiting for a leader, in arrival order.
+    unproposed: VecDeque<(u64, Bytes, Waiter<SM::Output>)>,
+    /// Writes handed to raft, by request id.
+    proposed: HashMap<u64, Waiter<SM::Output>>,
+    reads_unissued: Vec<ReadWaiter<SM>>,
+    reads_issued: HashMap<u64, IssuedReads<SM>>,
+    /// Reads whose ReadIndex came back, waiting for apply to reach it.
+    reads_ready: Vec<(u64, ReadWaiter<SM>)>,
+    next_read_ctx: u64,
+    applied_index: u64,
+    /// Term of the last applied entry. Log terms never decrease, so once an entry of a later
+    /// term is applied, a write proposed in an earlier term that has not been applied yet can
+    /// only still commit if raft appended it late; its outcome is reported as unknown.
+    applied_term: u64,
+    applied_bytes_since_snapshot: u64,
+    snapshot_job: Option<SnapshotJob>,
+    last_leader: u64,
+}
+
+/// Opens storage, binds the peer port and starts the raft loop thread.
+pub async fn start<SM: StateMachine>(
+    config: NodeConfig,
+    mut sm: SM,
+    codec: Box<dyn EntryCodec>,
+) -> Result<NodeHandle<SM>, StartError> {
+    let listen_addr = config.peer_addr().ok_or(StartError::NotAPeer(config.id))?;
+    let voters: Vec<u64> = config.peers.iter().map(|(id, _)| *id).collect();
+    let (storage, report) = DiskStorage::open(
+        &config.data_dir,
+        &voters,
+        StorageOptions {
+            segment_size_bytes: config.segment_size_bytes,
+        },
+    )?;
+    tracing::info!(
+        dir = %config.data_dir.display(), fresh = report.fresh, segments = report.segments,
+        records = report.records, torn_tail_bytes = report.torn_tail_bytes,
+        snapshot_index = report.snapshot_index, first = storage.first_entry_index(),
+        last = storage.last_entry_index(), "raft log recovered"
+    );
+    let snapshot = storage.latest_snapshot();
+    let applied = snapshot.get_metadata().index;
+    if applied > 0 {
+        sm.restore(&snapshot.data).map_err(StartError::Restore)?;
+    }
+
+    let raft_config = raft::Config {
+        id: config.id,
+        election_tick: config.election_ticks,
+        heartbeat_tick: config.heartbeat_ticks,
+        applied,
+        max_size_per_msg: 1024 * 1024,
+        max_inflight_msgs: 256,
+        check_quorum: true,
+        pre_vote: true,
+        max_uncommitted_size: 256 * 1024 * 1024,
+        ..Default::default()
+    };
+    raft_config.validate()?;
+    let logger = slog::Logger::root(crate::raft_log::TracingDrain, slog::o!("raft_id" => config.id));
+    let raw = RawNode::new(&raft_config, storage, &logger)?;
+
+    let (peer_tx, peer_rx) = mpsc::channel(config.peer_queue_messages);
+    let (event_tx, event_rx) = mpsc::unbounded_channel();
+    let transport_config = TransportConfig {
+        node_id: config.id,
+        listen_addr,
+        peers: config
+            .peers
+            .iter()
+            .filter(|(id, _)| *id != config.id)
+            .cloned()
+            .collect(),
+        max_frame_bytes: config.max_frame_bytes,
+        queue_messages: config.peer_queue_messages,
+    };
+    let peers = transport::start(transport_config, peer_tx, event_tx)
+        .await
+        .map_err(|source| StartError::Bind {
+            addr: listen_addr,
+            source,
+        })?;
+
+    let (request_tx, request_rx) = mpsc::channel(16 * 1024);
+    let (status_tx, status_rx) = watch::channel(NodeStatus::default());
+    let incarnation = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    let mut raft_loop = RaftLoop {
+        origin: Origin {
+            node_id: config.id,
+            incarnation,
+        },
+        config,
+        raw,
+        sm,
+        codec,
+        peers,
+        status: status_tx,
+        metrics: LogMetrics::new(),
+        next_request_id: 1,
+        unproposed: VecDeque::new(),
+        proposed: HashMap::new(),
+        reads_unissued: Vec::new(),
+        reads_issued: HashMap::new(),
+        reads_ready: Vec::new(),
+        next_read_ctx: 1,
+        applied_index: applied,
+        applied_term: 0,
+        applied_bytes_since_snapshot: 0,
+        snapshot_job: None,
+        last_leader: 0,
+    };
+    raft_loop.publish_status();
+    std::thread::Builder::new()
+        .name("raft".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .expect("build the raft loop runtime");
+            runtime.block_on(raft_loop.run(request_rx, peer_rx, event_rx));
+        })
+        .expect("spawn the raft thread");
+    Ok(NodeHandle {
+        requests: request_tx,
+        status: status_rx,
+    })
+}
+
+/// Upper bound on messages taken from one channel per iteration, so no source starves the others.
+const DRAIN_LIMIT: usize = 4096;
+
+impl<SM: StateMachine> RaftLoop<SM> {
+    async fn run(
+        mut self,
+        mut requests: mpsc::Receiver<Request<SM>>,
+        mut peer_messages: mpsc::Receiver<Message>,
+        mut events: mpsc::UnboundedReceiver<PeerEvent>,
+    ) {
+        let tick = Duration::from_millis(self.config.tick_ms);
+        let mut next_tick = tokio::time::Instant::now() + tick;
+        loop {
+            tokio::select! {
+                biased;
+                Some(msg) = peer_messages.recv() => self.on_peer_message(msg),
+                Some(event) = events.recv() => self.on_peer_event(event),
+                request = requests.recv() => match request {
+                    Some(request) => self.on_request(request),
+                    None => {
+                        tracing::info!("request channel closed; raft loop stopping");
+                        return;
+                    }
+                },
+                done = async { self.snapshot_job.as_mut().expect("guarded").await }, if self.snapshot_job.is_some() => {
+                    self.snapshot_job = None;
+                    self.on_snapshot_written(done.unwrap_or_else(|_| panic!("snapshot writer thread vanished")));
+                }
+                _ = tokio::time::sleep_until(next_tick) => {}
+            }
+            for _ in 0..DRAIN_LIMIT {
+                match peer_messages.try_recv() {
+                    Ok(msg) => self.on_peer_message(msg),
+                    Err(_) => break,
+                }
+            }
+            while let Ok(event) = events.try_recv() {
+                self.on_peer_event(event);
+            }
+            for _ in 0..DRAIN_LIMIT {
+                match requests.try_recv() {
+                    Ok(request) => self.on_request(request),
+                    Err(_) => break,
+                }
+            }
+            let now = tokio::time::Instant::now();
+            if now >= next_tick {
+                self.raw.tick();
+                next_tick = now + tick;
+                self.expire_requests();
+            }
+            self.propose_pending();
+            self.issue_reads();
+            if let Err(e) = self.on_ready() {
+                // Raft state on disk can no longer be trusted to match memory: stop loudly.
+                panic!("raft storage failed: {e}");
+            }
+            self.maybe_snapshot();
+            self.publish_status();
+        }
+    }
+
+    fn leader_known(&self) -> bool {
+        self.raw.raft.leader_id != raft::INVALID_ID
+    }
+
+    fn on_request(&mut self, request: Request<SM>) {
+        let arrived = Instant::now();
+        match request {
+            Request::Write { command, reply } => {
+                let id = self.next_request_id;
+                self.next_request_id += 1;
+                self.unproposed.push_back((
+                    id,
+                    command,
+                    Waiter {
+                        reply,
+                        arrived,
+                        proposed_term: 0,
+                    },
+                ));
+            }
+            Request::Read {
+                query,
+                consistency: ReadConsistency::Stale,
+                reply,
+            } => {
+                let _ = reply.send(Ok(self.sm.query(&query)));
+            }
+            Request::Read {
+                query,
+                consistency: ReadConsistency::Linearizable,
+                reply,
+            } => self.reads_unissued.push(ReadWaiter { query, reply, arrived }),
+        }
+    }
+
+    fn on_peer_message(&mut self, mut msg: Message) {
+        if msg.get_msg_type() == MessageType::MsgAppend && !msg.entries.is_empty() {
+            let commit = self.raw.raft.raft_log.committed;
+            if let Err(e) = self.codec.decode(&mut msg, commit) {
+                self.metrics.codec_errors.inc();
+                tracing::warn!(error = %e, "dropping undecodable append");
+                return;
+            }
+        }
+        if let Err(e) = self.raw.step(msg) {
+            tracing::debug!(error = %e, "raft rejected a peer message");
+        }
+    }
+
+    fn on_peer_event(&mut self, event: PeerEvent) {
+        match event {
+            PeerEvent::Unreachable(peer) => self.raw.report_unreachable(peer),
+            PeerEvent::SnapshotSent { to, delivered } => {
+                let status = if delivered {
+                    SnapshotStatus::Finish
+                } else {
+                    SnapshotStatus::Failure
+                };
+                self.raw.report_snapshot(to, status);
+            }
+        }
+    }
+
+    /// Proposes queued writes in batches bounded by count and bytes.
+    fn propose_pending(&mut self) {
+        while !self.unproposed.is_empty() && self.leader_known() {
+            let mut bytes = BATCH_HEADER_BYTES;
+            let mut take = 0;
+            for (_, command, _) in &self.unproposed {
+                let size = command.len() + COMMAND_OVERHEAD_BYTES;
+                if take > 0 && (take >= self.config.max_batch_commands || bytes + size > self.config.max_batch_bytes) {
+                    break;
+                }
+                bytes += size;
+                take += 1;
+            }
+            let commands: Vec<(u64, Bytes)> = self
+                .unproposed
+                .iter()
+                .take(take)
+                .map(|(id, command, _)| (*id, command.clone()))
+                .collect();
+            let data = batch::encode(self.origin, &commands);
+            match self.raw.propose(Vec::new(), data.to_vec()) {
+                Ok(()) => {
+                    self.metrics.entries_proposed.inc();
+                    self.metrics.commands_proposed.add(take as u64);
+                    let term = self.raw.raft.term;
+                    for (id, _, mut waiter) in self.unproposed.drain(..take) {
+                        waiter.proposed_term = term;
+                        self.proposed.insert(id, waiter);
+                    }
+                }
+                Err(e) => {
+                    self.metrics.proposals_dropped.inc();
+                    tracing::debug!(error = %e, "proposal not accepted; will retry");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn issue_reads(&mut self) {
+        if self.reads_unissued.is_empty() || !self.leader_known() {
+            return;
+        }
+        let ctx = self.next_read_ctx;
+        self.next_read_ctx += 1;
+        let reads = std::mem::take(&mut self.reads_unissued);
+        self.reads_issued.insert(
+            ctx,
+            IssuedReads {
+                issued_at: Instant::now(),
+                reads,
+            },
+        );
+        self.metrics.read_index_requests.inc();
+        self.raw.read_index(ctx.to_le_bytes().to_vec());
+    }
+
+    fn on_read_states(&mut self, states: Vec<ReadState>) {
+        for state in states {
+            let Ok(ctx) = <[u8; 8]>::try_from(state.request_ctx.as_slice()) else {
+                continue;
+            };
+            if let Some(issued) = self.reads_issued.remove(&u64::from_le_bytes(ctx)) {
+                self.reads_ready
+                    .extend(issued.reads.into_iter().map(|r| (state.index, r)));
+            }
+        }
+        self.serve_ready_reads();
+    }
+
+    fn serve_ready_reads(&mut self) {
+        if self.reads_ready.is_empty() {
+            return;
+        }
+        let applied = self.applied_index;
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.reads_ready)
+            .into_iter()
+            .partition(|(index, _)| *index <= applied);
+        self.reads_ready = waiting;
+        for (_, read) in ready {
+            let _ = read.reply.send(Ok(self.sm.query(&read.query)));
+        }
+    }
+
+    /// Fails requests that waited too long, and re-issues ReadIndex requests that got no answer
+    /// (raft drops them silently when leadership moves).
+    fn expire_requests(&mut self) {
+        let now = Instant::now();
+        let leader_wait = Duration::from_millis(self.config.leader_wait_ms);
+        let request_timeout = Duration::from_millis(self.config.request_timeout_ms);
+        let no_leader = || NodeError::NoLeader {
+            waited_ms: leader_wait.as_millis() as u64,
+        };
+        let timeout = || NodeError::Timeout {
+            waited_ms: request_timeout.as_millis() as u64,
+        };
+        let failed = &self.metrics.requests_failed;
+
+        while let Some((_, _, w)) = self.unproposed.front() {
+            if now.duration_since(w.arrived) < leader_wait {
+                break;
+            }
+            let (_, _, w) = self.unproposed.pop_front().expect("front exists");
+            failed.inc();
+            let _ = w.reply.send(Err(no_leader()));
+        }
+        let applied_term = self.applied_term;
+        let expired: Vec<(u64, NodeError)> = self
+            .proposed
+            .iter()
+            .filter_map(|(id, w)| {
+                if now.duration_since(w.arrived) >= request_timeout || w.reply.is_closed() {
+                    Some((*id, timeout()))
+                } else if w.proposed_term < applied_term {
+                    Some((*id, NodeError::LeaderChanged))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        for (id, error) in expired {
+            let w = self.proposed.remove(&id).expect("listed");
+            failed.inc();
+            let _ = w.reply.send(Err(error));
+        }
+        let (keep, old): (Vec<_>, Vec<_>) = std::mem::take(&mut self.reads_unissued)
+            .into_iter()
+            .partition(|r| now.duration_since(r.arrived) < leader_wait);
+        self.reads_unissued = keep;
+        for r in old {
+            failed.inc();
+            let _ = r.reply.send(Err(no_leader()));
+        }
+        let retry_after = Duration::from_millis(self.config.tick_ms * self.config.election_ticks as u64);
+        let stale_ctxs: Vec<u64> = self
+            .reads_issued
+            .iter()
+            .filter(|(_, issued)| now.duration_since(issued.issued_at) >= retry_after)
+            .map(|(ctx, _)| *ctx)
+            .collect();
+        for ctx in stale_ctxs {
+            let issued = self.reads_issued.remove(&ctx).expect("listed");
+            for r in issued.reads {
+                if now.duration_since(r.arrived) >= leader_wait {
+                    failed.inc();
+                    let _ = r.reply.send(Err(no_leader()));
+                } else {
+                    self.reads_unissued.push(r);
+                }
+            }
+        }
+        let (keep, old): (Vec<_>, Vec<_>) = std::mem::take(&mut self.reads_ready)
+            .into_iter()
+            .partition(|(_, r)| now.duration_since(r.arrived) < request_timeout);
+        self.reads_ready = keep;
+        for (_, r) in old {
+            failed.inc();
+            let _ = r.reply.send(Err(timeout()));
+        }
+    }
+
+    fn send(&mut self, messages: Vec<Message>) {
+        let commit = self.raw.raft.raft_log.committed;
+        for mut msg in messages {
+            if msg.get_msg_type() == MessageType::MsgAppend && !msg.entries.is_empty() {
+                self.codec.encode(&mut msg, commit);
+            }
+            let to = msg.to;
+            let is_snapshot = msg.get_msg_type() == MessageType::MsgSnapshot;
+            let Some(queue) = self.peers.get(&to) else {
+                tracing::warn!(to, "message for an unknown peer dropped");
+                continue;
+            };
+            if queue.try_send(msg).is_err() {
+                self.metrics.messages_dropped.inc();
+                if is_snapshot {
+                    self.raw.report_snapshot(to, SnapshotStatus::Failure);
+                }
+            }
+        }
+    }
+
+    fn on_ready(&mut self) -> Result<(), StorageError> {
+        if !self.raw.has_ready() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let mut ready = self.raw.ready();
+        // Leader messages may go out before our own fsync: raft counts our ack only after persist.
+        self.send(ready.take_messages());
+        if !ready.snapshot().is_empty() {
+            let snapshot = ready.snapshot().clone();
+            let index = snapshot.get_metadata().index;
+            if let Err(e) = self.sm.restore(&snapshot.data) {
+                panic!("snapshot at index {index} from the leader is corrupt: {e}");
+            }
+            self.raw.mut_store().apply_snapshot(snapshot)?;
+            self.applied_index = index;
+            self.applied_bytes_since_snapshot = 0;
+            self.metrics.snapshots_installed.inc();
+            tracing::info!(index, "installed snapshot from leader");
+        }
+        self.apply(ready.take_committed_entries());
+        if !ready.entries().is_empty() {
+            self.raw.mut_store().append(ready.entries())?;
+        }
+        if let Some(hs) = ready.hs() {
+            self.raw.mut_store().set_hard_state(hs);
+        }
+        if ready.must_sync() || self.raw.store().has_pending() {
+            let fsync_started = Instant::now();
+            let sync = ready.must_sync();
+            self.raw.mut_store().persist(sync)?;
+            if sync {
+                self.metrics.fsync_seconds.observe(fsync_started.elapsed());
+            }
+        }
+        self.send(ready.take_persisted_messages());
+        self.on_read_states(ready.take_read_states());
+        let mut light = self.raw.advance(ready);
+        if let Some(commit) = light.commit_index() {
+            self.raw.mut_store().set_commit(commit);
+        }
+        self.send(light.take_messages());
+        self.apply(light.take_committed_entries());
+        self.raw.advance_apply();
+        // The commit index needs no fsync: it is recomputed from a quorum after a crash.
+        self.raw.mut_store().persist(false)?;
+        self.serve_ready_reads();
+        self.metrics.ready_seconds.observe(started.elapsed());
+        Ok(())
+    }
+
+    fn apply(&mut self, entries: Vec<Entry>) {
+        for entry in entries {
+            assert!(
+                entry.index == self.applied_index + 1,
+                "applied index must advance by one: applied {}, next entry {}",
+                self.applied_index,
+                entry.index
+            );
+            self.applied_index = entry.index;
+            self.applied_term = entry.term;
+            if entry.data.is_empty() {
+                continue;
+            }
+            self.applied_bytes_since_snapshot += entry.data.len() as u64;
+            match entry.get_entry_type() {
+                EntryType::EntryNormal => self.apply_batch(entry.index, &entry.data),
+                EntryType::EntryConfChange => {
+                    let mut cc = ConfChange::default();
+                    if protobuf::Message::merge_from_bytes(&mut cc, &entry.data).is_ok() {
+                        self.apply_conf_change(&cc);
+                    }
+                }
+                EntryType::EntryConfChangeV2 => {
+                    let mut cc = ConfChangeV2::default();
+                    if protobuf::Message::merge_from_bytes(&mut cc, &entry.data).is_ok() {
+                        self.apply_conf_change(&cc);
+                    }
+                }
+            }
+        }
+    }
+
+    fn apply_conf_change(&mut self, cc: &impl raft_proto::ConfChangeI) {
+        match self.raw.apply_conf_change(cc) {
+            Ok(cs) => self.raw.mut_store().set_conf_state(cs),
+            Err(e) => tracing::error!(error = %e, "conf change rejected"),
+        }
+    }
+
+    fn apply_batch(&mut self, index: u64, data: &Bytes) {
+        let batch = match batch::decode(data) {
+            Ok(batch) => batch,
+            Err(e) => {
+                // Every replica holds the same bytes, so skipping keeps replicas identical.
+                self.metrics.batch_decode_errors.inc();
+                tracing::error!(index, error = %e, "committed entry is not a valid batch; skipped");
+                return;
+            }
+        };
+        let mine = batch.origin == self.origin;
+        for (request_id, command) in batch.commands {
+            let output = self.sm.apply(index, &command);
+            if mine {
+                if let Some(waiter) = self.proposed.remove(&request_id) {
+                    let _ = waiter.reply.send(Ok(output));
+                }
+            }
+        }
+    }
+
+    fn maybe_snapshot(&mut self) {
+        if self.snapshot_job.is_some() {
+            return;
+        }
+        let store = self.raw.store();
+        let snapshot_index = store.latest_snapshot().get_metadata().index;
+        let entries_since = self.applied_index.saturating_sub(snapshot_index);
+        if entries_since == 0
+            || (entries_since < self.config.snapshot_interval_entries
+                && self.applied_bytes_since_snapshot < self.config.snapshot_interval_bytes)
+        {
+            return;
+        }
+        let index = self.applied_index;
+        let term = raft::Storage::term(store, index).expect("applied entries are in the log");
+        let mut snapshot = Snapshot::default();
+        snapshot.mut_metadata().index = index;
+        snapshot.mut_metadata().term = term;
+        snapshot.mut_metadata().set_conf_state(store.conf_state().clone());
+        // Serialising must happen here, at a consistent point; the slow disk write does not.
+        snapshot.data = Bytes::from(self.sm.snapshot());
+        self.applied_bytes_since_snapshot = 0;
+        let dir = store.dir().to_path_buf();
+        let (done, job) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("snapshot-writer".into())
+            .spawn(move || {
+                let result = write_snapshot_file(&dir, &snapshot).map(|_| snapshot);
+                let _ = done.send(result);
+            })
+            .expect("spawn snapshot writer");
+        self.snapshot_job = Some(job);
+    }
+
+    fn on_snapshot_written(&mut self, result: Result<Snapshot, StorageError>) {
+        let snapshot = match result {
+            Ok(snapshot) => snapshot,
+            Err(e) => {
+                tracing::error!(error = %e, "writing a snapshot failed; will retry later");
+                return;
+            }
+        };
+        let index = snapshot.get_metadata().index;
+        let store = self.raw.mut_store();
+        if index <= store.latest_snapshot().get_metadata().index {
+            // A snapshot from the leader overtook this one.
+            let _ = std::fs::remove_file(store.dir().join(format!("snapshot-{index:020}.snap")));
+            return;
+        }
+        store.adopt_local_snapshot(snapshot);
+        let compact_to = (index + 1).saturating_sub(self.config.log_keep_entries);
+        if let Err(e) = store.compact(compact_to) {
+            panic!("raft log compaction failed: {e}");
+        }
+        self.metrics.snapshots_created.inc();
+        tracing::info!(
+            index,
+            first_index = store.first_entry_index(),
+            "snapshot written; log compacted"
+        );
+    }
+
+    fn publish_status(&mut self) {
+        let raft = &self.raw.raft;
+        let store = self.raw.store();
+        let status = NodeStatus {
+            id: self.config.id,
+            role: raft.state.into(),
+            term: raft.term,
+            leader_id: raft.leader_id,
+            commit_index: raft.raft_log.committed,
+            applied_index: self.applied_index,
+            first_index: store.first_entry_index(),
+            last_index: store.last_entry_index(),
+            snapshot_index: store.latest_snapshot().get_metadata().index,
+        };
+        if status.leader_id != self.last_leader {
+            if status.leader_id != raft::INVALID_ID {
+                self.metrics.leader_changes.inc();
+                tracing::info!(leader = status.leader_id, term = status.term, "leader changed");
+            }
+            self.last_leader = status.leader_id;
+        }
+        let m = &self.metrics;
+        m.term.set(status.term as i64);
+        m.role.set(match status.role {
+            Role::Follower => 0,
+            Role::PreCandidate => 1,
+            Role::Candidate => 2,
+            Role::Leader => 3,
+        });
+        m.leader_id.set(status.leader_id as i64);
+        m.commit_index.set(status.commit_index as i64);
+        m.applied_index.set(status.applied_index as i64);
+        m.first_index.set(status.first_index as i64);
+        m.last_index.set(status.last_index as i64);
+        self.status.send_if_modified(|current| {
+            if *current == status {
+                false
+            } else {
+                *current = status;
+                true
+            }
+        });
+    }
+}

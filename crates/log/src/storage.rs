@@ -1,0 +1,1045 @@
+//! Durable raft storage: a segmented write-ahead log plus snapshot files.
+//!
+//! Layout of a data directory:
+//! - `wal-<seq>.log`: segments. Each starts with a magic header and the full raft state (truncation
+//!   point, hard state, conf state), then records `[len u32][crc32 u32][kind u8][payload]`.
+//!   A new segment starts when the active one passes `segment_size_bytes`; segments whose entries
+//!   are all covered by a snapshot are deleted on compaction.
+//! - `snapshot-<index>.snap`: the latest state machine snapshot, checksummed, written to a
+//!   temporary file, fsynced and renamed into place.
+//!
+//! Recovery replays the segments in order. A record that fails its length or checksum in the last
+//! segment is a torn tail: the file is truncated there. The same failure anywhere else is
+//! corruption and opening fails loudly.
+//!
+//! Everything is also held in memory (entries between the truncation point and the tail), which
+//! is what `raft::Storage` reads; compaction keeps that bounded.
+
+use std::collections::VecDeque;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use protobuf::{Message as _, ProtobufEnum};
+use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Snapshot, SnapshotMetadata};
+use raft::{GetEntriesContext, RaftState};
+
+use crate::error::{io_error, DecodeError, StorageError};
+use crate::wire::{put_blob, put_u32, put_u64, Reader};
+
+const WAL_MAGIC: &[u8; 8] = b"CHWAL001";
+const SNAPSHOT_MAGIC: &[u8; 8] = b"CHSNP001";
+const RECORD_HEADER_BYTES: usize = 8;
+/// No single record may exceed this; a larger length field is treated as garbage.
+const MAX_RECORD_BYTES: usize = 1 << 30;
+
+const KIND_ENTRIES: u8 = 1;
+const KIND_HARD_STATE: u8 = 2;
+const KIND_CONF_STATE: u8 = 3;
+const KIND_TRUNCATED: u8 = 4;
+
+#[derive(Debug, Clone)]
+pub struct StorageOptions {
+    pub segment_size_bytes: u64,
+}
+
+impl Default for StorageOptions {
+    fn default() -> Self {
+        StorageOptions {
+            segment_size_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// What recovery found, for logs and metrics.
+#[derive(Debug, Default, Clone)]
+pub struct RecoveryReport {
+    pub fresh: bool,
+    pub segments: usize,
+    pub records: u64,
+    pub torn_tail_bytes: u64,
+    pub snapshot_index: u64,
+}
+
+struct Segment {
+    seq: u64,
+    path: PathBuf,
+    /// Highest entry index written into this segment (0 if none).
+    max_entry_index: u64,
+}
+
+pub struct DiskStorage {
+    dir: PathBuf,
+    options: StorageOptions,
+    hard_state: HardState,
+    conf_state: ConfState,
+    /// Index and term of the entry just before `entries[0]` (the compaction point).
+    truncated_index: u64,
+    truncated_term: u64,
+    entries: VecDeque<Entry>,
+    snapshot: Snapshot,
+    segments: Vec<Segment>,
+    active: File,
+    active_len: u64,
+    /// Records encoded but not yet written to the active segment.
+    pending: Vec<u8>,
+}
+
+fn segment_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("wal-{seq:020}.log"))
+}
+
+fn snapshot_path(dir: &Path, index: u64) -> PathBuf {
+    dir.join(format!("snapshot-{index:020}.snap"))
+}
+
+fn parse_numbered(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
+    name.strip_prefix(prefix)?.strip_suffix(suffix)?.parse().ok()
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StorageError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
+}
+
+fn encode_record(out: &mut Vec<u8>, kind: u8, payload: &[u8]) {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&[kind]);
+    hasher.update(payload);
+    let len = u32::try_from(payload.len() + 1).expect("record larger than 4 GiB");
+    put_u32(out, len);
+    put_u32(out, hasher.finalize());
+    out.push(kind);
+    out.extend_from_slice(payload);
+}
+
+fn encode_entries(entries: &[Entry]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(entries.iter().map(|e| e.data.len() + 32).sum());
+    put_u32(&mut out, entries.len() as u32);
+    for e in entries {
+        put_u64(&mut out, e.index);
+        put_u64(&mut out, e.term);
+        out.push(e.get_entry_type().value() as u8);
+        put_blob(&mut out, &e.data);
+        put_blob(&mut out, &e.context);
+    }
+    out
+}
+
+fn decode_entries(payload: &[u8]) -> Result<Vec<Entry>, DecodeError> {
+    let mut r = Reader::new(payload);
+    let count = r.u32()? as usize;
+    let mut entries = Vec::with_capacity(count.min(r.remaining() / 25 + 1));
+    for _ in 0..count {
+        let mut e = Entry {
+            index: r.u64()?,
+            term: r.u64()?,
+            ..Default::default()
+        };
+        let kind = EntryType::from_i32(i32::from(r.u8()?)).ok_or(DecodeError::Invalid("entry type"))?;
+        e.set_entry_type(kind);
+        e.data = Bytes::copy_from_slice(r.blob()?);
+        e.context = Bytes::copy_from_slice(r.blob()?);
+        entries.push(e);
+    }
+    r.finish()?;
+    for pair in entries.windows(2) {
+        if pair[1].index != pair[0].index + 1 {
+            return Err(DecodeError::Invalid("entry indices not contiguous"));
+        }
+    }
+    Ok(entries)
+}
+
+fn encode_hard_state(hs: &HardState) -> Vec<u8> {
+    let mut out = Vec::with_capacity(24);
+    put_u64(&mut out, hs.term);
+    put_u64(&mut out, hs.vote);
+    put_u64(&mut out, hs.commit);
+    out
+}
+
+fn decode_hard_state(payload: &[u8]) -> Result<HardState, DecodeError> {
+    let mut r = Reader::new(payload);
+    let hs = HardState {
+        term: r.u64()?,
+        vote: r.u64()?,
+        commit: r.u64()?,
+        ..Default::default()
+    };
+    r.finish()?;
+    Ok(hs)
+}
+
+fn encode_conf_state(cs: &ConfState) -> Vec<u8> {
+    cs.write_to_bytes().expect("encoding a ConfState cannot fail")
+}
+
+fn decode_conf_state(payload: &[u8]) -> Result<ConfState, DecodeError> {
+    ConfState::parse_from_bytes(payload).map_err(|_| DecodeError::Invalid("conf state"))
+}
+
+fn encode_truncated(index: u64, term: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16);
+    put_u64(&mut out, index);
+    put_u64(&mut out, term);
+    out
+}
+
+/// One record read back from a segment.
+enum Record {
+    Entries(Vec<Entry>),
+    HardState(HardState),
+    ConfState(ConfState),
+    Truncated { index: u64, term: u64 },
+}
+
+/// Reads the record at the front of `buf`. `Ok(None)` means `buf` ends inside the record.
+fn read_record(buf: &[u8]) -> Result<Option<(Record, usize)>, DecodeError> {
+    if buf.len() < RECORD_HEADER_BYTES {
+        return Ok(None);
+    }
+    let mut header = Reader::new(&buf[..RECORD_HEADER_BYTES]);
+    let len = header.u32()? as usize;
+    let stored = header.u32()?;
+    if len == 0 || len > MAX_RECORD_BYTES {
+        return Err(DecodeError::TooLarge {
+            size: len,
+            limit: MAX_RECORD_BYTES,
+        });
+    }
+    let end = RECORD_HEADER_BYTES + len;
+    if buf.len() < end {
+        return Ok(None);
+    }
+    let body = &buf[RECORD_HEADER_BYTES..end];
+    let computed = crc32fast::hash(body);
+    if computed != stored {
+        return Err(DecodeError::Checksum { stored, computed });
+    }
+    let payload = &body[1..];
+    let record = match body[0] {
+        KIND_ENTRIES => Record::Entries(decode_entries(payload)?),
+        KIND_HARD_STATE => Record::HardState(decode_hard_state(payload)?),
+        KIND_CONF_STATE => Record::ConfState(decode_conf_state(payload)?),
+        KIND_TRUNCATED => {
+            let mut r = Reader::new(payload);
+            let (index, term) = (r.u64()?, r.u64()?);
+            r.finish()?;
+            Record::Truncated { index, term }
+        }
+        _ => return Err(DecodeError::Invalid("record kind")),
+    };
+    Ok(Some((record, end)))
+}
+
+/// Writes a snapshot durably: temporary file, fsync, rename, directory fsync.
+/// Runs on a background thread for locally created snapshots, so it takes no `&self`.
+pub fn write_snapshot_file(dir: &Path, snapshot: &Snapshot) -> Result<PathBuf, StorageError> {
+    let meta = snapshot.get_metadata();
+    let mut header = Vec::with_capacity(64);
+    header.extend_from_slice(SNAPSHOT_MAGIC);
+    put_u64(&mut header, meta.index);
+    put_u64(&mut header, meta.term);
+    put_blob(&mut header, &encode_conf_state(meta.get_conf_state()));
+    put_u64(&mut header, snapshot.data.len() as u64);
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&header);
+    hasher.update(&snapshot.data);
+    let crc = hasher.finalize();
+
+    let path = snapshot_path(dir, meta.index);
+    let tmp = path.with_extension("snap.tmp");
+    let mut file = File::create(&tmp).map_err(io_error(&tmp))?;
+    file.write_all(&header)
+        .and_then(|_| file.write_all(&snapshot.data))
+        .and_then(|_| file.write_all(&crc.to_le_bytes()))
+        .and_then(|_| file.sync_all())
+        .map_err(io_error(&tmp))?;
+    fs::rename(&tmp, &path).map_err(io_error(&path))?;
+    sync_dir(dir)?;
+    Ok(path)
+}
+
+fn read_snapshot_file(path: &Path) -> Result<Snapshot, StorageError> {
+    let buf = fs::read(path).map_err(io_error(path))?;
+    let corrupt = |reason| StorageError::Corrupt {
+        path: path.to_path_buf(),
+        offset: 0,
+        reason,
+    };
+    if buf.len() < SNAPSHOT_MAGIC.len() + 4 || &buf[..8] != SNAPSHOT_MAGIC {
+        return Err(corrupt(DecodeError::BadMagic));
+    }
+    let (body, crc) = buf.split_at(buf.len() - 4);
+    let stored = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
+    let computed = crc32fast::hash(body);
+    if stored != computed {
+        return Err(corrupt(DecodeError::Checksum { stored, computed }));
+    }
+    let mut r = Reader::new(&body[8..]);
+    let parse = |r: &mut Reader| -> Result<Snapshot, DecodeError> {
+        let mut meta = SnapshotMetadata {
+            index: r.u64()?,
+            term: r.u64()?,
+            ..Default::default()
+        };
+        meta.set_conf_state(decode_conf_state(r.blob()?)?);
+        let len = r.u64()? as usize;
+        let data = Bytes::copy_from_slice(r.bytes(len)?);
+        r.finish()?;
+        let mut snapshot = Snapshot::default();
+        snapshot.set_metadata(meta);
+        snapshot.data = data;
+        Ok(snapshot)
+    };
+    parse(&mut r).map_err(corrupt)
+}
+
+impl DiskStorage {
+    /// Opens (or creates, with `initial_voters` as the membership) the storage in `dir`.
+    pub fn open(
+        dir: &Path,
+        initial_voters: &[u64],
+        options: StorageOptions,
+    ) -> Result<(DiskStorage, RecoveryReport), StorageError> {
+        fs::create_dir_all(dir).map_err(io_error(dir))?;
+        let mut segment_seqs = Vec::new();
+        let mut snapshot_indices = Vec::new();
+        for dirent in fs::read_dir(dir).map_err(io_error(dir))? {
+            let name = dirent.map_err(io_error(dir))?.file_name();
+            let name = name.to_string_lossy();
+            if let Some(seq) = parse_numbered(&name, "wal-", ".log") {
+                segment_seqs.push(seq);
+            } else if let Some(index) = parse_numbered(&name, "snapshot-", ".snap") {
+                snapshot_indices.push(index);
+            } else if name.ends_with(".snap.tmp") {
+                // A snapshot write that never reached its rename; it was never relied upon.
+                let _ = fs::remove_file(dir.join(&*name));
+            }
+        }
+        segment_seqs.sort_unstable();
+        snapshot_indices.sort_unstable();
+
+        let mut report = RecoveryReport::default();
+        if segment_seqs.is_empty() {
+            if !snapshot_indices.is_empty() {
+                return Err(StorageError::Inconsistent(format!(
+                    "{} holds snapshots but no log segments",
+                    dir.display()
+                )));
+            }
+            report.fresh = true;
+            let cs = ConfState {
+                voters: initial_voters.to_vec(),
+                ..Default::default()
+            };
+            let storage = Self::create_fresh(dir, options, cs)?;
+            return Ok((storage, report));
+        }
+
+        let snapshot = match snapshot_indices.last() {
+            Some(index) => read_snapshot_file(&snapshot_path(dir, *index))?,
+            None => Snapshot::default(),
+        };
+        report.snapshot_index = snapshot.get_metadata().index;
+
+        let mut hard_state = HardState::default();
+        let mut conf_state = ConfState::default();
+        let (mut truncated_index, mut truncated_term) = (0u64, 0u64);
+        let mut entries: VecDeque<Entry> = VecDeque::new();
+        let mut segments = Vec::new();
+        let last_seq = *segment_seqs.last().expect("non-empty");
+        let mut active_len = 0;
+        let mut gap_seen = false;
+        let mut unconfirmed_truncation: Option<u64> = None;
+
+        for seq in &segment_seqs {
+            let path = segment_path(dir, *seq);
+            let mut buf = Vec::new();
+            File::open(&path)
+                .and_then(|mut f| f.read_to_end(&mut buf))
+                .map_err(io_error(&path))?;
+            let is_last = *seq == last_seq;
+            let corrupt = |offset: usize, reason| StorageError::Corrupt {
+                path: path.clone(),
+                offset: offset as u64,
+                reason,
+            };
+            if buf.len() < WAL_MAGIC.len() || &buf[..WAL_MAGIC.len()] != WAL_MAGIC {
+                return Err(corrupt(0, DecodeError::BadMagic));
+            }
+            let mut offset = WAL_MAGIC.len();
+            let mut max_entry_index = 0;
+            loop {
+                let outcome = read_record(&buf[offset..]);
+                let (record, used) = match outcome {
+                    Ok(Some(found)) => found,
+                    Ok(None) if offset == buf.len() => break,
+                    Ok(None) | Err(_) if is_last => {
+                        let torn = buf.len() - offset;
+                        tracing::warn!(
+                            path = %path.display(), offset, torn_bytes = torn,
+                            "truncating torn tail of the raft log ({outcome_kind})",
+                            outcome_kind = if outcome.is_err() { "bad record" } else { "incomplete record" },
+                        );
+                        let file = OpenOptions::new().write(true).open(&path).map_err(io_error(&path))?;
+                        file.set_len(offset as u64)
+                            .and_then(|_| file.sync_all())
+                            .map_err(io_error(&path))?;
+                        report.torn_tail_bytes = torn as u64;
+                        buf.truncate(offset);
+                        break;
+                    }
+                    Ok(None) => return Err(corrupt(offset, DecodeError::Invalid("incomplete record"))),
+                    Err(reason) => return Err(corrupt(offset, reason)),
+                };
+                report.records += 1;
+                match record {
+                    Record::Entries(new) => {
+                        let first = new[0].index;
+                        let last_index = entries.back().map_or(truncated_index, |e| e.index);
+                        if first > last_index + 1 && entries.is_empty() && !gap_seen {
+                            // The segments before this one were deleted by compaction; the
+                            // truncation record that allowed it must still come later.
+                            gap_seen = true;
+                            unconfirmed_truncation = Some(first - 1);
+                            truncated_index = first - 1;
+                            truncated_term = 0;
+                        } else if first > last_index + 1 {
+                            return Err(StorageError::Inconsistent(format!(
+                                "{}: entries start at {first} but the log ends at {last_index}",
+                                path.display()
+                            )));
+                        }
+                        while entries.back().is_some_and(|e| e.index >= first) {
+                            entries.pop_back();
+                        }
+                        max_entry_index = max_entry_index.max(new.last().expect("non-empty").index);
+                        entries.extend(new.into_iter().filter(|e| e.index > truncated_index));
+                    }
+                    Record::HardState(hs) => hard_state = hs,
+                    Record::ConfState(cs) => conf_state = cs,
+                    Record::Truncated { index, term } => {
+                        if unconfirmed_truncation.is_some_and(|gap| index >= gap) {
+                            unconfirmed_truncation = None;
+                        }
+                        if index >= truncated_index {
+                            truncated_index = index;
+                            truncated_term = term;
+                            while entries.front().is_some_and(|e| e.index <= index) {
+                                entries.pop_front();
+                            }
+                            if entries.front().is_some_and(|e| e.index != index + 1) {
+                                entries.clear();
+                            }
+                        }
+                    }
+                }
+                offset += used;
+            }
+            if is_last {
+                active_len = buf.len() as u64;
+            }
+            segments.push(Segment {
+                seq: *seq,
+                path,
+                max_entry_index,
+            });
+        }
+        report.segments = segments.len();
+        if let Some(gap) = unconfirmed_truncation {
+            if snapshot.get_metadata().index < gap {
+                return Err(StorageError::Inconsistent(format!(
+                    "the log starts after index {gap} but no truncation record or snapshot covers it"
+                )));
+            }
+        }
+
+        // A snapshot is durable before the log records that refer to it, so after a crash the
+        // snapshot may be ahead of the log; bring the log in line with it.
+        let snap_meta = snapshot.get_metadata().clone();
+        if snap_meta.index > truncated_index {
+            let matches = entries
+                .iter()
+                .find(|e| e.index == snap_meta.index)
+                .is_some_and(|e| e.term == snap_meta.term);
+            if !matches {
+                entries.clear();
+            }
+            while entries.front().is_some_and(|e| e.index <= snap_meta.index) {
+                entries.pop_front();
+            }
+            truncated_index = snap_meta.index;
+            truncated_term = snap_meta.term;
+            conf_state = snap_meta.get_conf_state().clone();
+        }
+        hard_state.commit = hard_state.commit.max(snap_meta.index);
+        let last_index = entries.back().map_or(truncated_index, |e| e.index);
+        // Commit index records are written without fsync; a crash can leave it past the tail
+        // only if the entries it covers were lost, which fsync-before-ack rules out.
+        if hard_state.commit > last_index {
+            return Err(StorageError::Inconsistent(format!(
+                "commit index {} is past the last durable entry {last_index}",
+                hard_state.commit
+            )));
+        }
+
+        let active_path = segment_path(dir, last_seq);
+        let active = OpenOptions::new()
+            .append(true)
+            .open(&active_path)
+            .map_err(io_error(&active_path))?;
+        let storage = DiskStorage {
+            dir: dir.to_path_buf(),
+            options,
+            hard_state,
+            conf_state,
+            truncated_index,
+            truncated_term,
+            entries,
+            snapshot,
+            segments,
+            active,
+            active_len,
+            pending: Vec::new(),
+        };
+        Ok((storage, report))
+    }
+
+    fn create_fresh(dir: &Path, options: StorageOptions, conf_state: ConfState) -> Result<DiskStorage, StorageError> {
+        let path = segment_path(dir, 1);
+        let active = OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .open(&path)
+            .map_err(io_error(&path))?;
+        let mut storage = DiskStorage {
+            dir: dir.to_path_buf(),
+            options,
+            hard_state: HardState::default(),
+            conf_state,
+            truncated_index: 0,
+            truncated_term: 0,
+            entries: VecDeque::new(),
+            snapshot: Snapshot::default(),
+            segments: vec![Segment {
+                seq: 1,
+                path,
+                max_entry_index: 0,
+            }],
+            active,
+            active_len: 0,
+            pending: Vec::new(),
+        };
+        storage.write_segment_header()?;
+        sync_dir(dir)?;
+        Ok(storage)
+    }
+
+    /// Writes magic and the full raft state at the start of a new active segment, durably.
+    fn write_segment_header(&mut self) -> Result<(), StorageError> {
+        let mut buf = WAL_MAGIC.to_vec();
+        encode_record(
+            &mut buf,
+            KIND_TRUNCATED,
+            &encode_truncated(self.truncated_index, self.truncated_term),
+        );
+        encode_record(&mut buf, KIND_HARD_STATE, &encode_hard_state(&self.hard_state));
+        encode_record(&mut buf, KIND_CONF_STATE, &encode_conf_state(&self.conf_state));
+        let path = &self.segments.last().expect("active segment").path;
+        self.active
+            .write_all(&buf)
+            .and_then(|_| self.active.sync_data())
+            .map_err(io_error(path))?;
+        self.active_len = buf.len() as u64;
+        Ok(())
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn hard_state(&self) -> &HardState {
+        &self.hard_state
+    }
+
+    pub fn conf_state(&self) -> &ConfState {
+        &self.conf_state
+    }
+
+    /// The latest durable snapshot (default/empty if none).
+    pub fn latest_snapshot(&self) -> &Snapshot {
+        &self.snapshot
+    }
+
+    pub fn first_entry_index(&self) -> u64 {
+        self.truncated_index + 1
+    }
+
+    pub fn last_entry_index(&self) -> u64 {
+        self.entries.back().map_or(self.truncated_index, |e| e.index)
+    }
+
+    /// Appends entries, replacing any conflicting suffix. Durable after `persist(true)`.
+    pub fn append(&mut self, new: &[Entry]) -> Result<(), StorageError> {
+        let Some(first) = new.first() else {
+            return Ok(());
+        };
+        assert!(
+            first.index > self.truncated_index,
+            "append at {} would overwrite compacted entries (truncated at {})",
+            first.index,
+            self.truncated_index
+        );
+        assert!(
+            first.index <= self.last_entry_index() + 1,
+            "append at {} leaves a gap after {}",
+            first.index,
+            self.last_entry_index()
+        );
+        while self.entries.back().is_some_and(|e| e.index >= first.index) {
+            self.entries.pop_back();
+        }
+        self.entries.extend(new.iter().cloned());
+        let last = new.last().expect("non-empty").index;
+        let active = self.segments.last_mut().expect("active segment");
+        active.max_entry_index = active.max_entry_index.max(last);
+        encode_record(&mut self.pending, KIND_ENTRIES, &encode_entries(new));
+        Ok(())
+    }
+
+    pub fn set_hard_state(&mut self, hs: &HardState) {
+        assert!(
+            hs.term >= self.hard_state.term,
+            "term went backward: {} -> {}",
+            self.hard_state.term,
+            hs.term
+        );
+        self.hard_state = hs.clone();
+        encode_record(&mut self.pending, KIND_HARD_STATE, &encode_hard_state(hs));
+    }
+
+    pub fn set_commit(&mut self, commit: u64) {
+        assert!(commit >= self.hard_state.commit, "commit index went backward");
+        let mut hs = self.hard_state.clone();
+        hs.commit = commit;
+        self.set_hard_state(&hs);
+    }
+
+    pub fn set_conf_state(&mut self, cs: ConfState) {
+        encode_record(&mut self.pending, KIND_CONF_STATE, &encode_conf_state(&cs));
+        self.conf_state = cs;
+    }
+
+    /// Whether records are waiting to be written.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Writes pending records; with `sync`, also fsyncs so they survive a crash.
+    pub fn persist(&mut self, sync: bool) -> Result<(), StorageError> {
+        let path = self.segments.last().expect("active segment").path.clone();
+        if !self.pending.is_empty() {
+            self.active.write_all(&self.pending).map_err(io_error(&path))?;
+            self.active_len += self.pending.len() as u64;
+            self.pending.clear();
+        }
+        if sync {
+            self.active.sync_data().map_err(io_error(&path))?;
+        }
+        if self.active_len >= self.options.segment_size_bytes {
+            self.roll_segment()?;
+        }
+        Ok(())
+    }
+
+    fn roll_segment(&mut self) -> Result<(), StorageError> {
+        assert!(self.pending.is_empty(), "roll with unwritten records");
+        self.active.sync_data().map_err(io_error(&self.dir))?;
+        let seq = self.segments.last().expect("active segment").seq + 1;
+        let path = segment_path(&self.dir, seq);
+        self.active = OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .open(&path)
+            .map_err(io_error(&path))?;
+        self.segments.push(Segment {
+            seq,
+            path,
+            max_entry_index: 0,
+        });
+        self.write_segment_header()?;
+        sync_dir(&self.dir)
+    }
+
+    /// Installs a snapshot received from the leader: durable file first, then the log is reset to it.
+    pub fn apply_snapshot(&mut self, snapshot: Snapshot) -> Result<(), StorageError> {
+        let meta = snapshot.get_metadata().clone();
+        assert!(
+            meta.index >= self.truncated_index,
+            "snapshot at {} is older than the compaction point {}",
+            meta.index,
+            self.truncated_index
+        );
+        write_snapshot_file(&self.dir, &snapshot)?;
+        self.entries.clear();
+        self.truncated_index = meta.index;
+        self.truncated_term = meta.term;
+        encode_record(
+            &mut self.pending,
+            KIND_TRUNCATED,
+            &encode_truncated(meta.index, meta.term),
+        );
+        let mut hs = self.hard_state.clone();
+        hs.term = hs.term.max(meta.term);
+        hs.commit = hs.commit.max(meta.index);
+        self.set_hard_state(&hs);
+        self.set_conf_state(meta.get_conf_state().clone());
+        self.persist(true)?;
+        self.replace_snapshot(snapshot);
+        self.delete_covered_segments()
+    }
+
+    /// Adopts a snapshot this node wrote itself (already durable via `write_snapshot_file`).
+    pub fn adopt_local_snapshot(&mut self, snapshot: Snapshot) {
+        assert!(
+            snapshot.get_metadata().index >= self.snapshot.get_metadata().index,
+            "snapshot index went backward"
+        );
+        self.replace_snapshot(snapshot);
+    }
+
+    fn replace_snapshot(&mut self, snapshot: Snapshot) {
+        let old_index = self.snapshot.get_metadata().index;
+        let new_index = snapshot.get_metadata().index;
+        self.snapshot = snapshot;
+        if old_index != new_index && old_index != 0 {
+            let _ = fs::remove_file(snapshot_path(&self.dir, old_index));
+        }
+    }
+
+    /// Discards entries before `compact_index` (which becomes the first index). Only entries covered
+    /// by the latest snapshot may be discarded.
+    pub fn compact(&mut self, compact_index: u64) -> Result<(), StorageError> {
+        if compact_index <= self.first_entry_index() {
+            return Ok(());
+        }
+        let snapshot_index = self.snapshot.get_metadata().index;
+        assert!(
+            compact_index <= snapshot_index + 1,
+            "compaction to {compact_index} would drop entries not covered by snapshot {snapshot_index}"
+        );
+        assert!(compact_index <= self.last_entry_index() + 1);
+        let new_truncated = compact_index - 1;
+        let term = raft::Storage::term(self, new_truncated).expect("term of a retained entry");
+        while self.entries.front().is_some_and(|e| e.index <= new_truncated) {
+            self.entries.pop_front();
+        }
+        self.truncated_index = new_truncated;
+        self.truncated_term = term;
+        encode_record(
+            &mut self.pending,
+            KIND_TRUNCATED,
+            &encode_truncated(new_truncated, term),
+        );
+        self.persist(true)?;
+        self.delete_covered_segments()
+    }
+
+    /// Deletes the oldest segments whose entries are all at or below the truncation point. The
+    /// active segment always stays; each segment header restates the full raft state.
+    fn delete_covered_segments(&mut self) -> Result<(), StorageError> {
+        let mut removed = 0;
+        while self.segments.len() > 1 && self.segments[0].max_entry_index <= self.truncated_index {
+            let segment = self.segments.remove(0);
+            fs::remove_file(&segment.path).map_err(io_error(&segment.path))?;
+            removed += 1;
+        }
+        if removed > 0 {
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+}
+
+impl raft::Storage for DiskStorage {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        Ok(RaftState::new(self.hard_state.clone(), self.conf_state.clone()))
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        if low <= self.truncated_index {
+            return Err(raft::Error::Store(raft::StorageError::Compacted));
+        }
+        assert!(
+            high <= self.last_entry_index() + 1,
+            "entries up to {high} requested, last is {}",
+            self.last_entry_index()
+        );
+        let offset = self.truncated_index + 1;
+        let (lo, hi) = ((low - offset) as usize, (high - offset) as usize);
+        let max_size = max_size.into();
+        let mut out = Vec::with_capacity(hi - lo);
+        let mut size = 0u64;
+        for e in self.entries.range(lo..hi) {
+            size += e.compute_size() as u64;
+            if !out.is_empty() && max_size.is_some_and(|max| size > max) {
+                break;
+            }
+            out.push(e.clone());
+        }
+        Ok(out)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        if idx == self.truncated_index {
+            return Ok(self.truncated_term);
+        }
+        if idx < self.truncated_index {
+            return Err(raft::Error::Store(raft::StorageError::Compacted));
+        }
+        if idx > self.last_entry_index() {
+            return Err(raft::Error::Store(raft::StorageError::Unavailable));
+        }
+        Ok(self.entries[(idx - self.truncated_index - 1) as usize].term)
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.first_entry_index())
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(self.last_entry_index())
+    }
+
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        if self.snapshot.get_metadata().index < request_index.max(1) {
+            return Err(raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable));
+        }
+        Ok(self.snapshot.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use raft::Storage;
+
+    fn entry(index: u64, term: u64, data: &str) -> Entry {
+        Entry {
+            index,
+            term,
+            data: Bytes::copy_from_slice(data.as_bytes()),
+            ..Default::default()
+        }
+    }
+
+    fn open(dir: &Path) -> (DiskStorage, RecoveryReport) {
+        DiskStorage::open(dir, &[1, 2, 3], StorageOptions::default()).unwrap()
+    }
+
+    fn snapshot_at(index: u64, term: u64, data: &str) -> Snapshot {
+        let mut s = Snapshot::default();
+        s.mut_metadata().index = index;
+        s.mut_metadata().term = term;
+        s.mut_metadata().mut_conf_state().voters = vec![1, 2, 3];
+        s.data = Bytes::copy_from_slice(data.as_bytes());
+        s
+    }
+
+    #[test]
+    fn entries_and_hard_state_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut s, report) = open(dir.path());
+            assert!(report.fresh);
+            s.append(&[entry(1, 1, "a"), entry(2, 1, "b"), entry(3, 1, "c")])
+                .unwrap();
+            // A conflicting suffix from a new leader replaces entries 3.. .
+            s.append(&[entry(3, 2, "c2"), entry(4, 2, "d")]).unwrap();
+            let hs = HardState {
+                term: 2,
+                vote: 3,
+                commit: 4,
+                ..Default::default()
+            };
+            s.set_hard_state(&hs);
+            s.persist(true).unwrap();
+        }
+        let (s, report) = open(dir.path());
+        assert!(!report.fresh);
+        assert_eq!(s.initial_state().unwrap().hard_state.vote, 3);
+        assert_eq!(s.initial_state().unwrap().conf_state.voters, vec![1, 2, 3]);
+        assert_eq!((s.first_entry_index(), s.last_entry_index()), (1, 4));
+        let es = s.entries(1, 5, None, GetEntriesContext::empty(false)).unwrap();
+        let data: Vec<_> = es.iter().map(|e| e.data.clone()).collect();
+        assert_eq!(data, vec!["a", "b", "c2", "d"]);
+        assert_eq!(s.term(3).unwrap(), 2);
+    }
+
+    #[test]
+    fn torn_tail_is_truncated_and_earlier_records_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = segment_path(dir.path(), 1);
+        {
+            let (mut s, _) = open(dir.path());
+            s.append(&[entry(1, 1, "a")]).unwrap();
+            s.persist(true).unwrap();
+            s.append(&[entry(2, 1, "b")]).unwrap();
+            s.persist(true).unwrap();
+        }
+        let full = fs::read(&path).unwrap();
+        // Cut the last record in half, as a crash mid-write would.
+        fs::write(&path, &full[..full.len() - 5]).unwrap();
+        let (s, report) = open(dir.path());
+        assert!(report.torn_tail_bytes > 0);
+        assert_eq!(s.last_entry_index(), 1);
+        // The truncation itself is durable: reopening finds a clean file.
+        let (_, report) = open(dir.path());
+        assert_eq!(report.torn_tail_bytes, 0);
+    }
+
+    #[test]
+    fn flipped_bit_in_tail_record_is_detected_not_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = segment_path(dir.path(), 1);
+        {
+            let (mut s, _) = open(dir.path());
+            s.append(&[entry(1, 1, "aaaa")]).unwrap();
+            s.persist(true).unwrap();
+        }
+        let mut bytes = fs::read(&path).unwrap();
+        let n = bytes.len();
+        bytes[n - 2] ^= 0x01;
+        fs::write(&path, &bytes).unwrap();
+        let (s, report) = open(dir.path());
+        assert!(report.torn_tail_bytes > 0);
+        assert_eq!(s.last_entry_index(), 0, "a corrupt entry must never be returned");
+    }
+
+    #[test]
+    fn corruption_in_an_older_segment_fails_loudly() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = StorageOptions {
+            segment_size_bytes: 200,
+        };
+        {
+            let (mut s, _) = DiskStorage::open(dir.path(), &[1], options.clone()).unwrap();
+            for i in 1..=20 {
+                s.append(&[entry(i, 1, "0123456789012345678901234567890123456789")])
+                    .unwrap();
+                s.persist(true).unwrap();
+            }
+            assert!(s.segment_count() > 2);
+        }
+        let first = segment_path(dir.path(), 1);
+        let mut bytes = fs::read(&first).unwrap();
+        let n = bytes.len();
+        bytes[n - 3] ^= 0x40;
+        fs::write(&first, &bytes).unwrap();
+        match DiskStorage::open(dir.path(), &[1], options) {
+            Err(StorageError::Corrupt { .. }) => {}
+            Err(other) => panic!("unexpected error {other}"),
+            Ok(_) => panic!("corruption in a sealed segment was accepted"),
+        }
+    }
+
+    #[test]
+    fn compaction_deletes_covered_segments_and_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = StorageOptions {
+            segment_size_bytes: 300,
+        };
+        {
+            let (mut s, _) = DiskStorage::open(dir.path(), &[1], options.clone()).unwrap();
+            for i in 1..=40 {
+                s.append(&[entry(i, 1, "0123456789012345678901234567890123456789")])
+                    .unwrap();
+                s.persist(true).unwrap();
+            }
+            s.set_commit(40);
+            let before = s.segment_count();
+            let snap = snapshot_at(30, 1, "state@30");
+            write_snapshot_file(dir.path(), &snap).unwrap();
+            s.adopt_local_snapshot(snap);
+            s.compact(26).unwrap();
+            assert!(s.segment_count() < before);
+            assert_eq!(s.first_entry_index(), 26);
+            assert_eq!(s.term(25).unwrap(), 1);
+            assert!(s.term(24).is_err());
+        }
+        let (s, report) = DiskStorage::open(dir.path(), &[1], options).unwrap();
+        assert_eq!(report.snapshot_index, 30);
+        // The snapshot is newer than the compaction point, so recovery starts the log after it.
+        assert_eq!(s.first_entry_index(), 31);
+        assert_eq!(s.last_entry_index(), 40);
+        assert_eq!(s.latest_snapshot().data, "state@30");
+    }
+
+    #[test]
+    fn installed_snapshot_replaces_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut s, _) = open(dir.path());
+            s.append(&[entry(1, 1, "a"), entry(2, 1, "b")]).unwrap();
+            s.persist(true).unwrap();
+            s.apply_snapshot(snapshot_at(100, 3, "state@100")).unwrap();
+            assert_eq!(s.last_entry_index(), 100);
+            s.append(&[entry(101, 3, "x")]).unwrap();
+            s.persist(true).unwrap();
+        }
+        let (s, _) = open(dir.path());
+        assert_eq!((s.first_entry_index(), s.last_entry_index()), (101, 101));
+        assert_eq!(s.hard_state().commit, 100);
+        assert_eq!(s.snapshot(0, 2).unwrap().get_metadata().index, 100);
+    }
+
+    #[test]
+    fn corrupt_snapshot_file_is_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut s, _) = open(dir.path());
+            s.apply_snapshot(snapshot_at(5, 1, "state")).unwrap();
+        }
+        let path = snapshot_path(dir.path(), 5);
+        let mut bytes = fs::read(&path).unwrap();
+        let n = bytes.len();
+        bytes[n - 6] ^= 0xff;
+        fs::write(&path, &bytes).unwrap();
+        assert!(matches!(
+            DiskStorage::open(dir.path(), &[1, 2, 3], StorageOptions::default()),
+            Err(StorageError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn garbage_records_never_panic_the_reader() {
+        let mut state = 0x1234_5678_9abc_def0u64;
+        for _ in 0..5000 {
+            let mut buf = Vec::new();
+            let kind = (state % 6) as u8;
+            let payload: Vec<u8> = (0..(state % 64)).map(|i| (state >> (i % 56)) as u8).collect();
+            encode_record(&mut buf, kind, &payload);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let _ = read_record(&buf);
+            if !buf.is_empty() {
+                let i = (state as usize) % buf.len();
+                buf[i] ^= 0x10;
+            }
+            let _ = read_record(&buf);
+        }
+    }
+}

@@ -1,0 +1,427 @@
+//! RESP2, the Redis serialization protocol: values, an incremental parser with size limits,
+//! and a writer. Shared by the server front end and the client; knows nothing about commands.
+
+use bytes::Bytes;
+
+/// One RESP2 value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    Simple(String),
+    Error(String),
+    Integer(i64),
+    /// `None` is the null bulk string (`$-1`).
+    Bulk(Option<Bytes>),
+    /// `None` is the null array (`*-1`).
+    Array(Option<Vec<Value>>),
+}
+
+impl Value {
+    pub fn ok() -> Value {
+        Value::Simple("OK".into())
+    }
+    pub fn bulk(bytes: impl Into<Bytes>) -> Value {
+        Value::Bulk(Some(bytes.into()))
+    }
+    pub fn null() -> Value {
+        Value::Bulk(None)
+    }
+    pub fn error(message: impl Into<String>) -> Value {
+        Value::Error(message.into())
+    }
+    pub fn array(values: Vec<Value>) -> Value {
+        Value::Array(Some(values))
+    }
+    pub fn is_error(&self) -> bool {
+        matches!(self, Value::Error(_))
+    }
+}
+
+/// Bounds that keep a hostile or broken peer from making us allocate without limit.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_bulk_bytes: usize,
+    pub max_array_len: usize,
+    pub max_inline_bytes: usize,
+    pub max_depth: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_bulk_bytes: 64 * 1024 * 1024,
+            max_array_len: 1024 * 1024,
+            max_inline_bytes: 64 * 1024,
+            max_depth: 8,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Error {
+    #[error("Protocol error: {0}")]
+    Protocol(String),
+    #[error("Protocol error: {what} of {size} exceeds the limit of {limit}")]
+    TooLarge {
+        what: &'static str,
+        size: usize,
+        limit: usize,
+    },
+}
+
+fn protocol(message: impl Into<String>) -> Error {
+    Error::Protocol(message.into())
+}
+
+/// Parses one complete value from the front of `buf`.
+/// Returns `Ok(None)` when more bytes are needed, or the value and the bytes it used.
+pub fn parse_value(buf: &[u8], limits: &Limits) -> Result<Option<(Value, usize)>, Error> {
+    parse_at(buf, 0, limits, 0)
+}
+
+/// Parses one client command: a RESP array of bulk strings, or an inline command line.
+/// Returns `Ok(None)` when more bytes are needed. An empty inline line yields an empty command.
+pub fn parse_command(buf: &[u8], limits: &Limits) -> Result<Option<(Vec<Bytes>, usize)>, Error> {
+    let Some(&first) = buf.first() else {
+        return Ok(None);
+    };
+    if first != b'*' {
+        return parse_inline(buf, limits);
+    }
+    let Some((len, mut pos)) = parse_line_int(buf, 1, limits.max_inline_bytes)? else {
+        return Ok(None);
+    };
+    if len < 0 {
+        return Ok(Some((Vec::new(), pos)));
+    }
+    let len = len as usize;
+    if len > limits.max_array_len {
+        return Err(Error::TooLarge {
+            what: "command array",
+            size: len,
+            limit: limits.max_array_len,
+        });
+    }
+    let mut args = Vec::with_capacity(len.min(64));
+    for _ in 0..len {
+        match buf.get(pos) {
+            None => return Ok(None),
+            Some(b'$') => {}
+            Some(other) => {
+                return Err(protocol(format!(
+                    "expected '$', got '{}'",
+                    char::from(*other).escape_default()
+                )))
+            }
+        }
+        let Some((bulk, next)) = parse_bulk(buf, pos + 1, limits)? else {
+            return Ok(None);
+        };
+        match bulk {
+            Some(bytes) => args.push(Bytes::copy_from_slice(bytes)),
+            None => return Err(protocol("null bulk string in command")),
+        }
+        pos = next;
+    }
+    Ok(Some((args, pos)))
+}
+
+fn parse_inline(buf: &[u8], limits: &Limits) -> Result<Option<(Vec<Bytes>, usize)>, Error> {
+    let Some(end) = find_crlf_or_lf(buf, 0) else {
+        if buf.len() > limits.max_inline_bytes {
+            return Err(Error::TooLarge {
+                what: "inline command",
+                size: buf.len(),
+                limit: limits.max_inline_bytes,
+            });
+        }
+        return Ok(None);
+    };
+    let (line_end, next) = end;
+    let line = &buf[..line_end];
+    if line.len() > limits.max_inline_bytes {
+        return Err(Error::TooLarge {
+            what: "inline command",
+            size: line.len(),
+            limit: limits.max_inline_bytes,
+        });
+    }
+    let args = line
+        .split(|b| b.is_ascii_whitespace())
+        .filter(|part| !part.is_empty())
+        .map(Bytes::copy_from_slice)
+        .collect();
+    Ok(Some((args, next)))
+}
+
+/// Finds the end of a line terminated by "\r\n" or a bare "\n" (inline commands only).
+fn find_crlf_or_lf(buf: &[u8], from: usize) -> Option<(usize, usize)> {
+    let n = buf[from..].iter().position(|b| *b == b'\n')? + from;
+    if n > from && buf[n - 1] == b'\r' {
+        Some((n - 1, n + 1))
+    } else {
+        Some((n, n + 1))
+    }
+}
+
+fn find_crlf(buf: &[u8], from: usize, max_line: usize) -> Result<Option<usize>, Error> {
+    let window_end = buf.len().min(from.saturating_add(max_line + 2));
+    match buf[from..window_end].windows(2).position(|w| w == b"\r\n") {
+        Some(n) => Ok(Some(from + n)),
+        None if buf.len() - from > max_line + 1 => Err(Error::TooLarge {
+            what: "line",
+            size: buf.len() - from,
+            limit: max_line,
+        }),
+        None => Ok(None),
+    }
+}
+
+/// Parses "<int>\r\n" starting at `pos`; returns the integer and the position after the CRLF.
+fn parse_line_int(buf: &[u8], pos: usize, max_line: usize) -> Result<Option<(i64, usize)>, Error> {
+    let Some(end) = find_crlf(buf, pos, max_line.min(32))? else {
+        return Ok(None);
+    };
+    let text = std::str::from_utf8(&buf[pos..end]).map_err(|_| protocol("invalid length"))?;
+    let n: i64 = text
+        .parse()
+        .map_err(|_| protocol(format!("invalid length '{}'", text.escape_default())))?;
+    Ok(Some((n, end + 2)))
+}
+
+type Bulk<'a> = Option<&'a [u8]>;
+
+/// Parses the body of a bulk string whose '$' is just before `pos`.
+fn parse_bulk<'a>(buf: &'a [u8], pos: usize, limits: &Limits) -> Result<Option<(Bulk<'a>, usize)>, Error> {
+    let Some((len, start)) = parse_line_int(buf, pos, limits.max_inline_bytes)? else {
+        return Ok(None);
+    };
+    if len == -1 {
+        return Ok(Some((None, start)));
+    }
+    if len < 0 {
+        return Err(protocol("invalid bulk length"));
+    }
+    let len = len as usize;
+    if len > limits.max_bulk_bytes {
+        return Err(Error::TooLarge {
+            what: "bulk string",
+            size: len,
+            limit: limits.max_bulk_bytes,
+        });
+    }
+    let end = start + len;
+    if buf.len() < end + 2 {
+        return Ok(None);
+    }
+    if &buf[end..end + 2] != b"\r\n" {
+        return Err(protocol("bulk string not terminated by CRLF"));
+    }
+    Ok(Some((Some(&buf[start..end]), end + 2)))
+}
+
+fn parse_at(buf: &[u8], pos: usize, limits: &Limits, depth: usize) -> Result<Option<(Value, usize)>, Error> {
+    if depth > limits.max_depth {
+        return Err(protocol("nesting too deep"));
+    }
+    let Some(&tag) = buf.get(pos) else {
+        return Ok(None);
+    };
+    let body = pos + 1;
+    match tag {
+        b'+' | b'-' => {
+            let Some(end) = find_crlf(buf, body, limits.max_inline_bytes)? else {
+                return Ok(None);
+            };
+            let text = String::from_utf8_lossy(&buf[body..end]).into_owned();
+            let value = if tag == b'+' {
+                Value::Simple(text)
+            } else {
+                Value::Error(text)
+            };
+            Ok(Some((value, end + 2)))
+        }
+        b':' => Ok(parse_line_int(buf, body, limits.max_inline_bytes)?.map(|(n, next)| (Value::Integer(n), next))),
+        b'$' => Ok(parse_bulk(buf, body, limits)?.map(|(b, next)| (Value::Bulk(b.map(Bytes::copy_from_slice)), next))),
+        b'*' => {
+            let Some((len, mut next)) = parse_line_int(buf, body, limits.max_inline_bytes)? else {
+                return Ok(None);
+            };
+            if len < 0 {
+                return Ok(Some((Value::Array(None), next)));
+            }
+            let len = len as usize;
+            if len > limits.max_array_len {
+                return Err(Error::TooLarge {
+                    what: "array",
+                    size: len,
+                    limit: limits.max_array_len,
+                });
+            }
+            let mut items = Vec::with_capacity(len.min(64));
+            for _ in 0..len {
+                let Some((item, after)) = parse_at(buf, next, limits, depth + 1)? else {
+                    return Ok(None);
+                };
+                items.push(item);
+                next = after;
+            }
+            Ok(Some((Value::Array(Some(items)), next)))
+        }
+        other => Err(protocol(format!(
+            "unexpected type byte '{}'",
+            char::from(other).escape_default()
+        ))),
+    }
+}
+
+/// Appends the RESP2 encoding of `value` to `out`.
+pub fn write_value(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Simple(s) => {
+            out.push(b'+');
+            out.extend_from_slice(single_line(s).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        Value::Error(s) => {
+            out.push(b'-');
+            out.extend_from_slice(single_line(s).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        Value::Integer(n) => {
+            out.push(b':');
+            out.extend_from_slice(n.to_string().as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        Value::Bulk(None) => out.extend_from_slice(b"$-1\r\n"),
+        Value::Bulk(Some(b)) => {
+            out.push(b'$');
+            out.extend_from_slice(b.len().to_string().as_bytes());
+            out.extend_from_slice(b"\r\n");
+            out.extend_from_slice(b);
+            out.extend_from_slice(b"\r\n");
+        }
+        Value::Array(None) => out.extend_from_slice(b"*-1\r\n"),
+        Value::Array(Some(items)) => {
+            out.push(b'*');
+            out.extend_from_slice(items.len().to_string().as_bytes());
+            out.extend_from_slice(b"\r\n");
+            for item in items {
+                write_value(item, out);
+            }
+        }
+    }
+}
+
+/// Appends a command (array of bulk strings) to `out`.
+pub fn write_command<A: AsRef<[u8]>>(args: &[A], out: &mut Vec<u8>) {
+    out.push(b'*');
+    out.extend_from_slice(args.len().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for arg in args {
+        let arg = arg.as_ref();
+        out.push(b'$');
+        out.extend_from_slice(arg.len().to_string().as_bytes());
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Simple strings and errors cannot carry line breaks; replace them rather than corrupt the stream.
+fn single_line(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains(['\r', '\n']) {
+        s.replace(['\r', '\n'], " ").into()
+    } else {
+        s.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits::default()
+    }
+
+    #[test]
+    fn parses_array_command_and_reports_consumed_bytes() {
+        let buf = b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*1\r\n";
+        let (args, used) = parse_command(buf, &limits()).unwrap().unwrap();
+        assert_eq!(args, vec![Bytes::from("GET"), Bytes::from("k")]);
+        assert_eq!(used, 20);
+        assert_eq!(parse_command(&buf[used..], &limits()).unwrap(), None);
+    }
+
+    #[test]
+    fn needs_more_bytes_for_every_proper_prefix() {
+        let buf = b"*3\r\n$3\r\nSET\r\n$3\r\nkey\r\n$5\r\nvalue\r\n";
+        for cut in 0..buf.len() {
+            assert_eq!(parse_command(&buf[..cut], &limits()).unwrap(), None, "cut {cut}");
+        }
+        assert!(parse_command(buf, &limits()).unwrap().is_some());
+    }
+
+    #[test]
+    fn parses_inline_commands() {
+        let (args, used) = parse_command(b"PING  hello\r\n", &limits()).unwrap().unwrap();
+        assert_eq!(args, vec![Bytes::from("PING"), Bytes::from("hello")]);
+        assert_eq!(used, 13);
+        let (args, _) = parse_command(b"\r\n", &limits()).unwrap().unwrap();
+        assert!(args.is_empty());
+    }
+
+    #[test]
+    fn rejects_oversized_and_malformed_input() {
+        let small = Limits {
+            max_bulk_bytes: 4,
+            ..Limits::default()
+        };
+        assert!(matches!(
+            parse_command(b"*1\r\n$5\r\nhello\r\n", &small),
+            Err(Error::TooLarge { .. })
+        ));
+        assert!(parse_command(b"*1\r\n$x\r\n", &limits()).is_err());
+        assert!(parse_command(b"*1\r\n:1\r\n", &limits()).is_err());
+        assert!(parse_command(b"*1\r\n$2\r\nabcd\r\n", &limits()).is_err());
+        assert!(parse_command(b"*99999999999\r\n", &limits()).is_err());
+        let endless = vec![b'a'; 70 * 1024];
+        assert!(parse_command(&endless, &limits()).is_err());
+    }
+
+    #[test]
+    fn values_round_trip() {
+        let value = Value::array(vec![
+            Value::ok(),
+            Value::error("ERR bad"),
+            Value::Integer(-42),
+            Value::bulk("x\r\ny"),
+            Value::null(),
+            Value::Array(None),
+            Value::array(vec![Value::Integer(1)]),
+        ]);
+        let mut out = Vec::new();
+        write_value(&value, &mut out);
+        let (parsed, used) = parse_value(&out, &limits()).unwrap().unwrap();
+        assert_eq!(parsed, value);
+        assert_eq!(used, out.len());
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic() {
+        // A small deterministic generator stands in for the fuzzer in unit tests.
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let alphabet = b"*$+-:\r\n0123456789-abc";
+        for _ in 0..20_000 {
+            let mut buf = Vec::new();
+            for _ in 0..(state % 40) {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                buf.push(alphabet[(state % alphabet.len() as u64) as usize]);
+            }
+            let _ = parse_command(&buf, &limits());
+            let _ = parse_value(&buf, &limits());
+        }
+    }
+}
