@@ -1,8 +1,9 @@
 //! RESP front end: accepts Redis clients, answers server commands locally, sends writes through
 //! the log and reads through ReadIndex (or local state, when a connection opted into stale reads).
 //!
-//! Pipelined commands are dispatched together and answered in order. A read that follows a write
-//! on the same connection waits for that write, so a connection always reads its own writes.
+//! Pipelined commands are dispatched together and answered in order. Consecutive writes (ordered
+//! by the log) or consecutive reads go out together; where a pipeline switches between the two,
+//! what is in flight completes first, so every connection sees its commands take effect in order.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -190,6 +191,12 @@ enum Flow {
     Close,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Read,
+    Write,
+}
+
 fn node_error(e: NodeError) -> Value {
     let prefix = match e {
         NodeError::NoLeader { .. } | NodeError::Overloaded => "TRYAGAIN",
@@ -211,7 +218,7 @@ impl Connection {
             }
             let mut slots = Vec::new();
             let mut flow = Flow::Continue;
-            let mut pending_writes = false;
+            let mut pending: Option<Kind> = None;
             while slots.len() < self.shared.options.max_pipeline_commands {
                 let (args, used) = match parse_command(&input, &limits) {
                     Ok(Some(parsed)) => parsed,
@@ -227,15 +234,21 @@ impl Connection {
                 if args.is_empty() {
                     continue;
                 }
-                let is_read = matches!(Command::parse(&args), Ok(Some(Command::Read(_))));
-                if is_read && pending_writes {
-                    // Read-your-writes: finish the earlier writes before this read is ordered.
+                let kind = match Command::parse(&args) {
+                    Ok(Some(Command::Read(_))) => Some(Kind::Read),
+                    Ok(Some(Command::Write(_))) => Some(Kind::Write),
+                    _ => None,
+                };
+                if kind.is_some() && pending.is_some() && kind != pending {
+                    // Writes are ordered by the log and reads by ReadIndex, but not one against
+                    // the other: finish what is in flight before switching, so the connection
+                    // sees its commands take effect in order.
                     self.resolve(&mut slots, &mut output).await;
-                    pending_writes = false;
+                    pending = None;
                 }
                 let (slot, next) = self.dispatch(args).await;
-                if matches!(slot, Slot::Waiting { is_write: true, .. }) {
-                    pending_writes = true;
+                if matches!(slot, Slot::Waiting { .. }) {
+                    pending = kind;
                 }
                 slots.push(slot);
                 if let Flow::Close = next {

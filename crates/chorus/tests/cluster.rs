@@ -1,0 +1,590 @@
+//! Integration tests: real `chorus` node processes on 127.0.0.1, real clients.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use chorus_client::{Client, Value};
+use serde::Deserialize;
+
+const CHORUS: &str = env!("CARGO_BIN_EXE_chorus");
+
+#[derive(Deserialize, Clone)]
+struct NodeEntry {
+    id: u64,
+    resp_addr: SocketAddr,
+    peer_addr: SocketAddr,
+    metrics_addr: SocketAddr,
+}
+
+#[derive(Deserialize)]
+struct ClusterFile {
+    nodes: Vec<NodeEntry>,
+}
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    nodes: Vec<NodeEntry>,
+}
+
+fn run_chorus(args: &[&str]) -> String {
+    let out = Command::new(CHORUS).args(args).output().expect("run chorus");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "chorus {args:?} failed:\n{text}");
+    text
+}
+
+impl Cluster {
+    fn start(nodes: usize, server_args: &[&str]) -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().to_str().expect("utf-8 path").to_string();
+        let n = nodes.to_string();
+        let mut args = vec!["cluster", "start", "--nodes", &n, "--dir", &path];
+        if !server_args.is_empty() {
+            args.push("--");
+            args.extend_from_slice(server_args);
+        }
+        let status = run_chorus(&args);
+        assert_eq!(
+            status.lines().filter(|l| l.starts_with("node ")).count(),
+            nodes,
+            "{status}"
+        );
+        let file: ClusterFile =
+            toml::from_str(&std::fs::read_to_string(dir.path().join("cluster.toml")).unwrap()).unwrap();
+        Cluster { dir, nodes: file.nodes }
+    }
+
+    fn dir(&self) -> &str {
+        self.dir.path().to_str().unwrap()
+    }
+
+    fn node(&self, id: u64) -> &NodeEntry {
+        self.nodes.iter().find(|n| n.id == id).expect("node id")
+    }
+
+    fn kill(&self, id: u64) {
+        run_chorus(&["cluster", "kill", "--dir", self.dir(), "--node", &id.to_string()]);
+    }
+
+    /// Restarts every stopped node and waits for all to answer with a leader elected.
+    fn restart_stopped(&self) {
+        run_chorus(&["cluster", "start", "--dir", self.dir()]);
+    }
+
+    async fn client(&self, id: u64) -> Client {
+        Client::connect(self.node(id).resp_addr).await.expect("connect")
+    }
+
+    async fn info(&self, id: u64, field: &str) -> Option<String> {
+        let mut c = tokio::time::timeout(Duration::from_secs(1), Client::connect(self.node(id).resp_addr))
+            .await
+            .ok()?
+            .ok()?;
+        c.set_timeout(Duration::from_secs(1));
+        let Ok(Value::Bulk(Some(info))) = c.command(&["INFO", "raft"]).await else {
+            return None;
+        };
+        String::from_utf8_lossy(&info)
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':').map(str::to_string))
+    }
+
+    async fn info_u64(&self, id: u64, field: &str) -> u64 {
+        self.info(id, field).await.and_then(|v| v.parse().ok()).unwrap_or(0)
+    }
+
+    /// The leader as seen by the given nodes, if they agree on one that is up.
+    async fn leader_among(&self, ids: &[u64]) -> Option<u64> {
+        for id in ids {
+            if self.info(*id, "raft_role").await.as_deref() == Some("leader") {
+                return Some(*id);
+            }
+        }
+        None
+    }
+
+    async fn wait_for_leader(&self, ids: &[u64], within: Duration) -> u64 {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(l) = self.leader_among(ids).await {
+                return l;
+            }
+            assert!(Instant::now() < deadline, "no leader among {ids:?} within {within:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn metrics(&self, id: u64) -> String {
+        http_get(self.node(id).metrics_addr, "/metrics")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new(CHORUS)
+            .args(["cluster", "stop", "--dir", self.dir()])
+            .output();
+        if std::thread::panicking() {
+            for n in &self.nodes {
+                let log = self.dir.path().join(format!("node{}/server.log", n.id));
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(30).collect();
+                eprintln!("---- node {} log tail ----", n.id);
+                for l in tail.iter().rev() {
+                    eprintln!("{l}");
+                }
+            }
+        }
+    }
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).expect("metrics connect");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body
+}
+
+fn metric_value(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing"))
+}
+
+fn bulk(s: &str) -> Value {
+    Value::Bulk(Some(s.as_bytes().to_vec().into()))
+}
+
+fn ok() -> Value {
+    Value::Simple("OK".into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_on_any_node_are_linearizably_readable_on_every_node() {
+    let cluster = Cluster::start(3, &[]);
+    let mut clients = Vec::new();
+    for id in 1..=3 {
+        clients.push(cluster.client(id).await);
+    }
+    for i in 0..60usize {
+        let (key, value) = (format!("k{i}"), format!("v{i}"));
+        assert_eq!(clients[i % 3].command(&["SET", &key, &value]).await.unwrap(), ok());
+        // Read right away on a different node: linearizable reads must see the acknowledged write.
+        assert_eq!(
+            clients[(i + 1) % 3].command(&["GET", &key]).await.unwrap(),
+            bulk(&value)
+        );
+    }
+    for i in 1..=30i64 {
+        assert_eq!(
+            clients[i as usize % 3].command(&["INCR", "counter"]).await.unwrap(),
+            Value::Integer(i)
+        );
+    }
+    for c in &mut clients {
+        assert_eq!(c.command(&["GET", "counter"]).await.unwrap(), bulk("30"));
+    }
+    assert_eq!(
+        clients[0].command(&["HSET", "h", "f1", "a", "f2", "b"]).await.unwrap(),
+        Value::Integer(2)
+    );
+    assert_eq!(
+        clients[2].command(&["HMGET", "h", "f2", "f1", "nope"]).await.unwrap(),
+        Value::Array(Some(vec![bulk("b"), bulk("a"), Value::Bulk(None)]))
+    );
+    // Pipelined write-then-read on one connection reads its own write.
+    let replies = clients[1]
+        .pipeline(&[
+            vec!["SET", "p", "1"],
+            vec!["GET", "p"],
+            vec!["INCR", "p"],
+            vec!["GET", "p"],
+        ])
+        .await
+        .unwrap();
+    assert_eq!(replies, vec![ok(), bulk("1"), Value::Integer(2), bulk("2")]);
+    // Unknown and malformed commands are errors that change nothing.
+    let before = clients[0].command(&["DBSIZE"]).await.unwrap();
+    assert!(
+        matches!(clients[0].command(&["FLUSHALL"]).await.unwrap(), Value::Error(e) if e.starts_with("ERR unknown command"))
+    );
+    assert!(
+        matches!(clients[0].command(&["SET", "onlykey"]).await.unwrap(), Value::Error(e) if e.contains("wrong number of arguments"))
+    );
+    assert!(
+        matches!(clients[0].command(&["HGET", "k1", "f"]).await.unwrap(), Value::Error(e) if e.starts_with("WRONGTYPE"))
+    );
+    assert_eq!(clients[0].command(&["DBSIZE"]).await.unwrap(), before);
+
+    let metrics = cluster.metrics(1);
+    for name in [
+        "chorus_raft_term",
+        "chorus_raft_commit_index",
+        "chorus_raft_applied_index",
+        "chorus_raft_commands_proposed_total",
+        "chorus_raft_fsync_seconds_count",
+    ] {
+        metric_value(&metrics, name);
+    }
+    assert!(
+        metrics.contains("chorus_peer_bytes_sent_total{peer=\"2\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("chorus_peer_entries_received_total{peer="),
+        "{metrics}"
+    );
+    assert!(metrics.contains("chorus_commands_total{command=\"set\"}"), "{metrics}");
+    assert!(
+        metrics.contains("chorus_command_duration_seconds_bucket{kind=\"write\",le="),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_crash_loses_no_acknowledged_write_and_the_node_catches_up() {
+    let cluster = Cluster::start(3, &[]);
+    let mut c = cluster.client(1).await;
+    let mut expected = Vec::new();
+    for i in 0..300 {
+        let (key, value) = (format!("before{i}"), format!("x{i}"));
+        assert_eq!(c.command(&["SET", &key, &value]).await.unwrap(), ok());
+        expected.push((key, value));
+    }
+    let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(5)).await;
+    let survivors: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    cluster.kill(leader);
+    let killed_at = Instant::now();
+    let new_leader = cluster.wait_for_leader(&survivors, Duration::from_secs(5)).await;
+    eprintln!(
+        "new leader {new_leader} elected {:?} after SIGKILL of {leader}",
+        killed_at.elapsed()
+    );
+    assert_ne!(new_leader, leader);
+
+    for id in &survivors {
+        let mut c = cluster.client(*id).await;
+        for (key, value) in &expected {
+            assert_eq!(
+                c.command(&["GET", key]).await.unwrap(),
+                bulk(value),
+                "node {id} key {key}"
+            );
+        }
+    }
+    let mut c = cluster.client(survivors[0]).await;
+    for i in 0..100 {
+        let (key, value) = (format!("after{i}"), format!("y{i}"));
+        assert_eq!(c.command(&["SET", &key, &value]).await.unwrap(), ok());
+        expected.push((key, value));
+    }
+    cluster.restart_stopped();
+    let mut back = cluster.client(leader).await;
+    for (key, value) in &expected {
+        assert_eq!(
+            back.command(&["GET", key]).await.unwrap(),
+            bulk(value),
+            "restarted node, key {key}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_behind_the_compacted_log_catches_up_by_snapshot() {
+    let cluster = Cluster::start(3, &["--snapshot-interval-entries", "50", "--log-keep-entries", "10"]);
+    let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(5)).await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let mut c = cluster.client(leader).await;
+    assert_eq!(c.command(&["SET", "seed", "1"]).await.unwrap(), ok());
+    let follower_last = cluster.info_u64(follower, "raft_last_index").await;
+    cluster.kill(follower);
+    for i in 0..400 {
+        assert_eq!(
+            c.command(&["SET", &format!("s{i}"), &format!("{i}")]).await.unwrap(),
+            ok()
+        );
+    }
+    let first = cluster.info_u64(leader, "raft_first_index").await;
+    assert!(
+        first > follower_last + 1,
+        "leader compacted only to {first}; follower had {follower_last}"
+    );
+
+    cluster.restart_stopped();
+    let target = cluster.info_u64(leader, "raft_commit_index").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cluster.info_u64(follower, "raft_applied_index").await < target {
+        assert!(Instant::now() < deadline, "follower did not catch up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let installed = metric_value(&cluster.metrics(follower), "chorus_raft_snapshots_installed_total");
+    assert!(installed >= 1.0, "follower caught up without a snapshot");
+    // Local (stale) reads on the follower now show everything: its own state holds the data.
+    let mut f = cluster.client(follower).await;
+    assert_eq!(f.command(&["READONLY"]).await.unwrap(), ok());
+    for i in (0..400).step_by(7) {
+        assert_eq!(
+            f.command(&["GET", &format!("s{i}")]).await.unwrap(),
+            bulk(&i.to_string())
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_quorum_requests_fail_with_clear_errors_in_bounded_time() {
+    let cluster = Cluster::start(3, &["--leader-wait-ms", "1000", "--request-timeout-ms", "2000"]);
+    let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(5)).await;
+    let mut c = cluster.client(leader).await;
+    assert_eq!(c.command(&["SET", "a", "1"]).await.unwrap(), ok());
+    for id in (1..=3).filter(|id| *id != leader) {
+        cluster.kill(id);
+    }
+    let started = Instant::now();
+    let write = c.command(&["SET", "a", "2"]).await.unwrap();
+    assert!(
+        matches!(&write, Value::Error(e) if e.starts_with("TIMEOUT") || e.starts_with("TRYAGAIN")),
+        "write without quorum answered {write:?}"
+    );
+    let read = c.command(&["GET", "a"]).await.unwrap();
+    assert!(
+        matches!(&read, Value::Error(e) if e.starts_with("TRYAGAIN")),
+        "read without quorum answered {read:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "took {:?}",
+        started.elapsed()
+    );
+    // Stale reads are still served locally, by explicit opt-in.
+    assert_eq!(c.command(&["READONLY"]).await.unwrap(), ok());
+    assert!(matches!(c.command(&["GET", "a"]).await.unwrap(), Value::Bulk(Some(_))));
+    cluster.restart_stopped();
+    let mut c = cluster.client(leader).await;
+    let v = c.command(&["GET", "a"]).await.unwrap();
+    assert!(v == bulk("1") || v == bulk("2"), "{v:?}");
+}
+
+fn send_and_read(addr: SocketAddr, bytes: &[u8]) -> (Vec<u8>, bool) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let _ = s.write_all(bytes);
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return (out, true),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {
+                return (out, false)
+            }
+            Err(_) => return (out, true),
+        }
+    }
+}
+
+fn peer_frame(kind: u8, payload: &[u8], claimed_len: Option<u32>) -> Vec<u8> {
+    let mut f = b"CH".to_vec();
+    f.push(1);
+    f.push(kind);
+    f.extend_from_slice(&claimed_len.unwrap_or(payload.len() as u32).to_le_bytes());
+    f.extend_from_slice(&crc32(payload).to_le_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// CRC-32 (IEEE), as the peer frame uses; written out here so the test does not trust our code.
+fn crc32(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for b in data {
+        crc ^= *b as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_and_oversized_input_is_rejected_and_the_cluster_is_unaffected() {
+    let cluster = Cluster::start(3, &[]);
+    let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(5)).await;
+    let term_before = cluster.info_u64(leader, "raft_term").await;
+    let target = (1..=3).find(|id| *id != leader).unwrap();
+    let node = cluster.node(target).clone();
+
+    // RESP port: an oversized bulk string and a malformed header each get an error, then a close.
+    for input in [&b"*1\r\n$99999999999\r\n"[..], b"*1\r\n$abc\r\n", b"*2\r\n:1\r\n"] {
+        let (reply, closed) = send_and_read(node.resp_addr, input);
+        assert!(
+            reply.starts_with(b"-ERR Protocol error"),
+            "{:?}",
+            String::from_utf8_lossy(&reply)
+        );
+        assert!(closed, "connection left open after a protocol error");
+    }
+    // Binary junk as an inline command is an unknown command, not a crash.
+    let (reply, _) = send_and_read(node.resp_addr, b"\x00\x01\xfe\xff junk\r\n");
+    assert!(
+        reply.starts_with(b"-ERR unknown command"),
+        "{:?}",
+        String::from_utf8_lossy(&reply)
+    );
+
+    // Peer port: junk, an oversized frame, an unknown node, and a corrupt raft message.
+    let junk: Vec<u8> = (0..200u32).map(|i| (i * 37 % 251) as u8).collect();
+    let hello_from_2 = peer_frame(1, &((target % 3) + 1).to_le_bytes(), None);
+    let cases = [
+        junk.clone(),
+        peer_frame(2, b"", Some(2_000_000_000)),
+        peer_frame(1, &99u64.to_le_bytes(), None),
+        [hello_from_2.clone(), peer_frame(2, &junk, None)].concat(),
+        [
+            hello_from_2,
+            peer_frame(2, b"abc", Some(3)).into_iter().map(|b| b ^ 1).collect(),
+        ]
+        .concat(),
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        let (_, closed) = send_and_read(node.peer_addr, case);
+        assert!(closed, "peer case {i} left the connection open");
+    }
+    let rejected = metric_value(&cluster.metrics(target), "chorus_peer_connections_rejected_total");
+    assert!(rejected >= 5.0, "only {rejected} peer connections rejected");
+
+    for id in 1..=3 {
+        let mut c = cluster.client(id).await;
+        let key = format!("after-garbage-{id}");
+        assert_eq!(c.command(&["SET", &key, "ok"]).await.unwrap(), ok());
+        assert_eq!(c.command(&["GET", &key]).await.unwrap(), bulk("ok"));
+    }
+    assert_eq!(
+        cluster.info_u64(leader, "raft_term").await,
+        term_before,
+        "garbage caused an election"
+    );
+}
+
+fn require_tool(name: &str) {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .unwrap()
+        .status
+        .success();
+    assert!(
+        found,
+        "{name} is not installed; install Debian's redis-tools (.ci/run does)"
+    );
+}
+
+fn run_tool(tool: &str, args: &[&str], stdin: Option<&str>) -> String {
+    let mut child = Command::new(tool)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(input) = stdin {
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    } else {
+        drop(child.stdin.take());
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{tool} {args:?} failed: {text}");
+    text
+}
+
+#[test]
+fn redis_cli_and_redis_benchmark_work_against_any_node() {
+    require_tool("redis-cli");
+    require_tool("redis-benchmark");
+    let cluster = Cluster::start(3, &[]);
+    for node in &cluster.nodes {
+        let port = node.resp_addr.port().to_string();
+        let script = format!(
+            "SET cli{} hello\nAPPEND cli{} -world\nGET cli{}\nPING\n",
+            node.id, node.id, node.id
+        );
+        let out = run_tool("redis-cli", &["-p", &port], Some(&script));
+        assert_eq!(
+            out.lines().collect::<Vec<_>>(),
+            vec!["OK", "11", "hello-world", "PONG"],
+            "{out}"
+        );
+    }
+    let port = cluster.node(2).resp_addr.port().to_string();
+    for pipeline in ["1", "16"] {
+        let out = run_tool(
+            "redis-benchmark",
+            &[
+                "-p", &port, "-t", "set,get", "-d", "64", "-c", "10", "-n", "3000", "-P", pipeline, "-q",
+            ],
+            None,
+        );
+        let finals: Vec<&str> = out
+            .split(['\r', '\n'])
+            .filter(|l| l.contains("requests per second"))
+            .collect();
+        assert_eq!(finals.len(), 2, "expected SET and GET results: {out}");
+    }
+    let out = run_tool("redis-cli", &["-p", &port, "DBSIZE"], None);
+    let keys: u64 = out.trim().parse().unwrap();
+    assert!(keys >= 4, "benchmark keys missing: {out}");
+}
+
+#[test]
+fn server_rejects_a_bad_config_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    std::fs::write(&config, "id = 1\nelection_tick = 5\n").unwrap();
+    let out = Command::new(CHORUS)
+        .args(["server", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown field `election_tick`"), "{err}");
+    let out = Command::new(CHORUS)
+        .args(["server", "--id", "4", "--peers", "1=127.0.0.1:1", "--data-dir"])
+        .arg(dir.path().join("d"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not in peers"));
+    assert!(
+        !Path::new(&dir.path().join("d")).exists(),
+        "a rejected config must not create data"
+    );
+}
+
+/// The demo SIGKILLs the leader in the middle of a write-heavy workload and then checks every
+/// acknowledged write on every node; it exits non-zero if anything is missing.
+#[test]
+fn demo_survives_a_leader_crash_under_load_with_no_lost_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(CHORUS)
+        .args(["demo", "--duration-secs", "8", "--clients", "8", "--dir"])
+        .arg(dir.path().join("demo"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("SIGKILL leader"), "{text}");
+    assert!(text.contains("CHECK PASSED"), "{text}");
+}
