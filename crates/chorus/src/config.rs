@@ -11,10 +11,10 @@ use anyhow::{bail, Context};
 macro_rules! server_options {
     ($( $(#[doc = $doc:literal])+ $name:ident : $ty:ty = $default:expr ; )*) => {
         /// Every server setting as optional, as read from a file or flags.
-        #[derive(clap::Args, serde::Deserialize, serde::Serialize, Debug, Default, Clone)]
+        #[derive(clap::Args, serde::Deserialize, Debug, Default, Clone)]
         #[serde(deny_unknown_fields)]
         pub struct ServerOptions {
-            $( $(#[doc = $doc])+ #[arg(long)] #[serde(skip_serializing_if = "Option::is_none")] pub $name: Option<$ty>, )*
+            $( $(#[doc = $doc])+ #[arg(long)] pub $name: Option<$ty>, )*
         }
 
         /// Every server setting, resolved.
@@ -86,10 +86,6 @@ impl ServerOptions {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
         toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
-    }
-
-    pub fn to_toml(&self) -> String {
-        toml::to_string(self).expect("options serialise")
     }
 }
 

@@ -17,7 +17,7 @@ use anyhow::{bail, Context};
 use chorus_client::{Client, ClientError, Value};
 use hdrhistogram::Histogram;
 
-use crate::cluster;
+use chorus_cluster as cluster;
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
@@ -211,8 +211,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         bail!("{} already holds a cluster; give the demo a fresh --dir", dir.display());
     }
     println!("Starting a 3-node Chorus cluster in {} ...", dir.display());
-    let file = cluster::start(&dir, 3, Vec::new()).await?;
-    cluster::print_status(&cluster::status(&dir, &file).await);
+    let file = cluster::start(&dir, 3, Vec::new(), &cluster::NetOptions::default()).await?;
+    cluster::print_status(&file, &cluster::status(&dir, &file).await);
     let result = drive(&args, &dir, &file).await;
     if args.keep {
         println!("cluster left running: chorus cluster status --dir {}", dir.display());
@@ -272,7 +272,7 @@ async fn drive(args: &DemoArgs, dir: &std::path::Path, file: &cluster::ClusterFi
         }
         if let Some((id, at)) = killed {
             if !restarted && at.elapsed() >= Duration::from_secs(3) {
-                cluster::start(dir, 3, Vec::new()).await?;
+                cluster::start(dir, 3, Vec::new(), &cluster::NetOptions::default()).await?;
                 events.push(format!("{:.1}s: node {id} restarted", started.elapsed().as_secs_f64()));
                 restarted = true;
             }
@@ -305,7 +305,7 @@ async fn drive(args: &DemoArgs, dir: &std::path::Path, file: &cluster::ClusterFi
     let elapsed = started.elapsed().as_secs_f64();
     if !restarted {
         if let Some((id, _)) = killed {
-            cluster::start(dir, 3, Vec::new()).await?;
+            cluster::start(dir, 3, Vec::new(), &cluster::NetOptions::default()).await?;
             events.push(format!("node {id} restarted after the workload"));
         }
     }

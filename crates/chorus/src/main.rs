@@ -1,6 +1,5 @@
 //! The `chorus` command: run a node, manage a local cluster, or watch the demo.
 
-mod cluster;
 mod config;
 mod demo;
 mod server;
@@ -8,6 +7,7 @@ mod server;
 use std::path::PathBuf;
 
 use anyhow::Context;
+use chorus_cluster as cluster;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -38,6 +38,11 @@ enum Commands {
     },
     /// Start a local 3-node cluster, drive a workload, crash and restart the leader, verify.
     Demo(demo::DemoArgs),
+    /// Benchmarks: YCSB workloads against Chorus, Redis or etcd, and side-by-side comparisons.
+    Bench {
+        #[command(subcommand)]
+        command: chorus_bench::cli::BenchCommand,
+    },
 }
 
 #[derive(Subcommand)]
@@ -48,6 +53,14 @@ enum ClusterCommand {
         nodes: usize,
         #[arg(long)]
         dir: PathBuf,
+        /// Emulated network (a profile from crates/cluster/net-profiles.toml: lan, wan3, geo3).
+        /// Latency comes from toxiproxy (installed with `go install` on first use) and is
+        /// measured on every link before the nodes start.
+        #[arg(long, value_name = "PROFILE")]
+        net: Option<String>,
+        /// Caps every emulated link at this many Mbit/s in each direction.
+        #[arg(long, value_name = "MBIT")]
+        net_bandwidth_mbit: Option<f64>,
         /// Extra `chorus server` flags for every node, after `--`.
         #[arg(last = true)]
         server_args: Vec<String>,
@@ -102,21 +115,28 @@ fn main() -> anyhow::Result<()> {
                 ClusterCommand::Start {
                     nodes,
                     dir,
+                    net,
+                    net_bandwidth_mbit,
                     server_args,
                 } => {
-                    let file = cluster::start(&dir, nodes, server_args).await?;
-                    cluster::print_status(&cluster::status(&dir, &file).await);
+                    let net = cluster::NetOptions {
+                        profile: net,
+                        bandwidth_mbit: net_bandwidth_mbit,
+                    };
+                    let file = cluster::start(&dir, nodes, server_args, &net).await?;
+                    cluster::print_status(&file, &cluster::status(&dir, &file).await);
                     Ok(())
                 }
                 ClusterCommand::Status { dir } => {
                     let file = cluster::load(&dir)?;
-                    cluster::print_status(&cluster::status(&dir, &file).await);
+                    cluster::print_status(&file, &cluster::status(&dir, &file).await);
                     Ok(())
                 }
                 ClusterCommand::Stop { dir } => cluster::stop(&dir),
                 ClusterCommand::Kill { dir, node } => cluster::kill_node(&dir, node),
             },
             Commands::Demo(args) => demo::run(args).await,
+            Commands::Bench { command } => chorus_bench::cli::run(command).await,
         }
     })
 }

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use chorus_client::{Client, Value};
 use serde::Deserialize;
 
-const CHORUS: &str = env!("CARGO_BIN_EXE_chorus");
+mod common;
+
+use common::{run_chorus, CHORUS};
 
 #[derive(Deserialize, Clone)]
 struct NodeEntry {
@@ -27,13 +29,6 @@ struct ClusterFile {
 struct Cluster {
     dir: tempfile::TempDir,
     nodes: Vec<NodeEntry>,
-}
-
-fn run_chorus(args: &[&str]) -> String {
-    let out = Command::new(CHORUS).args(args).output().expect("run chorus");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "chorus {args:?} failed:\n{text}");
-    text
 }
 
 impl Cluster {

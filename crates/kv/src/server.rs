@@ -70,6 +70,7 @@ const COUNTED_COMMANDS: &[&str] = &[
     "quit",
     "readonly",
     "readwrite",
+    "cluster",
     "other",
 ];
 
@@ -202,7 +203,7 @@ fn node_error(e: NodeError) -> Value {
         NodeError::NoLeader { .. } | NodeError::Overloaded => "TRYAGAIN",
         NodeError::Timeout { .. } => "TIMEOUT",
         NodeError::LeaderChanged => "UNCERTAIN",
-        NodeError::ShuttingDown => "ERR",
+        NodeError::ShuttingDown | NodeError::NotAVoter(_) => "ERR",
     };
     Value::error(format!("{prefix} {e}"))
 }
@@ -402,6 +403,15 @@ impl Connection {
                     self.consistency_name()
                 )),
                 _ => Value::error(format!("ERR unknown or malformed subcommand '{sub}' for 'client'")),
+            },
+            // Standalone Redis answers every CLUSTER subcommand with this error; cluster-aware
+            // clients rely on it. FAILOVER keeps its Redis meaning: make this node the primary.
+            "cluster" => match (sub.as_str(), rest.len()) {
+                ("failover", 1) => match self.shared.node.transfer_leader(self.shared.node.status().id).await {
+                    Ok(()) => Value::ok(),
+                    Err(e) => node_error(e),
+                },
+                _ => Value::error("ERR This instance has cluster support disabled"),
             },
             "hello" => match sub.as_str() {
                 "" | "2" if rest.len() <= 1 => Value::array(vec![

@@ -58,4 +58,6 @@ pub enum NodeError {
     Overloaded,
     #[error("node is shutting down; the request may not have been applied")]
     ShuttingDown,
+    #[error("node {0} is not a voter of this cluster")]
+    NotAVoter(u64),
 }

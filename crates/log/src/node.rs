@@ -137,6 +137,10 @@ enum Request<SM: StateMachine> {
         consistency: ReadConsistency,
         reply: Reply<SM::Output>,
     },
+    TransferLeader {
+        to: u64,
+        reply: Reply<()>,
+    },
 }
 
 /// Cheap to clone; how the rest of the process reaches the raft loop.
@@ -194,6 +198,17 @@ impl<SM: StateMachine> NodeHandle<SM> {
             .await?
             .await
             .unwrap_or(Err(NodeError::ShuttingDown))
+    }
+
+    /// Asks the leader to hand leadership to voter `to` (any node may ask; a follower forwards
+    /// the request). Returns once the request is under way; watch `status()` for the outcome.
+    pub async fn transfer_leader(&self, to: u64) -> Result<(), NodeError> {
+        let (reply, rx) = oneshot::channel();
+        self.requests
+            .send(Request::TransferLeader { to, reply })
+            .await
+            .map_err(|_| NodeError::ShuttingDown)?;
+        rx.await.unwrap_or(Err(NodeError::ShuttingDown))
     }
 
     pub fn status(&self) -> NodeStatus {
@@ -561,7 +576,24 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 consistency: ReadConsistency::Linearizable,
                 reply,
             } => self.reads_unissued.push(ReadWaiter { query, reply, arrived }),
+            Request::TransferLeader { to, reply } => {
+                let _ = reply.send(self.transfer_leader(to));
+            }
         }
+    }
+
+    fn transfer_leader(&mut self, to: u64) -> Result<(), NodeError> {
+        if !self.raw.store().conf_state().voters.contains(&to) {
+            return Err(NodeError::NotAVoter(to));
+        }
+        if !self.leader_known() {
+            return Err(NodeError::NoLeader { waited_ms: 0 });
+        }
+        if self.raw.raft.leader_id != to {
+            tracing::info!(from = self.raw.raft.leader_id, to, "leadership transfer requested");
+            self.raw.transfer_leader(to);
+        }
+        Ok(())
     }
 
     fn on_peer_message(&mut self, mut msg: Message) {

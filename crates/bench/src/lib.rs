@@ -1,0 +1,17 @@
+//! Measuring instruments: YCSB workload generators, a load driver (closed and open loop) with
+//! HDR latency histograms, targets (Chorus and Redis over RESP, etcd over its JSON gateway),
+//! peer systems started side by side on the same emulated network, JSON reports and PNG plots.
+
+pub mod cli;
+pub mod compare;
+pub mod driver;
+pub mod etcd_target;
+pub mod generator;
+mod http;
+pub mod peers;
+pub mod plot;
+pub mod report;
+pub mod resp_target;
+pub mod rng;
+pub mod target;
+pub mod workload;

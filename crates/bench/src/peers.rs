@@ -1,0 +1,470 @@
+//! The systems we compare against, started from Debian's packages on loopback under the same
+//! network profile as Chorus: a 3-member etcd cluster and Redis as a primary with 2 replicas.
+//!
+//! How each one's traffic is laid onto emulated links:
+//! - Redis: each replica dials the primary, so one link per replica carries that pair's round
+//!   trip (half the RTT each way).
+//! - etcd: member X receives member Y's messages on a stream X opened to Y's peer URL, so Y's
+//!   outgoing messages all cross Y's proxy downstream. One delay per member (the sender's)
+//!   reproduces any 3-member RTT triangle exactly: d_i = (rtt(i,j) + rtt(i,k) − rtt(j,k)) / 2.
+//!
+//! Member 1 (the primary, for Redis) sits where the profile puts the leader; etcd's leadership
+//! is moved there after start.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use chorus_client::{Client, Value};
+use chorus_cluster::netem::{self, Link, PathCheck, Profile, Toxiproxy};
+use chorus_cluster::{ports, process};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value as Json};
+
+use crate::http::HttpConnection;
+
+const MEMBERS: u64 = 3;
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum System {
+    Etcd,
+    Redis,
+}
+
+impl System {
+    fn binary(&self) -> &'static str {
+        match self {
+            System::Etcd => "etcd",
+            System::Redis => "redis-server",
+        }
+    }
+
+    fn package(&self) -> &'static str {
+        match self {
+            System::Etcd => "etcd-server",
+            System::Redis => "redis-server",
+        }
+    }
+}
+
+/// A running peer cluster, recorded in `DIR/peers.toml` so `peers stop` can find it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeerCluster {
+    pub system: System,
+    pub pids: Vec<u32>,
+    /// Where the benchmark client connects: the leader or primary, through its client link
+    /// under a network profile.
+    pub client_addr: SocketAddr,
+    pub profile: Option<String>,
+    pub bandwidth_mbit: Option<f64>,
+    /// Round trips measured on the emulated links before the members started.
+    pub measured_paths_ms: BTreeMap<String, f64>,
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+fn state_file(dir: &Path) -> PathBuf {
+    dir.join("peers.toml")
+}
+
+fn require_binary(system: System) -> anyhow::Result<()> {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(system.binary()).is_file()));
+    if !found {
+        bail!(
+            "{} is not installed; run scripts/install-bench-tools (or apt-get install {})",
+            system.binary(),
+            system.package()
+        );
+    }
+    Ok(())
+}
+
+/// Starts the proxy server, creates `links`, measures `paths`; `None` without a profile.
+fn start_network(dir: &Path, links: &[Link], paths: &[PathCheck]) -> anyhow::Result<BTreeMap<String, f64>> {
+    let proxy = Toxiproxy::start(dir)?;
+    for link in links {
+        proxy.create(link)?;
+    }
+    let verification = netem::verify(links, paths).inspect_err(|_| proxy.stop())?;
+    verification.print();
+    Ok(verification
+        .paths
+        .iter()
+        .map(|p| (p.label.clone(), p.measured_rtt_ms))
+        .collect())
+}
+
+fn client_link(name: &str, listen: u16, upstream: SocketAddr, rtt_ms: u64, profile: &Profile) -> (Link, PathCheck) {
+    let link = Link {
+        name: name.to_string(),
+        listen: loopback(listen),
+        upstream,
+        upstream_delay_ms: netem::split_rtt(rtt_ms, true),
+        downstream_delay_ms: netem::split_rtt(rtt_ms, false),
+        bandwidth_kbytes_per_sec: profile.bandwidth_kbytes_per_sec(),
+    };
+    let path = PathCheck {
+        label: name.replace("-to-", " <-> "),
+        expected_rtt_ms: rtt_ms,
+        links: vec![name.to_string()],
+    };
+    (link, path)
+}
+
+impl PeerCluster {
+    pub fn load(dir: &Path) -> anyhow::Result<PeerCluster> {
+        let text = std::fs::read_to_string(state_file(dir))
+            .with_context(|| format!("no peer cluster in {}", dir.display()))?;
+        toml::from_str(&text).with_context(|| format!("invalid {}", state_file(dir).display()))
+    }
+
+    fn save(&self, dir: &Path) -> anyhow::Result<()> {
+        std::fs::write(state_file(dir), toml::to_string(self)?)?;
+        Ok(())
+    }
+
+    /// Starts `system` in `dir` (which must not hold a running one).
+    pub async fn start(system: System, dir: &Path, profile: Option<&Profile>) -> anyhow::Result<PeerCluster> {
+        require_binary(system)?;
+        if let Ok(existing) = PeerCluster::load(dir) {
+            if existing.pids.iter().any(|pid| process::alive(*pid)) {
+                bail!("{} already runs a peer cluster; stop it first", dir.display());
+            }
+        }
+        if let Some(profile) = profile {
+            profile.check_nodes(MEMBERS as usize)?;
+            println!("network: {}", profile.summary());
+        }
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let mut cluster = match system {
+            System::Redis => start_redis(dir, profile).await,
+            System::Etcd => start_etcd(dir, profile).await,
+        }?;
+        cluster.profile = profile.map(|p| p.name.clone());
+        cluster.bandwidth_mbit = profile.and_then(|p| p.bandwidth_mbit);
+        cluster.save(dir)?;
+        Ok(cluster)
+    }
+
+    pub fn stop(&self, dir: &Path) {
+        for pid in &self.pids {
+            process::terminate(*pid, Duration::from_secs(10));
+        }
+        if let Some(pid) = process::read_pid(&dir.join("toxiproxy.pid")) {
+            process::terminate(pid, Duration::from_secs(3));
+        }
+    }
+}
+
+async fn start_redis(dir: &Path, profile: Option<&Profile>) -> anyhow::Result<PeerCluster> {
+    // Member ports, then (under a profile) a proxy per replica link and one for the client.
+    let proxies = if profile.is_some() { MEMBERS as usize } else { 0 };
+    let ports = ports::free_loopback_ports(MEMBERS as usize + proxies)?;
+    let primary = loopback(ports[0]);
+    let mut primary_for = vec![primary; MEMBERS as usize];
+    let mut client_addr = primary;
+    let mut measured = BTreeMap::new();
+    if let Some(profile) = profile {
+        let mut links = Vec::new();
+        let mut paths = Vec::new();
+        for replica in 2..=MEMBERS {
+            let name = format!("replica-{replica}-to-primary");
+            let rtt = profile.rtt_ms(1, replica);
+            links.push(Link {
+                name: name.clone(),
+                listen: loopback(ports[MEMBERS as usize + replica as usize - 2]),
+                upstream: primary,
+                upstream_delay_ms: netem::split_rtt(rtt, true),
+                downstream_delay_ms: netem::split_rtt(rtt, false),
+                bandwidth_kbytes_per_sec: profile.bandwidth_kbytes_per_sec(),
+            });
+            paths.push(PathCheck {
+                label: format!("primary <-> replica {replica}"),
+                expected_rtt_ms: rtt,
+                links: vec![name],
+            });
+            primary_for[replica as usize - 1] = links.last().expect("pushed").listen;
+        }
+        let (link, path) = client_link(
+            "client-to-primary",
+            ports[2 * MEMBERS as usize - 1],
+            primary,
+            profile.client_rtt(1),
+            profile,
+        );
+        client_addr = link.listen;
+        links.push(link);
+        paths.push(path);
+        measured = start_network(dir, &links, &paths)?;
+    }
+    let mut pids = Vec::new();
+    for member in 1..=MEMBERS {
+        let mdir = dir.join(format!("redis{member}"));
+        let mut command = Command::new("redis-server");
+        command.args(["--port", &ports[member as usize - 1].to_string(), "--bind", "127.0.0.1"]);
+        command.arg("--dir").arg(&mdir);
+        // Durable like Chorus: every write is fsynced before the primary answers.
+        command.args([
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--protected-mode",
+            "no",
+            "--daemonize",
+            "no",
+        ]);
+        if member > 1 {
+            let upstream = primary_for[member as usize - 1];
+            command.args(["--replicaof", &upstream.ip().to_string(), &upstream.port().to_string()]);
+        }
+        process::drop_root(&mut command, &[&mdir])?;
+        pids.push(process::spawn(
+            command,
+            &dir.join(format!("redis{member}.log")),
+            &dir.join(format!("redis{member}.pid")),
+        )?);
+    }
+    let cluster = PeerCluster {
+        system: System::Redis,
+        pids,
+        client_addr,
+        profile: None,
+        bandwidth_mbit: None,
+        measured_paths_ms: measured,
+    };
+    wait_for_replicas(primary, MEMBERS as usize - 1)
+        .await
+        .inspect_err(|_| cluster.stop(dir))?;
+    Ok(cluster)
+}
+
+async fn wait_for_replicas(primary: SocketAddr, replicas: usize) -> anyhow::Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if let Ok(mut client) = Client::connect(primary).await {
+            if let Ok(Value::Bulk(Some(info))) = client.command(&["INFO", "replication"]).await {
+                let info = String::from_utf8_lossy(&info);
+                let online = info
+                    .lines()
+                    .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+                    .count();
+                if online >= replicas {
+                    return Ok(());
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("Redis replicas did not come online within {READY_TIMEOUT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Per-member send delays that reproduce the profile's RTT triangle (see the module comment).
+fn etcd_send_delays(profile: &Profile) -> anyhow::Result<Vec<u64>> {
+    let rtt = |a: u64, b: u64| profile.rtt_ms(a, b) as i64;
+    (1..=MEMBERS)
+        .map(|i| {
+            let (j, k) = match i {
+                1 => (2, 3),
+                2 => (1, 3),
+                _ => (1, 2),
+            };
+            let twice = rtt(i, j) + rtt(i, k) - rtt(j, k);
+            if twice < 0 {
+                bail!(
+                    "profile {} has an RTT triangle no per-sender delay can reproduce",
+                    profile.name
+                );
+            }
+            Ok(twice as u64 / 2)
+        })
+        .collect()
+}
+
+async fn start_etcd(dir: &Path, profile: Option<&Profile>) -> anyhow::Result<PeerCluster> {
+    let n = MEMBERS as usize;
+    // Client and peer port per member, then (under a profile) a peer proxy per member and a
+    // client proxy for member 1.
+    let proxies = if profile.is_some() { n + 1 } else { 0 };
+    let ports = ports::free_loopback_ports(2 * n + proxies)?;
+    let client_port = |m: usize| ports[2 * (m - 1)];
+    let peer_port = |m: usize| ports[2 * (m - 1) + 1];
+    let mut advertised: Vec<SocketAddr> = (1..=n).map(|m| loopback(peer_port(m))).collect();
+    let mut client_addr = loopback(client_port(1));
+    let mut measured = BTreeMap::new();
+    if let Some(profile) = profile {
+        let delays = etcd_send_delays(profile)?;
+        let mut links = Vec::new();
+        for m in 1..=n {
+            links.push(Link {
+                name: format!("member-{m}-peer"),
+                listen: loopback(ports[2 * n + m - 1]),
+                upstream: loopback(peer_port(m)),
+                upstream_delay_ms: 0,
+                downstream_delay_ms: delays[m - 1],
+                bandwidth_kbytes_per_sec: profile.bandwidth_kbytes_per_sec(),
+            });
+            advertised[m - 1] = links[m - 1].listen;
+        }
+        let mut paths = Vec::new();
+        for a in 1..=MEMBERS {
+            for b in a + 1..=MEMBERS {
+                paths.push(PathCheck {
+                    label: format!("member {a} <-> member {b}"),
+                    expected_rtt_ms: profile.rtt_ms(a, b),
+                    links: vec![format!("member-{a}-peer"), format!("member-{b}-peer")],
+                });
+            }
+        }
+        let (link, path) = client_link(
+            "client-to-member-1",
+            ports[3 * n],
+            loopback(client_port(1)),
+            profile.client_rtt(1),
+            profile,
+        );
+        client_addr = link.listen;
+        links.push(link);
+        paths.push(path);
+        measured = start_network(dir, &links, &paths)?;
+    }
+    let initial_cluster = (1..=n)
+        .map(|m| format!("m{m}=http://{}", advertised[m - 1]))
+        .collect::<Vec<_>>()
+        .join(",");
+    let token = format!("chorus-bench-{}", std::process::id());
+    let mut pids = Vec::new();
+    for m in 1..=n {
+        let mdir = dir.join(format!("etcd{m}"));
+        let client_url = format!("http://{}", loopback(client_port(m)));
+        let mut command = Command::new("etcd");
+        command
+            .args(["--name", &format!("m{m}")])
+            .arg("--data-dir")
+            .arg(mdir.join("data"))
+            .args([
+                "--listen-client-urls",
+                &client_url,
+                "--advertise-client-urls",
+                &client_url,
+            ])
+            .args(["--listen-peer-urls", &format!("http://{}", loopback(peer_port(m)))])
+            .args([
+                "--initial-advertise-peer-urls",
+                &format!("http://{}", advertised[m - 1]),
+            ])
+            .args(["--initial-cluster", &initial_cluster, "--initial-cluster-token", &token])
+            .args([
+                "--initial-cluster-state",
+                "new",
+                "--logger",
+                "zap",
+                "--log-outputs",
+                "stderr",
+            ]);
+        process::drop_root(&mut command, &[&mdir])?;
+        pids.push(process::spawn(
+            command,
+            &dir.join(format!("etcd{m}.log")),
+            &dir.join(format!("etcd{m}.pid")),
+        )?);
+    }
+    let cluster = PeerCluster {
+        system: System::Etcd,
+        pids,
+        client_addr,
+        profile: None,
+        bandwidth_mbit: None,
+        measured_paths_ms: measured,
+    };
+    let members: Vec<SocketAddr> = (1..=n).map(|m| loopback(client_port(m))).collect();
+    etcd_lead_from_member_1(&members)
+        .await
+        .inspect_err(|_| cluster.stop(dir))?;
+    Ok(cluster)
+}
+
+async fn etcd_call(addr: SocketAddr, path: &str, body: &Json) -> anyhow::Result<Json> {
+    let mut http = HttpConnection::connect(addr, Duration::from_secs(5)).await?;
+    let response = http.post(path, &serde_json::to_vec(body)?).await?;
+    if response.status != 200 {
+        bail!(
+            "etcd {addr}{path} answered {}: {}",
+            response.status,
+            String::from_utf8_lossy(&response.body)
+        );
+    }
+    Ok(serde_json::from_slice(&response.body)?)
+}
+
+/// (member id, leader id) as etcd reports them; ids are uint64 carried as JSON strings.
+async fn etcd_status(addr: SocketAddr) -> anyhow::Result<(String, String)> {
+    let status = etcd_call(addr, "/v3/maintenance/status", &json!({})).await?;
+    let id = status["header"]["member_id"].as_str().unwrap_or_default().to_string();
+    let leader = status["leader"].as_str().unwrap_or_default().to_string();
+    Ok((id, leader))
+}
+
+/// Waits for a leader, then moves leadership to member 1 (the leader's place in the profile).
+async fn etcd_lead_from_member_1(members: &[SocketAddr]) -> anyhow::Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        let mut statuses = Vec::new();
+        for addr in members {
+            statuses.push(etcd_status(*addr).await.ok());
+        }
+        if let Some((first_id, leader)) = statuses[0].clone() {
+            if !leader.is_empty() && leader != "0" && statuses.iter().all(Option::is_some) {
+                if leader == first_id {
+                    return Ok(());
+                }
+                let leader_addr = statuses
+                    .iter()
+                    .zip(members)
+                    .find(|(s, _)| s.as_ref().is_some_and(|(id, _)| *id == leader))
+                    .map(|(_, addr)| *addr);
+                if let Some(addr) = leader_addr {
+                    let _ = etcd_call(
+                        addr,
+                        "/v3/maintenance/transfer-leadership",
+                        &json!({"targetID": first_id}),
+                    )
+                    .await;
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("etcd did not elect member 1 as leader within {READY_TIMEOUT:?}; see etcdN.log");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etcd_send_delays_reproduce_the_wan3_triangle() {
+        let profile = Profile::load("wan3", None).unwrap();
+        let d = etcd_send_delays(&profile).unwrap();
+        assert_eq!(d, vec![91, 11, 133]);
+        assert_eq!(d[0] + d[1], 102);
+        assert_eq!(d[0] + d[2], 224);
+        assert_eq!(d[1] + d[2], 144);
+        let geo3 = Profile::load("geo3", None).unwrap();
+        assert_eq!(etcd_send_delays(&geo3).unwrap(), vec![50, 50, 50]);
+    }
+}

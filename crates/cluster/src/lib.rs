@@ -1,0 +1,459 @@
+//! Local multi-process clusters on 127.0.0.1, optionally on an emulated wide-area network:
+//! `chorus cluster start|status|stop|kill`, and the same for the benchmark and the tests.
+//!
+//! `DIR/cluster.toml` lists the nodes, their addresses and the emulated links; `DIR/nodeN/` holds
+//! each node's config, data, log and pid file. `start` on an existing directory restarts whichever
+//! nodes are not running, with their data, so it doubles as "restart the node I killed".
+//!
+//! Under a network profile every node reaches each peer through its own proxy (one per direction,
+//! since a Chorus node dials a connection for its outgoing messages), and clients reach node N
+//! through a client proxy whose address `status` prints. Node 1 sits where the profile puts the
+//! leader, so `start` hands leadership to node 1.
+
+pub mod netem;
+pub mod ports;
+pub mod process;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use chorus_client::{Client, Value};
+use serde::{Deserialize, Serialize};
+
+use crate::netem::{Link, PathCheck, Profile, Toxiproxy};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeEntry {
+    pub id: u64,
+    pub resp_addr: SocketAddr,
+    pub peer_addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    /// Where clients should connect: the client proxy under a network profile, else `resp_addr`.
+    pub client_addr: SocketAddr,
+}
+
+/// The emulated network of a cluster, kept so a restart recreates the same proxies.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NetEntry {
+    pub profile: String,
+    pub bandwidth_mbit: Option<f64>,
+    pub links: Vec<Link>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClusterFile {
+    /// Extra `chorus server` flags given at creation, reused on every restart.
+    #[serde(default)]
+    pub server_args: Vec<String>,
+    pub nodes: Vec<NodeEntry>,
+    pub net: Option<NetEntry>,
+}
+
+impl ClusterFile {
+    pub fn node(&self, id: u64) -> Option<&NodeEntry> {
+        self.nodes.iter().find(|n| n.id == id)
+    }
+}
+
+/// Which network a new cluster runs on.
+#[derive(Debug, Clone, Default)]
+pub struct NetOptions {
+    /// A profile name from `net-profiles.toml`; `None` or "lan" adds nothing.
+    pub profile: Option<String>,
+    pub bandwidth_mbit: Option<f64>,
+}
+
+impl NetOptions {
+    /// The profile to emulate, or `None` when it adds nothing.
+    pub fn resolve(&self) -> anyhow::Result<Option<Profile>> {
+        let profile = Profile::load(self.profile.as_deref().unwrap_or("lan"), self.bandwidth_mbit)?;
+        Ok((!profile.is_passthrough()).then_some(profile))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct NodeState {
+    pub entry: NodeEntry,
+    pub pid: Option<u32>,
+    pub role: String,
+    pub term: u64,
+    pub leader_id: u64,
+    pub commit_index: u64,
+    pub applied_index: u64,
+}
+
+impl NodeState {
+    pub fn is_leader(&self) -> bool {
+        self.role == "leader"
+    }
+}
+
+pub fn node_dir(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("node{id}"))
+}
+
+fn cluster_file(dir: &Path) -> PathBuf {
+    dir.join("cluster.toml")
+}
+
+pub fn load(dir: &Path) -> anyhow::Result<ClusterFile> {
+    let path = cluster_file(dir);
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("no cluster in {} (missing {})", dir.display(), path.display()))?;
+    toml::from_str(&text).with_context(|| format!("invalid {}", path.display()))
+}
+
+/// The pid of node `id` if it is running.
+pub fn read_pid(dir: &Path, id: u64) -> Option<u32> {
+    process::read_pid(&node_dir(dir, id).join("pid"))
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// Proxies for every directed peer link and every client link, and the round trips they make.
+fn chorus_links(profile: &Profile, nodes: &[NodeEntry], proxy_ports: &[u16]) -> (Vec<Link>, Vec<PathCheck>) {
+    let bandwidth = profile.bandwidth_kbytes_per_sec();
+    let mut ports = proxy_ports.iter().copied();
+    let mut links = Vec::new();
+    let mut paths = Vec::new();
+    for from in nodes {
+        for to in nodes.iter().filter(|n| n.id != from.id) {
+            let rtt = profile.rtt_ms(from.id, to.id);
+            links.push(Link {
+                name: peer_link_name(from.id, to.id),
+                listen: loopback(ports.next().expect("a port per link")),
+                upstream: to.peer_addr,
+                upstream_delay_ms: netem::split_rtt(rtt, from.id < to.id),
+                downstream_delay_ms: 0,
+                bandwidth_kbytes_per_sec: bandwidth,
+            });
+            if from.id < to.id {
+                paths.push(PathCheck {
+                    label: format!("node {} <-> node {}", from.id, to.id),
+                    expected_rtt_ms: rtt,
+                    links: vec![peer_link_name(from.id, to.id), peer_link_name(to.id, from.id)],
+                });
+            }
+        }
+    }
+    for node in nodes {
+        let rtt = profile.client_rtt(node.id);
+        let name = format!("client-to-{}", node.id);
+        links.push(Link {
+            name: name.clone(),
+            listen: loopback(ports.next().expect("a port per link")),
+            upstream: node.resp_addr,
+            upstream_delay_ms: netem::split_rtt(rtt, true),
+            downstream_delay_ms: netem::split_rtt(rtt, false),
+            bandwidth_kbytes_per_sec: bandwidth,
+        });
+        paths.push(PathCheck {
+            label: format!("client <-> node {}", node.id),
+            expected_rtt_ms: rtt,
+            links: vec![name],
+        });
+    }
+    (links, paths)
+}
+
+/// The part of a node's `chorus server` configuration file that the cluster decides.
+#[derive(Serialize)]
+struct NodeConfigFile {
+    id: u64,
+    data_dir: PathBuf,
+    resp_addr: SocketAddr,
+    metrics_addr: SocketAddr,
+    peers: String,
+}
+
+fn peer_link_name(from: u64, to: u64) -> String {
+    format!("peer-{from}-to-{to}")
+}
+
+fn create(dir: &Path, nodes: usize, server_args: Vec<String>, net: &NetOptions) -> anyhow::Result<ClusterFile> {
+    if nodes == 0 {
+        bail!("a cluster needs at least one node");
+    }
+    let profile = net.resolve()?;
+    if let Some(profile) = &profile {
+        profile.check_nodes(nodes)?;
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let proxies = if profile.is_some() { nodes * nodes } else { 0 };
+    let ports = ports::free_loopback_ports(nodes * 3 + proxies)?;
+    let mut entries: Vec<NodeEntry> = (0..nodes)
+        .map(|i| NodeEntry {
+            id: i as u64 + 1,
+            resp_addr: loopback(ports[i * 3]),
+            peer_addr: loopback(ports[i * 3 + 1]),
+            metrics_addr: loopback(ports[i * 3 + 2]),
+            client_addr: loopback(ports[i * 3]),
+        })
+        .collect();
+    let net_entry = match &profile {
+        Some(profile) => {
+            let (links, paths) = chorus_links(profile, &entries, &ports[nodes * 3..]);
+            println!("network: {}", profile.summary());
+            let proxy = Toxiproxy::start(dir)?;
+            for link in &links {
+                proxy.create(link)?;
+            }
+            // The nodes are not running yet, so every link can be measured end to end.
+            let verification = netem::verify(&links, &paths).inspect_err(|_| proxy.stop())?;
+            verification.print();
+            for node in &mut entries {
+                node.client_addr = links
+                    .iter()
+                    .find(|l| l.name == format!("client-to-{}", node.id))
+                    .expect("a client link per node")
+                    .listen;
+            }
+            Some(NetEntry {
+                profile: profile.name.clone(),
+                bandwidth_mbit: profile.bandwidth_mbit,
+                links,
+            })
+        }
+        None => None,
+    };
+    for n in &entries {
+        let peers = entries
+            .iter()
+            .map(|p| {
+                let addr = match &net_entry {
+                    Some(net) if p.id != n.id => {
+                        let name = peer_link_name(n.id, p.id);
+                        net.links
+                            .iter()
+                            .find(|l| l.name == name)
+                            .expect("a link per pair")
+                            .listen
+                    }
+                    _ => p.peer_addr,
+                };
+                format!("{}={addr}", p.id)
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        let ndir = node_dir(dir, n.id);
+        std::fs::create_dir_all(&ndir)?;
+        let config = NodeConfigFile {
+            id: n.id,
+            data_dir: ndir.join("data"),
+            resp_addr: n.resp_addr,
+            metrics_addr: n.metrics_addr,
+            peers,
+        };
+        let config = toml::to_string(&config)?;
+        std::fs::write(ndir.join("chorus.toml"), config)?;
+    }
+    let file = ClusterFile {
+        server_args,
+        nodes: entries,
+        net: net_entry,
+    };
+    std::fs::write(cluster_file(dir), toml::to_string(&file)?)?;
+    Ok(file)
+}
+
+fn spawn_node(dir: &Path, file: &ClusterFile, id: u64) -> anyhow::Result<u32> {
+    let ndir = node_dir(dir, id);
+    let exe = std::env::current_exe().context("cannot find the chorus executable")?;
+    let mut command = Command::new(exe);
+    command
+        .arg("server")
+        .arg("--config")
+        .arg(ndir.join("chorus.toml"))
+        .args(&file.server_args);
+    process::spawn(command, &ndir.join("server.log"), &ndir.join("pid"))
+}
+
+/// Brings the emulated network of an existing cluster back if its proxy server is gone.
+fn ensure_network(dir: &Path, file: &ClusterFile) -> anyhow::Result<()> {
+    let Some(net) = &file.net else { return Ok(()) };
+    if process::read_pid(&dir.join("toxiproxy.pid")).is_some() {
+        return Ok(());
+    }
+    let proxy = Toxiproxy::start(dir)?;
+    for link in &net.links {
+        proxy.create(link)?;
+    }
+    Ok(())
+}
+
+/// Creates the cluster if `dir` has none, then starts every node that is not running and waits
+/// until all answer and a leader is elected (node 1, under a profile that places the leader).
+pub async fn start(
+    dir: &Path,
+    nodes: usize,
+    server_args: Vec<String>,
+    net: &NetOptions,
+) -> anyhow::Result<ClusterFile> {
+    let file = if cluster_file(dir).exists() {
+        let file = load(dir)?;
+        if !server_args.is_empty() && server_args != file.server_args {
+            bail!(
+                "{} already has a cluster started with server args {:?}; stop it and use a new directory to change them",
+                dir.display(),
+                file.server_args
+            );
+        }
+        if net.profile.is_some() && net.profile.as_deref() != Some(file.net.as_ref().map_or("lan", |n| &n.profile)) {
+            bail!(
+                "{} already has a cluster on another network profile; stop it and use a new directory",
+                dir.display()
+            );
+        }
+        ensure_network(dir, &file)?;
+        file
+    } else {
+        create(dir, nodes, server_args, net)?
+    };
+    for node in &file.nodes {
+        if read_pid(dir, node.id).is_none() {
+            spawn_node(dir, &file, node.id)?;
+        }
+    }
+    wait_ready(dir, &file, Duration::from_secs(30)).await?;
+    if file.net.is_some() {
+        place_leader(dir, &file, 1, Duration::from_secs(20)).await?;
+    }
+    Ok(file)
+}
+
+/// Hands leadership to node `to` (CLUSTER FAILOVER on that node) and waits until it leads.
+pub async fn place_leader(dir: &Path, file: &ClusterFile, to: u64, within: Duration) -> anyhow::Result<()> {
+    let entry = file.node(to).with_context(|| format!("no node {to} in the cluster"))?;
+    let deadline = Instant::now() + within;
+    loop {
+        let states = status(dir, file).await;
+        if states.iter().any(|s| s.entry.id == to && s.is_leader()) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("node {to} did not become the leader within {within:?}");
+        }
+        if let Ok(mut client) = Client::connect(entry.resp_addr).await {
+            let _ = client.command(&["CLUSTER", "FAILOVER"]).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Waits until every node answers and one of them is the leader.
+pub async fn wait_ready(dir: &Path, file: &ClusterFile, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let states = status(dir, file).await;
+        let up = states.iter().filter(|s| s.role != "down").count();
+        if up == file.nodes.len() && states.iter().any(NodeState::is_leader) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "cluster in {} not ready after {timeout:?}: {up}/{} nodes answer, leader: {}; see nodeN/server.log",
+                dir.display(),
+                file.nodes.len(),
+                states.iter().any(NodeState::is_leader)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn info_field(info: &str, key: &str) -> Option<String> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':').map(|v| v.trim().to_string()))
+}
+
+async fn query_node(entry: &NodeEntry) -> Option<String> {
+    let work = async {
+        let mut client = Client::connect(entry.resp_addr).await.ok()?;
+        match client.command(&["INFO", "raft"]).await.ok()? {
+            Value::Bulk(Some(b)) => Some(String::from_utf8_lossy(&b).into_owned()),
+            _ => None,
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(1), work).await.ok().flatten()
+}
+
+pub async fn status(dir: &Path, file: &ClusterFile) -> Vec<NodeState> {
+    let mut out = Vec::new();
+    for entry in &file.nodes {
+        let pid = read_pid(dir, entry.id);
+        let info = if pid.is_some() { query_node(entry).await } else { None };
+        let field = |k: &str| info.as_deref().and_then(|i| info_field(i, k));
+        let number = |k: &str| field(k).and_then(|v| v.parse().ok()).unwrap_or(0);
+        out.push(NodeState {
+            entry: entry.clone(),
+            pid,
+            role: match (&pid, &info) {
+                (None, _) => "down".into(),
+                (Some(_), None) => "starting".into(),
+                (Some(_), Some(_)) => field("raft_role").unwrap_or_else(|| "unknown".into()),
+            },
+            term: number("raft_term"),
+            leader_id: number("raft_leader_id"),
+            commit_index: number("raft_commit_index"),
+            applied_index: number("raft_applied_index"),
+        });
+    }
+    out
+}
+
+pub fn print_status(file: &ClusterFile, states: &[NodeState]) {
+    if let Some(net) = &file.net {
+        println!(
+            "network profile {}{}: clients connect to the client addresses",
+            net.profile,
+            net.bandwidth_mbit.map(|b| format!(", {b} Mbit/s")).unwrap_or_default()
+        );
+    }
+    for s in states {
+        let pid = s.pid.map_or("-".to_string(), |p| p.to_string());
+        let client = if s.entry.client_addr != s.entry.resp_addr {
+            format!("  client {}", s.entry.client_addr)
+        } else {
+            String::new()
+        };
+        println!(
+            "node {}  {:<9}  pid {:<7}  resp {}{client}  metrics http://{}/metrics  term {}  commit {}  applied {}",
+            s.entry.id, s.role, pid, s.entry.resp_addr, s.entry.metrics_addr, s.term, s.commit_index, s.applied_index
+        );
+    }
+}
+
+/// SIGKILLs one node (used by the demo and tests to simulate a crash).
+pub fn kill_node(dir: &Path, id: u64) -> anyhow::Result<()> {
+    let pid = read_pid(dir, id).with_context(|| format!("node {id} is not running"))?;
+    process::kill(pid);
+    Ok(())
+}
+
+/// Stops every node (SIGTERM, then SIGKILL after 5 s) and the network emulation; data is kept.
+pub fn stop(dir: &Path) -> anyhow::Result<()> {
+    let file = load(dir)?;
+    let pids: Vec<(u64, u32)> = file
+        .nodes
+        .iter()
+        .filter_map(|n| read_pid(dir, n.id).map(|p| (n.id, p)))
+        .collect();
+    for (_, pid) in &pids {
+        process::signal(*pid, libc::SIGTERM);
+    }
+    for (id, pid) in &pids {
+        process::terminate(*pid, Duration::from_secs(5));
+        let _ = std::fs::remove_file(node_dir(dir, *id).join("pid"));
+    }
+    if let Some(pid) = process::read_pid(&dir.join("toxiproxy.pid")) {
+        process::terminate(pid, Duration::from_secs(3));
+        let _ = std::fs::remove_file(dir.join("toxiproxy.pid"));
+    }
+    println!("stopped {} node(s) in {}", pids.len(), dir.display());
+    Ok(())
+}

@@ -1,0 +1,106 @@
+//! Processes of a local cluster: spawned in their own process group, tracked by pid files,
+//! stopped by pid.
+
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+/// Whether `pid` is a live (not zombie) process.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name, which may itself contain spaces.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// Sends `sig` to `pid` and reaps it if it is our child, so it does not linger as a zombie.
+pub fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) has no memory-safety preconditions; a stale pid only yields ESRCH.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+    // SAFETY: waitpid with WNOHANG on a pid that may not be our child only returns an error.
+    unsafe {
+        libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG);
+    }
+}
+
+/// The pid recorded in `pid_file`, if that process is alive.
+pub fn read_pid(pid_file: &Path) -> Option<u32> {
+    std::fs::read_to_string(pid_file)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|pid| alive(*pid))
+}
+
+/// SIGKILLs `pid` and waits (up to 5 s) until it is gone, as a crash would leave it.
+pub fn kill(pid: u32) {
+    signal(pid, libc::SIGKILL);
+    wait_gone(pid, Duration::from_secs(5));
+}
+
+/// SIGTERM, then SIGKILL once `grace` has passed; returns when the process is gone.
+pub fn terminate(pid: u32, grace: Duration) {
+    signal(pid, libc::SIGTERM);
+    if !wait_gone(pid, grace) {
+        kill(pid);
+    }
+}
+
+fn wait_gone(pid: u32, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while alive(pid) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        signal(pid, 0);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+/// Starts `command` in its own process group (a Ctrl-C aimed at the tool that started it must
+/// not reach it), with stdout and stderr appended to `log`, and records its pid in `pid_file`.
+pub fn spawn(mut command: Command, log: &Path, pid_file: &Path) -> anyhow::Result<u32> {
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("cannot open {}", log.display()))?;
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone()?)
+        .stderr(log_file)
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot start {:?}", command.get_program()))?;
+    let pid = child.id();
+    std::fs::write(pid_file, pid.to_string()).with_context(|| format!("cannot write {}", pid_file.display()))?;
+    Ok(pid)
+}
+
+const NOBODY: u32 = 65_534;
+
+/// Services we start for comparison run as the unprivileged user `nobody` when we are root;
+/// `dirs` (created if missing) are handed over to that user.
+pub fn drop_root(command: &mut Command, dirs: &[&Path]) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(());
+    }
+    for dir in dirs {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        std::os::unix::fs::chown(dir, Some(NOBODY), Some(NOBODY))
+            .with_context(|| format!("cannot hand {} to nobody", dir.display()))?;
+    }
+    // std also drops root's supplementary groups when it switches the user of a root process.
+    command.uid(NOBODY).gid(NOBODY);
+    Ok(())
+}
