@@ -225,9 +225,7 @@ async fn resolve_target(args: &RunArgs) -> anyhow::Result<Resolved> {
                     .with_context(|| format!("the cluster in {} has no leader", dir.display()))?;
                 vec![leader.entry.client_addr]
             };
-            let network = file
-                .net
-                .map(|n| (n.profile, n.bandwidth_mbit, std::collections::BTreeMap::new()));
+            let network = file.net.map(|n| (n.profile, n.bandwidth_mbit, n.measured_rtt_ms));
             return Ok(Resolved {
                 target: resp_target("chorus", addrs, fields, None),
                 network,

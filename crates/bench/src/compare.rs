@@ -145,7 +145,8 @@ async fn start_system(
             .find(|s| s.is_leader())
             .context("the Chorus cluster has no leader")?;
         let target = resp_target("chorus", vec![leader.entry.client_addr], 1, None);
-        return Ok((Running::Chorus(dir.to_path_buf()), vec![target], BTreeMap::new()));
+        let measured = file.net.map(|n| n.measured_rtt_ms).unwrap_or_default();
+        return Ok((Running::Chorus(dir.to_path_buf()), vec![target], measured));
     }
     let kind = if system == "etcd" { System::Etcd } else { System::Redis };
     let peers = PeerCluster::start(kind, dir, profile).await?;

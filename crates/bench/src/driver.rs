@@ -469,3 +469,109 @@ fn summarize(target: &str, config: &RunConfig, recorder: &Recorder, elapsed_secs
         timeline,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::Record;
+
+    /// A target whose every operation takes `service_ms`, one at a time per session.
+    #[derive(Clone)]
+    struct SlowTarget {
+        service_ms: u64,
+    }
+
+    struct SlowSession {
+        service_ms: u64,
+    }
+
+    impl Target for SlowTarget {
+        type Session = SlowSession;
+
+        fn name(&self) -> String {
+            "slow".into()
+        }
+
+        async fn connect(&self, _client: usize) -> anyhow::Result<SlowSession> {
+            Ok(SlowSession {
+                service_ms: self.service_ms,
+            })
+        }
+    }
+
+    impl SlowSession {
+        async fn serve(&self) {
+            tokio::time::sleep(Duration::from_millis(self.service_ms)).await;
+        }
+    }
+
+    impl Session for SlowSession {
+        async fn insert(&mut self, _key: &str, _fields: &[Bytes]) -> Result<(), OpError> {
+            self.serve().await;
+            Ok(())
+        }
+
+        async fn load(&mut self, _records: &[Record]) -> Result<(), OpError> {
+            Ok(())
+        }
+
+        async fn read(&mut self, _key: &str) -> Result<bool, OpError> {
+            self.serve().await;
+            Ok(true)
+        }
+
+        async fn update(&mut self, _key: &str, _field: usize, _value: &Bytes) -> Result<(), OpError> {
+            self.serve().await;
+            Ok(())
+        }
+
+        async fn scan(&mut self, keys: &[String]) -> Result<usize, OpError> {
+            self.serve().await;
+            Ok(keys.len())
+        }
+
+        async fn ping(&mut self) -> Result<f64, OpError> {
+            Ok(0.0)
+        }
+    }
+
+    fn config(rate: Option<f64>) -> RunConfig {
+        RunConfig {
+            workload: Workload::named("A").unwrap(),
+            records: 100,
+            fields: 1,
+            field_bytes: 8,
+            key_prefix: "user".into(),
+            operations: None,
+            duration_secs: 1.0,
+            clients: 1,
+            rate_ops_per_sec: rate,
+            seed: 1,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn closed_loop_measures_service_time() {
+        let result = run(SlowTarget { service_ms: 10 }, &config(None)).await.unwrap();
+        let all = &result.latency_ms["all"];
+        assert!((9.5..11.0).contains(&all.p99), "p99 {}", all.p99);
+        assert!((95..=101).contains(&result.operations), "{} ops", result.operations);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn open_loop_charges_queueing_behind_a_slow_server() {
+        // 200 ops/s offered to a server that completes 100/s: each operation waits for the ones
+        // before it, and that wait is part of its latency (no coordinated omission).
+        let result = run(SlowTarget { service_ms: 10 }, &config(Some(200.0))).await.unwrap();
+        let all = &result.latency_ms["all"];
+        assert!(all.p99 > 400.0, "p99 {} ms hides the queueing", all.p99);
+        assert!(all.p50 > 200.0, "p50 {} ms", all.p50);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn open_loop_below_capacity_sends_on_schedule() {
+        let result = run(SlowTarget { service_ms: 10 }, &config(Some(50.0))).await.unwrap();
+        assert!((48..=51).contains(&result.operations), "{} ops at 50/s", result.operations);
+        assert!(result.latency_ms["all"].p99 < 11.0);
+    }
+}

@@ -87,7 +87,7 @@ fn require_binary(system: System) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts the proxy server, creates `links`, measures `paths`; `None` without a profile.
+/// Starts the proxy server, creates `links`, and measures `paths` (label → ms).
 fn start_network(dir: &Path, links: &[Link], paths: &[PathCheck]) -> anyhow::Result<BTreeMap<String, f64>> {
     let proxy = Toxiproxy::start(dir)?;
     for link in links {

@@ -14,6 +14,7 @@ pub mod netem;
 pub mod ports;
 pub mod process;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -41,6 +42,9 @@ pub struct NetEntry {
     pub profile: String,
     pub bandwidth_mbit: Option<f64>,
     pub links: Vec<Link>,
+    /// Round trips measured on the links when the cluster was created (path label → ms).
+    #[serde(default)]
+    pub measured_rtt_ms: BTreeMap<String, f64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -217,6 +221,11 @@ fn create(dir: &Path, nodes: usize, server_args: Vec<String>, net: &NetOptions) 
                 profile: profile.name.clone(),
                 bandwidth_mbit: profile.bandwidth_mbit,
                 links,
+                measured_rtt_ms: verification
+                    .paths
+                    .iter()
+                    .map(|p| (p.label.clone(), p.measured_rtt_ms))
+                    .collect(),
             })
         }
         None => None,
