@@ -571,7 +571,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn open_loop_below_capacity_sends_on_schedule() {
         let result = run(SlowTarget { service_ms: 10 }, &config(Some(50.0))).await.unwrap();
-        assert!((48..=51).contains(&result.operations), "{} ops at 50/s", result.operations);
+        assert!(
+            (48..=51).contains(&result.operations),
+            "{} ops at 50/s",
+            result.operations
+        );
         assert!(result.latency_ms["all"].p99 < 11.0);
     }
 }
