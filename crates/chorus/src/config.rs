@@ -77,6 +77,21 @@ server_options! {
     max_request_bytes: usize = 64 * 1024 * 1024;
     /// Default read consistency for new connections: "linearizable" or "stale".
     read_consistency: String = "linearizable".into();
+    /// Send replicated entries as UniCache encodings (every node of a cluster must agree on this
+    /// and on the unicache_* settings below).
+    unicache: bool = false;
+    /// UniCache eviction policy: lru, lfu or lecar.
+    unicache_policy: String = "lecar".into();
+    /// Most items in each node's UniCache.
+    unicache_max_items: u32 = 16_384;
+    /// Most bytes of items in each node's UniCache.
+    unicache_max_bytes: usize = 4 * 1024 * 1024;
+    /// Switch encoding per follower by measured savings and round trip (off: always encode).
+    unicache_autotune: bool = true;
+    /// Preprocessors for values under key prefixes, `PREFIX=KIND[:ARGS]` separated by `;`:
+    /// `email:=csv:1,2:3` (CSV, columns 1 and 2 cacheable, column 3 split into words),
+    /// `bus:=sql` (SQL templates and string literals), `blob:=opaque` (whole values).
+    unicache_keyspaces: String = String::new();
     /// Log filter, e.g. "info" or "chorus=debug,raft=info".
     log: String = "info".into();
 }

@@ -1,11 +1,14 @@
 //! `chorus server`: wires storage, raft, transport, the RESP front end and metrics together.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use chorus_kv::unicache::{parse_keyspaces, KvPreprocessor};
 use chorus_kv::{FrontEndOptions, KvState};
-use chorus_log::{IdentityCodec, NodeConfig, ReadConsistency};
+use chorus_log::{EntryCodec, IdentityCodec, NodeConfig, ReadConsistency, UniCacheCodec, UniCacheSettings};
 use chorus_resp::Limits;
+use chorus_unicache::CacheConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -47,7 +50,24 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         max_frame_bytes: config.max_frame_bytes,
         peer_queue_messages: config.peer_queue_messages,
     };
-    let node = chorus_log::start(node_config, KvState::new(), Box::new(IdentityCodec))
+    let codec: Box<dyn EntryCodec> = if config.unicache {
+        let settings = UniCacheSettings {
+            cache: CacheConfig {
+                policy: config.unicache_policy.parse().map_err(anyhow::Error::msg)?,
+                max_items: config.unicache_max_items,
+                max_bytes: config.unicache_max_bytes,
+            },
+            autotune: config.unicache_autotune,
+        };
+        if settings.cache.max_items == 0 || settings.cache.max_bytes == 0 {
+            bail!("unicache_max_items and unicache_max_bytes must be positive");
+        }
+        let keyspaces = parse_keyspaces(&config.unicache_keyspaces).map_err(anyhow::Error::msg)?;
+        Box::new(UniCacheCodec::new(settings, Arc::new(KvPreprocessor::new(keyspaces))))
+    } else {
+        Box::new(IdentityCodec)
+    };
+    let node = chorus_log::start(node_config, KvState::new(), codec)
         .await
         .context("cannot start the raft node")?;
     tokio::spawn(serve_metrics(metrics_listener));

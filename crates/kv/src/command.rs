@@ -254,7 +254,7 @@ impl Command {
     }
 }
 
-const ARGS_VERSION: u8 = 1;
+pub(crate) const ARGS_VERSION: u8 = 1;
 
 /// Log encoding of a write: `[version u8][count u32]` then `[len u32][bytes]` per argument.
 /// The raw argument list (not the typed command) is what travels, so every replica parses it the

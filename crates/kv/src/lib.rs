@@ -4,6 +4,7 @@
 pub mod command;
 pub mod server;
 pub mod state;
+pub mod unicache;
 
 pub use server::{serve, FrontEndOptions, KvNode};
 pub use state::KvState;

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use crate::error::DecodeError;
 use crate::wire::{put_blob, put_u32, put_u64, Reader};
 
-const BATCH_VERSION: u8 = 1;
+pub(crate) const BATCH_VERSION: u8 = 1;
 pub const BATCH_HEADER_BYTES: usize = 1 + 8 + 8 + 4;
 pub const COMMAND_OVERHEAD_BYTES: usize = 8 + 4;
 

@@ -9,8 +9,10 @@ pub mod node;
 mod raft_log;
 pub mod storage;
 pub mod transport;
+pub mod unicache_codec;
 mod wire;
 
-pub use codec::{CodecError, EntryCodec, IdentityCodec};
+pub use codec::{CodecError, EntryCodec, IdentityCodec, LogView, RaftLogView};
 pub use error::{DecodeError, NodeError, StorageError};
 pub use node::{start, NodeConfig, NodeHandle, NodeStatus, ReadConsistency, Role, StartError, StateMachine};
+pub use unicache_codec::{UniCacheCodec, UniCacheSettings};

@@ -22,10 +22,11 @@ use raft::{RawNode, ReadState, SnapshotStatus, StateRole};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::batch::{self, Origin, BATCH_HEADER_BYTES, COMMAND_OVERHEAD_BYTES};
-use crate::codec::EntryCodec;
+use crate::codec::{EntryCodec, RaftLogView};
 use crate::error::{NodeError, StorageError};
 use crate::storage::{write_snapshot_file, DiskStorage, StorageOptions};
 use crate::transport::{self, PeerEvent, TransportConfig};
+use crate::wire::{put_blob, Reader};
 
 /// A deterministic state machine fed by the committed log.
 pub trait StateMachine: Send + 'static {
@@ -393,8 +394,11 @@ pub async fn start<SM: StateMachine>(
     );
     let snapshot = storage.latest_snapshot();
     let applied = snapshot.get_metadata().index;
+    let mut codec = codec;
     if applied > 0 {
-        sm.restore(&snapshot.data).map_err(StartError::Restore)?;
+        let (sm_state, codec_state) = split_snapshot(&snapshot.data).map_err(StartError::Restore)?;
+        sm.restore(sm_state).map_err(StartError::Restore)?;
+        codec.restore(codec_state, applied).map_err(StartError::Restore)?;
     }
 
     let raft_config = raft::Config {
@@ -480,6 +484,32 @@ pub async fn start<SM: StateMachine>(
         requests: request_tx,
         status: status_rx,
     })
+}
+
+const SNAPSHOT_DATA_MAGIC: &[u8; 4] = b"CHSD";
+
+/// The data of a raft snapshot: the state machine's state and the entry codec's, each
+/// length-prefixed behind a magic.
+fn join_snapshot(sm_state: &[u8], codec_state: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + sm_state.len() + codec_state.len());
+    out.extend_from_slice(SNAPSHOT_DATA_MAGIC);
+    put_blob(&mut out, sm_state);
+    put_blob(&mut out, codec_state);
+    out
+}
+
+fn split_snapshot(data: &[u8]) -> Result<(&[u8], &[u8]), String> {
+    fn parse(data: &[u8]) -> Result<(&[u8], &[u8]), crate::DecodeError> {
+        let mut r = Reader::new(data);
+        if r.bytes(SNAPSHOT_DATA_MAGIC.len())? != SNAPSHOT_DATA_MAGIC {
+            return Err(crate::DecodeError::BadMagic);
+        }
+        let sm_state = r.blob()?;
+        let codec_state = r.blob()?;
+        r.finish()?;
+        Ok((sm_state, codec_state))
+    }
+    parse(data).map_err(|e| format!("snapshot data: {e}"))
 }
 
 /// Upper bound on messages taken from one channel per iteration, so no source starves the others.
@@ -597,13 +627,20 @@ impl<SM: StateMachine> RaftLoop<SM> {
     }
 
     fn on_peer_message(&mut self, mut msg: Message) {
-        if msg.get_msg_type() == MessageType::MsgAppend && !msg.entries.is_empty() {
-            let commit = self.raw.raft.raft_log.committed;
-            if let Err(e) = self.codec.decode(&mut msg, commit) {
-                self.metrics.codec_errors.inc();
-                tracing::warn!(error = %e, "dropping undecodable append");
-                return;
+        match msg.get_msg_type() {
+            MessageType::MsgAppend if !msg.entries.is_empty() => {
+                let decoded = self.codec.decode(&mut msg, &RaftLogView(&self.raw.raft.raft_log));
+                if let Err(e) = decoded {
+                    self.metrics.codec_errors.inc();
+                    tracing::debug!(error = %e, "dropping undecodable append");
+                    if let Some(reply) = e.reply {
+                        self.send_unencoded(*reply);
+                    }
+                    return;
+                }
             }
+            MessageType::MsgAppendResponse => self.codec.observe_response(&msg),
+            _ => {}
         }
         if let Err(e) = self.raw.step(msg) {
             tracing::debug!(error = %e, "raft rejected a peer message");
@@ -786,22 +823,27 @@ impl<SM: StateMachine> RaftLoop<SM> {
     }
 
     fn send(&mut self, messages: Vec<Message>) {
-        let commit = self.raw.raft.raft_log.committed;
         for mut msg in messages {
             if msg.get_msg_type() == MessageType::MsgAppend && !msg.entries.is_empty() {
-                self.codec.encode(&mut msg, commit);
+                let log = RaftLogView(&self.raw.raft.raft_log);
+                self.codec.encode(&mut msg, &log, self.raw.raft.raft_log.committed);
             }
-            let to = msg.to;
-            let is_snapshot = msg.get_msg_type() == MessageType::MsgSnapshot;
-            let Some(queue) = self.peers.get(&to) else {
-                tracing::warn!(to, "message for an unknown peer dropped");
-                continue;
-            };
-            if queue.try_send(msg).is_err() {
-                self.metrics.messages_dropped.inc();
-                if is_snapshot {
-                    self.raw.report_snapshot(to, SnapshotStatus::Failure);
-                }
+            self.send_unencoded(msg);
+        }
+    }
+
+    /// Queues a message for its peer as it is; a full queue drops it (raft retransmits).
+    fn send_unencoded(&mut self, msg: Message) {
+        let to = msg.to;
+        let is_snapshot = msg.get_msg_type() == MessageType::MsgSnapshot;
+        let Some(queue) = self.peers.get(&to) else {
+            tracing::warn!(to, "message for an unknown peer dropped");
+            return;
+        };
+        if queue.try_send(msg).is_err() {
+            self.metrics.messages_dropped.inc();
+            if is_snapshot {
+                self.raw.report_snapshot(to, SnapshotStatus::Failure);
             }
         }
     }
@@ -817,7 +859,11 @@ impl<SM: StateMachine> RaftLoop<SM> {
         if !ready.snapshot().is_empty() {
             let snapshot = ready.snapshot().clone();
             let index = snapshot.get_metadata().index;
-            if let Err(e) = self.sm.restore(&snapshot.data) {
+            let restored = split_snapshot(&snapshot.data).and_then(|(sm_state, codec_state)| {
+                self.sm.restore(sm_state)?;
+                self.codec.restore(codec_state, index)
+            });
+            if let Err(e) = restored {
                 panic!("snapshot at index {index} from the leader is corrupt: {e}");
             }
             self.raw.mut_store().apply_snapshot(snapshot)?;
@@ -867,6 +913,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             );
             self.applied_index = entry.index;
             self.applied_term = entry.term;
+            self.codec.applied(&entry);
             if entry.data.is_empty() {
                 continue;
             }
@@ -937,7 +984,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
         snapshot.mut_metadata().term = term;
         snapshot.mut_metadata().set_conf_state(store.conf_state().clone());
         // Serialising must happen here, at a consistent point; the slow disk write does not.
-        snapshot.data = Bytes::from(self.sm.snapshot());
+        snapshot.data = Bytes::from(join_snapshot(&self.sm.snapshot(), &self.codec.snapshot()));
         self.applied_bytes_since_snapshot = 0;
         let dir = store.dir().to_path_buf();
         let (done, job) = oneshot::channel();

@@ -1,0 +1,325 @@
+//! UniCache preprocessing of key-value commands as they sit in the log (argument lists).
+//!
+//! The command word, the key's template (the key with its digit runs taken out: `user:{}:name`)
+//! and the remaining arguments (hash field names and values, string values) are cacheable; the
+//! digit runs of the key (unique ids) are sent verbatim. Values under a configured key prefix can
+//! be handed to another preprocessor (CSV records, SQL statements), e.g. `email:` keys holding
+//! CSV email headers.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use chorus_unicache::{
+    varint_part, CsvPreprocessor, Error, Fnv, OpaquePreprocessor, Part, PartReader, Preprocessor, SqlParams,
+    SqlPreprocessor,
+};
+
+use crate::command::ARGS_VERSION;
+
+/// A preprocessor for the values stored under keys starting with `prefix`.
+#[derive(Clone)]
+pub struct Keyspace {
+    pub prefix: Bytes,
+    pub preprocessor: Arc<dyn Preprocessor>,
+}
+
+#[derive(Clone, Default)]
+pub struct KvPreprocessor {
+    keyspaces: Vec<Keyspace>,
+}
+
+/// Placeholder of a digit run inside a key template.
+const ID: u8 = 0;
+const MODE_OPAQUE: u64 = 0;
+
+/// The arguments of a logged command, as slices of it; `None` if it is not an argument list.
+fn split_args(command: &Bytes) -> Option<Vec<Bytes>> {
+    let (&version, _) = command.split_first()?;
+    if version != ARGS_VERSION {
+        return None;
+    }
+    let u32_at = |pos: usize| -> Option<usize> {
+        let b = command.get(pos..pos + 4)?;
+        Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    };
+    let count = u32_at(1)?;
+    let mut pos = 5;
+    let mut args = Vec::with_capacity(count.min(command.len() / 4));
+    for _ in 0..count {
+        let len = u32_at(pos)?;
+        let start = pos + 4;
+        let end = start.checked_add(len).filter(|e| *e <= command.len())?;
+        args.push(command.slice(start..end));
+        pos = end;
+    }
+    (pos == command.len()).then_some(args)
+}
+
+/// (template, ids): digit runs become placeholders and are listed comma-separated. Keys without
+/// digits, or with a placeholder byte of their own, are their own template with no ids.
+fn key_template(key: &Bytes) -> (Bytes, Bytes) {
+    if key.contains(&ID) || !key.iter().any(u8::is_ascii_digit) {
+        return (key.clone(), Bytes::new());
+    }
+    let mut template = Vec::with_capacity(key.len());
+    let mut ids = Vec::with_capacity(key.len());
+    let mut in_run = false;
+    for &b in key.iter() {
+        if b.is_ascii_digit() {
+            if !in_run {
+                if !ids.is_empty() {
+                    ids.push(b',');
+                }
+                template.push(ID);
+                in_run = true;
+            }
+            ids.push(b);
+        } else {
+            template.push(b);
+            in_run = false;
+        }
+    }
+    (Bytes::from(template), Bytes::from(ids))
+}
+
+fn recreate_key(template: &[u8], ids: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
+    if ids.is_empty() {
+        out.extend_from_slice(template);
+        return Ok(());
+    }
+    let mut runs = ids.split(|b| *b == b',');
+    for &b in template {
+        if b == ID {
+            out.extend_from_slice(runs.next().ok_or(Error::Malformed("fewer ids than placeholders"))?);
+        } else {
+            out.push(b);
+        }
+    }
+    if runs.next().is_some() {
+        return Err(Error::Malformed("more ids than placeholders"));
+    }
+    Ok(())
+}
+
+impl KvPreprocessor {
+    pub fn new(keyspaces: Vec<Keyspace>) -> KvPreprocessor {
+        KvPreprocessor { keyspaces }
+    }
+
+    /// The preprocessor for argument `position` of a command, when it is a value stored under a
+    /// configured key prefix (SET/SETNX/APPEND values, HSET/HMSET field values).
+    fn value_preprocessor(&self, word: &[u8], key: &[u8], position: usize) -> Option<&Arc<dyn Preprocessor>> {
+        let keyspace = self.keyspaces.iter().find(|k| key.starts_with(&k.prefix))?;
+        let is_value = if word.eq_ignore_ascii_case(b"set")
+            || word.eq_ignore_ascii_case(b"setnx")
+            || word.eq_ignore_ascii_case(b"append")
+        {
+            position == 2
+        } else if word.eq_ignore_ascii_case(b"hset") || word.eq_ignore_ascii_case(b"hmset") {
+            position >= 3 && (position - 3).is_multiple_of(2)
+        } else {
+            false
+        };
+        is_value.then_some(&keyspace.preprocessor)
+    }
+}
+
+impl Preprocessor for KvPreprocessor {
+    fn preprocess(&self, command: &Bytes, parts: &mut Vec<Part>) {
+        let Some(args) = split_args(command) else {
+            parts.push(varint_part(MODE_OPAQUE));
+            parts.push(Part::Verbatim(command.clone()));
+            return;
+        };
+        parts.push(varint_part(args.len() as u64 + 1));
+        for (i, arg) in args.iter().enumerate() {
+            match i {
+                0 => parts.push(Part::Cacheable(arg.clone())),
+                1 => {
+                    let (template, ids) = key_template(arg);
+                    parts.push(Part::Cacheable(template));
+                    parts.push(Part::Verbatim(ids));
+                }
+                _ => match self.value_preprocessor(&args[0], &args[1], i) {
+                    Some(sub) => sub.preprocess(arg, parts),
+                    None => parts.push(Part::Cacheable(arg.clone())),
+                },
+            }
+        }
+    }
+
+    fn recreate(&self, parts: &mut PartReader<'_>, out: &mut Vec<u8>) -> Result<(), Error> {
+        let mode = parts.next_varint()?;
+        if mode == MODE_OPAQUE {
+            out.extend_from_slice(parts.next_part()?);
+            return Ok(());
+        }
+        let count = u32::try_from(mode - 1).map_err(|_| Error::Malformed("argument count"))?;
+        out.push(ARGS_VERSION);
+        out.extend_from_slice(&count.to_le_bytes());
+        let mut word = Bytes::new();
+        let mut key = Vec::new();
+        let mut arg = Vec::new();
+        for i in 0..count as usize {
+            arg.clear();
+            match i {
+                0 => {
+                    word = parts.next_part()?.clone();
+                    arg.extend_from_slice(&word);
+                }
+                1 => {
+                    let template = parts.next_part()?;
+                    let ids = parts.next_part()?;
+                    recreate_key(template, ids, &mut arg)?;
+                    key = arg.clone();
+                }
+                _ => match self.value_preprocessor(&word, &key, i) {
+                    Some(sub) => sub.recreate(parts, &mut arg)?,
+                    None => arg.extend_from_slice(parts.next_part()?),
+                },
+            }
+            let len = u32::try_from(arg.len()).map_err(|_| Error::Malformed("argument too long"))?;
+            out.extend_from_slice(&len.to_le_bytes());
+            out.extend_from_slice(&arg);
+        }
+        Ok(())
+    }
+
+    fn fingerprint(&self) -> u64 {
+        let mut h = Fnv::new();
+        h.write(b"kv");
+        for k in &self.keyspaces {
+            h.write(&k.prefix);
+            h.write(&k.preprocessor.fingerprint().to_le_bytes());
+        }
+        h.finish()
+    }
+}
+
+/// Parses keyspace rules: `PREFIX=KIND[:ARGS]` separated by `;`, with KIND `csv`, `sql` or
+/// `opaque`. CSV takes its cacheable columns and optionally a column split into words:
+/// `email:=csv:1,2,3:4` (columns from 0; column 4 split at spaces). SQL caches each statement's
+/// template and its string literals.
+pub fn parse_keyspaces(spec: &str) -> Result<Vec<Keyspace>, String> {
+    let mut keyspaces = Vec::new();
+    for rule in spec.split(';').map(str::trim).filter(|r| !r.is_empty()) {
+        let (prefix, kind) = rule
+            .split_once('=')
+            .ok_or_else(|| format!("keyspace rule '{rule}' is not PREFIX=KIND[:ARGS]"))?;
+        let mut words = kind.split(':');
+        let preprocessor: Arc<dyn Preprocessor> = match words.next().unwrap_or("") {
+            "opaque" => Arc::new(OpaquePreprocessor),
+            "sql" => Arc::new(SqlPreprocessor {
+                rules: Vec::new(),
+                default: SqlParams::Strings,
+            }),
+            "csv" => {
+                let columns = |text: &str| -> Result<Vec<usize>, String> {
+                    text.split(',')
+                        .filter(|c| !c.is_empty())
+                        .map(|c| {
+                            c.trim()
+                                .parse()
+                                .map_err(|_| format!("'{c}' in rule '{rule}' is not a column number"))
+                        })
+                        .collect()
+                };
+                let cacheable = columns(words.next().unwrap_or(""))?;
+                let split: Vec<(usize, u8)> = columns(words.next().unwrap_or(""))?
+                    .into_iter()
+                    .map(|c| (c, b' '))
+                    .collect();
+                Arc::new(CsvPreprocessor::new(b',', &cacheable, &split))
+            }
+            other => {
+                return Err(format!(
+                    "unknown keyspace kind '{other}' in '{rule}'; use csv, sql or opaque"
+                ))
+            }
+        };
+        keyspaces.push(Keyspace {
+            prefix: Bytes::from(prefix.to_string()),
+            preprocessor,
+        });
+    }
+    Ok(keyspaces)
+}
+
+#[cfg(test)]
+mod tests {
+    use chorus_unicache::{decode_command, encode_command, varint, CacheConfig, ItemCache, Policy};
+
+    use super::*;
+    use crate::command::encode_args;
+
+    fn command(args: &[&[u8]]) -> Bytes {
+        encode_args(&args.iter().map(|a| Bytes::copy_from_slice(a)).collect::<Vec<_>>())
+    }
+
+    fn round_trip(p: &KvPreprocessor, cache: &mut ItemCache, cmd: &Bytes) -> usize {
+        let mut parts = Vec::new();
+        p.preprocess(cmd, &mut parts);
+        let mut encoded = Vec::new();
+        encode_command(cache, &parts, &mut encoded);
+        let mut decoded = Vec::new();
+        decode_command(cache, p, &mut varint::Reader::new(&encoded), &mut decoded).unwrap();
+        assert_eq!(decoded, cmd.as_ref());
+        chorus_unicache::absorb_command(cache, &parts, 1);
+        encoded.len()
+    }
+
+    #[test]
+    fn commands_round_trip_and_shrink_once_cached() {
+        let p = KvPreprocessor::new(parse_keyspaces("email:=csv:1,2:3").unwrap());
+        let mut cache = ItemCache::new(CacheConfig {
+            policy: Policy::LeCaR,
+            max_items: 1024,
+            max_bytes: 1 << 20,
+        });
+        let value = vec![b'v'; 256];
+        let set = command(&[b"SET", b"user000000001234", &value]);
+        let first = round_trip(&p, &mut cache, &set);
+        let again = command(&[b"SET", b"user000000009876", &value]);
+        let second = round_trip(&p, &mut cache, &again);
+        assert!(
+            first > 256 && second < 30,
+            "first {first} B, then {second} B for {} B",
+            again.len()
+        );
+        for cmd in [
+            command(&[b"HSET", b"h:1:x", b"f1", b"v1", b"f2", b"v2"]),
+            command(&[b"SET", b"email:77", b"1,bob@x.org,inbox,hello there world,2001"]),
+            command(&[b"HSET", b"email:78", b"hdr", b"2,bob@x.org,sent,re: hello,2002"]),
+            command(&[b"SET", b"k\0ey12", b"v"]),
+            command(&[b"SET", b"12", b""]),
+            command(&[b"PING"]),
+            command(&[]),
+            Bytes::from_static(b"\x07not an argument list"),
+            Bytes::new(),
+        ] {
+            round_trip(&p, &mut cache, &cmd);
+        }
+    }
+
+    #[test]
+    fn key_templates_take_out_digit_runs() {
+        let (t, ids) = key_template(&Bytes::from_static(b"user:42:post:7"));
+        assert_eq!(
+            (t.as_ref(), ids.as_ref()),
+            (b"user:\0:post:\0".as_ref(), b"42,7".as_ref())
+        );
+        let mut out = Vec::new();
+        recreate_key(&t, &ids, &mut out).unwrap();
+        assert_eq!(out, b"user:42:post:7");
+        assert!(recreate_key(&t, b"1", &mut Vec::new()).is_err());
+        assert!(recreate_key(&t, b"1,2,3", &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn keyspace_rules_parse_or_explain() {
+        assert_eq!(parse_keyspaces("a:=csv:1,2:3; b:=sql ;c=opaque").unwrap().len(), 3);
+        assert!(parse_keyspaces("a:=zip").is_err_and(|e| e.contains("unknown keyspace kind")));
+        assert!(parse_keyspaces("nokind").is_err());
+        assert!(parse_keyspaces("a=csv:x").is_err());
+    }
+}
