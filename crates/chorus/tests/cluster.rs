@@ -583,3 +583,91 @@ fn demo_survives_a_leader_crash_under_load_with_no_lost_writes() {
     assert!(text.contains("SIGKILL leader"), "{text}");
     assert!(text.contains("CHECK PASSED"), "{text}");
 }
+
+/// Writes `count` keys `{prefix}{i}` through `client`, values drawn from a small pool so the
+/// cache has something to hit; returns what was written.
+async fn write_pooled(client: &mut Client, prefix: &str, count: usize, expected: &mut Vec<(String, String)>) {
+    for i in 0..count {
+        let key = format!("{prefix}{i}");
+        let value = format!("{}-{}", ["alpha", "beta", "gamma", "delta"][i % 4], "x".repeat(200));
+        let reply = client.command(&["SET", &key, &value]).await.unwrap();
+        assert_eq!(reply, ok(), "SET {key}");
+        expected.push((key, value));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unicache_replicas_agree_across_two_leader_changes_and_a_follower_restart() {
+    let cluster = Cluster::start(
+        3,
+        &[
+            "--unicache",
+            "true",
+            "--unicache-autotune",
+            "false",
+            "--unicache-max-items",
+            "64",
+        ],
+    );
+    let all = [1, 2, 3];
+    let mut expected = Vec::new();
+    let first = cluster.wait_for_leader(&all, Duration::from_secs(5)).await;
+    write_pooled(&mut cluster.client(first).await, "a", 300, &mut expected).await;
+
+    // Leader change 1: the leader crashes.
+    cluster.kill(first);
+    let survivors: Vec<u64> = all.into_iter().filter(|id| *id != first).collect();
+    let second = cluster.wait_for_leader(&survivors, Duration::from_secs(5)).await;
+    write_pooled(&mut cluster.client(second).await, "b", 300, &mut expected).await;
+    cluster.restart_stopped();
+
+    // Leader change 2: leadership handed to another node.
+    let third = all.into_iter().find(|id| *id != second).unwrap();
+    let mut c = cluster.client(third).await;
+    assert_eq!(c.command(&["CLUSTER", "FAILOVER"]).await.unwrap(), ok());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cluster.leader_among(&all).await != Some(third) {
+        assert!(Instant::now() < deadline, "node {third} did not take over");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    write_pooled(&mut c, "c", 300, &mut expected).await;
+
+    // A follower restarts while writes continue.
+    let follower = all.into_iter().find(|id| *id != third).unwrap();
+    cluster.kill(follower);
+    write_pooled(&mut c, "d", 200, &mut expected).await;
+    cluster.restart_stopped();
+    write_pooled(&mut c, "e", 200, &mut expected).await;
+
+    // Every node applies the same log and holds the same data.
+    let target = cluster.info_u64(third, "raft_commit_index").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for id in all {
+        while cluster.info_u64(id, "raft_applied_index").await < target {
+            assert!(Instant::now() < deadline, "node {id} did not catch up");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut c = cluster.client(id).await;
+        assert_eq!(c.command(&["READONLY"]).await.unwrap(), ok());
+        for (key, value) in &expected {
+            assert_eq!(
+                c.command(&["GET", key]).await.unwrap(),
+                bulk(value),
+                "node {id} key {key}"
+            );
+        }
+    }
+    let decoded: f64 = all
+        .iter()
+        .map(|id| metric_value(&cluster.metrics(*id), "chorus_unicache_decoded_entries_total"))
+        .sum();
+    assert!(decoded > 0.0, "no entry travelled encoded");
+    for id in all {
+        let m = cluster.metrics(id);
+        assert_eq!(
+            metric_value(&m, "chorus_unicache_decode_failures_total{reason=\"checksum\"}"),
+            0.0,
+            "node {id}"
+        );
+    }
+}
