@@ -5,10 +5,20 @@
 //! itself; that is what a cache derived from the committed log (UniCache) needs. Raft never sees
 //! encoded bytes: `decode` must restore exactly the bytes `encode` was given.
 
+use std::any::Any;
+use std::sync::Arc;
+
+use bytes::Bytes;
 use raft::eraftpb::{Entry, Message};
 use raft::{GetEntriesContext, RaftLog};
 
+use crate::batch::Origin;
 use crate::storage::DiskStorage;
+
+/// Whatever a codec computes per command ahead of time (opaque to the raft loop).
+pub type Prepared = Box<dyn Any + Send>;
+/// Computes `Prepared` for a command; runs in the task that submits the write.
+pub type Preparer = Arc<dyn Fn(&Bytes) -> Prepared + Send + Sync>;
 
 /// Why an incoming append could not be decoded. The message is dropped; `reply`, when present,
 /// goes back to the sender (a rejection that makes the leader resend, carrying feedback).
@@ -52,6 +62,15 @@ impl LogView for RaftLogView<'_> {
 }
 
 pub trait EntryCodec: Send + 'static {
+    /// Work on a command that can happen before it reaches the raft loop, in parallel across
+    /// clients; the result comes back through `proposed`.
+    fn preparer(&self) -> Option<Preparer> {
+        None
+    }
+
+    /// This node proposed command `request_id` (in a batch from `origin`), prepared earlier.
+    fn proposed(&mut self, _origin: Origin, _request_id: u64, _prepared: Prepared) {}
+
     /// Leader side: may rewrite the payloads of an outgoing append to peer `msg.to`; `commit` is
     /// the leader's commit index.
     fn encode(&mut self, msg: &mut Message, log: &dyn LogView, commit: u64);

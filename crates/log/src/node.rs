@@ -22,7 +22,7 @@ use raft::{RawNode, ReadState, SnapshotStatus, StateRole};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::batch::{self, Origin, BATCH_HEADER_BYTES, COMMAND_OVERHEAD_BYTES};
-use crate::codec::{EntryCodec, RaftLogView};
+use crate::codec::{EntryCodec, Prepared, Preparer, RaftLogView};
 use crate::error::{NodeError, StorageError};
 use crate::storage::{write_snapshot_file, DiskStorage, StorageOptions};
 use crate::transport::{self, PeerEvent, TransportConfig};
@@ -131,6 +131,7 @@ pub type Pending<O> = oneshot::Receiver<Result<O, NodeError>>;
 enum Request<SM: StateMachine> {
     Write {
         command: Bytes,
+        prepared: Option<Prepared>,
         reply: Reply<SM::Output>,
     },
     Read {
@@ -148,6 +149,9 @@ enum Request<SM: StateMachine> {
 pub struct NodeHandle<SM: StateMachine> {
     requests: mpsc::Sender<Request<SM>>,
     status: watch::Receiver<NodeStatus>,
+    /// The entry codec's per-command preparation, run by the submitting task so the raft loop
+    /// does not have to.
+    preparer: Option<Preparer>,
 }
 
 impl<SM: StateMachine> Clone for NodeHandle<SM> {
@@ -155,6 +159,7 @@ impl<SM: StateMachine> Clone for NodeHandle<SM> {
         NodeHandle {
             requests: self.requests.clone(),
             status: self.status.clone(),
+            preparer: self.preparer.clone(),
         }
     }
 }
@@ -163,8 +168,13 @@ impl<SM: StateMachine> NodeHandle<SM> {
     /// Queues a write; the receiver resolves when this node has applied it.
     pub async fn submit_write(&self, command: Bytes) -> Result<Pending<SM::Output>, NodeError> {
         let (reply, rx) = oneshot::channel();
+        let prepared = self.preparer.as_ref().map(|prepare| prepare(&command));
         self.requests
-            .send(Request::Write { command, reply })
+            .send(Request::Write {
+                command,
+                prepared,
+                reply,
+            })
             .await
             .map_err(|_| NodeError::ShuttingDown)?;
         Ok(rx)
@@ -328,6 +338,13 @@ struct Waiter<O> {
     proposed_term: u64,
 }
 
+struct QueuedWrite<O> {
+    id: u64,
+    command: Bytes,
+    prepared: Option<Prepared>,
+    waiter: Waiter<O>,
+}
+
 struct ReadWaiter<SM: StateMachine> {
     query: SM::Query,
     reply: Reply<SM::Output>,
@@ -353,7 +370,7 @@ struct RaftLoop<SM: StateMachine> {
     metrics: LogMetrics,
     next_request_id: u64,
     /// Writes waiting for a leader, in arrival order.
-    unproposed: VecDeque<(u64, Bytes, Waiter<SM::Output>)>,
+    unproposed: VecDeque<QueuedWrite<SM::Output>>,
     /// Writes handed to raft, by request id.
     proposed: HashMap<u64, Waiter<SM::Output>>,
     reads_unissued: Vec<ReadWaiter<SM>>,
@@ -444,6 +461,7 @@ pub async fn start<SM: StateMachine>(
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(1);
+    let preparer = codec.preparer();
     let mut raft_loop = RaftLoop {
         origin: Origin {
             node_id: config.id,
@@ -483,6 +501,7 @@ pub async fn start<SM: StateMachine>(
     Ok(NodeHandle {
         requests: request_tx,
         status: status_rx,
+        preparer,
     })
 }
 
@@ -581,18 +600,23 @@ impl<SM: StateMachine> RaftLoop<SM> {
     fn on_request(&mut self, request: Request<SM>) {
         let arrived = Instant::now();
         match request {
-            Request::Write { command, reply } => {
+            Request::Write {
+                command,
+                prepared,
+                reply,
+            } => {
                 let id = self.next_request_id;
                 self.next_request_id += 1;
-                self.unproposed.push_back((
+                self.unproposed.push_back(QueuedWrite {
                     id,
                     command,
-                    Waiter {
+                    prepared,
+                    waiter: Waiter {
                         reply,
                         arrived,
                         proposed_term: 0,
                     },
-                ));
+                });
             }
             Request::Read {
                 query,
@@ -666,8 +690,8 @@ impl<SM: StateMachine> RaftLoop<SM> {
         while !self.unproposed.is_empty() && self.leader_known() {
             let mut bytes = BATCH_HEADER_BYTES;
             let mut take = 0;
-            for (_, command, _) in &self.unproposed {
-                let size = command.len() + COMMAND_OVERHEAD_BYTES;
+            for write in &self.unproposed {
+                let size = write.command.len() + COMMAND_OVERHEAD_BYTES;
                 if take > 0 && (take >= self.config.max_batch_commands || bytes + size > self.config.max_batch_bytes) {
                     break;
                 }
@@ -678,7 +702,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 .unproposed
                 .iter()
                 .take(take)
-                .map(|(id, command, _)| (*id, command.clone()))
+                .map(|w| (w.id, w.command.clone()))
                 .collect();
             let data = batch::encode(self.origin, &commands);
             match self.raw.propose(Vec::new(), data.to_vec()) {
@@ -686,9 +710,12 @@ impl<SM: StateMachine> RaftLoop<SM> {
                     self.metrics.entries_proposed.inc();
                     self.metrics.commands_proposed.add(take as u64);
                     let term = self.raw.raft.term;
-                    for (id, _, mut waiter) in self.unproposed.drain(..take) {
-                        waiter.proposed_term = term;
-                        self.proposed.insert(id, waiter);
+                    for mut write in self.unproposed.drain(..take) {
+                        if let Some(prepared) = write.prepared {
+                            self.codec.proposed(self.origin, write.id, prepared);
+                        }
+                        write.waiter.proposed_term = term;
+                        self.proposed.insert(write.id, write.waiter);
                     }
                 }
                 Err(e) => {
@@ -759,13 +786,13 @@ impl<SM: StateMachine> RaftLoop<SM> {
         };
         let failed = &self.metrics.requests_failed;
 
-        while let Some((_, _, w)) = self.unproposed.front() {
-            if now.duration_since(w.arrived) < leader_wait {
+        while let Some(write) = self.unproposed.front() {
+            if now.duration_since(write.waiter.arrived) < leader_wait {
                 break;
             }
-            let (_, _, w) = self.unproposed.pop_front().expect("front exists");
+            let write = self.unproposed.pop_front().expect("front exists");
             failed.inc();
-            let _ = w.reply.send(Err(no_leader()));
+            let _ = write.waiter.reply.send(Err(no_leader()));
         }
         let applied_term = self.applied_term;
         let expired: Vec<(u64, NodeError)> = self

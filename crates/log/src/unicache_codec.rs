@@ -20,6 +20,10 @@
 //! - The cache and its version are saved with every snapshot, so restarts and snapshot installs
 //!   resume from a consistent point.
 //!
+//! Preprocessing happens off the raft loop: the task submitting a write splits it into parts
+//! (`preparer`), and the loop keeps them by request id for encoding and absorbing; only commands
+//! proposed elsewhere are preprocessed on the loop.
+//!
 //! Auto-tuning: per follower, encoding is switched on when it saves at least 25% of the bytes and
 //! the link is slow (append round trip ≥ 2 ms), and off again when savings fall under 15% or the
 //! round trip under 0.5 ms; decisions are at least 2 s apart. While off, every 8th append is
@@ -36,7 +40,7 @@ use chorus_unicache::{absorb_command, decode_command, encode_command, CacheConfi
 use raft::eraftpb::{Entry, EntryType, Message, MessageType};
 
 use crate::batch::{self, Origin, BATCH_VERSION};
-use crate::codec::{CodecError, EntryCodec, LogView};
+use crate::codec::{CodecError, EntryCodec, LogView, Prepared, Preparer};
 
 const MAGIC: u8 = 0xEC;
 const FORMAT: u8 = 1;
@@ -57,6 +61,7 @@ const BEHIND_COOLDOWN: Duration = Duration::from_millis(200);
 const CORRUPT_COOLDOWN: Duration = Duration::from_secs(60);
 const MAX_INFLIGHT_SAMPLES: usize = 1024;
 const MAX_MEMO_ENTRIES: usize = 65_536;
+const MAX_STASHED: usize = 65_536;
 /// Limits what a malformed encoded entry can make a follower allocate.
 const MAX_COMMANDS: u64 = 1 << 20;
 
@@ -152,6 +157,10 @@ pub struct UniCacheCodec {
     links: HashMap<u64, Link>,
     /// Encodings of entries at a cache version, shared by all followers.
     memo: HashMap<u64, (u64, Option<Bytes>)>,
+    /// Parts of this node's own commands, preprocessed by the submitting tasks, by request id.
+    stash: HashMap<u64, Vec<Part>>,
+    stash_order: VecDeque<u64>,
+    own_origin: Option<Origin>,
     parts: Vec<Part>,
     metrics: CodecMetrics,
 }
@@ -217,6 +226,9 @@ impl UniCacheCodec {
             version: 0,
             links: HashMap::new(),
             memo: HashMap::new(),
+            stash: HashMap::new(),
+            stash_order: VecDeque::new(),
+            own_origin: None,
             parts: Vec::new(),
             metrics: CodecMetrics::new(),
         }
@@ -240,10 +252,17 @@ impl UniCacheCodec {
         );
         if is_batch(entry) {
             if let Ok(batch) = batch::decode(&entry.data) {
-                for (position, (_, command)) in batch.commands.iter().enumerate() {
-                    self.parts.clear();
-                    self.preprocessor.preprocess(command, &mut self.parts);
-                    absorb_command(&mut self.cache, &self.parts, seed(entry.index, position));
+                let own = Some(batch.origin) == self.own_origin;
+                for (position, (request_id, command)) in batch.commands.iter().enumerate() {
+                    let seed = seed(entry.index, position);
+                    match own.then(|| self.stash.remove(request_id)).flatten() {
+                        Some(parts) => absorb_command(&mut self.cache, &parts, seed),
+                        None => {
+                            self.parts.clear();
+                            self.preprocessor.preprocess(command, &mut self.parts);
+                            absorb_command(&mut self.cache, &self.parts, seed);
+                        }
+                    }
                 }
             }
         }
@@ -272,11 +291,18 @@ impl UniCacheCodec {
         varint::put(&mut out, batch.origin.incarnation);
         varint::put(&mut out, batch.commands.len() as u64);
         let (mut hits, mut cacheable) = (0u64, 0u64);
+        let own = Some(batch.origin) == self.own_origin;
         for (request_id, command) in &batch.commands {
             varint::put(&mut out, *request_id);
-            self.parts.clear();
-            self.preprocessor.preprocess(command, &mut self.parts);
-            let stats = encode_command(&self.cache, &self.parts, &mut out);
+            let parts: &[Part] = match own.then(|| self.stash.get(request_id)).flatten() {
+                Some(parts) => parts,
+                None => {
+                    self.parts.clear();
+                    self.preprocessor.preprocess(command, &mut self.parts);
+                    &self.parts
+                }
+            };
+            let stats = encode_command(&self.cache, parts, &mut out);
             hits += u64::from(stats.hits);
             cacheable += u64::from(stats.cacheable);
         }
@@ -453,6 +479,30 @@ impl Link {
 }
 
 impl EntryCodec for UniCacheCodec {
+    fn preparer(&self) -> Option<Preparer> {
+        let preprocessor = self.preprocessor.clone();
+        Some(Arc::new(move |command: &Bytes| {
+            let mut parts = Vec::new();
+            preprocessor.preprocess(command, &mut parts);
+            Box::new(parts) as Prepared
+        }))
+    }
+
+    fn proposed(&mut self, origin: Origin, request_id: u64, prepared: Prepared) {
+        let Ok(parts) = prepared.downcast::<Vec<Part>>() else {
+            return;
+        };
+        self.own_origin = Some(origin);
+        self.stash.insert(request_id, *parts);
+        self.stash_order.push_back(request_id);
+        // Commands that never commit (dropped by a leader change) age out.
+        while self.stash_order.len() > MAX_STASHED {
+            if let Some(old) = self.stash_order.pop_front() {
+                self.stash.remove(&old);
+            }
+        }
+    }
+
     fn encode(&mut self, msg: &mut Message, log: &dyn LogView, commit: u64) {
         let Some(last) = msg.entries.last().map(|e| e.index) else {
             return;

@@ -156,6 +156,13 @@ fn run(seed: u64) -> u64 {
                     node_id: replicas[leader].id,
                     incarnation: 7,
                 };
+                // Most writes arrive prepared by the submitting task, as on a real node.
+                let prepare = replicas[leader].codec.preparer().expect("UniCache prepares");
+                for (request_id, command) in &commands {
+                    if rng.below(4) > 0 {
+                        replicas[leader].codec.proposed(origin, *request_id, prepare(command));
+                    }
+                }
                 let mut entry = Entry {
                     term,
                     index: replicas[leader].last_index() + 1,
