@@ -24,6 +24,11 @@ pub enum BenchCommand {
     /// Start Chorus, etcd and Redis in turn on one network profile, run the same scenarios
     /// against each, and write a comparison (table of ratios, JSON, PNG).
     Compare(compare::CompareArgs),
+    /// UniCache off vs on: 100% writes of several value sizes and shares of recurring values,
+    /// a fresh cluster per run, on one network profile.
+    Unicache(crate::unicache_bench::UniCacheArgs),
+    /// UniCache compression of generated realistic streams (email CSV, news CSV, bus SQL).
+    UnicacheStreams(crate::unicache_bench::StreamArgs),
     /// Start or stop a peer system (etcd, or Redis with replicas) for side-by-side runs.
     Peers {
         #[command(subcommand)]
@@ -42,7 +47,7 @@ pub enum PeersCommand {
         /// Network profile (lan, wan3, geo3), as for `chorus cluster start --net`.
         #[arg(long, value_name = "PROFILE")]
         net: Option<String>,
-        /// Caps every emulated link at this many Mbit/s in each direction.
+        /// Caps every link between nodes at this many Mbit/s in each direction.
         #[arg(long, value_name = "MBIT")]
         net_bandwidth_mbit: Option<f64>,
     },
@@ -88,6 +93,13 @@ pub struct CommonArgs {
     /// Hotspot: the fraction of operations that go to the hot keys.
     #[arg(long, default_value_t = 0.8)]
     pub hotspot_op_fraction: f64,
+    /// Share of written values (0 to 1) drawn from a small set of recurring values instead of
+    /// random bytes; what a cache on the replication stream (UniCache) can encode.
+    #[arg(long, value_name = "FRACTION")]
+    pub value_repeat: Option<f64>,
+    /// How many distinct recurring values --value-repeat draws from.
+    #[arg(long, default_value_t = 64)]
+    pub value_repeat_pool: usize,
     /// Seed of every random choice (operation mix, keys, values).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -118,6 +130,9 @@ impl CommonArgs {
         if !(self.zipf_theta > 0.0 && self.zipf_theta < 1.0) {
             bail!("--zipf-theta must be between 0 and 1 (exclusive)");
         }
+        if self.value_repeat.is_some_and(|f| !(0.0..=1.0).contains(&f)) {
+            bail!("--value-repeat is a fraction between 0 and 1");
+        }
         if self.records == 0 || fields == 0 || field_bytes == 0 || clients == 0 {
             bail!("--records, --fields, --field-bytes and --clients must be positive");
         }
@@ -133,6 +148,8 @@ impl CommonArgs {
                 .unwrap_or(if self.operations.is_some() { 24.0 * 3600.0 } else { 30.0 }),
             clients,
             rate_ops_per_sec: self.rate,
+            value_repeat_fraction: self.value_repeat,
+            value_repeat_pool: self.value_repeat_pool,
             seed: self.seed,
         })
     }
@@ -333,6 +350,8 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Run(args) => bench_run(args).await,
         BenchCommand::Compare(args) => compare::run(args).await,
+        BenchCommand::Unicache(args) => crate::unicache_bench::run(args).await,
+        BenchCommand::UnicacheStreams(args) => crate::unicache_bench::run_streams(args),
         BenchCommand::Peers { command } => match command {
             PeersCommand::Start {
                 system,

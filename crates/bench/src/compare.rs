@@ -24,7 +24,7 @@ pub struct CompareArgs {
     /// Network profile for every system: lan, wan3 or geo3.
     #[arg(long, default_value = "lan", value_name = "PROFILE")]
     pub net: String,
-    /// Caps every emulated link at this many Mbit/s in each direction.
+    /// Caps every link between nodes at this many Mbit/s in each direction.
     #[arg(long, value_name = "MBIT")]
     pub net_bandwidth_mbit: Option<f64>,
     /// Targets: chorus, etcd, redis (primary + 2 replicas), redis-wait (the same with

@@ -33,6 +33,9 @@ pub struct RunConfig {
     pub clients: usize,
     /// Open loop at this many operations per second in total; closed loop when `None`.
     pub rate_ops_per_sec: Option<f64>,
+    /// This share of written values comes from `value_repeat_pool` recurring values.
+    pub value_repeat_fraction: Option<f64>,
+    pub value_repeat_pool: usize,
     pub seed: u64,
 }
 
@@ -48,29 +51,59 @@ const LOAD_BATCH_RECORDS: usize = 512;
 /// Error messages kept verbatim in the result, so a failed run says why.
 const ERROR_SAMPLES: usize = 5;
 
-/// Random printable bytes; values are slices of it at random offsets (zero-copy).
-fn value_pool(seed: u64, field_bytes: usize) -> Bytes {
-    let mut rng = Rng::new(seed ^ 0x5EED);
-    let len = VALUE_POOL_BYTES.max(field_bytes * 2);
-    Bytes::from((0..len).map(|_| b'!' + rng.below(94) as u8).collect::<Vec<u8>>())
+/// Where written values come from: slices of a pool of random printable bytes at random offsets
+/// (practically never repeating, zero-copy), or with `repeat`, a small set of recurring values
+/// for that share of writes (what a cache on the replication stream can exploit).
+#[derive(Clone)]
+struct Values {
+    pool: Bytes,
+    field_bytes: usize,
+    repeat: Option<(f64, Vec<Bytes>)>,
 }
 
-fn random_value(pool: &Bytes, rng: &mut Rng, field_bytes: usize) -> Bytes {
-    let offset = rng.below((pool.len() - field_bytes + 1) as u64) as usize;
-    pool.slice(offset..offset + field_bytes)
+impl Values {
+    fn new(config: &RunConfig) -> Values {
+        let mut rng = Rng::new(config.seed ^ 0x5EED);
+        let len = VALUE_POOL_BYTES.max(config.field_bytes * 2);
+        let pool = Bytes::from((0..len).map(|_| b'!' + rng.below(94) as u8).collect::<Vec<u8>>());
+        let repeat = config.value_repeat_fraction.map(|fraction| {
+            let recurring = (0..config.value_repeat_pool.max(1))
+                .map(|i| {
+                    let mut v = format!("recurring-{i}-").into_bytes();
+                    v.resize(config.field_bytes, b'0' + (i % 10) as u8);
+                    v.truncate(config.field_bytes);
+                    Bytes::from(v)
+                })
+                .collect();
+            (fraction, recurring)
+        });
+        Values {
+            pool,
+            field_bytes: config.field_bytes,
+            repeat,
+        }
+    }
+
+    fn next(&self, rng: &mut Rng) -> Bytes {
+        if let Some((fraction, recurring)) = &self.repeat {
+            if rng.next_f64() < *fraction {
+                return recurring[rng.below(recurring.len() as u64) as usize].clone();
+            }
+        }
+        let offset = rng.below((self.pool.len() - self.field_bytes + 1) as u64) as usize;
+        self.pool.slice(offset..offset + self.field_bytes)
+    }
 }
 
-fn record(config: &RunConfig, pool: &Bytes, rng: &mut Rng, n: u64) -> Record {
-    let fields = (0..config.fields)
-        .map(|_| random_value(pool, rng, config.field_bytes))
-        .collect();
+fn record(config: &RunConfig, values: &Values, rng: &mut Rng, n: u64) -> Record {
+    let fields = (0..config.fields).map(|_| values.next(rng)).collect();
     (config.key(n), fields)
 }
 
 /// Inserts records 0..records, spread over `clients` sessions, with progress.
 pub async fn load<T: Target>(target: &T, config: &RunConfig) -> anyhow::Result<Duration> {
     let started = Instant::now();
-    let pool = value_pool(config.seed, config.field_bytes);
+    let values = Values::new(config);
     let next = Arc::new(AtomicU64::new(0));
     let clients = config.clients.clamp(1, 16);
     let mut tasks = tokio::task::JoinSet::new();
@@ -79,7 +112,7 @@ pub async fn load<T: Target>(target: &T, config: &RunConfig) -> anyhow::Result<D
             .connect(client)
             .await
             .with_context(|| format!("{}: cannot connect for loading", target.name()))?;
-        let (next, pool, config) = (next.clone(), pool.clone(), config.clone());
+        let (next, values, config) = (next.clone(), values.clone(), config.clone());
         tasks.spawn(async move {
             let mut rng = Rng::new(config.seed.wrapping_add(client as u64));
             loop {
@@ -88,7 +121,7 @@ pub async fn load<T: Target>(target: &T, config: &RunConfig) -> anyhow::Result<D
                     return Ok::<(), OpError>(());
                 }
                 let last = (first + LOAD_BATCH_RECORDS as u64).min(config.records);
-                let records: Vec<Record> = (first..last).map(|n| record(&config, &pool, &mut rng, n)).collect();
+                let records: Vec<Record> = (first..last).map(|n| record(&config, &values, &mut rng, n)).collect();
                 session.load(&records).await?;
             }
         });
@@ -195,18 +228,18 @@ async fn execute<S: Session>(
     session: &mut S,
     config: &RunConfig,
     op: &Op,
-    pool: &Bytes,
+    values: &Values,
     rng: &mut Rng,
     keys: &KeySpace,
 ) -> Result<bool, OpError> {
     match *op {
         Op::Read { key } => session.read(&config.key(key)).await,
         Op::Update { key, field } => {
-            let value = random_value(pool, rng, config.field_bytes);
+            let value = values.next(rng);
             session.update(&config.key(key), field, &value).await.map(|_| true)
         }
         Op::Insert { key } => {
-            let (key_name, fields) = record(config, pool, rng, key);
+            let (key_name, fields) = record(config, values, rng, key);
             session.insert(&key_name, &fields).await?;
             keys.acknowledge();
             Ok(true)
@@ -218,7 +251,7 @@ async fn execute<S: Session>(
         Op::ReadModifyWrite { key, field } => {
             let name = config.key(key);
             let found = session.read(&name).await?;
-            let value = random_value(pool, rng, config.field_bytes);
+            let value = values.next(rng);
             session.update(&name, field, &value).await?;
             Ok(found)
         }
@@ -230,7 +263,7 @@ struct Shared<T: Target> {
     config: RunConfig,
     recorder: Mutex<Recorder>,
     keys: Arc<KeySpace>,
-    pool: Bytes,
+    values: Values,
     issued: AtomicU64,
     completed: AtomicU64,
     failed: AtomicU64,
@@ -280,7 +313,7 @@ async fn client_loop<T: Target>(shared: Arc<Shared<T>>, client: usize, mut sessi
         if intended >= shared.deadline {
             break;
         }
-        let outcome = execute(&mut session, config, &op, &shared.pool, &mut value_rng, &shared.keys).await;
+        let outcome = execute(&mut session, config, &op, &shared.values, &mut value_rng, &shared.keys).await;
         let now = Instant::now();
         shared
             .recorder
@@ -375,7 +408,7 @@ pub async fn run<T: Target>(target: T, config: &RunConfig) -> anyhow::Result<Run
         config: config.clone(),
         recorder: Mutex::new(Recorder::new(started)),
         keys: KeySpace::new(config.records),
-        pool: value_pool(config.seed, config.field_bytes),
+        values: Values::new(config),
         issued: AtomicU64::new(0),
         completed: AtomicU64::new(0),
         failed: AtomicU64::new(0),
@@ -546,6 +579,8 @@ mod tests {
             duration_secs: 1.0,
             clients: 1,
             rate_ops_per_sec: rate,
+            value_repeat_fraction: None,
+            value_repeat_pool: 1,
             seed: 1,
         }
     }

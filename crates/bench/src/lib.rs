@@ -13,5 +13,7 @@ pub mod plot;
 pub mod report;
 pub mod resp_target;
 pub mod rng;
+pub mod streams;
 pub mod target;
+pub mod unicache_bench;
 pub mod workload;

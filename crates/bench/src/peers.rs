@@ -102,14 +102,15 @@ fn start_network(dir: &Path, links: &[Link], paths: &[PathCheck]) -> anyhow::Res
         .collect())
 }
 
-fn client_link(name: &str, listen: u16, upstream: SocketAddr, rtt_ms: u64, profile: &Profile) -> (Link, PathCheck) {
+fn client_link(name: &str, listen: u16, upstream: SocketAddr, rtt_ms: u64) -> (Link, PathCheck) {
     let link = Link {
         name: name.to_string(),
         listen: loopback(listen),
         upstream,
         upstream_delay_ms: netem::split_rtt(rtt_ms, true),
         downstream_delay_ms: netem::split_rtt(rtt_ms, false),
-        bandwidth_kbytes_per_sec: profile.bandwidth_kbytes_per_sec(),
+        // The cap models links between regions; the client link stays uncapped.
+        bandwidth_kbytes_per_sec: None,
     };
     let path = PathCheck {
         label: name.replace("-to-", " <-> "),
@@ -198,7 +199,6 @@ async fn start_redis(dir: &Path, profile: Option<&Profile>) -> anyhow::Result<Pe
             ports[2 * MEMBERS as usize - 1],
             primary,
             profile.client_rtt(1),
-            profile,
         );
         client_addr = link.listen;
         links.push(link);
@@ -333,7 +333,6 @@ async fn start_etcd(dir: &Path, profile: Option<&Profile>) -> anyhow::Result<Pee
             ports[3 * n],
             loopback(client_port(1)),
             profile.client_rtt(1),
-            profile,
         );
         client_addr = link.listen;
         links.push(link);

@@ -58,7 +58,7 @@ enum ClusterCommand {
         /// measured on every link before the nodes start.
         #[arg(long, value_name = "PROFILE")]
         net: Option<String>,
-        /// Caps every emulated link at this many Mbit/s in each direction.
+        /// Caps every link between nodes at this many Mbit/s in each direction.
         #[arg(long, value_name = "MBIT")]
         net_bandwidth_mbit: Option<f64>,
         /// Extra `chorus server` flags for every node, after `--`.

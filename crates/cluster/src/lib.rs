@@ -154,7 +154,8 @@ fn chorus_links(profile: &Profile, nodes: &[NodeEntry], proxy_ports: &[u16]) -> 
             upstream: node.resp_addr,
             upstream_delay_ms: netem::split_rtt(rtt, true),
             downstream_delay_ms: netem::split_rtt(rtt, false),
-            bandwidth_kbytes_per_sec: bandwidth,
+            // The cap models links between regions; the client link stays uncapped.
+            bandwidth_kbytes_per_sec: None,
         });
         paths.push(PathCheck {
             label: format!("client <-> node {}", node.id),

@@ -26,8 +26,8 @@
 //!
 //! Auto-tuning: per follower, encoding is switched on when it saves at least 25% of the bytes and
 //! the link is slow (append round trip ≥ 2 ms), and off again when savings fall under 15% or the
-//! round trip under 0.5 ms; decisions are at least 2 s apart. While off, every 8th append is
-//! encoded (but sent raw) to keep measuring what encoding would save.
+//! round trip under 0.5 ms; decisions are at least 2 s apart, and a link starts encoding. While
+//! off, every 8th append is encoded (but sent raw) to keep measuring what encoding would save.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -405,7 +405,6 @@ impl UniCacheCodec {
     }
 
     fn link(&mut self, peer: u64) -> &mut Link {
-        let autotune = self.settings.autotune;
         self.links.entry(peer).or_insert_with(|| {
             let p = peer.to_string();
             let label = Some(("peer", p.as_str()));
@@ -431,11 +430,13 @@ impl UniCacheCodec {
                     label,
                 ),
             };
-            metrics.encoding.set(i64::from(!autotune));
+            // Start encoding: on a slow link that pays from the first append, and on a fast one
+            // the first decision turns it off.
+            metrics.encoding.set(1);
             Link {
                 follower_version: 0,
                 cooldown_until: None,
-                encoding: !autotune,
+                encoding: true,
                 decided_at: Instant::now(),
                 appends: 0,
                 inflight: VecDeque::new(),

@@ -7,8 +7,9 @@
 //! LeCaR's coin comes from a seed the caller derives from the log index, and LeCaR's weights are
 //! fixed-point integers rather than floats.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
+use std::hash::BuildHasherDefault;
 use std::str::FromStr;
 
 use bytes::Bytes;
@@ -16,8 +17,6 @@ use bytes::Bytes;
 use crate::fixed;
 use crate::varint::{self, Reader};
 use crate::Error;
-
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Policy {
@@ -116,26 +115,93 @@ impl Default for Fnv {
     }
 }
 
+/// The item hash: 8 bytes at a time, little-endian by definition, so it is the same on every
+/// replica and platform (LeCaR's histories, and so its choices, depend on it). It is computed
+/// once per access and keys every lookup.
+pub fn item_hash(bytes: &[u8]) -> u64 {
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut h = (bytes.len() as u64) ^ 0x243F_6A88_85A3_08D3;
+    let mut chunks = bytes.chunks_exact(8);
+    for chunk in &mut chunks {
+        let v = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+        h = (h ^ v).wrapping_mul(K).rotate_left(31);
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut last = [0u8; 8];
+        last[..rest.len()].copy_from_slice(rest);
+        h = (h ^ u64::from_le_bytes(last)).wrapping_mul(K).rotate_left(31);
+    }
+    splitmix(h)
+}
+
+/// Hashes a key that already is a hash.
+#[derive(Default, Clone, Copy)]
+struct PassThrough(u64);
+
+impl std::hash::Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+type HashKeyed<V> = HashMap<u64, V, BuildHasherDefault<PassThrough>>;
+
+const NIL: u32 = u32::MAX;
+
+/// Previous and next slot in a doubly linked list threaded through the slots.
+#[derive(Debug, Clone, Copy)]
+struct Links {
+    prev: u32,
+    next: u32,
+}
+
+const UNLINKED: Links = Links { prev: NIL, next: NIL };
+
+/// A list's ends: `head` is the eviction end (least recent).
+#[derive(Debug, Clone, Copy)]
+struct Ends {
+    head: u32,
+    tail: u32,
+}
+
+const EMPTY: Ends = Ends { head: NIL, tail: NIL };
+
 #[derive(Debug, Clone)]
 struct Slot {
     item: Bytes,
+    hash: u64,
     last_used: u64,
     frequency: u64,
+    /// Place in the recency list (LRU and LeCaR).
+    lru: Links,
+    /// Place in its frequency bucket's list (LFU and LeCaR).
+    lfu: Links,
 }
 
-/// Items evicted by one policy, remembered (with the access count at eviction) so that a later
-/// miss on them counts as that policy's regret. FIFO-bounded; entries removed early stay in
-/// `order` until they reach the front.
+/// Items evicted by one policy, remembered by hash (with the access count at eviction) so that
+/// a later miss on them counts as that policy's regret. FIFO-bounded; entries removed early stay
+/// in `order` until they reach the front.
 #[derive(Debug, Clone, Default)]
 struct History {
-    order: VecDeque<(Bytes, u64)>,
-    members: FastMap<Bytes, u64>,
+    order: VecDeque<(u64, u64)>,
+    members: HashKeyed<u64>,
 }
 
 impl History {
-    fn add(&mut self, item: Bytes, at: u64, capacity: usize) {
-        self.members.insert(item.clone(), at);
-        self.order.push_back((item, at));
+    fn add(&mut self, hash: u64, at: u64, capacity: usize) {
+        self.members.insert(hash, at);
+        self.order.push_back((hash, at));
         while self.members.len() > capacity || self.order.len() > 2 * capacity.max(1) {
             let Some((old, t)) = self.order.pop_front() else { break };
             if self.members.get(&old) == Some(&t) {
@@ -144,12 +210,12 @@ impl History {
         }
     }
 
-    fn take(&mut self, item: &[u8]) -> Option<u64> {
-        self.members.remove(item)
+    fn take(&mut self, hash: u64) -> Option<u64> {
+        self.members.remove(&hash)
     }
 
-    fn is_live(&self, item: &Bytes, at: u64) -> bool {
-        self.members.get(item) == Some(&at)
+    fn is_live(&self, hash: u64, at: u64) -> bool {
+        self.members.get(&hash) == Some(&at)
     }
 }
 
@@ -173,23 +239,24 @@ struct LeCaR {
 pub enum Access {
     Hit(u32),
     Inserted(u32),
-    /// Too large to cache.
+    /// Not cached: too large, or its hash collides with a different cached item.
     Skipped,
 }
 
+/// O(1) per access: a hash index, a recency list, and frequency buckets each holding their
+/// items least recent first (so LFU breaks ties toward the least recent, as LRU would).
 #[derive(Debug, Clone)]
 pub struct ItemCache {
     config: CacheConfig,
     slots: Vec<Option<Slot>>,
     free: Vec<u32>,
-    index: FastMap<Bytes, u32>,
+    index: HashKeyed<u32>,
     len: usize,
     bytes: usize,
     clock: u64,
-    /// last_used → slot: LRU order (maintained for LRU and LeCaR).
-    recency: BTreeMap<u64, u32>,
-    /// (frequency, last_used, slot): LFU order, ties to the least recent (LFU and LeCaR).
-    frequency: BTreeSet<(u64, u64, u32)>,
+    recency: Ends,
+    /// frequency → its bucket's list; the first key is the least frequency present.
+    buckets: BTreeMap<u64, Ends>,
     lecar: LeCaR,
 }
 
@@ -200,6 +267,13 @@ fn splitmix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Which of a slot's two link sets a list uses.
+#[derive(Clone, Copy)]
+enum List {
+    Recency,
+    Frequency,
+}
+
 impl ItemCache {
     pub fn new(config: CacheConfig) -> ItemCache {
         assert!(config.max_items > 0 && config.max_bytes > 0, "an empty cache");
@@ -207,12 +281,12 @@ impl ItemCache {
             config,
             slots: Vec::new(),
             free: Vec::new(),
-            index: FastMap::default(),
+            index: HashKeyed::default(),
             len: 0,
             bytes: 0,
             clock: 0,
-            recency: BTreeMap::new(),
-            frequency: BTreeSet::new(),
+            recency: EMPTY,
+            buckets: BTreeMap::new(),
             lecar: LeCaR {
                 weight_lru: fixed::ONE / 2,
                 evicted_by_lru: History::default(),
@@ -240,12 +314,56 @@ impl ItemCache {
 
     /// The slot holding `item`, without touching it (encoding must not change the cache).
     pub fn lookup(&self, item: &[u8]) -> Option<u32> {
-        self.index.get(item).copied()
+        let slot = *self.index.get(&item_hash(item))?;
+        (self.slot(slot).item.as_ref() == item).then_some(slot)
     }
 
     /// The item in `slot`.
     pub fn get(&self, slot: u32) -> Option<&Bytes> {
         self.slots.get(slot as usize)?.as_ref().map(|s| &s.item)
+    }
+
+    fn slot(&self, slot: u32) -> &Slot {
+        self.slots[slot as usize].as_ref().expect("linked slot is occupied")
+    }
+
+    fn slot_mut(&mut self, slot: u32) -> &mut Slot {
+        self.slots[slot as usize].as_mut().expect("linked slot is occupied")
+    }
+
+    fn links(&mut self, slot: u32, list: List) -> &mut Links {
+        let s = self.slot_mut(slot);
+        match list {
+            List::Recency => &mut s.lru,
+            List::Frequency => &mut s.lfu,
+        }
+    }
+
+    fn list_remove(&mut self, ends: &mut Ends, slot: u32, list: List) {
+        let Links { prev, next } = std::mem::replace(self.links(slot, list), UNLINKED);
+        if prev == NIL {
+            ends.head = next;
+        } else {
+            self.links(prev, list).next = next;
+        }
+        if next == NIL {
+            ends.tail = prev;
+        } else {
+            self.links(next, list).prev = prev;
+        }
+    }
+
+    fn list_push(&mut self, ends: &mut Ends, slot: u32, list: List) {
+        *self.links(slot, list) = Links {
+            prev: ends.tail,
+            next: NIL,
+        };
+        if ends.tail == NIL {
+            ends.head = slot;
+        } else {
+            self.links(ends.tail, list).next = slot;
+        }
+        ends.tail = slot;
     }
 
     fn uses_recency(&self) -> bool {
@@ -257,24 +375,35 @@ impl ItemCache {
     }
 
     fn unlink(&mut self, slot: u32) {
-        let s = self.slots[slot as usize].as_ref().expect("linked slot is occupied");
-        let (last_used, frequency) = (s.last_used, s.frequency);
         if self.uses_recency() {
-            self.recency.remove(&last_used);
+            let mut ends = self.recency;
+            self.list_remove(&mut ends, slot, List::Recency);
+            self.recency = ends;
         }
         if self.uses_frequency() {
-            self.frequency.remove(&(frequency, last_used, slot));
+            let frequency = self.slot(slot).frequency;
+            let mut ends = self.buckets[&frequency];
+            self.list_remove(&mut ends, slot, List::Frequency);
+            if ends.head == NIL {
+                self.buckets.remove(&frequency);
+            } else {
+                self.buckets.insert(frequency, ends);
+            }
         }
     }
 
+    /// Puts `slot` at the most recent end of its lists.
     fn link(&mut self, slot: u32) {
-        let s = self.slots[slot as usize].as_ref().expect("linked slot is occupied");
-        let (last_used, frequency) = (s.last_used, s.frequency);
         if self.uses_recency() {
-            self.recency.insert(last_used, slot);
+            let mut ends = self.recency;
+            self.list_push(&mut ends, slot, List::Recency);
+            self.recency = ends;
         }
         if self.uses_frequency() {
-            self.frequency.insert((frequency, last_used, slot));
+            let frequency = self.slot(slot).frequency;
+            let mut ends = self.buckets.get(&frequency).copied().unwrap_or(EMPTY);
+            self.list_push(&mut ends, slot, List::Frequency);
+            self.buckets.insert(frequency, ends);
         }
     }
 
@@ -283,9 +412,13 @@ impl ItemCache {
     pub fn access(&mut self, item: &Bytes, seed: u64) -> Access {
         self.clock += 1;
         let now = self.clock;
-        if let Some(&slot) = self.index.get(item) {
+        let hash = item_hash(item);
+        if let Some(&slot) = self.index.get(&hash) {
+            if self.slot(slot).item != item {
+                return Access::Skipped;
+            }
             self.unlink(slot);
-            let s = self.slots[slot as usize].as_mut().expect("indexed slot is occupied");
+            let s = self.slot_mut(slot);
             s.last_used = now;
             s.frequency += 1;
             self.link(slot);
@@ -295,11 +428,14 @@ impl ItemCache {
             return Access::Skipped;
         }
         if self.config.policy == Policy::LeCaR {
-            self.learn_from_miss(item, now);
+            self.learn_from_miss(hash, now);
         }
         while self.len >= self.config.max_items as usize || self.bytes + item.len() > self.config.max_bytes {
             self.evict(seed);
         }
+        // A copy: the caller's bytes may be a slice of a large buffer (a whole log entry) that
+        // the cache must not keep alive.
+        let item = Bytes::copy_from_slice(item);
         let slot = match self.free.pop() {
             Some(slot) => slot,
             None => {
@@ -307,33 +443,34 @@ impl ItemCache {
                 (self.slots.len() - 1) as u32
             }
         };
-        self.slots[slot as usize] = Some(Slot {
-            item: item.clone(),
-            last_used: now,
-            frequency: 1,
-        });
-        self.index.insert(item.clone(), slot);
         self.len += 1;
         self.bytes += item.len();
+        self.index.insert(hash, slot);
+        self.slots[slot as usize] = Some(Slot {
+            item,
+            hash,
+            last_used: now,
+            frequency: 1,
+            lru: UNLINKED,
+            lfu: UNLINKED,
+        });
         self.link(slot);
         Access::Inserted(slot)
     }
 
     /// LeCaR: a miss on an item one policy evicted is that policy's regret; shift weight to the
     /// other policy, more the more recent the eviction.
-    fn learn_from_miss(&mut self, item: &[u8], now: u64) {
-        let (evicted_at, lru_regret) = match self.lecar.evicted_by_lru.take(item) {
+    fn learn_from_miss(&mut self, hash: u64, now: u64) {
+        let (evicted_at, lru_regret) = match self.lecar.evicted_by_lru.take(hash) {
             Some(at) => (at, true),
-            None => match self.lecar.evicted_by_lfu.take(item) {
+            None => match self.lecar.evicted_by_lfu.take(hash) {
                 Some(at) => (at, false),
                 None => return,
             },
         };
         let age = now - evicted_at;
-        let discount = fixed::exp_neg(
-            ((u128::from(LN_200) * u128::from(age)) / u128::from(self.config.max_items)).min(u128::from(u64::MAX))
-                as u64,
-        );
+        let exponent = (u128::from(LN_200) * u128::from(age)) / u128::from(self.config.max_items);
+        let discount = fixed::exp_neg(exponent.min(u128::from(u64::MAX)) as u64);
         let boost = fixed::exp(fixed::mul(LEARNING_RATE, discount));
         let (mut w_lru, mut w_lfu) = (self.lecar.weight_lru, fixed::ONE - self.lecar.weight_lru);
         if lru_regret {
@@ -351,21 +488,18 @@ impl ItemCache {
             Policy::LeCaR => (splitmix(seed ^ splitmix(self.clock)) >> 32) < self.lecar.weight_lru,
         };
         let victim = if by_lru {
-            *self
-                .recency
+            self.recency.head
+        } else {
+            self.buckets
                 .values()
                 .next()
-                .expect("a full cache has a least recent item")
-        } else {
-            self.frequency
-                .iter()
-                .next()
                 .expect("a full cache has a least frequent item")
-                .2
+                .head
         };
+        assert_ne!(victim, NIL, "a full cache has a victim");
         self.unlink(victim);
         let slot = self.slots[victim as usize].take().expect("victim slot is occupied");
-        self.index.remove(&slot.item);
+        self.index.remove(&slot.hash);
         self.len -= 1;
         self.bytes -= slot.item.len();
         self.free.push(victim);
@@ -376,11 +510,12 @@ impl ItemCache {
             } else {
                 &mut self.lecar.evicted_by_lfu
             };
-            history.add(slot.item, self.clock, capacity);
+            history.add(slot.hash, self.clock, capacity);
         }
     }
 
     /// The whole state in a canonical byte form (for snapshots and for comparing replicas).
+    /// List order need not be stored: it follows from each item's last use.
     pub fn serialize(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(SNAPSHOT_MAGIC);
         out.extend_from_slice(&self.config.fingerprint().to_le_bytes());
@@ -404,9 +539,9 @@ impl ItemCache {
         }
         for history in [&self.lecar.evicted_by_lru, &self.lecar.evicted_by_lfu] {
             varint::put(out, history.order.len() as u64);
-            for (item, at) in &history.order {
-                out.push(u8::from(history.is_live(item, *at)));
-                varint::put_bytes(out, item);
+            for (hash, at) in &history.order {
+                out.push(u8::from(history.is_live(*hash, *at)));
+                out.extend_from_slice(&hash.to_le_bytes());
                 varint::put(out, *at);
             }
         }
@@ -428,6 +563,7 @@ impl ItemCache {
         if slot_count > u64::from(config.max_items) {
             return Err(Error::Malformed("more slots than the cache holds"));
         }
+        let mut by_last_use = Vec::new();
         for slot in 0..slot_count as u32 {
             match reader.u8()? {
                 0 => cache.slots.push(None),
@@ -435,20 +571,31 @@ impl ItemCache {
                     let item = Bytes::copy_from_slice(reader.bytes()?);
                     let last_used = reader.varint()?;
                     let frequency = reader.varint()?;
-                    if last_used > cache.clock || cache.index.insert(item.clone(), slot).is_some() {
+                    let hash = item_hash(&item);
+                    if last_used > cache.clock || frequency == 0 || cache.index.insert(hash, slot).is_some() {
                         return Err(Error::Malformed("inconsistent cache slot"));
                     }
                     cache.len += 1;
                     cache.bytes += item.len();
                     cache.slots.push(Some(Slot {
                         item,
+                        hash,
                         last_used,
                         frequency,
+                        lru: UNLINKED,
+                        lfu: UNLINKED,
                     }));
-                    cache.link(slot);
+                    by_last_use.push((last_used, slot));
                 }
                 _ => return Err(Error::Malformed("bad slot tag")),
             }
+        }
+        by_last_use.sort_unstable();
+        if by_last_use.windows(2).any(|w| w[0].0 == w[1].0) {
+            return Err(Error::Malformed("two items with the same last use"));
+        }
+        for (_, slot) in by_last_use {
+            cache.link(slot);
         }
         let free_count = reader.varint()?;
         if free_count > slot_count {
@@ -468,7 +615,7 @@ impl ItemCache {
             let count = reader.varint()?;
             for _ in 0..count {
                 let live = reader.u8()? == 1;
-                let item = Bytes::copy_from_slice(reader.bytes()?);
+                let hash = u64::from_le_bytes(reader.take(8)?.try_into().expect("8 bytes"));
                 let at = reader.varint()?;
                 let history = if which == 0 {
                     &mut cache.lecar.evicted_by_lru
@@ -476,9 +623,9 @@ impl ItemCache {
                     &mut cache.lecar.evicted_by_lfu
                 };
                 if live {
-                    history.members.insert(item.clone(), at);
+                    history.members.insert(hash, at);
                 }
-                history.order.push_back((item, at));
+                history.order.push_back((hash, at));
             }
         }
         Ok(cache)
@@ -494,7 +641,7 @@ impl ItemCache {
     }
 }
 
-const SNAPSHOT_MAGIC: &[u8; 4] = b"UCC1";
+const SNAPSHOT_MAGIC: &[u8; 4] = b"UCC2";
 
 #[cfg(test)]
 mod tests {

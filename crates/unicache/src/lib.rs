@@ -193,3 +193,46 @@ pub fn absorb_command(cache: &mut ItemCache, parts: &[Part], seed: u64) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn garbage_never_panics_the_decoder() {
+        let mut cache = ItemCache::new(CacheConfig {
+            policy: Policy::LeCaR,
+            max_items: 8,
+            max_bytes: 256,
+        });
+        cache.access(&Bytes::from_static(b"cached"), 1);
+        let preprocessors: [&dyn Preprocessor; 3] = [
+            &OpaquePreprocessor,
+            &CsvPreprocessor::new(b',', &[0], &[(1, b' ')]),
+            &SqlPreprocessor {
+                rules: Vec::new(),
+                default: SqlParams::All,
+            },
+        ];
+        let mut state = 0x1234_5678_9abc_def0u64;
+        for len in 0..2_000usize {
+            let bytes: Vec<u8> = (0..len % 64)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    // Mostly small values, so counts and lengths are often plausible.
+                    if state % 3 == 0 {
+                        (state >> 8) as u8
+                    } else {
+                        (state % 8) as u8
+                    }
+                })
+                .collect();
+            for p in preprocessors {
+                let mut out = Vec::new();
+                let _ = decode_command(&cache, p, &mut varint::Reader::new(&bytes), &mut out);
+            }
+        }
+    }
+}
