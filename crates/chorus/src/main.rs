@@ -41,7 +41,7 @@ enum Commands {
     /// Benchmarks: YCSB workloads against Chorus, Redis or etcd, and side-by-side comparisons.
     Bench {
         #[command(subcommand)]
-        command: chorus_bench::cli::BenchCommand,
+        command: Box<chorus_bench::cli::BenchCommand>,
     },
 }
 
@@ -136,7 +136,7 @@ fn main() -> anyhow::Result<()> {
                 ClusterCommand::Kill { dir, node } => cluster::kill_node(&dir, node),
             },
             Commands::Demo(args) => demo::run(args).await,
-            Commands::Bench { command } => chorus_bench::cli::run(command).await,
+            Commands::Bench { command } => chorus_bench::cli::run(*command).await,
         }
     })
 }

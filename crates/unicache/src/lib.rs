@@ -222,7 +222,7 @@ mod tests {
                     state ^= state >> 7;
                     state ^= state << 17;
                     // Mostly small values, so counts and lengths are often plausible.
-                    if state % 3 == 0 {
+                    if state.is_multiple_of(3) {
                         (state >> 8) as u8
                     } else {
                         (state % 8) as u8
