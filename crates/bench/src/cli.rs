@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use chorus_cluster::netem::Profile;
+use chorus_cluster::NetOptions;
 
 use crate::compare;
 use crate::driver::{self, RunConfig};
@@ -44,18 +45,40 @@ pub enum PeersCommand {
         system: System,
         #[arg(long)]
         dir: PathBuf,
-        /// Network profile (lan, wan3, geo3), as for `chorus cluster start --net`.
-        #[arg(long, value_name = "PROFILE")]
-        net: Option<String>,
-        /// Caps every link between nodes at this many Mbit/s in each direction.
-        #[arg(long, value_name = "MBIT")]
-        net_bandwidth_mbit: Option<f64>,
+        #[command(flatten)]
+        net: NetArgs,
     },
     /// Stop the peer system started in DIR.
     Stop {
         #[arg(long)]
         dir: PathBuf,
     },
+}
+
+/// Which emulated network to run on.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct NetArgs {
+    /// Network profile from crates/cluster/net-profiles.toml: lan (the default), wan3 or geo3.
+    /// Latency comes from toxiproxy (installed with `go install` on first use) and every link
+    /// is measured before anything runs over it.
+    #[arg(long, value_name = "PROFILE")]
+    pub net: Option<String>,
+    /// Caps every link between nodes at this many Mbit/s in each direction.
+    #[arg(long, value_name = "MBIT")]
+    pub net_bandwidth_mbit: Option<f64>,
+}
+
+impl NetArgs {
+    pub fn options(&self) -> NetOptions {
+        NetOptions {
+            profile: Some(self.net.clone().unwrap_or_else(|| "lan".into())),
+            bandwidth_mbit: self.net_bandwidth_mbit,
+        }
+    }
+
+    pub fn profile(&self) -> anyhow::Result<Profile> {
+        Profile::load(self.net.as_deref().unwrap_or("lan"), self.net_bandwidth_mbit)
+    }
 }
 
 /// Options every run shares: record shape, run length, load model, output.
@@ -353,16 +376,8 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Unicache(args) => crate::unicache_bench::run(args).await,
         BenchCommand::UnicacheStreams(args) => crate::unicache_bench::run_streams(args),
         BenchCommand::Peers { command } => match command {
-            PeersCommand::Start {
-                system,
-                dir,
-                net,
-                net_bandwidth_mbit,
-            } => {
-                let profile = match net {
-                    Some(name) => Some(Profile::load(&name, net_bandwidth_mbit)?).filter(|p| !p.is_passthrough()),
-                    None => None,
-                };
+            PeersCommand::Start { system, dir, net } => {
+                let profile = Some(net.profile()?).filter(|p| !p.is_passthrough());
                 let peers = PeerCluster::start(system, &dir, profile.as_ref()).await?;
                 println!(
                     "{:?} running in {}: clients connect to {} (pids {:?})",

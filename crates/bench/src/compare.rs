@@ -8,10 +8,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use chorus_cluster::netem::Profile;
-use chorus_cluster::NetOptions;
 use serde::Serialize;
 
-use crate::cli::{resp_target, run_target, save_run, CommonArgs, TargetSpec};
+use crate::cli::{resp_target, run_target, save_run, CommonArgs, NetArgs, TargetSpec};
 use crate::etcd_target::EtcdTarget;
 use crate::peers::{PeerCluster, System};
 use crate::plot::{self, BarGroup};
@@ -21,12 +20,8 @@ const TARGETS: &[&str] = &["chorus", "etcd", "redis", "redis-wait"];
 
 #[derive(clap::Args)]
 pub struct CompareArgs {
-    /// Network profile for every system: lan, wan3 or geo3.
-    #[arg(long, default_value = "lan", value_name = "PROFILE")]
-    pub net: String,
-    /// Caps every link between nodes at this many Mbit/s in each direction.
-    #[arg(long, value_name = "MBIT")]
-    pub net_bandwidth_mbit: Option<f64>,
+    #[command(flatten)]
+    pub net: NetArgs,
     /// Targets: chorus, etcd, redis (primary + 2 replicas), redis-wait (the same with
     /// `WAIT 1 0` after each write).
     #[arg(long, value_delimiter = ',', default_value = "chorus,etcd,redis,redis-wait")]
@@ -128,17 +123,11 @@ impl Running {
 async fn start_system(
     system: &str,
     dir: &Path,
-    profile_name: &str,
-    profile: Option<&Profile>,
-    bandwidth_mbit: Option<f64>,
+    net: &NetArgs,
     targets: &[String],
 ) -> anyhow::Result<(Running, Vec<TargetSpec>, BTreeMap<String, f64>)> {
     if system == "chorus" {
-        let net = NetOptions {
-            profile: Some(profile_name.to_string()),
-            bandwidth_mbit,
-        };
-        let file = chorus_cluster::start(dir, 3, Vec::new(), &net).await?;
+        let file = chorus_cluster::start(dir, 3, Vec::new(), &net.options()).await?;
         let states = chorus_cluster::status(dir, &file).await;
         let leader = states
             .iter()
@@ -149,7 +138,8 @@ async fn start_system(
         return Ok((Running::Chorus(dir.to_path_buf()), vec![target], measured));
     }
     let kind = if system == "etcd" { System::Etcd } else { System::Redis };
-    let peers = PeerCluster::start(kind, dir, profile).await?;
+    let profile = Some(net.profile()?).filter(|p| !p.is_passthrough());
+    let peers = PeerCluster::start(kind, dir, profile.as_ref()).await?;
     let specs = targets
         .iter()
         .map(|t| match t.as_str() {
@@ -165,6 +155,15 @@ async fn start_system(
     Ok((Running::Peer(dir.to_path_buf(), peers), specs, measured))
 }
 
+/// How a target is named in results: the `--targets` name, except redis-wait is "redis+wait".
+fn display_name(target: &str) -> String {
+    if target == "redis-wait" {
+        "redis+wait".into()
+    } else {
+        target.to_string()
+    }
+}
+
 fn system_of(target: &str) -> &'static str {
     match target {
         "chorus" => "chorus",
@@ -174,16 +173,7 @@ fn system_of(target: &str) -> &'static str {
 }
 
 fn markdown_table(rows: &[Row], targets: &[String]) -> String {
-    let names: Vec<String> = targets
-        .iter()
-        .map(|t| {
-            if t == "redis-wait" {
-                "redis+wait".to_string()
-            } else {
-                t.clone()
-            }
-        })
-        .collect();
+    let names: Vec<String> = targets.iter().map(|t| display_name(t)).collect();
     let peers: Vec<&String> = names.iter().filter(|n| *n != "chorus").collect();
     let mut out = String::from("| scenario | clients |");
     for n in &names {
@@ -234,7 +224,7 @@ pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
         .iter()
         .map(|s| Scenario::parse(s, &args.common))
         .collect::<anyhow::Result<_>>()?;
-    let profile = Profile::load(&args.net, args.net_bandwidth_mbit)?;
+    let profile = args.net.profile()?;
     println!("comparing {} on {}", args.targets.join(", "), profile.summary());
     let emulated = (!profile.is_passthrough()).then_some(&profile);
     let (work_dir, temporary) = match &args.dir {
@@ -261,8 +251,7 @@ pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
             .collect();
         let dir = work_dir.join(system);
         println!("== {system}: starting in {}", dir.display());
-        let (running, specs, measured) =
-            start_system(system, &dir, &args.net, emulated, args.net_bandwidth_mbit, &targets).await?;
+        let (running, specs, measured) = start_system(system, &dir, &args.net, &targets).await?;
         let outcome = run_system(&args, &scenarios, &specs, emulated, &measured, &mut runs).await;
         running.stop();
         outcome?;
@@ -314,17 +303,7 @@ pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
         },
     )?;
     std::fs::write(json.with_extension("md"), &table)?;
-    let target_names: Vec<String> = args
-        .targets
-        .iter()
-        .map(|t| {
-            if t == "redis-wait" {
-                "redis+wait".into()
-            } else {
-                t.clone()
-            }
-        })
-        .collect();
+    let target_names: Vec<String> = args.targets.iter().map(|t| display_name(t)).collect();
     let groups = |pick: fn(&(f64, f64, f64, u64)) -> f64| -> Vec<BarGroup> {
         rows.iter()
             .map(|row| BarGroup {

@@ -72,15 +72,7 @@ impl HttpConnection {
         request.extend_from_slice(body);
         self.stream.write_all(&request).await?;
 
-        let head_end = loop {
-            if let Some(end) = find(&self.buf, b"\r\n\r\n") {
-                break end;
-            }
-            if self.buf.len() > MAX_HEAD_BYTES {
-                return Err(invalid("header too long"));
-            }
-            self.fill().await?;
-        };
+        let head_end = self.buffer_until(b"\r\n\r\n", "header too long").await?;
         let head = String::from_utf8_lossy(&self.buf[..head_end]).into_owned();
         self.buf.drain(..head_end + 4);
         let mut lines = head.split("\r\n");
@@ -111,6 +103,19 @@ impl HttpConnection {
         Ok(Response { status, body })
     }
 
+    /// Reads until `pattern` is buffered; returns where it starts.
+    async fn buffer_until(&mut self, pattern: &[u8], too_long: &str) -> std::io::Result<usize> {
+        loop {
+            if let Some(at) = find(&self.buf, pattern) {
+                return Ok(at);
+            }
+            if self.buf.len() > MAX_HEAD_BYTES {
+                return Err(invalid(too_long));
+            }
+            self.fill().await?;
+        }
+    }
+
     async fn fill(&mut self) -> std::io::Result<()> {
         if self.stream.read_buf(&mut self.buf).await? == 0 {
             return Err(std::io::Error::new(
@@ -134,25 +139,14 @@ impl HttpConnection {
     async fn read_chunked(&mut self) -> std::io::Result<Vec<u8>> {
         let mut body = Vec::new();
         loop {
-            let line_end = loop {
-                if let Some(end) = find(&self.buf, b"\r\n") {
-                    break end;
-                }
-                if self.buf.len() > MAX_HEAD_BYTES {
-                    return Err(invalid("chunk size line too long"));
-                }
-                self.fill().await?;
-            };
+            let line_end = self.buffer_until(b"\r\n", "chunk size line too long").await?;
             let size_text = String::from_utf8_lossy(&self.buf[..line_end]).into_owned();
             let size_hex = size_text.split(';').next().unwrap_or("").trim();
             let size = usize::from_str_radix(size_hex, 16).map_err(|_| invalid("chunk size"))?;
             self.buf.drain(..line_end + 2);
             if size == 0 {
                 // Trailers are not used by etcd; skip to the blank line.
-                while find(&self.buf, b"\r\n").is_none() {
-                    self.fill().await?;
-                }
-                let end = find(&self.buf, b"\r\n").expect("found");
+                let end = self.buffer_until(b"\r\n", "trailer too long").await?;
                 self.buf.drain(..end + 2);
                 return Ok(body);
             }

@@ -7,23 +7,17 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use chorus_cluster::netem::Profile;
-use chorus_cluster::NetOptions;
 use serde::Serialize;
 
-use crate::cli::{resp_target, run_target, save_run, CommonArgs};
+use crate::cli::{resp_target, run_target, save_run, CommonArgs, NetArgs};
 use crate::http::HttpConnection;
 use crate::plot::{self, BarGroup};
 use crate::report::{self, RunResult};
 
 #[derive(clap::Args)]
 pub struct UniCacheArgs {
-    /// Network profile: lan, wan3 or geo3.
-    #[arg(long, default_value = "wan3", value_name = "PROFILE")]
-    pub net: String,
-    /// Caps every link between nodes at this many Mbit/s in each direction.
-    #[arg(long, value_name = "MBIT")]
-    pub net_bandwidth_mbit: Option<f64>,
+    #[command(flatten)]
+    pub net: NetArgs,
     /// Value sizes in bytes.
     #[arg(long, value_delimiter = ',', default_value = "128,512,1024,4096")]
     pub sizes: Vec<usize>,
@@ -33,6 +27,9 @@ pub struct UniCacheArgs {
     /// Concurrent clients.
     #[arg(long, default_value_t = 200)]
     pub clients: usize,
+    /// Runs of each point, off and on alternating; the table gives the medians.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
     /// Server flags for the UniCache-on cluster, e.g. "--unicache-autotune false".
     #[arg(long, default_value = "", allow_hyphen_values = true)]
     pub unicache_flags: String,
@@ -56,6 +53,8 @@ struct Row {
     bytes_before: f64,
     bytes_after: f64,
     encoding_peers: f64,
+    /// Whether the cache was running at the end (auto-tune pauses it where it does not pay).
+    cache_active: bool,
 }
 
 #[derive(Serialize)]
@@ -96,11 +95,7 @@ async fn run_once(
     if unicache {
         server_args.extend(args.unicache_flags.split_whitespace().map(str::to_string));
     }
-    let net = NetOptions {
-        profile: Some(args.net.clone()),
-        bandwidth_mbit: args.net_bandwidth_mbit,
-    };
-    let file = chorus_cluster::start(dir, 3, server_args, &net).await?;
+    let file = chorus_cluster::start(dir, 3, server_args, &args.net.options()).await?;
     let outcome = async {
         let states = chorus_cluster::status(dir, &file).await;
         let leader = states.iter().find(|s| s.is_leader()).context("no leader")?;
@@ -124,7 +119,7 @@ async fn run_once(
 }
 
 pub async fn run(args: UniCacheArgs) -> anyhow::Result<()> {
-    let profile = Profile::load(&args.net, args.net_bandwidth_mbit)?;
+    let profile = args.net.profile()?;
     println!("UniCache off vs on, 100% writes, on {}", profile.summary());
     let work = args
         .dir
@@ -135,8 +130,23 @@ pub async fn run(args: UniCacheArgs) -> anyhow::Result<()> {
     for &size in &args.sizes {
         for &recurring in &args.hits {
             println!("-- {size} B values, {recurring}% recurring");
-            let (off, _) = run_once(&args, &work.join("off"), false, size, recurring).await?;
-            let (on, metrics) = run_once(&args, &work.join("on"), true, size, recurring).await?;
+            let mut offs = Vec::new();
+            let mut ons = Vec::new();
+            for _ in 0..args.repeat.max(1) {
+                offs.push(run_once(&args, &work.join("off"), false, size, recurring).await?.0);
+                ons.push(run_once(&args, &work.join("on"), true, size, recurring).await?);
+            }
+            let median_index = |results: &[&RunResult]| {
+                let mut order: Vec<usize> = (0..results.len()).collect();
+                order.sort_by(|a, b| {
+                    results[*a]
+                        .throughput_ops_per_sec
+                        .total_cmp(&results[*b].throughput_ops_per_sec)
+                });
+                order[order.len() / 2]
+            };
+            let off = offs.swap_remove(median_index(&offs.iter().collect::<Vec<_>>()));
+            let (on, metrics) = ons.swap_remove(median_index(&ons.iter().map(|(r, _)| r).collect::<Vec<_>>()));
             let row = Row {
                 value_bytes: size,
                 recurring_percent: recurring,
@@ -148,14 +158,16 @@ pub async fn run(args: UniCacheArgs) -> anyhow::Result<()> {
                 bytes_before: metric_sum(&metrics, "chorus_unicache_bytes_before_total"),
                 bytes_after: metric_sum(&metrics, "chorus_unicache_bytes_after_total"),
                 encoding_peers: metric_sum(&metrics, "chorus_unicache_encoding"),
+                cache_active: metric_sum(&metrics, "chorus_unicache_active") > 0.0,
             };
             println!(
-                "   off {:.0} ops/s, on {:.0} ops/s: {:.2}x; sent {:.0}% of the bytes; encoding to {} of 2 followers",
+                "   off {:.0} ops/s, on {:.0} ops/s: {:.2}x; sent {:.0}% of the bytes; encoding to {} of 2 followers; cache {}",
                 row.off_ops_per_sec,
                 row.on_ops_per_sec,
                 row.ratio,
                 100.0 * row.bytes_after / row.bytes_before.max(1.0),
-                row.encoding_peers
+                row.encoding_peers,
+                if row.cache_active { "running" } else { "paused" }
             );
             for result in [&off, &on] {
                 save_run(result, &args.common.out)?;
@@ -168,11 +180,11 @@ pub async fn run(args: UniCacheArgs) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&work);
 
     let mut table = String::from(
-        "| value B | recurring % | off ops/s | on ops/s | on/off | off p99 ms | on p99 ms | bytes sent (on) | followers encoding |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| value B | recurring % | off ops/s | on ops/s | on/off | off p99 ms | on p99 ms | bytes sent (on) | followers encoding | cache |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in &rows {
         table.push_str(&format!(
-            "| {} | {} | {:.0} | {:.0} | {:.2}x | {:.1} | {:.1} | {:.0}% | {} |\n",
+            "| {} | {} | {:.0} | {:.0} | {:.2}x | {:.1} | {:.1} | {:.0}% | {} | {} |\n",
             r.value_bytes,
             r.recurring_percent,
             r.off_ops_per_sec,
@@ -181,7 +193,8 @@ pub async fn run(args: UniCacheArgs) -> anyhow::Result<()> {
             r.off_p99_ms,
             r.on_p99_ms,
             100.0 * r.bytes_after / r.bytes_before.max(1.0),
-            r.encoding_peers
+            r.encoding_peers,
+            if r.cache_active { "running" } else { "paused" }
         ));
     }
     println!("\n{table}");

@@ -53,14 +53,8 @@ enum ClusterCommand {
         nodes: usize,
         #[arg(long)]
         dir: PathBuf,
-        /// Emulated network (a profile from crates/cluster/net-profiles.toml: lan, wan3, geo3).
-        /// Latency comes from toxiproxy (installed with `go install` on first use) and is
-        /// measured on every link before the nodes start.
-        #[arg(long, value_name = "PROFILE")]
-        net: Option<String>,
-        /// Caps every link between nodes at this many Mbit/s in each direction.
-        #[arg(long, value_name = "MBIT")]
-        net_bandwidth_mbit: Option<f64>,
+        #[command(flatten)]
+        net: chorus_bench::cli::NetArgs,
         /// Extra `chorus server` flags for every node, after `--`.
         #[arg(last = true)]
         server_args: Vec<String>,
@@ -116,12 +110,11 @@ fn main() -> anyhow::Result<()> {
                     nodes,
                     dir,
                     net,
-                    net_bandwidth_mbit,
                     server_args,
                 } => {
                     let net = cluster::NetOptions {
-                        profile: net,
-                        bandwidth_mbit: net_bandwidth_mbit,
+                        profile: net.net,
+                        bandwidth_mbit: net.net_bandwidth_mbit,
                     };
                     let file = cluster::start(&dir, nodes, server_args, &net).await?;
                     cluster::print_status(&file, &cluster::status(&dir, &file).await);

@@ -15,6 +15,11 @@ use raft::{GetEntriesContext, RaftLog};
 use crate::batch::Origin;
 use crate::storage::DiskStorage;
 
+/// First byte of an entry the codec proposed for itself (client batches start with their
+/// version, 1). Such entries are committed like any other, so every replica sees them at the
+/// same index, and are applied to the codec only, never to the state machine.
+pub const CODEC_ENTRY: u8 = 0xED;
+
 /// Whatever a codec computes per command ahead of time (opaque to the raft loop).
 pub type Prepared = Box<dyn Any + Send>;
 /// Computes `Prepared` for a command; runs in the task that submits the write.
@@ -84,6 +89,11 @@ pub trait EntryCodec: Send + 'static {
 
     /// A committed entry was applied; called for every entry, in index order.
     fn applied(&mut self, _entry: &Entry) {}
+
+    /// On the leader: an entry (starting with `CODEC_ENTRY`) the codec wants in the log.
+    fn take_proposal(&mut self) -> Option<Bytes> {
+        None
+    }
 
     /// State to keep with a snapshot of the applied state (empty when there is none).
     fn snapshot(&self) -> Vec<u8> {

@@ -12,7 +12,7 @@ pub mod transport;
 pub mod unicache_codec;
 mod wire;
 
-pub use codec::{CodecError, EntryCodec, IdentityCodec, LogView, RaftLogView};
+pub use codec::{CodecError, EntryCodec, IdentityCodec, LogView, RaftLogView, CODEC_ENTRY};
 pub use error::{DecodeError, NodeError, StorageError};
 pub use node::{start, NodeConfig, NodeHandle, NodeStatus, ReadConsistency, Role, StartError, StateMachine};
 pub use unicache_codec::{UniCacheCodec, UniCacheSettings};

@@ -22,7 +22,7 @@ use raft::{RawNode, ReadState, SnapshotStatus, StateRole};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::batch::{self, Origin, BATCH_HEADER_BYTES, COMMAND_OVERHEAD_BYTES};
-use crate::codec::{EntryCodec, Prepared, Preparer, RaftLogView};
+use crate::codec::{EntryCodec, Prepared, Preparer, RaftLogView, CODEC_ENTRY};
 use crate::error::{NodeError, StorageError};
 use crate::storage::{write_snapshot_file, DiskStorage, StorageOptions};
 use crate::transport::{self, PeerEvent, TransportConfig};
@@ -583,6 +583,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 self.expire_requests();
             }
             self.propose_pending();
+            self.propose_codec_entries();
             self.issue_reads();
             if let Err(e) = self.on_ready() {
                 // Raft state on disk can no longer be trusted to match memory: stop loudly.
@@ -681,6 +682,19 @@ impl<SM: StateMachine> RaftLoop<SM> {
                     SnapshotStatus::Failure
                 };
                 self.raw.report_snapshot(to, status);
+            }
+        }
+    }
+
+    fn propose_codec_entries(&mut self) {
+        if self.raw.raft.state != StateRole::Leader {
+            return;
+        }
+        while let Some(data) = self.codec.take_proposal() {
+            debug_assert_eq!(data.first(), Some(&CODEC_ENTRY));
+            if let Err(e) = self.raw.propose(Vec::new(), data.to_vec()) {
+                tracing::debug!(error = %e, "codec entry not accepted");
+                return;
             }
         }
     }
@@ -941,7 +955,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             self.applied_index = entry.index;
             self.applied_term = entry.term;
             self.codec.applied(&entry);
-            if entry.data.is_empty() {
+            if entry.data.is_empty() || entry.data[0] == CODEC_ENTRY {
                 continue;
             }
             self.applied_bytes_since_snapshot += entry.data.len() as u64;

@@ -19,17 +19,26 @@
 //!   catches up. A CRC mismatch after decoding is rejected, counted and logged, never applied.
 //! - The cache and its version are saved with every snapshot, so restarts and snapshot installs
 //!   resume from a consistent point.
+//! - The cache runs only between a "resume" and a "pause" entry in the log, which the leader
+//!   proposes; resuming starts an empty cache (a new epoch, part of the fingerprint). A replica
+//!   starts paused. So the cache is a function of the committed log even across pauses, and a
+//!   paused cache costs nothing: no preprocessing, no absorbing.
 //!
 //! Preprocessing happens off the raft loop: the task submitting a write splits it into parts
 //! (`preparer`), and the loop keeps them by request id for encoding and absorbing; only commands
 //! proposed elsewhere are preprocessed on the loop.
 //!
 //! Auto-tuning: per follower, encoding is switched on when it saves at least 25% of the bytes and
-//! the link is slow (append round trip ≥ 2 ms), and off again when savings fall under 15% or the
-//! round trip under 0.5 ms; decisions are at least 2 s apart, and a link starts encoding. While
+//! the link is slow (append round trip ≥ 8 ms), and off again when savings fall under 15% or the
+//! round trip under 4 ms; decisions are at least 2 s apart, and a link starts encoding. While
 //! off, every 8th append is encoded (but sent raw) to keep measuring what encoding would save.
+//! When no link has encoded for 30 s the leader pauses the cache; while paused it resumes as soon
+//! as some link's round trip says encoding could pay, at most once per back-off period (30 s,
+//! doubling up to 10 min while resuming keeps not paying). Without auto-tune the cache is
+//! resumed at once and every link encodes.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,7 +49,7 @@ use chorus_unicache::{absorb_command, decode_command, encode_command, CacheConfi
 use raft::eraftpb::{Entry, EntryType, Message, MessageType};
 
 use crate::batch::{self, Origin, BATCH_VERSION};
-use crate::codec::{CodecError, EntryCodec, LogView, Prepared, Preparer};
+use crate::codec::{CodecError, EntryCodec, LogView, Prepared, Preparer, CODEC_ENTRY};
 
 const MAGIC: u8 = 0xEC;
 const FORMAT: u8 = 1;
@@ -55,13 +64,24 @@ const DECISION_INTERVAL: Duration = Duration::from_secs(2);
 const SAMPLE_EVERY: u64 = 8;
 const ON_SAVINGS: f64 = 0.25;
 const OFF_SAVINGS: f64 = 0.15;
-const ON_RTT_MS: f64 = 2.0;
-const OFF_RTT_MS: f64 = 0.5;
+/// Append round trips include the follower's fsync (a few ms on a loaded disk), so "slow"
+/// starts well above that: links between data centers are tens of ms.
+const ON_RTT_MS: f64 = 8.0;
+const OFF_RTT_MS: f64 = 4.0;
 const BEHIND_COOLDOWN: Duration = Duration::from_millis(200);
 const CORRUPT_COOLDOWN: Duration = Duration::from_secs(60);
 const MAX_INFLIGHT_SAMPLES: usize = 1024;
 const MAX_MEMO_ENTRIES: usize = 65_536;
 const MAX_STASHED: usize = 65_536;
+/// Control entries: CODEC_ENTRY, CONTROL, kind.
+const CONTROL: u8 = b'U';
+const RESUME: u8 = 1;
+const PAUSE: u8 = 2;
+const PAUSE_AFTER: Duration = Duration::from_secs(30);
+const FIRST_RESUME_BACKOFF: Duration = Duration::from_secs(30);
+const MAX_RESUME_BACKOFF: Duration = Duration::from_secs(600);
+/// How long a proposed control entry may take to apply before proposing again.
+const CONTROL_PENDING: Duration = Duration::from_secs(5);
 /// Limits what a malformed encoded entry can make a follower allocate.
 const MAX_COMMANDS: u64 = 1 << 20;
 
@@ -96,6 +116,7 @@ struct Link {
 
 struct CodecMetrics {
     version: Arc<Gauge>,
+    active: Arc<Gauge>,
     items: Arc<Gauge>,
     bytes: Arc<Gauge>,
     hits: Arc<Counter>,
@@ -125,6 +146,10 @@ impl CodecMetrics {
         };
         CodecMetrics {
             version: gauge("chorus_unicache_version", "Committed index the cache reflects"),
+            active: gauge(
+                "chorus_unicache_active",
+                "Whether the cache runs (1) or is paused by the log (0)",
+            ),
             items: gauge("chorus_unicache_cache_items", "Items in the cache"),
             bytes: gauge("chorus_unicache_cache_bytes", "Bytes of items in the cache"),
             hits: items("hit"),
@@ -154,6 +179,11 @@ pub struct UniCacheCodec {
     /// is part of the fingerprint.
     epoch: u64,
     version: u64,
+    /// Whether the cache runs (between a resume and a pause entry); shared with the preparer.
+    active: bool,
+    active_flag: Arc<AtomicBool>,
+    /// Leader side: pausing and resuming.
+    control: Control,
     links: HashMap<u64, Link>,
     /// Encodings of entries at a cache version, shared by all followers.
     memo: HashMap<u64, (u64, Option<Bytes>)>,
@@ -163,6 +193,28 @@ pub struct UniCacheCodec {
     own_origin: Option<Origin>,
     parts: Vec<Part>,
     metrics: CodecMetrics,
+}
+
+/// The leader's pausing and resuming of the cache.
+struct Control {
+    /// A control entry is on its way through the log until then.
+    pending_until: Option<Instant>,
+    /// Since when no link has been encoding.
+    all_off_since: Option<Instant>,
+    resume_not_before: Instant,
+    resume_backoff: Duration,
+}
+
+/// A control entry for the log: resume (a fresh cache from here) or pause.
+pub fn control_entry(resume: bool) -> Bytes {
+    Bytes::from(vec![CODEC_ENTRY, CONTROL, if resume { RESUME } else { PAUSE }])
+}
+
+fn control_kind(entry: &Entry) -> Option<u8> {
+    match entry.data.as_ref() {
+        [CODEC_ENTRY, CONTROL, kind] if entry.get_entry_type() == EntryType::EntryNormal => Some(*kind),
+        _ => None,
+    }
 }
 
 /// Why decoding failed, and what to tell the leader.
@@ -224,6 +276,14 @@ impl UniCacheCodec {
             fingerprint: fold_fingerprint(settings_fingerprint, 0),
             epoch: 0,
             version: 0,
+            active: false,
+            active_flag: Arc::new(AtomicBool::new(false)),
+            control: Control {
+                pending_until: None,
+                all_off_since: None,
+                resume_not_before: Instant::now(),
+                resume_backoff: FIRST_RESUME_BACKOFF,
+            },
             links: HashMap::new(),
             memo: HashMap::new(),
             stash: HashMap::new(),
@@ -250,27 +310,58 @@ impl UniCacheCodec {
             self.version + 1,
             "the cache absorbs committed entries one at a time, in order"
         );
-        if is_batch(entry) {
-            if let Ok(batch) = batch::decode(&entry.data) {
-                let own = Some(batch.origin) == self.own_origin;
-                for (position, (request_id, command)) in batch.commands.iter().enumerate() {
-                    let seed = seed(entry.index, position);
-                    match own.then(|| self.stash.remove(request_id)).flatten() {
-                        Some(parts) => absorb_command(&mut self.cache, &parts, seed),
-                        None => {
-                            self.parts.clear();
-                            self.preprocessor.preprocess(command, &mut self.parts);
-                            absorb_command(&mut self.cache, &self.parts, seed);
+        match control_kind(entry) {
+            Some(kind) => self.switch(kind == RESUME, entry.index),
+            None if self.active && is_batch(entry) => {
+                if let Ok(batch) = batch::decode(&entry.data) {
+                    let own = Some(batch.origin) == self.own_origin;
+                    for (position, (request_id, command)) in batch.commands.iter().enumerate() {
+                        let seed = seed(entry.index, position);
+                        match own.then(|| self.stash.remove(request_id)).flatten() {
+                            Some(parts) => absorb_command(&mut self.cache, &parts, seed),
+                            None => {
+                                self.parts.clear();
+                                self.preprocessor.preprocess(command, &mut self.parts);
+                                absorb_command(&mut self.cache, &self.parts, seed);
+                            }
                         }
                     }
                 }
             }
+            None => {}
         }
         self.version = entry.index;
         self.memo.remove(&entry.index);
         self.metrics.version.set(self.version as i64);
         self.metrics.items.set(self.cache.len() as i64);
         self.metrics.bytes.set(self.cache.bytes() as i64);
+    }
+
+    /// Resumes (an empty cache, a new epoch) or pauses the cache at log index `index`.
+    fn switch(&mut self, resume: bool, index: u64) {
+        self.cache = ItemCache::new(self.settings.cache);
+        self.memo.clear();
+        self.stash.clear();
+        self.stash_order.clear();
+        self.active = resume;
+        self.active_flag.store(resume, Ordering::Relaxed);
+        self.metrics.active.set(i64::from(resume));
+        if resume {
+            self.epoch = index;
+            self.fingerprint = fold_fingerprint(self.settings_fingerprint, index);
+            let now = Instant::now();
+            for link in self.links.values_mut() {
+                link.restart(now);
+            }
+        }
+        self.control.pending_until = None;
+        self.control.all_off_since = None;
+        tracing::info!(
+            index,
+            resume,
+            "UniCache {} at this log index",
+            if resume { "resumed" } else { "paused" }
+        );
     }
 
     /// The encoding of a raw batch at the current version, or `None` when it would not be smaller.
@@ -362,12 +453,6 @@ impl UniCacheCodec {
         };
         let header = read_header(&mut Reader::new(&first.data))
             .map_err(|e| failure(FEEDBACK_CORRUPT, format!("malformed encoded entry: {e}")))?;
-        if header.fingerprint != self.fingerprint {
-            return Err(failure(
-                FEEDBACK_SETTINGS,
-                "the leader's UniCache settings differ from ours (policy, sizes or preprocessor)",
-            ));
-        }
         if header.version < self.version {
             return Err(failure(
                 FEEDBACK_AHEAD,
@@ -394,6 +479,13 @@ impl UniCacheCodec {
             for entry in &entries {
                 self.absorb(entry);
             }
+        }
+        // Same version now; the same settings and epoch must give the same fingerprint.
+        if !self.active || header.fingerprint != self.fingerprint {
+            return Err(failure(
+                FEEDBACK_SETTINGS,
+                "the leader's UniCache settings or epoch differ from ours (policy, sizes, preprocessor)",
+            ));
         }
         let mut decoded = 0;
         for entry in msg.entries.iter_mut().filter(|e| is_encoded(e)) {
@@ -450,6 +542,16 @@ impl UniCacheCodec {
 }
 
 impl Link {
+    /// After a resume: encode, and measure afresh.
+    fn restart(&mut self, now: Instant) {
+        self.encoding = true;
+        self.metrics.encoding.set(1);
+        self.decided_at = now;
+        self.window_before = 0;
+        self.window_after = 0;
+        self.follower_version = 0;
+    }
+
     /// Auto-tune: revisit the decision once per interval, with hysteresis.
     fn maybe_decide(&mut self, peer: u64, now: Instant, autotune: bool) {
         if !autotune || now.duration_since(self.decided_at) < DECISION_INTERVAL || self.window_before == 0 {
@@ -482,11 +584,52 @@ impl Link {
 impl EntryCodec for UniCacheCodec {
     fn preparer(&self) -> Option<Preparer> {
         let preprocessor = self.preprocessor.clone();
+        let active = self.active_flag.clone();
         Some(Arc::new(move |command: &Bytes| {
+            if !active.load(Ordering::Relaxed) {
+                return Box::new(()) as Prepared;
+            }
             let mut parts = Vec::new();
             preprocessor.preprocess(command, &mut parts);
             Box::new(parts) as Prepared
         }))
+    }
+
+    fn take_proposal(&mut self) -> Option<Bytes> {
+        let now = Instant::now();
+        let control = &mut self.control;
+        if control.pending_until.is_some_and(|until| now < until) {
+            return None;
+        }
+        let propose = |control: &mut Control, resume: bool| {
+            control.pending_until = Some(now + CONTROL_PENDING);
+            Some(control_entry(resume))
+        };
+        if !self.settings.autotune {
+            return if self.active { None } else { propose(control, true) };
+        }
+        if !self.active {
+            let could_pay = self
+                .links
+                .values()
+                .any(|l| l.rtt_ms.is_some_and(|rtt| rtt >= ON_RTT_MS));
+            return (could_pay && now >= control.resume_not_before)
+                .then(|| propose(control, true))
+                .flatten();
+        }
+        let all_off = !self.links.is_empty() && self.links.values().all(|l| !l.encoding);
+        if !all_off {
+            control.all_off_since = None;
+            control.resume_backoff = FIRST_RESUME_BACKOFF;
+            return None;
+        }
+        let since = *control.all_off_since.get_or_insert(now);
+        if now.duration_since(since) < PAUSE_AFTER {
+            return None;
+        }
+        control.resume_not_before = now + control.resume_backoff;
+        control.resume_backoff = (control.resume_backoff * 2).min(MAX_RESUME_BACKOFF);
+        propose(control, false)
     }
 
     fn proposed(&mut self, origin: Origin, request_id: u64, prepared: Prepared) {
@@ -518,7 +661,7 @@ impl EntryCodec for UniCacheCodec {
             }
         }
         let now = Instant::now();
-        let (version, peer) = (self.version, msg.to);
+        let (version, peer, active) = (self.version, msg.to, self.active);
         let autotune = self.settings.autotune;
         let link = self.link(peer);
         link.appends += 1;
@@ -527,10 +670,11 @@ impl EntryCodec for UniCacheCodec {
         }
         link.inflight.push_back((last, now));
         let raw_bytes: u64 = msg.entries.iter().map(|e| e.data.len() as u64).sum();
-        let safe = version <= msg.index
+        let safe = active
+            && version <= msg.index
             && version >= link.follower_version
             && link.cooldown_until.is_none_or(|until| now >= until);
-        let measure = link.encoding || link.appends.is_multiple_of(SAMPLE_EVERY);
+        let measure = active && (link.encoding || link.appends.is_multiple_of(SAMPLE_EVERY));
         let send_encoded = safe && link.encoding;
         if !safe || !measure {
             link.metrics.bytes_before.add(raw_bytes);
@@ -649,22 +793,18 @@ impl EntryCodec for UniCacheCodec {
         let mut out = Vec::with_capacity(self.cache.bytes() + 1024);
         varint::put(&mut out, self.epoch);
         varint::put(&mut out, self.version);
-        self.cache.serialize(&mut out);
+        out.push(u8::from(self.active));
+        if self.active {
+            self.cache.serialize(&mut out);
+        }
         out
     }
 
     fn restore(&mut self, data: &[u8], snapshot_index: u64) -> Result<(), String> {
         let (epoch, version, cache) = if data.is_empty() {
-            // A snapshot from before UniCache was enabled: start empty after it, in an epoch
-            // of our own (peers that started elsewhere will not share encodings with us).
-            if snapshot_index <= self.version {
-                return Ok(());
-            }
-            tracing::warn!(
-                snapshot_index,
-                "the snapshot holds no UniCache state; the cache starts empty after it"
-            );
-            (snapshot_index, snapshot_index, ItemCache::new(self.settings.cache))
+            // A snapshot from before UniCache was enabled: paused after it, until the leader
+            // resumes it.
+            (0, snapshot_index, None)
         } else {
             let bad = |e: chorus_unicache::Error| {
                 format!("UniCache snapshot: {e} (UniCache settings must be the same on every node and across restarts)")
@@ -672,7 +812,11 @@ impl EntryCodec for UniCacheCodec {
             let mut reader = Reader::new(data);
             let epoch = reader.varint().map_err(bad)?;
             let version = reader.varint().map_err(bad)?;
-            let cache = ItemCache::deserialize(self.settings.cache, &mut reader).map_err(bad)?;
+            let cache = match reader.u8().map_err(bad)? {
+                0 => None,
+                1 => Some(ItemCache::deserialize(self.settings.cache, &mut reader).map_err(bad)?),
+                _ => return Err("UniCache snapshot: bad active flag".into()),
+            };
             reader.finish().map_err(bad)?;
             if version < epoch || version < snapshot_index {
                 return Err(format!(
@@ -681,14 +825,18 @@ impl EntryCodec for UniCacheCodec {
             }
             (epoch, version, cache)
         };
-        if version > self.version {
-            self.cache = cache;
-            self.epoch = epoch;
-            self.version = version;
-            self.fingerprint = fold_fingerprint(self.settings_fingerprint, epoch);
-            self.memo.clear();
-            self.metrics.version.set(version as i64);
+        if version <= self.version {
+            return Ok(());
         }
+        self.active = cache.is_some();
+        self.active_flag.store(self.active, Ordering::Relaxed);
+        self.metrics.active.set(i64::from(self.active));
+        self.cache = cache.unwrap_or_else(|| ItemCache::new(self.settings.cache));
+        self.epoch = epoch;
+        self.version = version;
+        self.fingerprint = fold_fingerprint(self.settings_fingerprint, epoch);
+        self.memo.clear();
+        self.metrics.version.set(version as i64);
         Ok(())
     }
 }

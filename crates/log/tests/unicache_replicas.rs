@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use chorus_log::batch::{self, Origin};
+use chorus_log::unicache_codec::control_entry;
 use chorus_log::{EntryCodec, LogView, UniCacheCodec, UniCacheSettings};
 use chorus_unicache::{CacheConfig, CsvPreprocessor, Policy};
 use raft::eraftpb::{Entry, EntryType, Message, MessageType};
@@ -25,6 +26,10 @@ impl Rng {
 
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
     }
 }
 
@@ -142,6 +147,22 @@ fn run(seed: u64) -> u64 {
     let mut next_request = 1u64;
 
     for step in 0..1_500 {
+        // The leader's codec may want a control entry in the log (it starts paused and, without
+        // auto-tune, resumes at once); now and then the test pauses it too.
+        let control = replicas[leader]
+            .codec
+            .take_proposal()
+            .or_else(|| rng.chance(2).then(|| control_entry(false)));
+        if let Some(data) = control {
+            let mut entry = Entry {
+                term,
+                index: replicas[leader].last_index() + 1,
+                ..Default::default()
+            };
+            entry.set_entry_type(EntryType::EntryNormal);
+            entry.data = data;
+            replicas[leader].log.push(entry);
+        }
         let roll = rng.below(100);
         if roll < 40 {
             // The leader proposes a few batches.
