@@ -152,6 +152,7 @@ pub struct NodeHandle<SM: StateMachine> {
     /// The entry codec's per-command preparation, run by the submitting task so the raft loop
     /// does not have to.
     preparer: Option<Preparer>,
+    leader_wait: Duration,
 }
 
 impl<SM: StateMachine> Clone for NodeHandle<SM> {
@@ -160,6 +161,7 @@ impl<SM: StateMachine> Clone for NodeHandle<SM> {
             requests: self.requests.clone(),
             status: self.status.clone(),
             preparer: self.preparer.clone(),
+            leader_wait: self.leader_wait,
         }
     }
 }
@@ -214,6 +216,16 @@ impl<SM: StateMachine> NodeHandle<SM> {
     /// Asks the leader to hand leadership to voter `to` (any node may ask; a follower forwards
     /// the request). Returns once the request is under way; watch `status()` for the outcome.
     pub async fn transfer_leader(&self, to: u64) -> Result<(), NodeError> {
+        // Like a write, wait (bounded) for a leader to ask.
+        let mut status = self.status.clone();
+        let known = tokio::time::timeout(self.leader_wait, status.wait_for(|s| s.leader_id != 0))
+            .await
+            .is_ok_and(|seen| seen.is_ok());
+        if !known {
+            return Err(NodeError::NoLeader {
+                waited_ms: self.leader_wait.as_millis() as u64,
+            });
+        }
         let (reply, rx) = oneshot::channel();
         self.requests
             .send(Request::TransferLeader { to, reply })
@@ -462,6 +474,7 @@ pub async fn start<SM: StateMachine>(
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(1);
     let preparer = codec.preparer();
+    let leader_wait_ms = config.leader_wait_ms;
     let mut raft_loop = RaftLoop {
         origin: Origin {
             node_id: config.id,
@@ -502,6 +515,7 @@ pub async fn start<SM: StateMachine>(
         requests: request_tx,
         status: status_rx,
         preparer,
+        leader_wait: Duration::from_millis(leader_wait_ms),
     })
 }
 
