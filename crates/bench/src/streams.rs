@@ -83,17 +83,32 @@ fn quote(field: &str) -> String {
 }
 
 /// Enron-like headers: Message-ID, Date, From, To, Subject, X-From, X-To, X-Folder, X-Origin,
-/// X-FileName.
+/// X-FileName. As in real mail, people write to their usual correspondents (each sender has a
+/// few recipient groups) and subjects recur along threads ("Re:", "Fw:").
 pub fn email(dict: &Dictionary, count: usize, seed: u64) -> Stream {
     let mut rng = Rng::new(seed);
     let people: Vec<(String, String)> = (0..5_000)
         .map(|i| (dict.names[i * 2].clone(), dict.names[i * 2 + 1].clone()))
         .collect();
     let mut senders = Popular::new(2_000, 0.9);
-    let mut recipients = Popular::new(5_000, 0.9);
+    let mut groups = Popular::new(12, 0.9);
     let mut owners = Popular::new(150, 0.8);
     let mut folders = Popular::new(40, 1.0 - 1e-9);
+    let mut threads = Popular::new(20_000, 0.9);
     let mut subject_words = Popular::new(5_000, 0.9);
+    let thread_subjects: Vec<String> = (0..20_000)
+        .map(|_| {
+            (0..1 + rng.below(6))
+                .map(|_| dict.words[subject_words.pick(&mut rng)].as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    // Recipient group `g` of sender `s`: 1 to 3 people, the same every time.
+    let group = |s: usize, g: usize| -> Vec<usize> {
+        let mut r = Rng::new((s as u64) << 8 | g as u64);
+        (0..1 + r.below(3)).map(|_| r.below(5_000) as usize).collect()
+    };
     let folder_names: Vec<&str> = [
         "inbox",
         "sent_items",
@@ -115,9 +130,11 @@ pub fn email(dict: &Dictionary, count: usize, seed: u64) -> Stream {
     let mut minute = 0u64;
     for n in 0..count {
         minute += 1 + rng.below(30);
-        let sender = &people[senders.pick(&mut rng)];
-        let to: Vec<&(String, String)> = (0..1 + rng.below(3))
-            .map(|_| &people[recipients.pick(&mut rng)])
+        let sender_index = senders.pick(&mut rng);
+        let sender = &people[sender_index];
+        let to: Vec<&(String, String)> = group(sender_index, groups.pick(&mut rng))
+            .into_iter()
+            .map(|p| &people[p])
             .collect();
         let owner = &people[owners.pick(&mut rng)];
         let prefix = match rng.below(10) {
@@ -125,9 +142,7 @@ pub fn email(dict: &Dictionary, count: usize, seed: u64) -> Stream {
             3 => "Fw: ",
             _ => "",
         };
-        let words: Vec<&str> = (0..1 + rng.below(7))
-            .map(|_| dict.words[subject_words.pick(&mut rng)].as_str())
-            .collect();
+        let subject = &thread_subjects[threads.pick(&mut rng)];
         let record = [
             format!(
                 "<{}.{}.JavaMail.evans@thyme>",
@@ -144,7 +159,7 @@ pub fn email(dict: &Dictionary, count: usize, seed: u64) -> Stream {
             ),
             email_of(sender),
             quote(&to.iter().map(|p| email_of(p)).collect::<Vec<_>>().join(", ")),
-            quote(&format!("{prefix}{}", words.join(" "))),
+            quote(&format!("{prefix}{subject}")),
             quote(&display(sender)),
             quote(&to.iter().map(|p| display(p)).collect::<Vec<_>>().join("; ")),
             quote(&format!(
@@ -318,5 +333,21 @@ pub fn bus_sql(count: usize, seed: u64) -> Stream {
             default: SqlParams::Strings,
         }),
         records,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[ignore]
+    fn peek() {
+        let dict = Dictionary::load().unwrap();
+        for stream in [email(&dict, 2000, 1), news(&dict, 2000, 1), bus_sql(2000, 1)] {
+            for r in stream.records.iter().skip(1990) {
+                println!("{}", String::from_utf8_lossy(r));
+            }
+        }
     }
 }

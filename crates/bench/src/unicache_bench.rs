@@ -252,7 +252,7 @@ pub struct StreamArgs {
     #[arg(long, default_value_t = 1 << 20)]
     pub cache_bytes: usize,
     /// Cache budget in items.
-    #[arg(long, default_value_t = 16_384)]
+    #[arg(long, default_value_t = 32_768)]
     pub cache_items: u32,
     /// Eviction policies to compare.
     #[arg(long, value_delimiter = ',', default_value = "lru,lfu,lecar")]
