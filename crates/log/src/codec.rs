@@ -90,6 +90,9 @@ pub trait EntryCodec: Send + 'static {
     /// A committed entry was applied; called for every entry, in index order.
     fn applied(&mut self, _entry: &Entry) {}
 
+    /// The transport's measured round trip to `peer` (network and queues only), each tick.
+    fn observe_link_rtt(&mut self, _peer: u64, _rtt_ms: f64) {}
+
     /// On the leader: an entry (starting with `CODEC_ENTRY`) the codec wants in the log.
     fn take_proposal(&mut self) -> Option<Bytes> {
         None

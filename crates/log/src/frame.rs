@@ -1,7 +1,8 @@
 //! Peer wire frames: `[magic "CH" u16][version u8][kind u8][payload len u32][crc32 u32][payload]`.
 //!
 //! The first frame on a connection is a hello naming the sending node; every later frame carries
-//! one protobuf-encoded raft message. Oversized lengths are rejected before any allocation.
+//! one protobuf-encoded raft message, or a ping (an opaque u64 the peer echoes in a pong, to time
+//! the link's round trip). Oversized lengths are rejected before any allocation.
 
 use crate::error::DecodeError;
 use crate::wire::Reader;
@@ -14,6 +15,8 @@ pub const PROTOCOL_VERSION: u8 = 1;
 pub enum FrameKind {
     Hello = 1,
     Raft = 2,
+    Ping = 3,
+    Pong = 4,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +34,8 @@ pub fn decode_header(buf: &[u8; FRAME_HEADER_BYTES], max_payload_bytes: usize) -
     let kind = match r.u8()? {
         1 => FrameKind::Hello,
         2 => FrameKind::Raft,
+        3 => FrameKind::Ping,
+        4 => FrameKind::Pong,
         _ => return Err(DecodeError::Invalid("frame kind")),
     };
     let payload_len = r.u32()? as usize;
@@ -74,6 +79,14 @@ pub fn encode_hello(node_id: u64) -> Vec<u8> {
     out
 }
 
+/// The payload of a ping or pong: one u64.
+pub fn decode_probe(payload: &[u8]) -> Result<u64, DecodeError> {
+    let mut r = Reader::new(payload);
+    let stamp = r.u64()?;
+    r.finish()?;
+    Ok(stamp)
+}
+
 pub fn decode_hello(payload: &[u8]) -> Result<u64, DecodeError> {
     let mut r = Reader::new(payload);
     let id = r.u64()?;
@@ -101,6 +114,8 @@ mod tests {
         assert_eq!(decode_header(&bad, 1024), Err(DecodeError::BadMagic));
         let mut bad_kind = header;
         bad_kind[3] = 9;
+        assert!(decode_probe(&7u64.to_le_bytes()).is_ok_and(|v| v == 7));
+        assert!(decode_probe(b"short").is_err());
         assert!(decode_header(&bad_kind, 1024).is_err());
     }
 

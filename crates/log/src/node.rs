@@ -25,7 +25,7 @@ use crate::batch::{self, Origin, BATCH_HEADER_BYTES, COMMAND_OVERHEAD_BYTES};
 use crate::codec::{EntryCodec, Prepared, Preparer, RaftLogView, CODEC_ENTRY};
 use crate::error::{NodeError, StorageError};
 use crate::storage::{write_snapshot_file, DiskStorage, StorageOptions};
-use crate::transport::{self, PeerEvent, TransportConfig};
+use crate::transport::{self, LinkRtts, PeerEvent, TransportConfig};
 use crate::wire::{put_blob, Reader};
 
 /// A deterministic state machine fed by the committed log.
@@ -378,6 +378,7 @@ struct RaftLoop<SM: StateMachine> {
     origin: Origin,
     codec: Box<dyn EntryCodec>,
     peers: HashMap<u64, mpsc::Sender<Message>>,
+    link_rtts: LinkRtts,
     status: watch::Sender<NodeStatus>,
     metrics: LogMetrics,
     next_request_id: u64,
@@ -460,7 +461,7 @@ pub async fn start<SM: StateMachine>(
         max_frame_bytes: config.max_frame_bytes,
         queue_messages: config.peer_queue_messages,
     };
-    let peers = transport::start(transport_config, peer_tx, event_tx)
+    let (peers, link_rtts) = transport::start(transport_config, peer_tx, event_tx)
         .await
         .map_err(|source| StartError::Bind {
             addr: listen_addr,
@@ -485,6 +486,7 @@ pub async fn start<SM: StateMachine>(
         sm,
         codec,
         peers,
+        link_rtts,
         status: status_tx,
         metrics: LogMetrics::new(),
         next_request_id: 1,
@@ -595,6 +597,12 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 self.raw.tick();
                 next_tick = now + tick;
                 self.expire_requests();
+                for (peer, rtt_us) in self.link_rtts.iter() {
+                    let rtt_us = rtt_us.load(std::sync::atomic::Ordering::Relaxed);
+                    if rtt_us > 0 {
+                        self.codec.observe_link_rtt(*peer, rtt_us as f64 / 1000.0);
+                    }
+                }
             }
             self.propose_pending();
             self.propose_codec_entries();

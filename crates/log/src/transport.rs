@@ -5,13 +5,19 @@
 //! dead peer; when a queue is full the message is dropped and counted (raft retransmits). While a
 //! peer is unreachable its queue is drained and discarded, and the raft loop is told so the
 //! leader probes instead of streaming into the void.
+//!
+//! Every connection also carries a ping twice a second, which the peer's receiving task answers
+//! with a pong on its own connection back. Their round trip — the network plus whatever queues
+//! in both directions, but neither raft loop nor any fsync — is the link's measured RTT
+//! (`LinkRtts`), which UniCache's auto-tune reads.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
-use chorus_metrics::{labeled_counter, Counter};
+use chorus_metrics::{labeled_counter, labeled_gauge, Counter, Gauge};
 use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -26,6 +32,17 @@ const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Coalesce queued messages into one write up to this many bytes.
 const WRITE_BATCH_BYTES: usize = 1024 * 1024;
+const PING_INTERVAL: Duration = Duration::from_millis(500);
+/// Pongs waiting to go out per peer; more are dropped (the next ping will do).
+const PONG_QUEUE: usize = 16;
+
+/// Smoothed round trip to each peer in microseconds (0 until measured).
+pub type LinkRtts = Arc<HashMap<u64, Arc<AtomicU64>>>;
+
+fn probe_clock() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_micros() as u64
+}
 
 /// Something the raft loop must hear about from the transport.
 #[derive(Debug)]
@@ -45,6 +62,7 @@ pub struct TransportConfig {
 }
 
 struct PeerMetrics {
+    rtt_us: Arc<Gauge>,
     messages_sent: Arc<Counter>,
     entries_sent: Arc<Counter>,
     bytes_sent: Arc<Counter>,
@@ -58,6 +76,11 @@ impl PeerMetrics {
         let p = peer.to_string();
         let label = Some(("peer", p.as_str()));
         PeerMetrics {
+            rtt_us: labeled_gauge(
+                "chorus_peer_rtt_microseconds",
+                "Smoothed round trip of pings to a peer (network and queues, no raft or disk)",
+                label,
+            ),
             messages_sent: labeled_counter("chorus_peer_messages_sent_total", "Raft messages sent to a peer", label),
             entries_sent: labeled_counter(
                 "chorus_peer_entries_sent_total",
@@ -91,41 +114,75 @@ fn rejected_frames() -> Arc<Counter> {
     )
 }
 
-/// Binds the peer listener and starts one sender task per peer. Returns the per-peer queues.
+/// Per-peer state shared by the sending and receiving tasks.
+struct Peers {
+    metrics: HashMap<u64, PeerMetrics>,
+    /// Stamps of pings to answer, by the peer that sent them.
+    pongs: HashMap<u64, mpsc::Sender<u64>>,
+    rtts: LinkRtts,
+}
+
+/// Binds the peer listener and starts one sender task per peer. Returns the per-peer queues and
+/// the links' measured round trips.
 pub async fn start(
     config: TransportConfig,
     inbound: mpsc::Sender<Message>,
     events: mpsc::UnboundedSender<PeerEvent>,
-) -> std::io::Result<HashMap<u64, mpsc::Sender<Message>>> {
+) -> std::io::Result<(HashMap<u64, mpsc::Sender<Message>>, LinkRtts)> {
     let listener = TcpListener::bind(config.listen_addr).await?;
-    let known: Arc<HashMap<u64, PeerMetrics>> = Arc::new(
+    let mut pong_queues = HashMap::new();
+    let mut pongs = HashMap::new();
+    for (peer, _) in &config.peers {
+        let (tx, rx) = mpsc::channel(PONG_QUEUE);
+        pongs.insert(*peer, tx);
+        pong_queues.insert(*peer, rx);
+    }
+    let rtts: LinkRtts = Arc::new(
         config
+            .peers
+            .iter()
+            .map(|(id, _)| (*id, Arc::new(AtomicU64::new(0))))
+            .collect(),
+    );
+    let shared = Arc::new(Peers {
+        metrics: config
             .peers
             .iter()
             .map(|(id, _)| (*id, PeerMetrics::new(*id)))
             .collect(),
-    );
-    tokio::spawn(accept_loop(listener, config.clone(), known.clone(), inbound));
+        pongs,
+        rtts: rtts.clone(),
+    });
+    tokio::spawn(accept_loop(listener, config.clone(), shared.clone(), inbound));
     let mut queues = HashMap::new();
     for (peer, addr) in &config.peers {
         let (tx, rx) = mpsc::channel(config.queue_messages);
         queues.insert(*peer, tx);
+        let pong_rx = pong_queues.remove(peer).expect("a pong queue per peer");
         tokio::spawn(sender_loop(
             *peer,
             *addr,
             config.node_id,
-            rx,
+            Queues {
+                raft: rx,
+                pongs: pong_rx,
+            },
             events.clone(),
-            known.clone(),
+            shared.clone(),
         ));
     }
-    Ok(queues)
+    Ok((queues, rtts))
+}
+
+struct Queues {
+    raft: mpsc::Receiver<Message>,
+    pongs: mpsc::Receiver<u64>,
 }
 
 async fn accept_loop(
     listener: TcpListener,
     config: TransportConfig,
-    known: Arc<HashMap<u64, PeerMetrics>>,
+    peers: Arc<Peers>,
     inbound: mpsc::Sender<Message>,
 ) {
     loop {
@@ -138,9 +195,9 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        let (config, known, inbound) = (config.clone(), known.clone(), inbound.clone());
+        let (config, peers, inbound) = (config.clone(), peers.clone(), inbound.clone());
         tokio::spawn(async move {
-            if let Err(reason) = receive_from(stream, &config, &known, &inbound).await {
+            if let Err(reason) = receive_from(stream, &config, &peers, &inbound).await {
                 rejected_frames().inc();
                 tracing::warn!(%remote, %reason, "closed inbound peer connection");
             }
@@ -174,7 +231,7 @@ async fn read_frame(stream: &mut TcpStream, max_frame_bytes: usize) -> Result<Op
 async fn receive_from(
     mut stream: TcpStream,
     config: &TransportConfig,
-    known: &HashMap<u64, PeerMetrics>,
+    peers: &Peers,
     inbound: &mpsc::Sender<Message>,
 ) -> Result<(), String> {
     let hello = tokio::time::timeout(HELLO_TIMEOUT, read_frame(&mut stream, 64))
@@ -185,12 +242,30 @@ async fn receive_from(
         Some((kind, _)) => return Err(format!("expected hello, got {kind:?}")),
         None => return Ok(()),
     };
-    let metrics = known
+    let metrics = peers
+        .metrics
         .get(&from)
         .ok_or_else(|| format!("hello from unknown node {from}"))?;
     while let Some((kind, payload)) = read_frame(&mut stream, config.max_frame_bytes).await? {
-        if kind != FrameKind::Raft {
-            return Err(format!("unexpected {kind:?} frame"));
+        match kind {
+            FrameKind::Raft => {}
+            FrameKind::Ping => {
+                let stamp = frame::decode_probe(&payload).map_err(|e| format!("bad ping: {e}"))?;
+                // Answer on our own connection to the peer; a full queue skips this one.
+                let _ = peers.pongs[&from].try_send(stamp);
+                continue;
+            }
+            FrameKind::Pong => {
+                let stamp = frame::decode_probe(&payload).map_err(|e| format!("bad pong: {e}"))?;
+                let sample_us = probe_clock().saturating_sub(stamp).max(1);
+                let rtt = &peers.rtts[&from];
+                let old = rtt.load(Ordering::Relaxed);
+                let smoothed = if old == 0 { sample_us } else { (old * 4 + sample_us) / 5 };
+                rtt.store(smoothed, Ordering::Relaxed);
+                metrics.rtt_us.set(smoothed as i64);
+                continue;
+            }
+            FrameKind::Hello => return Err("a second hello".into()),
         }
         let msg = Message::parse_from_bytes(&payload).map_err(|e| format!("bad raft message: {e}"))?;
         if msg.from != from || msg.to != config.node_id {
@@ -213,11 +288,11 @@ async fn sender_loop(
     peer: u64,
     addr: SocketAddr,
     node_id: u64,
-    mut queue: mpsc::Receiver<Message>,
+    mut queues: Queues,
     events: mpsc::UnboundedSender<PeerEvent>,
-    known: Arc<HashMap<u64, PeerMetrics>>,
+    peers: Arc<Peers>,
 ) {
-    let metrics = known.get(&peer).expect("metrics for every peer");
+    let metrics = &peers.metrics[&peer];
     let mut backoff = BACKOFF_MIN;
     let mut reported_down = false;
     loop {
@@ -230,7 +305,7 @@ async fn sender_loop(
                     tracing::info!(peer, %addr, "peer reachable again");
                     reported_down = false;
                 }
-                send_to(stream, node_id, &mut queue, &events, metrics).await
+                send_to(stream, node_id, &mut queues, &events, metrics).await
             }
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err("connect timed out".into()),
@@ -250,7 +325,8 @@ async fn sender_loop(
         loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => break,
-                msg = queue.recv() => match msg {
+                _ = queues.pongs.recv() => {}
+                msg = queues.raft.recv() => match msg {
                     None => return,
                     Some(msg) if msg.get_msg_type() == MessageType::MsgSnapshot => {
                         let _ = events.send(PeerEvent::SnapshotSent { to: peer, delivered: false });
@@ -263,11 +339,12 @@ async fn sender_loop(
     }
 }
 
-/// Streams queued messages to a connected peer. `Ok` means the queue closed (shutdown).
+/// Streams queued messages, and pings, to a connected peer. `Ok` means the queue closed
+/// (shutdown).
 async fn send_to(
     mut stream: TcpStream,
     node_id: u64,
-    queue: &mut mpsc::Receiver<Message>,
+    queues: &mut Queues,
     events: &mpsc::UnboundedSender<PeerEvent>,
     metrics: &PeerMetrics,
 ) -> Result<(), String> {
@@ -277,11 +354,26 @@ async fn send_to(
         .map_err(|e| e.to_string())?;
     let mut buf = Vec::with_capacity(64 * 1024);
     let mut snapshots = Vec::new();
+    let mut ping = tokio::time::interval(PING_INTERVAL);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let Some(first) = queue.recv().await else {
-            return Ok(());
+        let first = tokio::select! {
+            msg = queues.raft.recv() => match msg {
+                Some(msg) => Some(msg),
+                None => return Ok(()),
+            },
+            pong = queues.pongs.recv() => {
+                if let Some(stamp) = pong {
+                    frame::encode_frame(FrameKind::Pong, &stamp.to_le_bytes(), &mut buf);
+                }
+                None
+            }
+            _ = ping.tick() => {
+                frame::encode_frame(FrameKind::Ping, &probe_clock().to_le_bytes(), &mut buf);
+                None
+            }
         };
-        let mut next = Some(first);
+        let mut next = first;
         while let Some(msg) = next.take() {
             if msg.get_msg_type() == MessageType::MsgSnapshot {
                 snapshots.push(msg.to);
@@ -291,7 +383,7 @@ async fn send_to(
             let payload = msg.write_to_bytes().expect("encoding a raft message cannot fail");
             frame::encode_frame(FrameKind::Raft, &payload, &mut buf);
             if buf.len() < WRITE_BATCH_BYTES {
-                next = queue.try_recv().ok();
+                next = queues.raft.try_recv().ok();
             }
         }
         let written = stream.write_all(&buf).await;

@@ -29,8 +29,8 @@
 //! proposed elsewhere are preprocessed on the loop.
 //!
 //! Auto-tuning: per follower, encoding is switched on when it saves at least 25% of the bytes and
-//! the link is slow (append round trip ≥ 8 ms), and off again when savings fall under 15% or the
-//! round trip under 4 ms; decisions are at least 2 s apart, and a link starts encoding. While
+//! the link is slow (round trip of the transport's pings ≥ 5 ms), and off again when savings fall
+//! under 15% or the round trip under 2 ms; decisions are at least 2 s apart, and a link starts encoding. While
 //! off, every 8th append is encoded (but sent raw) to keep measuring what encoding would save.
 //! When no link has encoded for 30 s the leader pauses the cache; while paused it resumes as soon
 //! as some link's round trip says encoding could pay, at most once per back-off period (30 s,
@@ -64,13 +64,13 @@ const DECISION_INTERVAL: Duration = Duration::from_secs(2);
 const SAMPLE_EVERY: u64 = 8;
 const ON_SAVINGS: f64 = 0.25;
 const OFF_SAVINGS: f64 = 0.15;
-/// Append round trips include the follower's fsync (a few ms on a loaded disk), so "slow"
-/// starts well above that: links between data centers are tens of ms.
-const ON_RTT_MS: f64 = 8.0;
-const OFF_RTT_MS: f64 = 4.0;
+/// Link round trips as the transport's pings measure them (network and send queues, no disk):
+/// well under a millisecond inside a data center, tens of ms between data centers, and growing
+/// on any link that cannot keep up with what it is asked to carry.
+const ON_RTT_MS: f64 = 5.0;
+const OFF_RTT_MS: f64 = 2.0;
 const BEHIND_COOLDOWN: Duration = Duration::from_millis(200);
 const CORRUPT_COOLDOWN: Duration = Duration::from_secs(60);
-const MAX_INFLIGHT_SAMPLES: usize = 1024;
 const MAX_MEMO_ENTRIES: usize = 65_536;
 const MAX_STASHED: usize = 65_536;
 /// Control entries: CODEC_ENTRY, CONTROL, kind.
@@ -96,7 +96,6 @@ struct LinkMetrics {
     bytes_before: Arc<Counter>,
     bytes_after: Arc<Counter>,
     encoding: Arc<Gauge>,
-    rtt_us: Arc<Gauge>,
 }
 
 /// What the leader knows about one follower.
@@ -106,8 +105,7 @@ struct Link {
     encoding: bool,
     decided_at: Instant,
     appends: u64,
-    /// (last index sent, when), to time append round trips.
-    inflight: VecDeque<(u64, Instant)>,
+    /// The link's round trip, from the transport.
     rtt_ms: Option<f64>,
     window_before: u64,
     window_after: u64,
@@ -346,13 +344,13 @@ impl UniCacheCodec {
         self.active = resume;
         self.active_flag.store(resume, Ordering::Relaxed);
         self.metrics.active.set(i64::from(resume));
+        let now = Instant::now();
         if resume {
             self.epoch = index;
             self.fingerprint = fold_fingerprint(self.settings_fingerprint, index);
-            let now = Instant::now();
-            for link in self.links.values_mut() {
-                link.restart(now);
-            }
+        }
+        for link in self.links.values_mut() {
+            link.restart(now, resume);
         }
         self.control.pending_until = None;
         self.control.all_off_since = None;
@@ -497,6 +495,7 @@ impl UniCacheCodec {
     }
 
     fn link(&mut self, peer: u64) -> &mut Link {
+        let active = self.active;
         self.links.entry(peer).or_insert_with(|| {
             let p = peer.to_string();
             let label = Some(("peer", p.as_str()));
@@ -516,22 +515,16 @@ impl UniCacheCodec {
                     "Whether appends to a peer are encoded (auto-tune decision)",
                     label,
                 ),
-                rtt_us: labeled_gauge(
-                    "chorus_unicache_append_rtt_microseconds",
-                    "Smoothed append round trip to a peer",
-                    label,
-                ),
             };
-            // Start encoding: on a slow link that pays from the first append, and on a fast one
-            // the first decision turns it off.
-            metrics.encoding.set(1);
+            // While the cache runs, a link starts encoding: on a slow link that pays from the
+            // first append, and on a fast one the first decision turns it off.
+            metrics.encoding.set(i64::from(active));
             Link {
                 follower_version: 0,
                 cooldown_until: None,
-                encoding: true,
+                encoding: active,
                 decided_at: Instant::now(),
                 appends: 0,
-                inflight: VecDeque::new(),
                 rtt_ms: None,
                 window_before: 0,
                 window_after: 0,
@@ -542,10 +535,10 @@ impl UniCacheCodec {
 }
 
 impl Link {
-    /// After a resume: encode, and measure afresh.
-    fn restart(&mut self, now: Instant) {
-        self.encoding = true;
-        self.metrics.encoding.set(1);
+    /// After a resume (encode, and measure afresh) or a pause (nothing to encode with).
+    fn restart(&mut self, now: Instant, resume: bool) {
+        self.encoding = resume;
+        self.metrics.encoding.set(i64::from(resume));
         self.decided_at = now;
         self.window_before = 0;
         self.window_after = 0;
@@ -648,9 +641,9 @@ impl EntryCodec for UniCacheCodec {
     }
 
     fn encode(&mut self, msg: &mut Message, log: &dyn LogView, commit: u64) {
-        let Some(last) = msg.entries.last().map(|e| e.index) else {
+        if msg.entries.is_empty() {
             return;
-        };
+        }
         // Catch up with the commit index first: the follower may learn it from this very
         // message and apply up to it, and its cache must not get ahead of ours.
         if commit > self.version {
@@ -665,10 +658,6 @@ impl EntryCodec for UniCacheCodec {
         let autotune = self.settings.autotune;
         let link = self.link(peer);
         link.appends += 1;
-        if link.inflight.len() >= MAX_INFLIGHT_SAMPLES {
-            link.inflight.pop_front();
-        }
-        link.inflight.push_back((last, now));
         let raw_bytes: u64 = msg.entries.iter().map(|e| e.data.len() as u64).sum();
         let safe = active
             && version <= msg.index
@@ -746,41 +735,32 @@ impl EntryCodec for UniCacheCodec {
     }
 
     fn observe_response(&mut self, msg: &Message) {
-        let now = Instant::now();
+        let context = &msg.context;
+        if !msg.reject || context.len() < 3 || context[0] != MAGIC || context[1] != FEEDBACK {
+            return;
+        }
         let Some(link) = self.links.get_mut(&msg.from) else {
             return;
         };
-        if msg.reject {
-            let context = &msg.context;
-            if context.len() < 3 || context[0] != MAGIC || context[1] != FEEDBACK {
-                return;
-            }
-            let Ok(version) = Reader::new(&context[3..]).varint() else {
-                return;
-            };
-            match context[2] {
-                FEEDBACK_AHEAD => link.follower_version = link.follower_version.max(version),
-                FEEDBACK_BEHIND => link.cooldown_until = Some(now + BEHIND_COOLDOWN),
-                _ => {
-                    tracing::error!(
-                        peer = msg.from,
-                        "follower rejected UniCache entries; sending raw for 60 s"
-                    );
-                    link.cooldown_until = Some(now + CORRUPT_COOLDOWN);
-                }
-            }
+        let Ok(version) = Reader::new(&context[3..]).varint() else {
             return;
+        };
+        let now = Instant::now();
+        match context[2] {
+            FEEDBACK_AHEAD => link.follower_version = link.follower_version.max(version),
+            FEEDBACK_BEHIND => link.cooldown_until = Some(now + BEHIND_COOLDOWN),
+            _ => {
+                tracing::error!(
+                    peer = msg.from,
+                    "follower rejected UniCache entries; sending raw for 60 s"
+                );
+                link.cooldown_until = Some(now + CORRUPT_COOLDOWN);
+            }
         }
-        let mut newest = None;
-        while link.inflight.front().is_some_and(|(index, _)| *index <= msg.index) {
-            newest = link.inflight.pop_front().map(|(_, at)| at);
-        }
-        if let Some(sent_at) = newest {
-            let sample = now.duration_since(sent_at).as_secs_f64() * 1000.0;
-            let rtt = link.rtt_ms.map_or(sample, |old| old * 0.8 + sample * 0.2);
-            link.rtt_ms = Some(rtt);
-            link.metrics.rtt_us.set((rtt * 1000.0) as i64);
-        }
+    }
+
+    fn observe_link_rtt(&mut self, peer: u64, rtt_ms: f64) {
+        self.link(peer).rtt_ms = Some(rtt_ms);
     }
 
     fn applied(&mut self, entry: &Entry) {
