@@ -335,19 +335,3 @@ pub fn bus_sql(count: usize, seed: u64) -> Stream {
         records,
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    #[ignore]
-    fn peek() {
-        let dict = Dictionary::load().unwrap();
-        for stream in [email(&dict, 2000, 1), news(&dict, 2000, 1), bus_sql(2000, 1)] {
-            for r in stream.records.iter().skip(1990) {
-                println!("{}", String::from_utf8_lossy(r));
-            }
-        }
-    }
-}
