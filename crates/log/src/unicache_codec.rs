@@ -820,3 +820,69 @@ impl EntryCodec for UniCacheCodec {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use chorus_unicache::{OpaquePreprocessor, Policy};
+
+    use super::*;
+
+    struct EmptyLog;
+
+    impl LogView for EmptyLog {
+        fn term(&self, index: u64) -> Option<u64> {
+            (index == 0).then_some(0)
+        }
+
+        fn last_index(&self) -> u64 {
+            0
+        }
+
+        fn entries(&self, low: u64, high: u64) -> Option<Vec<Entry>> {
+            (low >= high).then(Vec::new)
+        }
+    }
+
+    #[test]
+    fn malformed_encoded_entries_are_rejected_never_applied_and_never_panic() {
+        let mut codec = UniCacheCodec::new(
+            UniCacheSettings {
+                cache: CacheConfig {
+                    policy: Policy::Lru,
+                    max_items: 16,
+                    max_bytes: 1024,
+                },
+                autotune: false,
+            },
+            Arc::new(OpaquePreprocessor),
+        );
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        for round in 0..5_000u64 {
+            let len = (round % 48) as usize;
+            let mut data = vec![MAGIC, FORMAT];
+            for _ in 0..len {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                data.push(if state.is_multiple_of(4) { (state >> 16) as u8 } else { (state % 3) as u8 });
+            }
+            let mut entry = Entry {
+                index: 1,
+                term: 1,
+                ..Default::default()
+            };
+            entry.set_entry_type(EntryType::EntryNormal);
+            entry.data = Bytes::from(data);
+            let mut msg = Message::default();
+            msg.set_msg_type(MessageType::MsgAppend);
+            msg.from = 1;
+            msg.to = 2;
+            msg.entries = vec![entry].into();
+            let outcome = codec.decode(&mut msg, &EmptyLog);
+            let error = outcome.expect_err("garbage must not decode");
+            let reply = error.reply.expect("the leader is told");
+            assert!(reply.reject);
+            assert_eq!(msg.entries[0].data[0], MAGIC, "a rejected message is left as it came");
+        }
+    }
+}
