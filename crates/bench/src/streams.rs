@@ -149,14 +149,14 @@ pub fn email(dict: &Dictionary, count: usize, seed: u64) -> Stream {
                 10_000_000 + n * 37 + rng.below(37) as usize,
                 1_075_840_000 + n
             ),
-            format!(
+            quote(&format!(
                 "{}, {} {} 2001 {:02}:{:02}:00 -0700 (PDT)",
                 ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"][(minute / 1440 % 7) as usize],
                 minute / 1440 % 28 + 1,
                 ["Jan", "Feb", "Mar", "Apr", "May", "Jun"][(minute / 40_320 % 6) as usize],
                 minute / 60 % 24,
                 minute % 60
-            ),
+            )),
             email_of(sender),
             quote(&to.iter().map(|p| email_of(p)).collect::<Vec<_>>().join(", ")),
             quote(&format!("{prefix}{subject}")),
@@ -176,7 +176,11 @@ pub fn email(dict: &Dictionary, count: usize, seed: u64) -> Stream {
     }
     Stream {
         name: "email headers (CSV)",
-        preprocessor: Arc::new(CsvPreprocessor::new(b',', &[2, 3, 5, 6, 7, 8, 9], &[(4, b' ')])),
+        preprocessor: Arc::new(CsvPreprocessor::new(
+            b',',
+            &[2, 3, 5, 6, 7, 8, 9],
+            &[(1, b' '), (4, b' ')],
+        )),
         records,
     }
 }

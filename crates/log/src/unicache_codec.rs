@@ -864,7 +864,11 @@ mod tests {
                 state ^= state << 13;
                 state ^= state >> 7;
                 state ^= state << 17;
-                data.push(if state.is_multiple_of(4) { (state >> 16) as u8 } else { (state % 3) as u8 });
+                data.push(if state.is_multiple_of(4) {
+                    (state >> 16) as u8
+                } else {
+                    (state % 3) as u8
+                });
             }
             let mut entry = Entry {
                 index: 1,
