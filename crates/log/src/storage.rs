@@ -263,37 +263,53 @@ pub fn write_snapshot_file(dir: &Path, snapshot: &Snapshot) -> Result<PathBuf, S
 
 fn read_snapshot_file(path: &Path) -> Result<Snapshot, StorageError> {
     let buf = fs::read(path).map_err(io_error(path))?;
-    let corrupt = |reason| StorageError::Corrupt {
+    decode_snapshot(&buf).map_err(|reason| StorageError::Corrupt {
         path: path.to_path_buf(),
         offset: 0,
         reason,
-    };
+    })
+}
+
+/// Decodes a snapshot file's bytes, checksum first.
+pub fn decode_snapshot(buf: &[u8]) -> Result<Snapshot, DecodeError> {
     if buf.len() < SNAPSHOT_MAGIC.len() + 4 || &buf[..8] != SNAPSHOT_MAGIC {
-        return Err(corrupt(DecodeError::BadMagic));
+        return Err(DecodeError::BadMagic);
     }
     let (body, crc) = buf.split_at(buf.len() - 4);
     let stored = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
     let computed = crc32fast::hash(body);
     if stored != computed {
-        return Err(corrupt(DecodeError::Checksum { stored, computed }));
+        return Err(DecodeError::Checksum { stored, computed });
     }
     let mut r = Reader::new(&body[8..]);
-    let parse = |r: &mut Reader| -> Result<Snapshot, DecodeError> {
-        let mut meta = SnapshotMetadata {
-            index: r.u64()?,
-            term: r.u64()?,
-            ..Default::default()
-        };
-        meta.set_conf_state(decode_conf_state(r.blob()?)?);
-        let len = r.u64()? as usize;
-        let data = Bytes::copy_from_slice(r.bytes(len)?);
-        r.finish()?;
-        let mut snapshot = Snapshot::default();
-        snapshot.set_metadata(meta);
-        snapshot.data = data;
-        Ok(snapshot)
+    let mut meta = SnapshotMetadata {
+        index: r.u64()?,
+        term: r.u64()?,
+        ..Default::default()
     };
-    parse(&mut r).map_err(corrupt)
+    meta.set_conf_state(decode_conf_state(r.blob()?)?);
+    let len = r.u64()? as usize;
+    let data = Bytes::copy_from_slice(r.bytes(len)?);
+    r.finish()?;
+    let mut snapshot = Snapshot::default();
+    snapshot.set_metadata(meta);
+    snapshot.data = data;
+    Ok(snapshot)
+}
+
+/// Decodes the records of a segment's bytes the way recovery reads them, stopping at the first
+/// incomplete or bad record; returns how many decoded. Recovery's reader, for fuzzing.
+pub fn decode_segment(buf: &[u8]) -> Result<u64, DecodeError> {
+    if buf.len() < WAL_MAGIC.len() || &buf[..WAL_MAGIC.len()] != WAL_MAGIC {
+        return Err(DecodeError::BadMagic);
+    }
+    let mut offset = WAL_MAGIC.len();
+    let mut records = 0;
+    while let Some((_, used)) = read_record(&buf[offset..])? {
+        offset += used;
+        records += 1;
+    }
+    Ok(records)
 }
 
 impl DiskStorage {

@@ -92,6 +92,7 @@ pub struct UniCacheSettings {
     pub autotune: bool,
 }
 
+#[derive(Clone)]
 struct LinkMetrics {
     bytes_before: Arc<Counter>,
     bytes_after: Arc<Counter>,
@@ -99,6 +100,7 @@ struct LinkMetrics {
 }
 
 /// What the leader knows about one follower.
+#[derive(Clone)]
 struct Link {
     follower_version: u64,
     cooldown_until: Option<Instant>,
@@ -112,6 +114,7 @@ struct Link {
     metrics: LinkMetrics,
 }
 
+#[derive(Clone)]
 struct CodecMetrics {
     version: Arc<Gauge>,
     active: Arc<Gauge>,
@@ -164,6 +167,8 @@ impl CodecMetrics {
     }
 }
 
+/// Cloning gives an independent codec in the same state (the fuzzer starts each input from one).
+#[derive(Clone)]
 pub struct UniCacheCodec {
     settings: UniCacheSettings,
     preprocessor: Arc<dyn Preprocessor>,
@@ -194,6 +199,7 @@ pub struct UniCacheCodec {
 }
 
 /// The leader's pausing and resuming of the cache.
+#[derive(Clone)]
 struct Control {
     /// A control entry is on its way through the log until then.
     pending_until: Option<Instant>,

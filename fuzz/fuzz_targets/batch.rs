@@ -1,0 +1,14 @@
+//! A committed entry's payload: a batch of client commands.
+#![no_main]
+
+use bytes::Bytes;
+use chorus_log::batch;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let payload = Bytes::copy_from_slice(data);
+    if let Ok(decoded) = batch::decode(&payload) {
+        let again = batch::encode(decoded.origin, &decoded.commands);
+        assert_eq!(again, payload, "a decoded batch encodes back to the same bytes");
+    }
+});

@@ -1,0 +1,265 @@
+//! Writes a seed corpus for every fuzz target: bytes as the real code paths produce them (RESP
+//! traffic, peer frames around real raft messages, a write-ahead-log segment and a snapshot
+//! written by the storage, batches, state-machine snapshots, UniCache encodings).
+//!
+//!     cargo run --manifest-path fuzz/Cargo.toml --bin make-seeds -- fuzz/corpus
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use chorus_kv::command::encode_args;
+use chorus_kv::unicache::KvPreprocessor;
+use chorus_kv::KvState;
+use chorus_log::batch::{self, Origin};
+use chorus_log::frame::{encode_frame, encode_hello, FrameKind};
+use chorus_log::storage::{write_snapshot_file, DiskStorage, StorageOptions};
+use chorus_log::{EntryCodec, LogView, StateMachine, UniCacheCodec, UniCacheSettings};
+use chorus_unicache::{
+    absorb_command, encode_command, CacheConfig, CsvPreprocessor, ItemCache, Policy, Preprocessor, SqlParams,
+    SqlPreprocessor,
+};
+use protobuf::Message as _;
+use raft::eraftpb::{Entry, EntryType, HardState, Message, MessageType, Snapshot};
+
+fn write(dir: &Path, target: &str, name: &str, bytes: &[u8]) {
+    let dir = dir.join(target);
+    std::fs::create_dir_all(&dir).expect("create corpus directory");
+    std::fs::write(dir.join(name), bytes).expect("write seed");
+}
+
+fn args(words: &[&str]) -> Bytes {
+    encode_args(
+        &words
+            .iter()
+            .map(|w| Bytes::copy_from_slice(w.as_bytes()))
+            .collect::<Vec<_>>(),
+    )
+}
+
+fn entry(index: u64, data: Bytes) -> Entry {
+    let mut e = Entry {
+        index,
+        term: 1,
+        ..Default::default()
+    };
+    e.set_entry_type(EntryType::EntryNormal);
+    e.data = data;
+    e
+}
+
+struct NoLog;
+
+impl LogView for NoLog {
+    fn term(&self, index: u64) -> Option<u64> {
+        (index <= 1).then_some(1)
+    }
+
+    fn last_index(&self) -> u64 {
+        1
+    }
+
+    fn entries(&self, low: u64, high: u64) -> Option<Vec<Entry>> {
+        (low >= high).then(Vec::new)
+    }
+}
+
+fn main() {
+    let out = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "fuzz/corpus".into()));
+    let commands = [
+        args(&["SET", "user000000001234", "hello world"]),
+        args(&["HSET", "user:42:profile", "field0", "v0", "field1", "v1"]),
+        args(&["INCRBY", "counter:7", "5"]),
+        args(&["MSET", "a", "1", "b", "2"]),
+        args(&["DEL", "a", "b"]),
+        args(&["APPEND", "email:12", "1,bob@x.org,inbox,re: lunch,2001"]),
+    ];
+
+    // RESP: what redis-cli and redis-benchmark send, and the replies they read.
+    let resp: &[(&str, &[u8])] = &[
+        ("set", b"*3\r\n$3\r\nSET\r\n$16\r\nkey:000000000001\r\n$3\r\nxxx\r\n"),
+        (
+            "pipeline",
+            b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n*1\r\n$4\r\nPING\r\n*3\r\n$4\r\nHGET\r\n$1\r\nh\r\n$1\r\nf\r\n",
+        ),
+        ("inline", b"PING\r\nSET a b\r\nGET a\r\n"),
+        (
+            "replies",
+            b"+OK\r\n-ERR unknown\r\n:42\r\n$5\r\nhello\r\n$-1\r\n*2\r\n$1\r\na\r\n*-1\r\n",
+        ),
+    ];
+    for (name, bytes) in resp {
+        write(&out, "resp", name, bytes);
+    }
+
+    // Peer frames around raft messages of each kind the loop sends.
+    let mut frames = encode_hello(2);
+    let mut append = Message::default();
+    append.set_msg_type(MessageType::MsgAppend);
+    append.from = 1;
+    append.to = 2;
+    append.term = 3;
+    append.index = 10;
+    append.log_term = 3;
+    append.commit = 9;
+    append.entries = vec![entry(
+        11,
+        batch::encode(
+            Origin {
+                node_id: 1,
+                incarnation: 9,
+            },
+            &[(1, commands[0].clone())],
+        ),
+    )]
+    .into();
+    let mut heartbeat = Message::default();
+    heartbeat.set_msg_type(MessageType::MsgHeartbeat);
+    heartbeat.from = 1;
+    heartbeat.to = 2;
+    heartbeat.term = 3;
+    let mut response = Message::default();
+    response.set_msg_type(MessageType::MsgAppendResponse);
+    response.from = 2;
+    response.to = 1;
+    response.index = 11;
+    for msg in [&append, &heartbeat, &response] {
+        encode_frame(FrameKind::Raft, &msg.write_to_bytes().expect("encode"), &mut frames);
+    }
+    encode_frame(FrameKind::Ping, &7u64.to_le_bytes(), &mut frames);
+    encode_frame(FrameKind::Pong, &7u64.to_le_bytes(), &mut frames);
+    write(&out, "peer_frame", "connection", &frames);
+
+    // A segment and a snapshot written by the storage itself.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (mut storage, _) = DiskStorage::open(dir.path(), &[1, 2, 3], StorageOptions::default()).expect("open storage");
+    let entries: Vec<Entry> = commands
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            entry(
+                i as u64 + 1,
+                batch::encode(
+                    Origin {
+                        node_id: 1,
+                        incarnation: 1,
+                    },
+                    &[(i as u64, c.clone())],
+                ),
+            )
+        })
+        .collect();
+    storage.append(&entries).expect("append");
+    storage.set_hard_state(&HardState {
+        term: 1,
+        vote: 1,
+        commit: 3,
+        ..Default::default()
+    });
+    storage.persist(true).expect("persist");
+    let mut kv = KvState::new();
+    for (i, c) in commands.iter().enumerate() {
+        kv.apply(i as u64 + 1, c);
+    }
+    let mut snapshot = Snapshot::default();
+    snapshot.mut_metadata().index = 3;
+    snapshot.mut_metadata().term = 1;
+    snapshot.data = Bytes::from(kv.snapshot());
+    let snapshot_path = write_snapshot_file(dir.path(), &snapshot).expect("write snapshot");
+    for file in std::fs::read_dir(dir.path()).expect("list") {
+        let path = file.expect("entry").path();
+        let name = path.file_name().expect("name").to_string_lossy().into_owned();
+        write(&out, "raft_storage", &name, &std::fs::read(&path).expect("read"));
+    }
+    drop(snapshot_path);
+
+    // Batches and key-value inputs.
+    write(
+        &out,
+        "batch",
+        "batch",
+        &batch::encode(
+            Origin {
+                node_id: 2,
+                incarnation: 5,
+            },
+            &commands
+                .iter()
+                .cloned()
+                .enumerate()
+                .map(|(i, c)| (i as u64, c))
+                .collect::<Vec<_>>(),
+        ),
+    );
+    for (i, c) in commands.iter().enumerate() {
+        write(&out, "kv", &format!("command-{i}"), c);
+    }
+    write(&out, "kv", "snapshot", &kv.snapshot());
+
+    // UniCache: encoded commands for each preprocessor, an encoded append entry, cache state.
+    let config = CacheConfig {
+        policy: Policy::LeCaR,
+        max_items: 64,
+        max_bytes: 4096,
+    };
+    let preprocessors: [(&str, &dyn Preprocessor, Bytes); 3] = [
+        ("kv", &KvPreprocessor::default(), commands[1].clone()),
+        (
+            "csv",
+            &CsvPreprocessor::new(b',', &[1, 2], &[(3, b' ')]),
+            Bytes::from_static(b"1,bob@x.org,inbox,re: lunch friday,2001"),
+        ),
+        (
+            "sql",
+            &SqlPreprocessor {
+                rules: Vec::new(),
+                default: SqlParams::Strings,
+            },
+            Bytes::from_static(b"INSERT INTO t (a, b) VALUES ('R1', 42)"),
+        ),
+    ];
+    for (name, p, command) in preprocessors {
+        let mut cache = ItemCache::new(config);
+        let mut parts = Vec::new();
+        p.preprocess(&command, &mut parts);
+        absorb_command(&mut cache, &parts, 1);
+        let mut encoded = Vec::new();
+        encode_command(&cache, &parts, &mut encoded);
+        write(&out, "unicache", &format!("command-{name}"), &encoded);
+        let mut state = Vec::new();
+        cache.serialize(&mut state);
+        write(&out, "unicache", &format!("cache-{name}"), &state);
+    }
+    let mut leader = UniCacheCodec::new(
+        UniCacheSettings {
+            cache: config,
+            autotune: false,
+        },
+        Arc::new(KvPreprocessor::default()),
+    );
+    let resume = leader
+        .take_proposal()
+        .expect("a paused cache without auto-tune resumes");
+    leader.applied(&entry(1, resume));
+    let mut msg = Message::default();
+    msg.set_msg_type(MessageType::MsgAppend);
+    msg.from = 1;
+    msg.to = 2;
+    msg.index = 1;
+    msg.log_term = 1;
+    msg.entries = vec![entry(
+        2,
+        batch::encode(
+            Origin {
+                node_id: 1,
+                incarnation: 3,
+            },
+            &[(5, commands[0].clone())],
+        ),
+    )]
+    .into();
+    leader.encode(&mut msg, &NoLog, 1);
+    write(&out, "unicache", "encoded-entry", &msg.entries[0].data);
+    write(&out, "unicache", "codec-snapshot", &leader.snapshot());
+    println!("seeds written under {}", out.display());
+}
