@@ -176,7 +176,8 @@ struct NodeConfigFile {
     peers: String,
 }
 
-fn peer_link_name(from: u64, to: u64) -> String {
+/// The name of the link carrying node `from`'s messages to node `to`.
+pub fn peer_link_name(from: u64, to: u64) -> String {
     format!("peer-{from}-to-{to}")
 }
 
@@ -281,6 +282,16 @@ fn spawn_node(dir: &Path, file: &ClusterFile, id: u64) -> anyhow::Result<u32> {
         .arg(ndir.join("chorus.toml"))
         .args(&file.server_args);
     process::spawn(command, &ndir.join("server.log"), &ndir.join("pid"))
+}
+
+/// The running proxy server of a cluster on an emulated network (to cut and heal links).
+pub fn network(dir: &Path) -> anyhow::Result<Toxiproxy> {
+    Toxiproxy::attach(dir).with_context(|| {
+        format!(
+            "the cluster in {} runs without proxies; start it with --net lan-proxied to cut links",
+            dir.display()
+        )
+    })
 }
 
 /// Brings the emulated network of an existing cluster back if its proxy server is gone.

@@ -16,6 +16,8 @@ struct ProfileSpec {
     #[serde(default)]
     client_rtt_ms: Vec<u64>,
     bandwidth_mbit: Option<f64>,
+    #[serde(default)]
+    proxied: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -28,6 +30,8 @@ pub struct Profile {
     pub client_rtt_ms: Vec<u64>,
     /// Cap on every emulated link, each direction.
     pub bandwidth_mbit: Option<f64>,
+    /// Proxies on every link even though nothing is added, so links can be cut.
+    pub proxied: bool,
 }
 
 fn specs() -> BTreeMap<String, ProfileSpec> {
@@ -51,6 +55,7 @@ impl Profile {
             node_rtt_ms: spec.node_rtt_ms,
             client_rtt_ms: spec.client_rtt_ms,
             bandwidth_mbit: bandwidth_mbit.or(spec.bandwidth_mbit),
+            proxied: spec.proxied,
         };
         profile.validate()?;
         Ok(profile)
@@ -86,7 +91,7 @@ impl Profile {
 
     /// True when the profile adds neither latency nor a bandwidth cap: no proxies are needed.
     pub fn is_passthrough(&self) -> bool {
-        self.node_rtt_ms.is_empty() && self.bandwidth_mbit.is_none()
+        self.node_rtt_ms.is_empty() && self.bandwidth_mbit.is_none() && !self.proxied
     }
 
     /// Fails unless the profile fits a cluster of `nodes`.
@@ -147,6 +152,10 @@ mod tests {
         assert_eq!(geo3.rtt_ms(1, 3), 100);
         assert_eq!(geo3.client_rtt(2), 150);
         assert_eq!(geo3.bandwidth_kbytes_per_sec(), Some(12_500));
+        let proxied = Profile::load("lan-proxied", None).unwrap();
+        assert!(!proxied.is_passthrough());
+        proxied.check_nodes(5).unwrap();
+        assert_eq!(proxied.rtt_ms(1, 4), 0);
         let lan = Profile::load("lan", None).unwrap();
         assert!(lan.is_passthrough());
         lan.check_nodes(7).unwrap();

@@ -94,6 +94,7 @@ impl Toxiproxy {
         let mut command = Command::new(&binary);
         command.args(["-host", "127.0.0.1", "-port", &port.to_string()]);
         let pid = process::spawn(command, &log_path, &dir.join("toxiproxy.pid"))?;
+        std::fs::write(dir.join("toxiproxy.api"), api.to_string())?;
         let server = Toxiproxy { api, pid };
         let deadline = Instant::now() + Duration::from_secs(10);
         while server.request("GET", "/version", "").is_err() {
@@ -103,6 +104,17 @@ impl Toxiproxy {
             std::thread::sleep(Duration::from_millis(50));
         }
         Ok(server)
+    }
+
+    /// The server started in `dir`, if it is running.
+    pub fn attach(dir: &Path) -> Option<Toxiproxy> {
+        let pid = process::read_pid(&dir.join("toxiproxy.pid"))?;
+        let api = std::fs::read_to_string(dir.join("toxiproxy.api"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(Toxiproxy { api, pid })
     }
 
     /// Creates the proxy for `link` with its toxics.
@@ -137,6 +149,18 @@ impl Toxiproxy {
                 )?;
             }
         }
+        Ok(())
+    }
+
+    /// Cuts (`false`) or restores (`true`) a link: a disabled proxy closes its connections and
+    /// refuses new ones.
+    pub fn set_enabled(&self, proxy: &str, enabled: bool) -> anyhow::Result<()> {
+        self.request(
+            "POST",
+            &format!("/proxies/{proxy}"),
+            &format!(r#"{{"enabled":{enabled}}}"#),
+        )
+        .with_context(|| format!("cannot switch proxy {proxy}"))?;
         Ok(())
     }
 

@@ -1,0 +1,6 @@
+//! Proof under faults: a history-recording workload against a real local cluster, a fault
+//! schedule (crashes, pauses, partitions, full restarts) seeded for replay, and a
+//! linearizability checker.
+
+pub mod checker;
+pub mod history;
