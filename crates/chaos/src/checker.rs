@@ -233,11 +233,10 @@ fn check_key(key: &str, ops: &[Op], deadline: Instant) -> Verdict {
 pub fn check(history: &[Op], time_limit: Duration) -> Verdict {
     let mut by_key: BTreeMap<String, Vec<Op>> = BTreeMap::new();
     for op in history {
-        let relevant = match (op.outcome, op.kind) {
-            (Outcome::Fail, _) => false,
-            (Outcome::Unknown, OpKind::Read) => false,
-            _ => true,
-        };
+        let relevant = !matches!(
+            (op.outcome, op.kind),
+            (Outcome::Fail, _) | (Outcome::Unknown, OpKind::Read)
+        );
         if relevant {
             let mut op = op.clone();
             if op.outcome == Outcome::Unknown {
