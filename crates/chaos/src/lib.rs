@@ -3,4 +3,7 @@
 //! linearizability checker.
 
 pub mod checker;
+pub mod faults;
 pub mod history;
+pub mod run;
+pub mod workload;

@@ -38,6 +38,11 @@ enum Commands {
     },
     /// Start a local 3-node cluster, drive a workload, crash and restart the leader, verify.
     Demo(demo::DemoArgs),
+    /// Proof under faults: record a history under crashes, pauses and partitions, check it.
+    Chaos {
+        #[command(subcommand)]
+        command: chorus_chaos::run::ChaosCommand,
+    },
     /// Benchmarks: YCSB workloads against Chorus, Redis or etcd, and side-by-side comparisons.
     Bench {
         #[command(subcommand)]
@@ -130,6 +135,7 @@ fn main() -> anyhow::Result<()> {
             },
             Commands::Demo(args) => demo::run(args).await,
             Commands::Bench { command } => chorus_bench::cli::run(*command).await,
+            Commands::Chaos { command } => chorus_chaos::run::main(command).await,
         }
     })
 }

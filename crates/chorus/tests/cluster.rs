@@ -671,3 +671,61 @@ async fn unicache_replicas_agree_across_two_leader_changes_and_a_follower_restar
         );
     }
 }
+
+/// The newest write-ahead-log segment of a node.
+fn newest_segment(cluster: &Cluster, id: u64) -> std::path::PathBuf {
+    let data = cluster.dir.path().join(format!("node{id}/data"));
+    let mut segments: Vec<_> = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    segments.sort();
+    segments.pop().expect("a segment")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_tail_is_truncated_and_a_flipped_bit_inside_the_log_stops_the_node_loudly() {
+    let cluster = Cluster::start(3, &[]);
+    let mut c = cluster.client(1).await;
+    for i in 0..200 {
+        assert_eq!(c.command(&["SET", &format!("t{i}"), "v"]).await.unwrap(), ok());
+    }
+    let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(5)).await;
+    let victim = (1..=3).find(|id| *id != leader).unwrap();
+
+    // A torn tail (the last record half written when the process died) is cut off on restart,
+    // and the node catches up from its peers.
+    cluster.kill(victim);
+    let segment = newest_segment(&cluster, victim);
+    let len = std::fs::metadata(&segment).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(&segment).unwrap();
+    file.set_len(len - 7).unwrap();
+    drop(file);
+    cluster.restart_stopped();
+    let mut back = cluster.client(victim).await;
+    assert_eq!(back.command(&["GET", "t199"]).await.unwrap(), bulk("v"));
+    let log = std::fs::read_to_string(cluster.dir.path().join(format!("node{victim}/server.log"))).unwrap();
+    assert!(log.contains("truncating torn tail"), "{log}");
+
+    // A flipped bit before the tail is corruption, not a torn write: the node refuses to start
+    // and says why, rather than applying or dropping what it cannot trust.
+    cluster.kill(victim);
+    let segment = newest_segment(&cluster, victim);
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x10;
+    std::fs::write(&segment, &bytes).unwrap();
+    let started = Command::new(CHORUS)
+        .args(["cluster", "start", "--dir", cluster.dir()])
+        .output()
+        .unwrap();
+    let log = std::fs::read_to_string(cluster.dir.path().join(format!("node{victim}/server.log"))).unwrap();
+    assert!(
+        !started.status.success(),
+        "a node started on a corrupt log:\n{}",
+        &log[log.len().saturating_sub(3000)..]
+    );
+    let log = std::fs::read_to_string(cluster.dir.path().join(format!("node{victim}/server.log"))).unwrap();
+    assert!(log.contains("corrupt") || log.contains("checksum"), "{log}");
+}

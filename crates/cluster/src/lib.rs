@@ -45,6 +45,9 @@ pub struct NetEntry {
     /// Round trips measured on the links when the cluster was created (path label → ms).
     #[serde(default)]
     pub measured_rtt_ms: BTreeMap<String, f64>,
+    /// Whether the profile puts the leader in a particular place (node 1).
+    #[serde(default)]
+    pub place_leader: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -228,6 +231,7 @@ fn create(dir: &Path, nodes: usize, server_args: Vec<String>, net: &NetOptions) 
                     .iter()
                     .map(|p| (p.label.clone(), p.measured_rtt_ms))
                     .collect(),
+                place_leader: !profile.node_rtt_ms.is_empty(),
             })
         }
         None => None,
@@ -335,16 +339,35 @@ pub async fn start(
     } else {
         create(dir, nodes, server_args, net)?
     };
+    let mut spawned = Vec::new();
     for node in &file.nodes {
         if read_pid(dir, node.id).is_none() {
-            spawn_node(dir, &file, node.id)?;
+            spawned.push((node.id, spawn_node(dir, &file, node.id)?));
         }
     }
-    wait_ready(dir, &file, Duration::from_secs(30)).await?;
-    if file.net.is_some() {
+    tokio::select! {
+        ready = wait_ready(dir, &file, Duration::from_secs(30)) => ready?,
+        (id, log) = first_exit(dir, &spawned) => bail!(
+            "node {id} exited while starting; the end of {}:\n{log}",
+            node_dir(dir, id).join("server.log").display()
+        ),
+    }
+    if file.net.as_ref().is_some_and(|n| n.place_leader) {
         place_leader(dir, &file, 1, Duration::from_secs(20)).await?;
     }
     Ok(file)
+}
+
+/// Resolves when one of the `spawned` (id, pid) processes has exited, with its log's last lines.
+async fn first_exit(dir: &Path, spawned: &[(u64, u32)]) -> (u64, String) {
+    loop {
+        if let Some((id, _)) = spawned.iter().find(|(_, pid)| !process::alive(*pid)) {
+            let log = std::fs::read_to_string(node_dir(dir, *id).join("server.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(8).collect();
+            return (*id, tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Hands leadership to node `to` (CLUSTER FAILOVER on that node) and waits until it leads.
@@ -371,7 +394,12 @@ pub async fn wait_ready(dir: &Path, file: &ClusterFile, timeout: Duration) -> an
     let deadline = Instant::now() + timeout;
     loop {
         let states = status(dir, file).await;
-        let up = states.iter().filter(|s| s.role != "down").count();
+        // "starting" (running, not answering yet) is not up: a node that fails during start
+        // would otherwise be counted as ready.
+        let up = states
+            .iter()
+            .filter(|s| s.role != "down" && s.role != "starting")
+            .count();
         if up == file.nodes.len() && states.iter().any(NodeState::is_leader) {
             return Ok(());
         }

@@ -233,6 +233,33 @@ fn read_record(buf: &[u8]) -> Result<Option<(Record, usize)>, DecodeError> {
     Ok(Some((record, end)))
 }
 
+/// Whether a complete, checksummed record starts somewhere after the bad one at `bad`. A torn
+/// write only damages the end of the file; anything valid after the damage means the damage is
+/// corruption, which recovery must not paper over by truncating (that would drop acknowledged
+/// entries and votes). The record boundary after an intact length field is tried first; failing
+/// that, every later position is.
+fn valid_record_follows(buf: &[u8], bad: usize) -> bool {
+    let complete_at = |at: usize| {
+        buf.get(at..)
+            .is_some_and(|rest| matches!(read_record(rest), Ok(Some(_))))
+    };
+    if let Some(header) = buf.get(bad..bad + RECORD_HEADER_BYTES) {
+        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        if complete_at(bad + RECORD_HEADER_BYTES + len) {
+            return true;
+        }
+    }
+    (bad + 1..buf.len().saturating_sub(RECORD_HEADER_BYTES)).any(|at| {
+        // Cheap filter before the checksum: a known record kind behind a length that fits.
+        let kind = buf[at + RECORD_HEADER_BYTES];
+        let len = u32::from_le_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]) as usize;
+        (KIND_ENTRIES..=KIND_TRUNCATED).contains(&kind)
+            && len > 0
+            && at + RECORD_HEADER_BYTES + len <= buf.len()
+            && complete_at(at)
+    })
+}
+
 /// Writes a snapshot durably: temporary file, fsync, rename, directory fsync.
 /// Runs on a background thread for locally created snapshots, so it takes no `&self`.
 pub fn write_snapshot_file(dir: &Path, snapshot: &Snapshot) -> Result<PathBuf, StorageError> {
@@ -392,7 +419,7 @@ impl DiskStorage {
                 let (record, used) = match outcome {
                     Ok(Some(found)) => found,
                     Ok(None) if offset == buf.len() => break,
-                    Ok(None) | Err(_) if is_last => {
+                    Ok(None) | Err(_) if is_last && !valid_record_follows(&buf, offset) => {
                         let torn = buf.len() - offset;
                         tracing::warn!(
                             path = %path.display(), offset, torn_bytes = torn,
@@ -407,7 +434,7 @@ impl DiskStorage {
                         buf.truncate(offset);
                         break;
                     }
-                    Ok(None) => return Err(corrupt(offset, DecodeError::Invalid("incomplete record"))),
+                    Ok(None) => return Err(corrupt(offset, DecodeError::Invalid("record cut short"))),
                     Err(reason) => return Err(corrupt(offset, reason)),
                 };
                 report.records += 1;
@@ -942,6 +969,29 @@ mod tests {
         let (s, report) = open(dir.path());
         assert!(report.torn_tail_bytes > 0);
         assert_eq!(s.last_entry_index(), 0, "a corrupt entry must never be returned");
+    }
+
+    #[test]
+    fn a_flipped_bit_before_valid_records_of_the_last_segment_is_corruption_not_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut s, _) = open(dir.path());
+            for i in 1..=20 {
+                s.append(&[entry(i, 1, "some data")]).unwrap();
+                s.persist(true).unwrap();
+            }
+        }
+        let path = segment_path(dir.path(), 1);
+        let mut bytes = fs::read(&path).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x04;
+        fs::write(&path, &bytes).unwrap();
+        match DiskStorage::open(dir.path(), &[1], StorageOptions::default()) {
+            Err(StorageError::Corrupt { .. }) => {}
+            Err(other) => panic!("wrong error: {other}"),
+            Ok(_) => panic!("a corrupt log opened"),
+        }
+        assert_eq!(fs::read(&path).unwrap(), bytes, "nothing was truncated");
     }
 
     #[test]

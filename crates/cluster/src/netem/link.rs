@@ -40,9 +40,10 @@ pub struct PathMeasurement {
 }
 
 impl PathMeasurement {
-    /// Within 10% of the profile, with 2 ms of slack for loopback and scheduling noise.
+    /// Within 10% of the profile, with 5 ms of slack for loopback and scheduling noise on a busy
+    /// machine.
     pub fn within_tolerance(&self) -> bool {
-        let tolerance = (self.expected_rtt_ms as f64 * 0.10).max(2.0);
+        let tolerance = (self.expected_rtt_ms as f64 * 0.10).max(5.0);
         (self.measured_rtt_ms - self.expected_rtt_ms as f64).abs() <= tolerance
     }
 }

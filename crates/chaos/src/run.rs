@@ -1,0 +1,350 @@
+//! `chorus chaos run` and `chorus chaos campaign`: a local cluster, recording clients, the fault
+//! schedule, then healing, a full restart, final reads from every node, and the check.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use chorus_client::Client;
+use chorus_cluster::NetOptions;
+use serde::Serialize;
+
+use crate::checker::{self, Verdict};
+use crate::faults::{self, Applied, FaultKind, Planned, Target};
+use crate::history::{self, OpKind, Outcome};
+use crate::workload::{self, Recorder};
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct RunArgs {
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Length of the faulty part of the run.
+    #[arg(long, default_value_t = 60)]
+    pub duration_secs: u64,
+    /// Seed of the fault schedule and the clients' choices; a run is replayed by its seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Which faults to draw from (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub faults: Vec<FaultKind>,
+    /// Concurrent clients, each on a random node.
+    #[arg(long, default_value_t = 6)]
+    pub clients: usize,
+    /// Keys the clients share (fewer keys, more contention).
+    #[arg(long, default_value_t = 4)]
+    pub keys: usize,
+    /// Where runs keep their history, schedule and result.
+    #[arg(long, default_value = "chaos-results")]
+    pub out: PathBuf,
+    /// Extra `chorus server` flags for every node, e.g. "--read-consistency stale" to check that
+    /// the checker catches a broken build.
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub server_flags: String,
+    /// Give up checking after this many seconds (the run then counts as failed).
+    #[arg(long, default_value_t = 120)]
+    pub check_secs: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSummary {
+    pub seed: u64,
+    pub nodes: usize,
+    pub duration_secs: u64,
+    pub operations: usize,
+    pub ok: usize,
+    pub failed: usize,
+    pub unknown: usize,
+    pub faults: Vec<Applied>,
+    pub verdict: String,
+    pub dir: PathBuf,
+}
+
+impl RunSummary {
+    pub fn passed(&self) -> bool {
+        self.verdict == "linearizable"
+    }
+}
+
+fn stamp() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("{secs}")
+}
+
+/// Final reads of every key from every node, after healing and a full restart, recorded like
+/// any other operation: the checker then also proves no acknowledged write was lost.
+async fn final_reads(recorder: &Recorder, file: &chorus_cluster::ClusterFile, keys: usize) -> anyhow::Result<()> {
+    for node in &file.nodes {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut client = loop {
+            match Client::connect(node.resp_addr).await {
+                Ok(c) => break c,
+                Err(e) if Instant::now() > deadline => return Err(e).context("final reads: node unreachable"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        for k in 0..keys {
+            let key = format!("k{k}");
+            loop {
+                let before = recorder.ops.lock().expect("history lock").len();
+                workload::execute(
+                    recorder,
+                    &mut client,
+                    10_000 + node.id,
+                    node.id,
+                    OpKind::Read,
+                    &key,
+                    None,
+                )
+                .await;
+                let succeeded = {
+                    let ops = recorder.ops.lock().expect("history lock");
+                    ops.len() > before && ops[before].outcome == Outcome::Ok
+                };
+                if succeeded {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("final read of {key} on node {} did not succeed", node.id);
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One run; leaves its directory (history, schedule, result) and returns the summary.
+pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
+    let kinds = if args.faults.is_empty() {
+        FaultKind::ALL.to_vec()
+    } else {
+        args.faults.clone()
+    };
+    let dir = args.out.join(format!("{}-n{}-seed{}", stamp(), args.nodes, args.seed));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let cluster_dir = dir.join("cluster");
+    let net = NetOptions {
+        profile: Some("lan-proxied".into()),
+        bandwidth_mbit: None,
+    };
+    let server_args: Vec<String> = args.server_flags.split_whitespace().map(str::to_string).collect();
+    let plan = faults::schedule(args.seed, &kinds, Duration::from_secs(args.duration_secs));
+    std::fs::write(dir.join("schedule.json"), serde_json::to_string_pretty(&plan)?)?;
+    let file = chorus_cluster::start(&cluster_dir, args.nodes, server_args, &net).await?;
+    let outcome = drive(args, &cluster_dir, &file, &net, &plan, &dir).await;
+    let _ = chorus_cluster::stop(&cluster_dir);
+    let summary = outcome?;
+    std::fs::write(dir.join("result.json"), serde_json::to_string_pretty(&summary)?)?;
+    if summary.passed() {
+        // The data of a passing run is not needed; its history, schedule and result stay.
+        let _ = std::fs::remove_dir_all(&cluster_dir);
+    }
+    Ok(summary)
+}
+
+async fn drive(
+    args: &RunArgs,
+    cluster_dir: &Path,
+    file: &chorus_cluster::ClusterFile,
+    net: &NetOptions,
+    plan: &[Planned],
+    dir: &Path,
+) -> anyhow::Result<RunSummary> {
+    let target = Target {
+        dir: cluster_dir,
+        file,
+        net,
+    };
+    let recorder = Recorder::new();
+    // Straight to the nodes: a client proxy would accept connections for a node that is down,
+    // and every request sent that way would end with an unknown outcome.
+    let nodes: Vec<_> = file.nodes.iter().map(|n| (n.id, n.resp_addr)).collect();
+    let mut clients = tokio::task::JoinSet::new();
+    for id in 0..args.clients as u64 {
+        clients.spawn(workload::client_loop(
+            recorder.clone(),
+            id,
+            nodes.clone(),
+            args.keys,
+            args.seed,
+        ));
+    }
+    let progress = {
+        let recorder = recorder.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                eprintln!(
+                    "  {:>4.0}s  completed {:>6}  unknown {:>4}",
+                    recorder.elapsed().as_secs_f64(),
+                    recorder.completed.load(Ordering::Relaxed),
+                    recorder.unknown.load(Ordering::Relaxed)
+                );
+            }
+        })
+    };
+    let mut applied = Vec::new();
+    for planned in plan {
+        tokio::time::sleep(Duration::from_millis(planned.quiet_ms)).await;
+        let mut fault = target.apply(planned, recorder.elapsed().as_millis() as u64).await?;
+        eprintln!(
+            "  {:>4.0}s  fault {:?} on {:?} for {} ms",
+            recorder.elapsed().as_secs_f64(),
+            fault.kind,
+            fault.nodes,
+            planned.duration_ms
+        );
+        tokio::time::sleep(Duration::from_millis(planned.duration_ms)).await;
+        target.heal(&fault).await?;
+        fault.healed_at_ms = Some(recorder.elapsed().as_millis() as u64);
+        applied.push(fault);
+    }
+    recorder.stop.store(true, Ordering::Relaxed);
+    while clients.join_next().await.is_some() {}
+    progress.abort();
+    eprintln!("  healing, restarting every node, reading every key from every node");
+    target.full_restart().await?;
+    final_reads(&recorder, file, args.keys).await?;
+
+    let ops = std::mem::take(&mut *recorder.ops.lock().expect("history lock"));
+    history::write_history(&dir.join("history.jsonl"), &ops)?;
+    let count = |o: Outcome| ops.iter().filter(|op| op.outcome == o).count();
+    eprintln!("  checking {} operations", ops.len());
+    let verdict = match checker::check(&ops, Duration::from_secs(args.check_secs)) {
+        Verdict::Linearizable => "linearizable".to_string(),
+        Verdict::Violation { key, ops: involved } => {
+            history::write_history(&dir.join("violation.jsonl"), &involved)?;
+            format!("NOT linearizable: key {key} (its operations are in violation.jsonl)")
+        }
+        Verdict::GaveUp { key } => format!("checker gave up on key {key} after {} s", args.check_secs),
+    };
+    Ok(RunSummary {
+        seed: args.seed,
+        nodes: args.nodes,
+        duration_secs: args.duration_secs,
+        operations: ops.len(),
+        ok: count(Outcome::Ok),
+        failed: count(Outcome::Fail),
+        unknown: count(Outcome::Unknown),
+        faults: applied,
+        verdict,
+        dir: dir.to_path_buf(),
+    })
+}
+
+pub fn print_summary(s: &RunSummary) {
+    println!(
+        "seed {} nodes {}: {} operations ({} ok, {} failed, {} unknown), {} faults: {}  [{}]",
+        s.seed,
+        s.nodes,
+        s.operations,
+        s.ok,
+        s.failed,
+        s.unknown,
+        s.faults.len(),
+        s.verdict,
+        s.dir.display()
+    );
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct CampaignArgs {
+    /// Number of runs; node counts alternate between 3 and 5, seeds count up from --seed.
+    #[arg(long, default_value_t = 60)]
+    pub runs: usize,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Serialize)]
+struct Campaign<'a> {
+    runs: &'a [RunSummary],
+    passed: usize,
+    operations: usize,
+    faults: usize,
+}
+
+/// Many runs; a summary at the end; fails if any run failed.
+pub async fn campaign(args: &CampaignArgs) -> anyhow::Result<()> {
+    let mut summaries = Vec::new();
+    for i in 0..args.runs {
+        let mut run_args = args.run.clone();
+        run_args.seed = args.run.seed + i as u64;
+        run_args.nodes = if i % 2 == 0 { 3 } else { 5 };
+        eprintln!(
+            "== run {}/{}: {} nodes, seed {}",
+            i + 1,
+            args.runs,
+            run_args.nodes,
+            run_args.seed
+        );
+        let summary = run(&run_args).await?;
+        print_summary(&summary);
+        summaries.push(summary);
+    }
+    let passed = summaries.iter().filter(|s| s.passed()).count();
+    let campaign = Campaign {
+        runs: &summaries,
+        passed,
+        operations: summaries.iter().map(|s| s.operations).sum(),
+        faults: summaries.iter().map(|s| s.faults.len()).sum(),
+    };
+    let path = args.run.out.join(format!("campaign-{}.json", stamp()));
+    std::fs::write(&path, serde_json::to_string_pretty(&campaign)?)?;
+    println!(
+        "{passed} of {} runs linearizable with no acknowledged write lost; {} operations, {} faults; {}",
+        summaries.len(),
+        campaign.operations,
+        campaign.faults,
+        path.display()
+    );
+    if passed != summaries.len() {
+        bail!("{} run(s) failed", summaries.len() - passed);
+    }
+    Ok(())
+}
+
+#[derive(clap::Subcommand)]
+pub enum ChaosCommand {
+    /// One run: clients record a history while faults are injected; then heal, restart every
+    /// node, read every key everywhere, and check linearizability. Exits non-zero on a violation
+    /// and leaves history.jsonl, schedule.json and result.json (replay with the same --seed).
+    Run(RunArgs),
+    /// Many runs (alternating 3 and 5 nodes, consecutive seeds) and a summary.
+    Campaign(CampaignArgs),
+    /// Checks a recorded history again.
+    Check {
+        /// A history.jsonl written by a run.
+        history: PathBuf,
+        #[arg(long, default_value_t = 120)]
+        check_secs: u64,
+    },
+}
+
+pub async fn main(command: ChaosCommand) -> anyhow::Result<()> {
+    match command {
+        ChaosCommand::Run(args) => {
+            let summary = run(&args).await?;
+            print_summary(&summary);
+            if !summary.passed() {
+                bail!("{}", summary.verdict);
+            }
+            Ok(())
+        }
+        ChaosCommand::Campaign(args) => campaign(&args).await,
+        ChaosCommand::Check { history, check_secs } => {
+            let ops = history::read_history(&history)?;
+            match checker::check(&ops, Duration::from_secs(check_secs)) {
+                Verdict::Linearizable => {
+                    println!("{} operations: linearizable", ops.len());
+                    Ok(())
+                }
+                Verdict::Violation { key, .. } => bail!("not linearizable: key {key}"),
+                Verdict::GaveUp { key } => bail!("gave up on key {key}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! Clients that read, write and increment a few keys through any node and record every
+//! operation with its invocation and completion times.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chorus_client::{Client, ClientError, Value};
+
+use crate::history::{Op, OpKind, Outcome};
+
+/// Longer than a node's own limits (leader wait 3 s, request timeout 5 s), so most requests end
+/// with the node's verdict rather than ours.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(6);
+const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
+
+/// State shared by the clients of a run.
+pub struct Recorder {
+    start: Instant,
+    pub ops: Mutex<Vec<Op>>,
+    pub stop: AtomicBool,
+    pub completed: AtomicU64,
+    pub unknown: AtomicU64,
+}
+
+impl Recorder {
+    pub fn new() -> Arc<Recorder> {
+        Arc::new(Recorder {
+            start: Instant::now(),
+            ops: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            completed: AtomicU64::new(0),
+            unknown: AtomicU64::new(0),
+        })
+    }
+
+    pub fn now_us(&self) -> u64 {
+        self.start.elapsed().as_micros() as u64
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    fn record(&self, op: Op) {
+        match op.outcome {
+            Outcome::Unknown => self.unknown.fetch_add(1, Ordering::Relaxed),
+            _ => self.completed.fetch_add(1, Ordering::Relaxed),
+        };
+        self.ops.lock().expect("history lock").push(op);
+    }
+}
+
+/// A tiny PRNG so a client's choices follow from the run's seed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+/// The outcome of a reply: its result, or why it has none.
+fn classify(kind: OpKind, reply: Result<Value, ClientError>) -> (Outcome, Option<i64>, bool) {
+    let reply = match reply {
+        Ok(reply) => reply,
+        // Sent, but no answer: it may have happened. The connection is no longer usable.
+        Err(_) => return (Outcome::Unknown, None, true),
+    };
+    match (kind, reply) {
+        // Only TRYAGAIN promises the request was not applied.
+        (_, Value::Error(e)) if e.starts_with("TRYAGAIN") => (Outcome::Fail, None, false),
+        (_, Value::Error(_)) => (Outcome::Unknown, None, false),
+        (OpKind::Read, Value::Bulk(None)) => (Outcome::Ok, None, false),
+        (OpKind::Read, Value::Bulk(Some(b))) => match std::str::from_utf8(&b).ok().and_then(|s| s.parse().ok()) {
+            Some(v) => (Outcome::Ok, Some(v), false),
+            None => (Outcome::Unknown, None, false),
+        },
+        (OpKind::Write, Value::Simple(s)) if s == "OK" => (Outcome::Ok, None, false),
+        (OpKind::Incr, Value::Integer(n)) => (Outcome::Ok, Some(n), false),
+        _ => (Outcome::Unknown, None, false),
+    }
+}
+
+/// Sends one operation and records it.
+pub async fn execute(
+    recorder: &Recorder,
+    client: &mut Client,
+    id: u64,
+    node: u64,
+    kind: OpKind,
+    key: &str,
+    value: Option<i64>,
+) -> bool {
+    let invoke_us = recorder.now_us();
+    let reply = match kind {
+        OpKind::Read => client.command(&["GET", key]).await,
+        OpKind::Write => {
+            let v = value.expect("writes carry a value").to_string();
+            client.command(&["SET", key, &v]).await
+        }
+        OpKind::Incr => client.command(&["INCR", key]).await,
+    };
+    let complete_us = recorder.now_us();
+    let (outcome, result, broken) = classify(kind, reply);
+    recorder.record(Op {
+        client: id,
+        kind,
+        key: key.to_string(),
+        value,
+        invoke_us,
+        complete_us: (outcome != Outcome::Unknown).then_some(complete_us),
+        outcome,
+        result,
+        node,
+    });
+    broken
+}
+
+/// One client: connects to a random node, issues operations until stopped, reconnects (to a
+/// random node) whenever its connection breaks.
+pub async fn client_loop(recorder: Arc<Recorder>, id: u64, nodes: Vec<(u64, SocketAddr)>, keys: usize, seed: u64) {
+    let mut rng = Rng::new(seed ^ id.rotate_left(17));
+    let mut sequence = 0i64;
+    while !recorder.stop.load(Ordering::Relaxed) {
+        let (node, addr) = nodes[rng.below(nodes.len() as u64) as usize];
+        let mut client = match Client::connect(addr).await {
+            Ok(c) => c,
+            Err(_) => {
+                tokio::time::sleep(RECONNECT_PAUSE).await;
+                continue;
+            }
+        };
+        client.set_timeout(REQUEST_TIMEOUT);
+        while !recorder.stop.load(Ordering::Relaxed) {
+            let key = format!("k{}", rng.below(keys as u64));
+            let (kind, value) = match rng.below(10) {
+                0..=3 => (OpKind::Read, None),
+                4..=7 => {
+                    sequence += 1;
+                    (OpKind::Write, Some(id as i64 * 1_000_000_000 + sequence))
+                }
+                _ => (OpKind::Incr, None),
+            };
+            if execute(&recorder, &mut client, id, node, kind, &key, value).await {
+                tokio::time::sleep(RECONNECT_PAUSE).await;
+                break;
+            }
+        }
+    }
+}
