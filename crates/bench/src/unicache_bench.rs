@@ -47,6 +47,9 @@ struct Row {
     off_ops_per_sec: f64,
     on_ops_per_sec: f64,
     ratio: f64,
+    /// Every run's throughput, so the off runs' own spread shows the noise the ratio sits in.
+    off_runs_ops_per_sec: Vec<f64>,
+    on_runs_ops_per_sec: Vec<f64>,
     off_p99_ms: f64,
     on_p99_ms: f64,
     /// Payload bytes the leader sent its followers with UniCache on, before and after encoding.
@@ -145,6 +148,8 @@ pub async fn run(args: UniCacheArgs) -> anyhow::Result<()> {
                 });
                 order[order.len() / 2]
             };
+            let off_runs_ops_per_sec: Vec<f64> = offs.iter().map(|r| r.throughput_ops_per_sec).collect();
+            let on_runs_ops_per_sec: Vec<f64> = ons.iter().map(|(r, _)| r.throughput_ops_per_sec).collect();
             let off = offs.swap_remove(median_index(&offs.iter().collect::<Vec<_>>()));
             let (on, metrics) = ons.swap_remove(median_index(&ons.iter().map(|(r, _)| r).collect::<Vec<_>>()));
             let row = Row {
@@ -153,6 +158,8 @@ pub async fn run(args: UniCacheArgs) -> anyhow::Result<()> {
                 off_ops_per_sec: off.throughput_ops_per_sec,
                 on_ops_per_sec: on.throughput_ops_per_sec,
                 ratio: on.throughput_ops_per_sec / off.throughput_ops_per_sec.max(1e-9),
+                off_runs_ops_per_sec,
+                on_runs_ops_per_sec,
                 off_p99_ms: off.latency_ms["all"].p99,
                 on_p99_ms: on.latency_ms["all"].p99,
                 bytes_before: metric_sum(&metrics, "chorus_unicache_bytes_before_total"),
@@ -180,16 +187,22 @@ pub async fn run(args: UniCacheArgs) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&work);
 
     let mut table = String::from(
-        "| value B | recurring % | off ops/s | on ops/s | on/off | off p99 ms | on p99 ms | bytes sent (on) | followers encoding | cache |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "| value B | recurring % | off ops/s | on ops/s | on/off | off runs / off median | off p99 ms | on p99 ms | bytes sent (on) | followers encoding | cache |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in &rows {
+        let (low, high) = r
+            .off_runs_ops_per_sec
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
         table.push_str(&format!(
-            "| {} | {} | {:.0} | {:.0} | {:.2}x | {:.1} | {:.1} | {:.0}% | {} | {} |\n",
+            "| {} | {} | {:.0} | {:.0} | {:.2}x | {:.2}–{:.2}x | {:.1} | {:.1} | {:.0}% | {} | {} |\n",
             r.value_bytes,
             r.recurring_percent,
             r.off_ops_per_sec,
             r.on_ops_per_sec,
             r.ratio,
+            low / r.off_ops_per_sec.max(1e-9),
+            high / r.off_ops_per_sec.max(1e-9),
             r.off_p99_ms,
             r.on_p99_ms,
             100.0 * r.bytes_after / r.bytes_before.max(1.0),

@@ -26,6 +26,11 @@ pub fn signal(pid: u32, sig: libc::c_int) {
     unsafe {
         libc::kill(pid as libc::pid_t, sig);
     }
+    reap(pid);
+}
+
+/// Collects `pid`'s exit status if it is our child and has exited.
+fn reap(pid: u32) {
     // SAFETY: waitpid with WNOHANG on a pid that may not be our child only returns an error.
     unsafe {
         libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG);
@@ -56,14 +61,16 @@ pub fn terminate(pid: u32, grace: Duration) {
 
 fn wait_gone(pid: u32, within: Duration) -> bool {
     let deadline = Instant::now() + within;
-    while alive(pid) {
+    loop {
+        reap(pid);
+        if !alive(pid) {
+            return true;
+        }
         if Instant::now() > deadline {
             return false;
         }
-        signal(pid, 0);
         std::thread::sleep(Duration::from_millis(10));
     }
-    true
 }
 
 /// Starts `command` in its own process group (a Ctrl-C aimed at the tool that started it must
