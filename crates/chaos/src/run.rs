@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -116,7 +117,10 @@ async fn final_reads(recorder: &Recorder, file: &chorus_cluster::ClusterFile, ke
     Ok(())
 }
 
-/// One run; leaves its directory (history, schedule, result) and returns the summary.
+/// One run; leaves its directory (history, schedule, result) and returns the summary. A run
+/// that cannot finish (a node that will not come back, a key no node will serve) is a failed
+/// run, not an error: it may be the very bug the run is looking for, so its history so far and
+/// the cluster's data are kept like those of a violation.
 pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
     let kinds = if args.faults.is_empty() {
         FaultKind::ALL.to_vec()
@@ -133,10 +137,50 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
     let server_args: Vec<String> = args.server_flags.split_whitespace().map(str::to_string).collect();
     let plan = faults::schedule(args.seed, &kinds, Duration::from_secs(args.duration_secs));
     std::fs::write(dir.join("schedule.json"), serde_json::to_string_pretty(&plan)?)?;
-    let file = chorus_cluster::start(&cluster_dir, args.nodes, server_args, &net).await?;
-    let outcome = drive(args, &cluster_dir, &file, &net, &plan, &dir).await;
-    let _ = chorus_cluster::stop(&cluster_dir);
-    let summary = outcome?;
+
+    let recorder = Recorder::new();
+    let mut applied = Vec::new();
+    let driven = match chorus_cluster::start(&cluster_dir, args.nodes, server_args, &net).await {
+        Ok(file) => {
+            let driven = drive(args, &cluster_dir, &file, &net, &plan, &recorder, &mut applied).await;
+            let _ = chorus_cluster::stop(&cluster_dir);
+            driven
+        }
+        Err(e) => {
+            let _ = chorus_cluster::stop(&cluster_dir);
+            Err(e.context("the cluster did not start"))
+        }
+    };
+
+    let ops = std::mem::take(&mut *recorder.ops.lock().expect("history lock"));
+    history::write_history(&dir.join("history.jsonl"), &ops)?;
+    let verdict = match driven {
+        Ok(()) => {
+            eprintln!("  checking {} operations", ops.len());
+            match checker::check(&ops, Duration::from_secs(args.check_secs)) {
+                Verdict::Linearizable => "linearizable".to_string(),
+                Verdict::Violation { key, ops: involved } => {
+                    history::write_history(&dir.join("violation.jsonl"), &involved)?;
+                    format!("NOT linearizable: key {key} (its operations are in violation.jsonl)")
+                }
+                Verdict::GaveUp { key } => format!("checker gave up on key {key} after {} s", args.check_secs),
+            }
+        }
+        Err(e) => format!("run failed: {e:#}"),
+    };
+    let count = |o: Outcome| ops.iter().filter(|op| op.outcome == o).count();
+    let summary = RunSummary {
+        seed: args.seed,
+        nodes: args.nodes,
+        duration_secs: args.duration_secs,
+        operations: ops.len(),
+        ok: count(Outcome::Ok),
+        failed: count(Outcome::Fail),
+        unknown: count(Outcome::Unknown),
+        faults: applied,
+        verdict,
+        dir: dir.clone(),
+    };
     std::fs::write(dir.join("result.json"), serde_json::to_string_pretty(&summary)?)?;
     if summary.passed() {
         // The data of a passing run is not needed; its history, schedule and result stay.
@@ -145,23 +189,26 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
     Ok(summary)
 }
 
+/// Clients record operations while the planned faults come and go; then everything heals, every
+/// node restarts and every key is read from every node.
 async fn drive(
     args: &RunArgs,
     cluster_dir: &Path,
     file: &chorus_cluster::ClusterFile,
     net: &NetOptions,
     plan: &[Planned],
-    dir: &Path,
-) -> anyhow::Result<RunSummary> {
+    recorder: &Arc<Recorder>,
+    applied: &mut Vec<Applied>,
+) -> anyhow::Result<()> {
     let target = Target {
         dir: cluster_dir,
         file,
         net,
     };
-    let recorder = Recorder::new();
     // Straight to the nodes: a client proxy would accept connections for a node that is down,
     // and every request sent that way would end with an unknown outcome.
     let nodes: Vec<_> = file.nodes.iter().map(|n| (n.id, n.resp_addr)).collect();
+    // Both sets abort their tasks when dropped, so a run cut short leaves nothing running.
     let mut clients = tokio::task::JoinSet::new();
     for id in 0..args.clients as u64 {
         clients.spawn(workload::client_loop(
@@ -172,9 +219,10 @@ async fn drive(
             args.seed,
         ));
     }
-    let progress = {
+    let mut progress = tokio::task::JoinSet::new();
+    {
         let recorder = recorder.clone();
-        tokio::spawn(async move {
+        progress.spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(5)).await;
                 eprintln!(
@@ -184,9 +232,8 @@ async fn drive(
                     recorder.unknown.load(Ordering::Relaxed)
                 );
             }
-        })
-    };
-    let mut applied = Vec::new();
+        });
+    }
     for planned in plan {
         tokio::time::sleep(Duration::from_millis(planned.quiet_ms)).await;
         let mut fault = target.apply(planned, recorder.elapsed().as_millis() as u64).await?;
@@ -204,35 +251,10 @@ async fn drive(
     }
     recorder.stop.store(true, Ordering::Relaxed);
     while clients.join_next().await.is_some() {}
-    progress.abort();
+    progress.abort_all();
     eprintln!("  healing, restarting every node, reading every key from every node");
     target.full_restart().await?;
-    final_reads(&recorder, file, args.keys).await?;
-
-    let ops = std::mem::take(&mut *recorder.ops.lock().expect("history lock"));
-    history::write_history(&dir.join("history.jsonl"), &ops)?;
-    let count = |o: Outcome| ops.iter().filter(|op| op.outcome == o).count();
-    eprintln!("  checking {} operations", ops.len());
-    let verdict = match checker::check(&ops, Duration::from_secs(args.check_secs)) {
-        Verdict::Linearizable => "linearizable".to_string(),
-        Verdict::Violation { key, ops: involved } => {
-            history::write_history(&dir.join("violation.jsonl"), &involved)?;
-            format!("NOT linearizable: key {key} (its operations are in violation.jsonl)")
-        }
-        Verdict::GaveUp { key } => format!("checker gave up on key {key} after {} s", args.check_secs),
-    };
-    Ok(RunSummary {
-        seed: args.seed,
-        nodes: args.nodes,
-        duration_secs: args.duration_secs,
-        operations: ops.len(),
-        ok: count(Outcome::Ok),
-        failed: count(Outcome::Fail),
-        unknown: count(Outcome::Unknown),
-        faults: applied,
-        verdict,
-        dir: dir.to_path_buf(),
-    })
+    final_reads(recorder, file, args.keys).await
 }
 
 pub fn print_summary(s: &RunSummary) {

@@ -1,6 +1,6 @@
 //! The fault-injection harness in CI: a short run with faults of every kind must be
 //! linearizable, and a deliberately broken build (reads served from local state, no ReadIndex)
-//! must be caught. Long campaigns are manual (docs/reliability.md).
+//! must be caught, and a run that cannot finish must fail with its records kept. Long campaigns are manual (docs/reliability.md).
 
 mod common;
 
@@ -51,5 +51,35 @@ fn reads_served_without_read_index_are_caught() {
     let kept_dir = std::fs::read_dir(out.path()).unwrap().next().unwrap().unwrap().path();
     for kept in ["history.jsonl", "schedule.json", "result.json", "violation.jsonl"] {
         assert!(kept_dir.join(kept).exists(), "a failing run keeps {kept}");
+    }
+}
+
+#[test]
+fn a_run_that_cannot_finish_fails_and_keeps_what_it_recorded() {
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(CHORUS)
+        .args([
+            "chaos",
+            "run",
+            "--duration-secs",
+            "5",
+            "--server-flags",
+            "--no-such-flag",
+            "--out",
+            out.path().to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&run.stdout).into_owned() + &String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{text}");
+    assert!(text.contains("run failed: the cluster did not start"), "{text}");
+    let kept_dir = std::fs::read_dir(out.path()).unwrap().next().unwrap().unwrap().path();
+    for kept in [
+        "history.jsonl",
+        "schedule.json",
+        "result.json",
+        "cluster/node1/server.log",
+    ] {
+        assert!(kept_dir.join(kept).exists(), "a failed run keeps {kept}");
     }
 }
