@@ -1,6 +1,7 @@
 //! The fault-injection harness in CI: a short run with faults of every kind must be
-//! linearizable, and a deliberately broken build (reads served from local state, no ReadIndex)
-//! must be caught, and a run that cannot finish must fail with its records kept. Long campaigns are manual (docs/reliability.md).
+//! linearizable, a deliberately broken build (reads served from local state, no ReadIndex) must
+//! be caught, and a run that cannot finish must fail with its records kept. Long campaigns are
+//! manual (docs/reliability.md).
 
 mod common;
 
