@@ -210,7 +210,7 @@ fn create(dir: &Path, nodes: usize, server_args: Vec<String>, net: &NetOptions) 
             println!("network: {}", profile.summary());
             let proxy = Toxiproxy::start(dir)?;
             for link in &links {
-                proxy.create(link)?;
+                proxy.create(link).inspect_err(|_| proxy.stop())?;
             }
             // The nodes are not running yet, so every link can be measured end to end.
             let verification = netem::verify(&links, &paths).inspect_err(|_| proxy.stop())?;
