@@ -5,22 +5,21 @@
 //!     cargo run --manifest-path fuzz/Cargo.toml --bin make-seeds -- fuzz/corpus
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use bytes::Bytes;
+use chorus_fuzz::{append_after_resume, entry, resumed_codec, OneEntryLog, CACHE};
 use chorus_kv::command::encode_args;
 use chorus_kv::unicache::KvPreprocessor;
 use chorus_kv::KvState;
 use chorus_log::batch::{self, Origin};
 use chorus_log::frame::{encode_frame, encode_hello, FrameKind};
 use chorus_log::storage::{write_snapshot_file, DiskStorage, StorageOptions};
-use chorus_log::{EntryCodec, LogView, StateMachine, UniCacheCodec, UniCacheSettings};
+use chorus_log::{EntryCodec, StateMachine};
 use chorus_unicache::{
-    absorb_command, encode_command, CacheConfig, CsvPreprocessor, ItemCache, Policy, Preprocessor, SqlParams,
-    SqlPreprocessor,
+    absorb_command, encode_command, CsvPreprocessor, ItemCache, Preprocessor, SqlParams, SqlPreprocessor,
 };
 use protobuf::Message as _;
-use raft::eraftpb::{Entry, EntryType, HardState, Message, MessageType, Snapshot};
+use raft::eraftpb::{Entry, HardState, Message, MessageType, Snapshot};
 
 fn write(dir: &Path, target: &str, name: &str, bytes: &[u8]) {
     let dir = dir.join(target);
@@ -35,33 +34,6 @@ fn args(words: &[&str]) -> Bytes {
             .map(|w| Bytes::copy_from_slice(w.as_bytes()))
             .collect::<Vec<_>>(),
     )
-}
-
-fn entry(index: u64, data: Bytes) -> Entry {
-    let mut e = Entry {
-        index,
-        term: 1,
-        ..Default::default()
-    };
-    e.set_entry_type(EntryType::EntryNormal);
-    e.data = data;
-    e
-}
-
-struct NoLog;
-
-impl LogView for NoLog {
-    fn term(&self, index: u64) -> Option<u64> {
-        (index <= 1).then_some(1)
-    }
-
-    fn last_index(&self) -> u64 {
-        1
-    }
-
-    fn entries(&self, low: u64, high: u64) -> Option<Vec<Entry>> {
-        (low >= high).then(Vec::new)
-    }
 }
 
 fn main() {
@@ -197,11 +169,6 @@ fn main() {
     write(&out, "kv", "snapshot", &kv.snapshot());
 
     // UniCache: encoded commands for each preprocessor, an encoded append entry, cache state.
-    let config = CacheConfig {
-        policy: Policy::LeCaR,
-        max_items: 64,
-        max_bytes: 4096,
-    };
     let preprocessors: [(&str, &dyn Preprocessor, Bytes); 3] = [
         ("kv", &KvPreprocessor::default(), commands[1].clone()),
         (
@@ -219,7 +186,7 @@ fn main() {
         ),
     ];
     for (name, p, command) in preprocessors {
-        let mut cache = ItemCache::new(config);
+        let mut cache = ItemCache::new(CACHE);
         let mut parts = Vec::new();
         p.preprocess(&command, &mut parts);
         absorb_command(&mut cache, &parts, 1);
@@ -230,35 +197,15 @@ fn main() {
         cache.serialize(&mut state);
         write(&out, "unicache", &format!("cache-{name}"), &state);
     }
-    let mut leader = UniCacheCodec::new(
-        UniCacheSettings {
-            cache: config,
-            autotune: false,
+    let mut leader = resumed_codec();
+    let mut msg = append_after_resume(batch::encode(
+        Origin {
+            node_id: 1,
+            incarnation: 3,
         },
-        Arc::new(KvPreprocessor::default()),
-    );
-    let resume = leader
-        .take_proposal()
-        .expect("a paused cache without auto-tune resumes");
-    leader.applied(&entry(1, resume));
-    let mut msg = Message::default();
-    msg.set_msg_type(MessageType::MsgAppend);
-    msg.from = 1;
-    msg.to = 2;
-    msg.index = 1;
-    msg.log_term = 1;
-    msg.entries = vec![entry(
-        2,
-        batch::encode(
-            Origin {
-                node_id: 1,
-                incarnation: 3,
-            },
-            &[(5, commands[0].clone())],
-        ),
-    )]
-    .into();
-    leader.encode(&mut msg, &NoLog, 1);
+        &[(5, commands[0].clone())],
+    ));
+    leader.encode(&mut msg, &OneEntryLog, 1);
     write(&out, "unicache", "encoded-entry", &msg.entries[0].data);
     write(&out, "unicache", "codec-snapshot", &leader.snapshot());
     println!("seeds written under {}", out.display());
