@@ -26,13 +26,28 @@ fn a_short_run_under_every_kind_of_fault_is_linearizable() {
     assert!(text.contains("fault "), "faults were injected:\n{text}");
 }
 
-#[test]
-fn reads_served_without_read_index_are_caught() {
+/// Runs `chorus chaos run ARGS`, which must fail and keep `kept` in the run's directory; returns
+/// its output.
+fn failing_run(args: &[&str], kept: &[&str]) -> String {
     let out = tempfile::tempdir().unwrap();
     let run = Command::new(CHORUS)
-        .args([
-            "chaos",
-            "run",
+        .args(["chaos", "run", "--out", out.path().to_str().unwrap()])
+        .args(args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&run.stdout).into_owned() + &String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "the run passed:\n{text}");
+    let kept_dir = std::fs::read_dir(out.path()).unwrap().next().unwrap().unwrap().path();
+    for file in kept {
+        assert!(kept_dir.join(file).exists(), "a failed run keeps {file}:\n{text}");
+    }
+    text
+}
+
+#[test]
+fn reads_served_without_read_index_are_caught() {
+    let text = failing_run(
+        &[
             "--duration-secs",
             "24",
             "--seed",
@@ -41,46 +56,22 @@ fn reads_served_without_read_index_are_caught() {
             "partition-majority,partition-leader",
             "--server-flags",
             "--read-consistency stale",
-            "--out",
-            out.path().to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&run.stdout).into_owned() + &String::from_utf8_lossy(&run.stderr);
-    assert!(!run.status.success(), "stale reads went unnoticed:\n{text}");
+        ],
+        &["history.jsonl", "schedule.json", "result.json", "violation.jsonl"],
+    );
     assert!(text.contains("NOT linearizable"), "{text}");
-    let kept_dir = std::fs::read_dir(out.path()).unwrap().next().unwrap().unwrap().path();
-    for kept in ["history.jsonl", "schedule.json", "result.json", "violation.jsonl"] {
-        assert!(kept_dir.join(kept).exists(), "a failing run keeps {kept}");
-    }
 }
 
 #[test]
 fn a_run_that_cannot_finish_fails_and_keeps_what_it_recorded() {
-    let out = tempfile::tempdir().unwrap();
-    let run = Command::new(CHORUS)
-        .args([
-            "chaos",
-            "run",
-            "--duration-secs",
-            "5",
-            "--server-flags",
-            "--no-such-flag",
-            "--out",
-            out.path().to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&run.stdout).into_owned() + &String::from_utf8_lossy(&run.stderr);
-    assert!(!run.status.success(), "{text}");
+    let text = failing_run(
+        &["--duration-secs", "5", "--server-flags", "--no-such-flag"],
+        &[
+            "history.jsonl",
+            "schedule.json",
+            "result.json",
+            "cluster/node1/server.log",
+        ],
+    );
     assert!(text.contains("run failed: the cluster did not start"), "{text}");
-    let kept_dir = std::fs::read_dir(out.path()).unwrap().next().unwrap().unwrap().path();
-    for kept in [
-        "history.jsonl",
-        "schedule.json",
-        "result.json",
-        "cluster/node1/server.log",
-    ] {
-        assert!(kept_dir.join(kept).exists(), "a failed run keeps {kept}");
-    }
 }
