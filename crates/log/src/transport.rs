@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use chorus_metrics::{labeled_counter, labeled_gauge, Counter, Gauge};
 use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
@@ -32,6 +32,8 @@ const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Coalesce queued messages into one write up to this many bytes.
 const WRITE_BATCH_BYTES: usize = 1024 * 1024;
+/// Inbound frames are read through a buffer this large, so a burst of frames costs one read.
+const READ_BUFFER_BYTES: usize = 64 * 1024;
 const PING_INTERVAL: Duration = Duration::from_millis(500);
 /// Pongs waiting to go out per peer; more are dropped (the next ping will do).
 const PONG_QUEUE: usize = 16;
@@ -206,7 +208,10 @@ async fn accept_loop(
 }
 
 /// Reads one frame; errors describe what was wrong for the log line.
-async fn read_frame(stream: &mut TcpStream, max_frame_bytes: usize) -> Result<Option<(FrameKind, Vec<u8>)>, String> {
+async fn read_frame(
+    stream: &mut BufReader<TcpStream>,
+    max_frame_bytes: usize,
+) -> Result<Option<(FrameKind, Vec<u8>)>, String> {
     let mut header = [0u8; FRAME_HEADER_BYTES];
     match stream.read_exact(&mut header).await {
         Ok(_) => {}
@@ -229,11 +234,12 @@ async fn read_frame(stream: &mut TcpStream, max_frame_bytes: usize) -> Result<Op
 }
 
 async fn receive_from(
-    mut stream: TcpStream,
+    stream: TcpStream,
     config: &TransportConfig,
     peers: &Peers,
     inbound: &mpsc::Sender<Message>,
 ) -> Result<(), String> {
+    let mut stream = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
     let hello = tokio::time::timeout(HELLO_TIMEOUT, read_frame(&mut stream, 64))
         .await
         .map_err(|_| "no hello within 5 s".to_string())??;
