@@ -96,26 +96,42 @@ pub fn command_name(args: &[Bytes]) -> String {
         .unwrap_or_default()
 }
 
+/// Longest command name `short_name` lower-cases; longer ones name no command Chorus knows.
+pub const MAX_COMMAND_NAME_BYTES: usize = 16;
+
+/// The lower-cased command name in `buf`, without allocating (this runs for every command);
+/// `None` when it is too long or not ASCII to be a command Chorus knows.
+pub fn short_name<'b>(args: &[Bytes], buf: &'b mut [u8; MAX_COMMAND_NAME_BYTES]) -> Option<&'b str> {
+    let word = args.first()?;
+    let lowered = buf.get_mut(..word.len())?;
+    lowered.copy_from_slice(word);
+    lowered.make_ascii_lowercase();
+    std::str::from_utf8(lowered).ok().filter(|name| name.is_ascii())
+}
+
 impl Command {
     /// Parses a data command. `Ok(None)` means the name is not a data command.
     pub fn parse(args: &[Bytes]) -> Result<Option<Command>, CommandError> {
-        let name = command_name(args);
-        let rest = &args[1.min(args.len())..];
+        let mut buf = [0u8; MAX_COMMAND_NAME_BYTES];
+        let Some(name) = short_name(args, &mut buf) else {
+            return Ok(None);
+        };
+        let rest = &args[1..];
         let exact = |n: usize| {
             if rest.len() == n {
                 Ok(())
             } else {
-                Err(wrong_arity(&name))
+                Err(wrong_arity(name))
             }
         };
         let at_least = |n: usize| {
             if rest.len() >= n {
                 Ok(())
             } else {
-                Err(wrong_arity(&name))
+                Err(wrong_arity(name))
             }
         };
-        let cmd = match name.as_str() {
+        let cmd = match name {
             "get" => {
                 exact(1)?;
                 Command::Read(Read::Get(rest[0].clone()))
@@ -124,13 +140,13 @@ impl Command {
                 at_least(2)?;
                 let mut condition = SetCondition::Always;
                 for opt in &rest[2..] {
-                    match String::from_utf8_lossy(opt).to_ascii_uppercase().as_str() {
-                        "NX" if condition == SetCondition::Always => condition = SetCondition::IfAbsent,
-                        "XX" if condition == SetCondition::Always => condition = SetCondition::IfPresent,
-                        "EX" | "PX" | "EXAT" | "PXAT" | "KEEPTTL" => {
+                    match opt.to_ascii_uppercase().as_slice() {
+                        b"NX" if condition == SetCondition::Always => condition = SetCondition::IfAbsent,
+                        b"XX" if condition == SetCondition::Always => condition = SetCondition::IfPresent,
+                        b"EX" | b"PX" | b"EXAT" | b"PXAT" | b"KEEPTTL" => {
                             return Err("ERR key expiry (EX/PX/EXAT/PXAT/KEEPTTL) is not supported by Chorus".into())
                         }
-                        "GET" => return Err("ERR SET ... GET is not supported by Chorus".into()),
+                        b"GET" => return Err("ERR SET ... GET is not supported by Chorus".into()),
                         _ => return Err(syntax_error()),
                     }
                 }
@@ -162,7 +178,7 @@ impl Command {
                 at_least(1)?;
                 Command::Read(Read::MGet(rest.to_vec()))
             }
-            "mset" => Command::Write(Write::MSet(pairs(rest, &name)?)),
+            "mset" => Command::Write(Write::MSet(pairs(rest, name)?)),
             "incr" | "decr" => {
                 exact(1)?;
                 let delta = if name == "incr" { 1 } else { -1 };
@@ -204,7 +220,7 @@ impl Command {
                 at_least(3)?;
                 Command::Write(Write::HSet {
                     key: rest[0].clone(),
-                    pairs: pairs(&rest[1..], &name)?,
+                    pairs: pairs(&rest[1..], name)?,
                     reply_ok: name == "hmset",
                 })
             }
@@ -271,7 +287,10 @@ pub fn encode_args(args: &[Bytes]) -> Bytes {
     Bytes::from(out)
 }
 
+/// Decodes a write's arguments as slices of one copy of `buf`: key and value of a SET share a
+/// single allocation, which is what the state machine then holds.
 pub fn decode_args(buf: &[u8]) -> Result<Vec<Bytes>, &'static str> {
+    let owned = Bytes::copy_from_slice(buf);
     let (&version, mut rest) = buf.split_first().ok_or("empty command")?;
     if version != ARGS_VERSION {
         return Err("unknown command encoding version");
@@ -291,9 +310,9 @@ pub fn decode_args(buf: &[u8]) -> Result<Vec<Bytes>, &'static str> {
         if rest.len() < len {
             return Err("truncated command");
         }
-        let (arg, tail) = rest.split_at(len);
-        args.push(Bytes::copy_from_slice(arg));
-        rest = tail;
+        let start = buf.len() - rest.len();
+        args.push(owned.slice(start..start + len));
+        rest = &rest[len..];
     }
     if !rest.is_empty() {
         return Err("trailing bytes after command");
@@ -330,6 +349,15 @@ mod tests {
         assert!(Command::parse(&args("MSET a 1 b")).is_err());
         assert!(Command::parse(&args("DECRBY k -9223372036854775808")).is_err());
         assert_eq!(Command::parse(&args("FLUSHALL")).unwrap(), None);
+        assert_eq!(Command::parse(&args("aCommandNameLongerThanAny k")).unwrap(), None);
+        assert_eq!(
+            Command::parse(&[Bytes::from_static(b"g\xffet"), Bytes::from_static(b"k")]).unwrap(),
+            None
+        );
+        assert!(matches!(
+            Command::parse(&args("gEt k")),
+            Ok(Some(Command::Read(Read::Get(_))))
+        ));
     }
 
     #[test]

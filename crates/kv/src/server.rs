@@ -18,7 +18,7 @@ use chorus_resp::{parse_command, write_value, Limits, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::command::{command_name, encode_args, Command};
+use crate::command::{command_name, encode_args, short_name, Command, CommandError, MAX_COMMAND_NAME_BYTES};
 use crate::state::KvState;
 
 pub type KvNode = NodeHandle<KvState>;
@@ -116,13 +116,11 @@ impl FrontEndMetrics {
         }
     }
 
-    fn count(&self, name: &str) {
-        let key = if self.by_command.contains_key(name) {
-            name
-        } else {
-            "other"
-        };
-        self.by_command[key].inc();
+    fn count(&self, name: Option<&str>) {
+        match name.and_then(|name| self.by_command.get(name)) {
+            Some(counter) => counter.inc(),
+            None => self.by_command["other"].inc(),
+        }
     }
 }
 
@@ -235,7 +233,8 @@ impl Connection {
                 if args.is_empty() {
                     continue;
                 }
-                let kind = match Command::parse(&args) {
+                let parsed = Command::parse(&args);
+                let kind = match &parsed {
                     Ok(Some(Command::Read(_))) => Some(Kind::Read),
                     Ok(Some(Command::Write(_))) => Some(Kind::Write),
                     _ => None,
@@ -247,7 +246,7 @@ impl Connection {
                     self.resolve(&mut slots, &mut output).await;
                     pending = None;
                 }
-                let (slot, next) = self.dispatch(args).await;
+                let (slot, next) = self.dispatch(args, parsed).await;
                 if matches!(slot, Slot::Waiting { .. }) {
                     pending = kind;
                 }
@@ -297,11 +296,11 @@ impl Connection {
         }
     }
 
-    async fn dispatch(&mut self, args: Vec<Bytes>) -> (Slot, Flow) {
-        let name = command_name(&args);
-        self.shared.metrics.count(&name);
+    async fn dispatch(&mut self, args: Vec<Bytes>, parsed: Result<Option<Command>, CommandError>) -> (Slot, Flow) {
+        let mut name_buf = [0u8; MAX_COMMAND_NAME_BYTES];
+        self.shared.metrics.count(short_name(&args, &mut name_buf));
         let started = Instant::now();
-        match Command::parse(&args) {
+        match parsed {
             Err(e) => (Slot::Ready(Value::error(e)), Flow::Continue),
             Ok(Some(Command::Write(_))) => {
                 let slot = match self.shared.node.submit_write(encode_args(&args)).await {
@@ -326,7 +325,7 @@ impl Connection {
                 (slot, Flow::Continue)
             }
             Ok(None) => {
-                let (value, flow) = self.server_command(&name, &args[1..]).await;
+                let (value, flow) = self.server_command(&command_name(&args), &args[1..]).await;
                 (Slot::Ready(value), flow)
             }
         }

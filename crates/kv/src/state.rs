@@ -51,7 +51,8 @@ impl KvState {
         }
     }
 
-    pub fn execute_write(&mut self, write: &Write) -> Value {
+    /// Applies a write, taking its keys and values into the map as they are.
+    pub fn execute_write(&mut self, write: Write) -> Value {
         match write {
             Write::Set {
                 key,
@@ -59,14 +60,14 @@ impl KvState {
                 condition,
                 reply_as_int,
             } => {
-                let exists = self.objects.contains_key(key);
+                let exists = self.objects.contains_key(&key);
                 let allowed = match condition {
                     SetCondition::Always => true,
                     SetCondition::IfAbsent => !exists,
                     SetCondition::IfPresent => exists,
                 };
                 if allowed {
-                    self.objects.insert(key.clone(), Object::Str(value.clone()));
+                    self.objects.insert(key, Object::Str(value));
                 }
                 match (reply_as_int, allowed) {
                     (true, _) => Value::Integer(allowed as i64),
@@ -79,12 +80,12 @@ impl KvState {
             }
             Write::MSet(pairs) => {
                 for (k, v) in pairs {
-                    self.objects.insert(k.clone(), Object::Str(v.clone()));
+                    self.objects.insert(k, Object::Str(v));
                 }
                 Value::ok()
             }
             Write::IncrBy { key, delta } => {
-                let current = match self.string(key) {
+                let current = match self.string(&key) {
                     Err(e) => return e,
                     Ok(None) => 0,
                     Ok(Some(s)) => match crate::command::parse_i64(s) {
@@ -92,59 +93,54 @@ impl KvState {
                         Err(e) => return Value::error(e),
                     },
                 };
-                match current.checked_add(*delta) {
+                match current.checked_add(delta) {
                     Some(n) => {
-                        self.objects
-                            .insert(key.clone(), Object::Str(Bytes::from(n.to_string())));
+                        self.objects.insert(key, Object::Str(Bytes::from(n.to_string())));
                         Value::Integer(n)
                     }
                     None => Value::error("ERR increment or decrement would overflow"),
                 }
             }
             Write::Append { key, value } => {
-                let appended = match self.string(key) {
+                let appended = match self.string(&key) {
                     Err(e) => return e,
-                    Ok(None) => value.clone(),
+                    Ok(None) => value,
                     Ok(Some(s)) => {
                         let mut joined = Vec::with_capacity(s.len() + value.len());
                         joined.extend_from_slice(s);
-                        joined.extend_from_slice(value);
+                        joined.extend_from_slice(&value);
                         Bytes::from(joined)
                     }
                 };
                 let len = appended.len() as i64;
-                self.objects.insert(key.clone(), Object::Str(appended));
+                self.objects.insert(key, Object::Str(appended));
                 Value::Integer(len)
             }
             Write::HSet { key, pairs, reply_ok } => {
-                if let Err(e) = self.hash(key) {
+                if let Err(e) = self.hash(&key) {
                     return e;
                 }
-                let Object::Hash(h) = self
-                    .objects
-                    .entry(key.clone())
-                    .or_insert_with(|| Object::Hash(HashMap::new()))
-                else {
+                let Object::Hash(h) = self.objects.entry(key).or_insert_with(|| Object::Hash(HashMap::new())) else {
                     unreachable!("type checked above");
                 };
-                let added = pairs
-                    .iter()
-                    .filter(|(f, v)| h.insert(f.clone(), v.clone()).is_none())
-                    .count();
-                if *reply_ok {
+                let mut added = 0;
+                for (field, value) in pairs {
+                    added += usize::from(h.insert(field, value).is_none());
+                }
+                if reply_ok {
                     Value::ok()
                 } else {
                     Value::Integer(added as i64)
                 }
             }
             Write::HDel { key, fields } => {
-                let removed = match self.objects.get_mut(key) {
+                let removed = match self.objects.get_mut(&key) {
                     None => 0,
                     Some(Object::Str(_)) => return Value::error(WRONGTYPE),
                     Some(Object::Hash(h)) => fields.iter().filter(|f| h.remove(*f).is_some()).count(),
                 };
-                if matches!(self.objects.get(key), Some(Object::Hash(h)) if h.is_empty()) {
-                    self.objects.remove(key);
+                if matches!(self.objects.get(&key), Some(Object::Hash(h)) if h.is_empty()) {
+                    self.objects.remove(&key);
                 }
                 Value::Integer(removed as i64)
             }
@@ -252,7 +248,7 @@ impl StateMachine for KvState {
             Err(e) => return Value::error(format!("ERR undecodable command in log: {e}")),
         };
         match Command::parse(&args) {
-            Ok(Some(Command::Write(w))) => self.execute_write(&w),
+            Ok(Some(Command::Write(w))) => self.execute_write(w),
             Ok(Some(Command::Read(_))) | Ok(None) => Value::error("ERR only write commands belong in the log"),
             Err(e) => Value::error(e),
         }

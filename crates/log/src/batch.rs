@@ -27,21 +27,27 @@ pub struct Batch {
 }
 
 pub fn encode(origin: Origin, commands: &[(u64, Bytes)]) -> Bytes {
-    let size = BATCH_HEADER_BYTES
-        + commands
-            .iter()
-            .map(|(_, c)| c.len() + COMMAND_OVERHEAD_BYTES)
-            .sum::<usize>();
-    let mut out = Vec::with_capacity(size);
+    Bytes::from(encode_commands(
+        origin,
+        commands.iter().map(|(id, command)| (*id, command.as_ref())),
+    ))
+}
+
+/// Encodes the batch of `commands` (request id, command bytes) in one allocation.
+pub fn encode_commands<'a>(origin: Origin, commands: impl Iterator<Item = (u64, &'a [u8])> + Clone) -> Vec<u8> {
+    let (count, command_bytes) = commands
+        .clone()
+        .fold((0usize, 0usize), |(n, bytes), (_, c)| (n + 1, bytes + c.len()));
+    let mut out = Vec::with_capacity(BATCH_HEADER_BYTES + command_bytes + count * COMMAND_OVERHEAD_BYTES);
     out.push(BATCH_VERSION);
     put_u64(&mut out, origin.node_id);
     put_u64(&mut out, origin.incarnation);
-    put_u32(&mut out, commands.len() as u32);
+    put_u32(&mut out, count as u32);
     for (request_id, command) in commands {
-        put_u64(&mut out, *request_id);
+        put_u64(&mut out, request_id);
         put_blob(&mut out, command);
     }
-    Bytes::from(out)
+    out
 }
 
 /// Decodes a batch; command bytes are zero-copy slices of `payload`.
