@@ -95,10 +95,15 @@ fn init_logging(filter: &str) {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    // A node runs on one thread (see `chorus_log::node`); the tools that drive clusters and
+    // load generators use every core.
+    let runtime = match cli.command {
+        Commands::Server { .. } => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    }
+    .enable_all()
+    .build()
+    .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         match cli.command {
             Commands::Server { config, options } => {

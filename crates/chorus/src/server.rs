@@ -41,6 +41,8 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         heartbeat_ticks: config.heartbeat_ticks,
         max_batch_commands: config.max_batch_commands,
         max_batch_bytes: config.max_batch_bytes,
+        group_commit_entries: config.group_commit_entries,
+        group_commit_wait_us: config.group_commit_wait_us,
         leader_wait_ms: config.leader_wait_ms,
         request_timeout_ms: config.request_timeout_ms,
         snapshot_interval_entries: config.snapshot_interval_entries,

@@ -1,8 +1,12 @@
-//! The replicated log node: one thread owns `RawNode` and runs the Ready loop; everything else
+//! The replicated log node: one task owns `RawNode` and runs the Ready loop; everything else
 //! talks to it through bounded channels.
 //!
-//! The loop runs on a dedicated thread (with its own single-threaded tokio runtime for timers and
-//! channels) because it fsyncs: blocking there stalls only raft, never the network tasks.
+//! The loop is a task on the caller's runtime, and it writes and fsyncs the raft log in place,
+//! blocking that runtime's thread while it does. `chorus server` runs a node on one thread (a
+//! current-thread runtime, as Redis does), and that is the point: requests and peer messages
+//! that arrive during an fsync wait in the kernel and the channels, and the next iteration takes
+//! them all as one batch, while handing work between the front end, the loop and the transport
+//! costs no cross-thread wake-up (no futex, no eventfd, no context switch).
 //!
 //! Writes are batched: every command that arrived since the last iteration is proposed as one
 //! raft entry. Followers propose too; raft forwards the entry to the leader, and the proposing
@@ -53,6 +57,10 @@ pub struct NodeConfig {
     pub heartbeat_ticks: usize,
     pub max_batch_commands: usize,
     pub max_batch_bytes: usize,
+    /// The leader holds new writes while this many of its entries are uncommitted (group
+    /// commit), unless a full batch is waiting or the oldest has waited `group_commit_wait_us`.
+    pub group_commit_entries: u64,
+    pub group_commit_wait_us: u64,
     /// How long a request waits for a leader before failing with a retryable error.
     pub leader_wait_ms: u64,
     /// How long a proposed write may take to apply before its outcome is reported unknown.
@@ -382,8 +390,13 @@ struct RaftLoop<SM: StateMachine> {
     status: watch::Sender<NodeStatus>,
     metrics: LogMetrics,
     next_request_id: u64,
-    /// Writes waiting for a leader, in arrival order.
+    /// Writes waiting for a leader (or for group commit), in arrival order.
     unproposed: VecDeque<QueuedWrite<SM::Output>>,
+    /// Command bytes in `unproposed`.
+    unproposed_bytes: usize,
+    /// Raft refused the last proposal (e.g. during a leadership transfer); retried at the next
+    /// tick rather than at once.
+    proposal_refused: bool,
     /// Writes handed to raft, by request id.
     proposed: HashMap<u64, Waiter<SM::Output>>,
     reads_unissued: Vec<ReadWaiter<SM>>,
@@ -401,7 +414,7 @@ struct RaftLoop<SM: StateMachine> {
     last_leader: u64,
 }
 
-/// Opens storage, binds the peer port and starts the raft loop thread.
+/// Opens storage, binds the peer port and spawns the raft loop on the current runtime.
 pub async fn start<SM: StateMachine>(
     config: NodeConfig,
     mut sm: SM,
@@ -414,6 +427,7 @@ pub async fn start<SM: StateMachine>(
         &voters,
         StorageOptions {
             segment_size_bytes: config.segment_size_bytes,
+            preallocate: true,
         },
     )?;
     tracing::info!(
@@ -491,6 +505,8 @@ pub async fn start<SM: StateMachine>(
         metrics: LogMetrics::new(),
         next_request_id: 1,
         unproposed: VecDeque::new(),
+        unproposed_bytes: 0,
+        proposal_refused: false,
         proposed: HashMap::new(),
         reads_unissued: Vec::new(),
         reads_issued: HashMap::new(),
@@ -503,16 +519,7 @@ pub async fn start<SM: StateMachine>(
         last_leader: 0,
     };
     raft_loop.publish_status();
-    std::thread::Builder::new()
-        .name("raft".into())
-        .spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-                .expect("build the raft loop runtime");
-            runtime.block_on(raft_loop.run(request_rx, peer_rx, event_rx));
-        })
-        .expect("spawn the raft thread");
+    tokio::spawn(raft_loop.run(request_rx, peer_rx, event_rx));
     Ok(NodeHandle {
         requests: request_tx,
         status: status_rx,
@@ -560,6 +567,17 @@ impl<SM: StateMachine> RaftLoop<SM> {
         let tick = Duration::from_millis(self.config.tick_ms);
         let mut next_tick = tokio::time::Instant::now() + tick;
         loop {
+            let wake_at = match self.group_commit_deadline() {
+                Some(deadline) => next_tick.min(deadline.into()),
+                None if self.proposable_now() => {
+                    // Writes held for group commit may go now that an entry committed. Let the
+                    // replies to that entry go out and the requests they prompt come in first:
+                    // they join this batch.
+                    tokio::task::yield_now().await;
+                    tokio::time::Instant::now()
+                }
+                None => next_tick,
+            };
             tokio::select! {
                 biased;
                 Some(msg) = peer_messages.recv() => self.on_peer_message(msg),
@@ -575,7 +593,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
                     self.snapshot_job = None;
                     self.on_snapshot_written(done.unwrap_or_else(|_| panic!("snapshot writer thread vanished")));
                 }
-                _ = tokio::time::sleep_until(next_tick) => {}
+                _ = tokio::time::sleep_until(wake_at) => {}
             }
             for _ in 0..DRAIN_LIMIT {
                 match peer_messages.try_recv() {
@@ -594,6 +612,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             }
             let now = tokio::time::Instant::now();
             if now >= next_tick {
+                self.proposal_refused = false;
                 self.raw.tick();
                 next_tick = now + tick;
                 self.expire_requests();
@@ -620,6 +639,11 @@ impl<SM: StateMachine> RaftLoop<SM> {
         self.raw.raft.leader_id != raft::INVALID_ID
     }
 
+    /// Whether queued writes would be proposed by the next iteration.
+    fn proposable_now(&self) -> bool {
+        !self.unproposed.is_empty() && self.leader_known() && !self.proposal_refused
+    }
+
     fn on_request(&mut self, request: Request<SM>) {
         let arrived = Instant::now();
         match request {
@@ -630,6 +654,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             } => {
                 let id = self.next_request_id;
                 self.next_request_id += 1;
+                self.unproposed_bytes += command.len();
                 self.unproposed.push_back(QueuedWrite {
                     id,
                     command,
@@ -721,9 +746,25 @@ impl<SM: StateMachine> RaftLoop<SM> {
         }
     }
 
+    /// Until when the leader keeps queued writes for the next batch (`None`: propose now). It
+    /// holds them while its window of uncommitted entries is full, no full batch is waiting and
+    /// the oldest has not waited `group_commit_wait_us`. Each held write then shares one entry,
+    /// one fsync per replica and one message per follower with the others that arrive meanwhile.
+    fn group_commit_deadline(&self) -> Option<Instant> {
+        let log = &self.raw.raft.raft_log;
+        let oldest = self.unproposed.front()?;
+        let deadline = oldest.waiter.arrived + Duration::from_micros(self.config.group_commit_wait_us);
+        let holding = self.raw.raft.state == StateRole::Leader
+            && log.last_index() - log.committed >= self.config.group_commit_entries
+            && self.unproposed.len() < self.config.max_batch_commands
+            && self.unproposed_bytes < self.config.max_batch_bytes
+            && Instant::now() < deadline;
+        holding.then_some(deadline)
+    }
+
     /// Proposes queued writes in batches bounded by count and bytes.
     fn propose_pending(&mut self) {
-        while !self.unproposed.is_empty() && self.leader_known() {
+        while !self.unproposed.is_empty() && self.leader_known() && self.group_commit_deadline().is_none() {
             let mut bytes = BATCH_HEADER_BYTES;
             let mut take = 0;
             for write in &self.unproposed {
@@ -734,19 +775,15 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 bytes += size;
                 take += 1;
             }
-            let commands: Vec<(u64, Bytes)> = self
-                .unproposed
-                .iter()
-                .take(take)
-                .map(|w| (w.id, w.command.clone()))
-                .collect();
-            let data = batch::encode(self.origin, &commands);
-            match self.raw.propose(Vec::new(), data.to_vec()) {
+            let commands = self.unproposed.iter().take(take).map(|w| (w.id, w.command.as_ref()));
+            let data = batch::encode_commands(self.origin, commands);
+            match self.raw.propose(Vec::new(), data) {
                 Ok(()) => {
                     self.metrics.entries_proposed.inc();
                     self.metrics.commands_proposed.add(take as u64);
                     let term = self.raw.raft.term;
                     for mut write in self.unproposed.drain(..take) {
+                        self.unproposed_bytes -= write.command.len();
                         if let Some(prepared) = write.prepared {
                             self.codec.proposed(self.origin, write.id, prepared);
                         }
@@ -756,15 +793,19 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 }
                 Err(e) => {
                     self.metrics.proposals_dropped.inc();
-                    tracing::debug!(error = %e, "proposal not accepted; will retry");
+                    self.proposal_refused = true;
+                    tracing::debug!(error = %e, "proposal not accepted; will retry at the next tick");
                     return;
                 }
             }
         }
     }
 
+    /// Issues one ReadIndex for every read that arrived since the last one was issued. Only one
+    /// is in flight at a time: reads arriving meanwhile wait for it to come back and share the
+    /// next, so a busy node pays one heartbeat round per batch of reads, not per loop iteration.
     fn issue_reads(&mut self) {
-        if self.reads_unissued.is_empty() || !self.leader_known() {
+        if self.reads_unissued.is_empty() || !self.leader_known() || !self.reads_issued.is_empty() {
             return;
         }
         let ctx = self.next_read_ctx;
@@ -827,6 +868,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 break;
             }
             let write = self.unproposed.pop_front().expect("front exists");
+            self.unproposed_bytes -= write.command.len();
             failed.inc();
             let _ = write.waiter.reply.send(Err(no_leader()));
         }
@@ -959,8 +1001,6 @@ impl<SM: StateMachine> RaftLoop<SM> {
         self.send(light.take_messages());
         self.apply(light.take_committed_entries());
         self.raw.advance_apply();
-        // The commit index needs no fsync: it is recomputed from a quorum after a crash.
-        self.raw.mut_store().persist(false)?;
         self.serve_ready_reads();
         self.metrics.ready_seconds.observe(started.elapsed());
         Ok(())
@@ -1109,6 +1149,10 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 tracing::info!(leader = status.leader_id, term = status.term, "leader changed");
             }
             self.last_leader = status.leader_id;
+            // A ReadIndex in flight when leadership moves may never be answered: ask again.
+            for (_, issued) in self.reads_issued.drain() {
+                self.reads_unissued.extend(issued.reads);
+            }
         }
         let m = &self.metrics;
         m.term.set(status.term as i64);
