@@ -711,7 +711,15 @@ impl<SM: StateMachine> RaftLoop<SM> {
                     return;
                 }
             }
-            MessageType::MsgAppendResponse => self.codec.observe_response(&msg),
+            MessageType::MsgAppendResponse => {
+                self.codec.observe_response(&msg);
+                // When this response commits an entry, raft tells the followers with an empty
+                // append of its own. If writes are queued, the append that carries them follows
+                // at once and carries the new commit index too: skip the empty one (a message
+                // each way and a round of work on every follower per batch).
+                let next_append_follows = !self.unproposed.is_empty() && !self.proposal_refused;
+                self.raw.skip_bcast_commit(next_append_follows);
+            }
             _ => {}
         }
         if let Err(e) = self.raw.step(msg) {

@@ -104,6 +104,10 @@ pub struct DiskStorage {
     active_len: u64,
     /// Whether the active segment was zero-filled to its full size before use.
     active_preallocated: bool,
+    /// The active segment's bytes from the start of the block holding `active_len` up to it.
+    tail_block: Vec<u8>,
+    /// Reused buffer for block-aligned writes.
+    write_buf: Vec<u8>,
     spare: Spare,
     /// Records encoded but not yet written to the active segment.
     pending: Vec<u8>,
@@ -128,10 +132,21 @@ fn prepare_spare(dir: &Path, size_bytes: u64) -> std::io::Result<()> {
     while written < size_bytes {
         let n = (size_bytes - written).min(ZERO_CHUNK_BYTES as u64) as usize;
         file.write_all(&zeros[..n])?;
+        // Flush as we go: tens of MiB written back at once would queue ahead of the active
+        // segment's fsyncs and stall every write for as long.
+        file.sync_data()?;
         written += n as u64;
     }
     file.sync_all()?;
     fs::rename(&tmp, dir.join(SPARE_NAME))
+}
+
+/// The unit of segment writes: a file-system block (and page).
+const WRITE_BLOCK_BYTES: u64 = 4096;
+
+/// Where the block holding byte `offset` starts.
+fn block_start(offset: u64) -> u64 {
+    offset - offset % WRITE_BLOCK_BYTES
 }
 
 /// Whether `buf` holds nothing but zeros from `offset` on: the unused end of a segment.
@@ -451,6 +466,7 @@ impl DiskStorage {
         let last_seq = *segment_seqs.last().expect("non-empty");
         let mut active_len = 0;
         let mut active_file_len = 0;
+        let mut active_tail = Vec::new();
         let mut gap_seen = false;
         let mut unconfirmed_truncation: Option<u64> = None;
 
@@ -549,6 +565,7 @@ impl DiskStorage {
             if is_last {
                 active_len = offset as u64;
                 active_file_len = buf.len() as u64;
+                active_tail = buf[block_start(active_len) as usize..offset].to_vec();
             }
             segments.push(Segment {
                 seq: *seq,
@@ -614,6 +631,8 @@ impl DiskStorage {
             active,
             active_len,
             active_preallocated,
+            tail_block: active_tail,
+            write_buf: Vec::new(),
             spare,
             pending: Vec::new(),
             commit_unwritten: false,
@@ -692,6 +711,8 @@ impl DiskStorage {
             active,
             active_len: 0,
             active_preallocated: false,
+            tail_block: Vec::new(),
+            write_buf: Vec::new(),
             spare,
             pending: Vec::new(),
             commit_unwritten: false,
@@ -718,6 +739,9 @@ impl DiskStorage {
             .and_then(|_| self.active.sync_data())
             .map_err(io_error(path))?;
         self.active_len = buf.len() as u64;
+        self.tail_block.clear();
+        self.tail_block
+            .extend_from_slice(&buf[block_start(self.active_len) as usize..]);
         Ok(())
     }
 
@@ -815,20 +839,59 @@ impl DiskStorage {
             encode_record(&mut self.pending, KIND_HARD_STATE, &encode_hard_state(&self.hard_state));
             self.commit_unwritten = false;
         }
-        let path = &self.segments.last().expect("active segment").path;
         if !self.pending.is_empty() {
-            self.active
-                .write_all_at(&self.pending, self.active_len)
-                .map_err(io_error(path))?;
-            self.active_len += self.pending.len() as u64;
-            self.pending.clear();
+            self.write_pending()?;
         }
+        let path = &self.segments.last().expect("active segment").path;
         if sync {
             self.active.sync_data().map_err(io_error(path))?;
         }
         if self.active_len >= self.options.segment_size_bytes || (!self.active_preallocated && self.spare_ready()) {
             self.roll_segment()?;
         }
+        Ok(())
+    }
+
+    /// Appends `pending` to the active segment. In a preallocated segment the write covers whole
+    /// blocks: it starts with the tail block's bytes (from memory) and ends with the zeros already
+    /// on disk. A write ending mid-block would make the kernel read that block first whenever it
+    /// has left the page cache, a synchronous disk read inside every append.
+    fn write_pending(&mut self) -> Result<(), StorageError> {
+        let path = &self.segments.last().expect("active segment").path;
+        let start = self.active_len;
+        let end = start + self.pending.len() as u64;
+        if self.active_preallocated {
+            let first_block = block_start(start);
+            assert_eq!(
+                self.tail_block.len() as u64,
+                start - first_block,
+                "tail block out of step"
+            );
+            let mut buf = std::mem::take(&mut self.write_buf);
+            buf.clear();
+            buf.extend_from_slice(&self.tail_block);
+            buf.extend_from_slice(&self.pending);
+            let padded_end = end.next_multiple_of(WRITE_BLOCK_BYTES);
+            if padded_end <= self.options.segment_size_bytes {
+                buf.resize((padded_end - first_block) as usize, 0);
+            }
+            self.active.write_all_at(&buf, first_block).map_err(io_error(path))?;
+            let tail_from = (block_start(end) - first_block) as usize;
+            self.tail_block.clear();
+            self.tail_block
+                .extend_from_slice(&buf[tail_from..(end - first_block) as usize]);
+            self.write_buf = buf;
+        } else {
+            self.active.write_all_at(&self.pending, start).map_err(io_error(path))?;
+            let tail_from = block_start(end).max(start);
+            if tail_from > start {
+                self.tail_block.clear();
+            }
+            self.tail_block
+                .extend_from_slice(&self.pending[(tail_from - start) as usize..]);
+        }
+        self.active_len = end;
+        self.pending.clear();
         Ok(())
     }
 
