@@ -204,6 +204,10 @@ pub struct RunArgs {
     /// Redis: follow every write with `WAIT N 0` (acknowledged once N replicas have it).
     #[arg(long, value_name = "N")]
     pub redis_wait: Option<u32>,
+    /// With --addr: the server processes whose CPU to measure (found by themselves with
+    /// --cluster).
+    #[arg(long, value_delimiter = ',', value_name = "PID")]
+    pub server_pid: Vec<u32>,
     /// Skip the load phase (the records are already there).
     #[arg(long)]
     pub no_load: bool,
@@ -230,7 +234,7 @@ impl TargetSpec {
     pub fn with_fields(&self, fields: usize) -> TargetSpec {
         match self {
             TargetSpec::Resp(t) => TargetSpec::Resp(RespTarget { fields, ..t.clone() }),
-            TargetSpec::Etcd(t) => TargetSpec::Etcd(EtcdTarget { fields, ..t.clone() }),
+            TargetSpec::Etcd(t) => TargetSpec::Etcd(t.with_fields(fields)),
         }
     }
 }
@@ -244,10 +248,11 @@ pub fn resp_target(name: &str, addrs: Vec<SocketAddr>, fields: usize, wait_repli
     })
 }
 
-/// What a target directory describes, and the network it runs on.
+/// What a target directory describes, the network it runs on, and its server processes.
 pub struct Resolved {
     pub target: TargetSpec,
     pub network: Option<(String, Option<f64>, std::collections::BTreeMap<String, f64>)>,
+    pub server_pids: Vec<u32>,
 }
 
 async fn resolve_target(args: &RunArgs) -> anyhow::Result<Resolved> {
@@ -269,6 +274,7 @@ async fn resolve_target(args: &RunArgs) -> anyhow::Result<Resolved> {
             return Ok(Resolved {
                 target: resp_target("chorus", addrs, fields, None),
                 network,
+                server_pids: states.iter().filter_map(|s| s.pid).collect(),
             });
         }
         let peers = PeerCluster::load(dir)?;
@@ -277,11 +283,8 @@ async fn resolve_target(args: &RunArgs) -> anyhow::Result<Resolved> {
             .clone()
             .map(|p| (p, peers.bandwidth_mbit, peers.measured_paths_ms.clone()));
         let target = match peers.system {
-            System::Etcd => TargetSpec::Etcd(EtcdTarget {
-                addrs: vec![peers.client_addr],
-                fields,
-            }),
-            System::Redis => {
+            System::Etcd => TargetSpec::Etcd(EtcdTarget::new(vec![peers.client_addr], fields)),
+            System::Redis | System::RedisAlone => {
                 let name = if args.redis_wait.is_some() {
                     "redis+wait"
                 } else {
@@ -290,7 +293,11 @@ async fn resolve_target(args: &RunArgs) -> anyhow::Result<Resolved> {
                 resp_target(name, vec![peers.client_addr], fields, args.redis_wait)
             }
         };
-        return Ok(Resolved { target, network });
+        return Ok(Resolved {
+            target,
+            network,
+            server_pids: peers.pids,
+        });
     }
     if args.addr.is_empty() {
         bail!("say what to benchmark: --cluster DIR, or --target KIND --addr HOST:PORT");
@@ -305,32 +312,44 @@ async fn resolve_target(args: &RunArgs) -> anyhow::Result<Resolved> {
             };
             resp_target(name, args.addr.clone(), fields, args.redis_wait)
         }
-        Some("etcd") => TargetSpec::Etcd(EtcdTarget {
-            addrs: args.addr.clone(),
-            fields,
-        }),
+        Some("etcd") => TargetSpec::Etcd(EtcdTarget::new(args.addr.clone(), fields)),
         Some(other) => bail!("unknown target '{other}'; use chorus, redis or etcd"),
         None => bail!("--addr needs --target chorus|redis|etcd"),
     };
-    Ok(Resolved { target, network: None })
+    Ok(Resolved {
+        target,
+        network: None,
+        server_pids: args.server_pid.clone(),
+    })
 }
 
-async fn execute<T: Target + Clone>(target: T, config: &RunConfig, load: bool) -> anyhow::Result<(f64, RunResult)> {
+async fn execute<T: Target + Clone>(
+    target: T,
+    config: &RunConfig,
+    load: bool,
+    server_pids: &[u32],
+) -> anyhow::Result<(f64, RunResult)> {
     let rtt = driver::measure_client_rtt(&target).await?;
     println!("{}: client round trip {rtt:.2} ms", target.name());
     if load {
         let took = driver::load(&target, config).await?;
         println!("loaded {} records in {:.1} s", config.records, took.as_secs_f64());
     }
-    let result = driver::run(target, config).await?;
+    let result = driver::run(target, config, server_pids).await?;
     Ok((rtt, result))
 }
 
-/// Loads (optionally) and runs one target; one match arm per kind of target.
-pub async fn run_target(target: &TargetSpec, config: &RunConfig, load: bool) -> anyhow::Result<(f64, RunResult)> {
+/// Loads (optionally) and runs one target, measuring the CPU of `server_pids`; one match arm
+/// per kind of target.
+pub async fn run_target(
+    target: &TargetSpec,
+    config: &RunConfig,
+    load: bool,
+    server_pids: &[u32],
+) -> anyhow::Result<(f64, RunResult)> {
     match target {
-        TargetSpec::Resp(t) => execute(t.clone(), config, load).await,
-        TargetSpec::Etcd(t) => execute(t.clone(), config, load).await,
+        TargetSpec::Resp(t) => execute(t.clone(), config, load, server_pids).await,
+        TargetSpec::Etcd(t) => execute(t.clone(), config, load, server_pids).await,
     }
 }
 
@@ -351,7 +370,8 @@ async fn bench_run(args: RunArgs) -> anyhow::Result<()> {
         args.common.fields,
         args.common.field_bytes,
     )?;
-    let (client_rtt_ms, mut result) = run_target(&resolved.target, &config, !args.no_load).await?;
+    let (client_rtt_ms, mut result) =
+        run_target(&resolved.target, &config, !args.no_load, &resolved.server_pids).await?;
     if let Some((profile, bandwidth_mbit, measured_paths_ms)) = resolved.network {
         result.network = Some(NetworkReport {
             profile,

@@ -1,6 +1,8 @@
-//! `chorus bench compare`: Chorus, etcd and Redis (plain and with WAIT) side by side. Each system
-//! is started in turn on the same network profile, loaded, and run through the same scenarios
-//! (workload × record shape × clients); the result is one table of ratios, one JSON, one PNG.
+//! `chorus bench compare`: Chorus, etcd (over gRPC) and Redis (alone, and a primary with replicas,
+//! plain and with WAIT) side by side. Each system is started in turn on the same network
+//! profile, loaded, and run through the same scenarios (workload × record shape × clients); the
+//! result is one table of throughput, p99 and the servers' CPU per operation with Chorus's
+//! ratios, one JSON, and one PNG per figure.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -16,15 +18,19 @@ use crate::peers::{PeerCluster, System};
 use crate::plot::{self, BarGroup};
 use crate::report::{self, NetworkReport, RunResult};
 
-const TARGETS: &[&str] = &["chorus", "etcd", "redis", "redis-wait"];
+const TARGETS: &[&str] = &["chorus", "etcd", "redis", "redis-wait", "redis-alone"];
 
 #[derive(clap::Args)]
 pub struct CompareArgs {
     #[command(flatten)]
     pub net: NetArgs,
     /// Targets: chorus, etcd, redis (primary + 2 replicas), redis-wait (the same with
-    /// `WAIT 1 0` after each write).
-    #[arg(long, value_delimiter = ',', default_value = "chorus,etcd,redis,redis-wait")]
+    /// `WAIT 1 0` after each write), redis-alone (one server, no replica).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "chorus,etcd,redis,redis-wait,redis-alone"
+    )]
     pub targets: Vec<String>,
     /// Scenarios as WORKLOAD or WORKLOAD:FIELDSxBYTES (a record shape other than
     /// --fields x --field-bytes), e.g. `A,B,AW:1x256`.
@@ -84,12 +90,26 @@ impl Scenario {
     }
 }
 
+/// A bar chart of the comparison: file name suffix, title, unit, and the value it shows.
+type Figure = (&'static str, &'static str, &'static str, fn(&Cell) -> Option<f64>);
+
+/// One target's figures in one scenario.
+#[derive(Debug, Clone, Serialize)]
+struct Cell {
+    ops_per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    errors: u64,
+    /// The servers' CPU (all processes, user + system) per operation, in µs.
+    server_cpu_us_per_op: Option<f64>,
+}
+
 #[derive(Debug, Clone, Serialize)]
 struct Row {
     scenario: String,
     clients: usize,
-    /// Target → (ops/s, p50 ms, p99 ms, errors).
-    results: BTreeMap<String, (f64, f64, f64, u64)>,
+    /// Target → its figures.
+    results: BTreeMap<String, Cell>,
 }
 
 #[derive(Serialize)]
@@ -119,13 +139,17 @@ impl Running {
     }
 }
 
+/// A system started for a comparison: how to stop it, its targets, the round trips measured on
+/// its links, and its server processes.
+struct Started {
+    running: Running,
+    specs: Vec<TargetSpec>,
+    measured: BTreeMap<String, f64>,
+    server_pids: Vec<u32>,
+}
+
 /// Starts the system behind `targets` (all of one system) and returns them resolved.
-async fn start_system(
-    system: &str,
-    dir: &Path,
-    net: &NetArgs,
-    targets: &[String],
-) -> anyhow::Result<(Running, Vec<TargetSpec>, BTreeMap<String, f64>)> {
+async fn start_system(system: &str, dir: &Path, net: &NetArgs, targets: &[String]) -> anyhow::Result<Started> {
     if system == "chorus" {
         let file = chorus_cluster::start(dir, 3, Vec::new(), &net.options()).await?;
         let states = chorus_cluster::status(dir, &file).await;
@@ -135,24 +159,35 @@ async fn start_system(
             .context("the Chorus cluster has no leader")?;
         let target = resp_target("chorus", vec![leader.entry.client_addr], 1, None);
         let measured = file.net.map(|n| n.measured_rtt_ms).unwrap_or_default();
-        return Ok((Running::Chorus(dir.to_path_buf()), vec![target], measured));
+        return Ok(Started {
+            running: Running::Chorus(dir.to_path_buf()),
+            specs: vec![target],
+            measured,
+            server_pids: states.iter().filter_map(|s| s.pid).collect(),
+        });
     }
-    let kind = if system == "etcd" { System::Etcd } else { System::Redis };
+    let kind = match system {
+        "etcd" => System::Etcd,
+        "redis-alone" => System::RedisAlone,
+        _ => System::Redis,
+    };
     let profile = Some(net.profile()?).filter(|p| !p.is_passthrough());
     let peers = PeerCluster::start(kind, dir, profile.as_ref()).await?;
     let specs = targets
         .iter()
         .map(|t| match t.as_str() {
-            "etcd" => TargetSpec::Etcd(EtcdTarget {
-                addrs: vec![peers.client_addr],
-                fields: 1,
-            }),
+            "etcd" => TargetSpec::Etcd(EtcdTarget::new(vec![peers.client_addr], 1)),
             "redis-wait" => resp_target("redis+wait", vec![peers.client_addr], 1, Some(1)),
+            "redis-alone" => resp_target("redis-alone", vec![peers.client_addr], 1, None),
             _ => resp_target("redis", vec![peers.client_addr], 1, None),
         })
         .collect();
-    let measured = peers.measured_paths_ms.clone();
-    Ok((Running::Peer(dir.to_path_buf(), peers), specs, measured))
+    Ok(Started {
+        measured: peers.measured_paths_ms.clone(),
+        server_pids: peers.pids.clone(),
+        specs,
+        running: Running::Peer(dir.to_path_buf(), peers),
+    })
 }
 
 /// How a target is named in results: the `--targets` name, except redis-wait is "redis+wait".
@@ -168,6 +203,7 @@ fn system_of(target: &str) -> &'static str {
     match target {
         "chorus" => "chorus",
         "etcd" => "etcd",
+        "redis-alone" => "redis-alone",
         _ => "redis",
     }
 }
@@ -177,36 +213,49 @@ fn markdown_table(rows: &[Row], targets: &[String]) -> String {
     let peers: Vec<&String> = names.iter().filter(|n| *n != "chorus").collect();
     let mut out = String::from("| scenario | clients |");
     for n in &names {
-        let _ = write!(out, " {n} ops/s | {n} p99 ms |");
+        let _ = write!(out, " {n} ops/s | {n} p99 ms | {n} CPU µs/op |");
     }
     for p in &peers {
-        let _ = write!(out, " chorus/{p} |");
+        let _ = write!(out, " chorus/{p} ops/s | chorus/{p} CPU/op |");
     }
     out.push_str("\n|---|---|");
-    out.push_str(&"---|---|".repeat(names.len()));
-    out.push_str(&"---|".repeat(peers.len()));
+    out.push_str(&"---|---|---|".repeat(names.len()));
+    out.push_str(&"---|---|".repeat(peers.len()));
     out.push('\n');
+    let cpu = |cell: &Cell| cell.server_cpu_us_per_op.map_or("–".to_string(), |c| format!("{c:.1}"));
     for row in rows {
         let _ = write!(out, "| {} | {} |", row.scenario, row.clients);
         for n in &names {
             match row.results.get(n) {
-                Some((ops, _, p99, errors)) if *errors > 0 => {
-                    let _ = write!(out, " {ops:.0} ({errors} errors) | {p99:.2} |");
+                Some(cell) if cell.errors > 0 => {
+                    let _ = write!(
+                        out,
+                        " {:.0} ({} errors) | {:.2} | {} |",
+                        cell.ops_per_sec,
+                        cell.errors,
+                        cell.p99_ms,
+                        cpu(cell)
+                    );
                 }
-                Some((ops, _, p99, _)) => {
-                    let _ = write!(out, " {ops:.0} | {p99:.2} |");
+                Some(cell) => {
+                    let _ = write!(out, " {:.0} | {:.2} | {} |", cell.ops_per_sec, cell.p99_ms, cpu(cell));
                 }
-                None => out.push_str(" – | – |"),
+                None => out.push_str(" – | – | – |"),
             }
         }
-        let chorus = row.results.get("chorus").map(|r| r.0);
+        let chorus = row.results.get("chorus");
         for p in &peers {
-            match (chorus, row.results.get(*p)) {
-                (Some(c), Some((peer, ..))) if *peer > 0.0 => {
-                    let _ = write!(out, " {:.2}x |", c / peer);
-                }
-                _ => out.push_str(" – |"),
-            }
+            let ratio =
+                |pick: fn(&Cell) -> Option<f64>| match (chorus.and_then(pick), row.results.get(*p).and_then(pick)) {
+                    (Some(c), Some(peer)) if peer > 0.0 => format!("{:.2}x", c / peer),
+                    _ => "–".to_string(),
+                };
+            let _ = write!(
+                out,
+                " {} | {} |",
+                ratio(|c| Some(c.ops_per_sec)),
+                ratio(|c| c.server_cpu_us_per_op)
+            );
         }
         out.push('\n');
     }
@@ -234,6 +283,8 @@ pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
             true,
         ),
     };
+    std::fs::create_dir_all(&work_dir).with_context(|| format!("cannot create {}", work_dir.display()))?;
+    chorus_cluster::process::let_nobody_pass(&work_dir, "each peer system")?;
     let mut systems: Vec<&'static str> = Vec::new();
     for t in &args.targets {
         if !systems.contains(&system_of(t)) {
@@ -251,9 +302,9 @@ pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
             .collect();
         let dir = work_dir.join(system);
         println!("== {system}: starting in {}", dir.display());
-        let (running, specs, measured) = start_system(system, &dir, &args.net, &targets).await?;
-        let outcome = run_system(&args, &scenarios, &specs, emulated, &measured, &mut runs).await;
-        running.stop();
+        let started = start_system(system, &dir, &args.net, &targets).await?;
+        let outcome = run_system(&args, &scenarios, &started, emulated, &mut runs).await;
+        started.running.stop();
         outcome?;
     }
     if temporary {
@@ -283,7 +334,13 @@ pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
         let all = &run.latency_ms["all"];
         rows[index].results.insert(
             run.target.clone(),
-            (run.throughput_ops_per_sec, all.p50, all.p99, run.errors),
+            Cell {
+                ops_per_sec: run.throughput_ops_per_sec,
+                p50_ms: all.p50,
+                p99_ms: all.p99,
+                errors: run.errors,
+                server_cpu_us_per_op: run.server_cpu.as_ref().map(|c| c.us_per_op),
+            },
         );
     }
     let table = markdown_table(&rows, &args.targets);
@@ -304,39 +361,40 @@ pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
     )?;
     std::fs::write(json.with_extension("md"), &table)?;
     let target_names: Vec<String> = args.targets.iter().map(|t| display_name(t)).collect();
-    let groups = |pick: fn(&(f64, f64, f64, u64)) -> f64| -> Vec<BarGroup> {
+    let groups = |pick: fn(&Cell) -> Option<f64>| -> Vec<BarGroup> {
         rows.iter()
             .map(|row| BarGroup {
                 label: format!("{}, {} cl", row.scenario, row.clients),
-                values: target_names.iter().map(|t| row.results.get(t).map(pick)).collect(),
+                values: target_names.iter().map(|t| row.results.get(t).and_then(pick)).collect(),
             })
             .collect()
     };
-    let throughput_png = json.with_extension("png");
-    plot::try_plot("the comparison", &throughput_png, |p| {
-        plot::plot_bars(
-            &format!("Throughput on {} (ops/s, log scale)", profile.name),
-            "ops/s",
-            &target_names,
-            &groups(|r| r.0),
-            p,
-        )
-    });
-    let latency_png = json.with_file_name(format!(
-        "{}-p99.png",
-        json.file_stem().and_then(|s| s.to_str()).unwrap_or("compare")
-    ));
-    plot::try_plot("the latency comparison", &latency_png, |p| {
-        plot::plot_bars(
-            &format!("p99 latency on {} (ms, log scale)", profile.name),
-            "ms",
-            &target_names,
-            &groups(|r| r.2),
-            p,
-        )
-    });
+    let stem = json
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("compare")
+        .to_string();
+    let figures: [Figure; 3] = [
+        ("", "Throughput", "ops/s", |c| Some(c.ops_per_sec)),
+        ("-p99", "p99 latency", "ms", |c| Some(c.p99_ms)),
+        ("-cpu", "Server CPU per operation (all processes)", "µs", |c| {
+            c.server_cpu_us_per_op
+        }),
+    ];
+    for (suffix, what, unit, pick) in figures {
+        let png = json.with_file_name(format!("{stem}{suffix}.png"));
+        plot::try_plot(what, &png, |p| {
+            plot::plot_bars(
+                &format!("{what} on {} ({unit})", profile.name),
+                unit,
+                &target_names,
+                &groups(pick),
+                p,
+            )
+        });
+    }
     println!(
-        "comparison: {} (.md, .png, -p99.png); each run's JSON is beside it",
+        "comparison: {} (.md, .png, -p99.png, -cpu.png); each run's JSON is beside it",
         json.display()
     );
     Ok(())
@@ -345,15 +403,14 @@ pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
 async fn run_system(
     args: &CompareArgs,
     scenarios: &[Scenario],
-    specs: &[TargetSpec],
+    system: &Started,
     profile: Option<&Profile>,
-    measured: &BTreeMap<String, f64>,
     runs: &mut Vec<RunResult>,
 ) -> anyhow::Result<()> {
     let mut loaded: Vec<(usize, usize)> = Vec::new();
     for scenario in scenarios {
         for &clients in &args.clients {
-            for spec in specs {
+            for spec in &system.specs {
                 let mut config =
                     args.common
                         .config(&scenario.workload, clients, scenario.fields, scenario.field_bytes)?;
@@ -363,11 +420,11 @@ async fn run_system(
                 loaded.push(shape);
                 println!("-- {} {} with {clients} clients", spec.name(), scenario.label());
                 let target = spec.with_fields(scenario.fields);
-                let (client_rtt_ms, mut result) = run_target(&target, &config, load).await?;
+                let (client_rtt_ms, mut result) = run_target(&target, &config, load, &system.server_pids).await?;
                 result.network = profile.map(|p| NetworkReport {
                     profile: p.name.clone(),
                     bandwidth_mbit: p.bandwidth_mbit,
-                    measured_paths_ms: measured.clone(),
+                    measured_paths_ms: system.measured.clone(),
                     client_rtt_ms,
                 });
                 result.print_summary();

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use tokio::time::Instant;
 
+use crate::cpu::CpuMeter;
 use crate::report::{self, LatencySummary, RunResult, TimelinePoint};
 use crate::rng::Rng;
 use crate::target::{OpError, Record, Session, Target};
@@ -386,8 +387,9 @@ pub async fn measure_client_rtt<T: Target>(target: &T) -> anyhow::Result<f64> {
     Ok(samples[samples.len() / 2])
 }
 
-/// Runs the workload (no load phase) and returns the measurements.
-pub async fn run<T: Target>(target: T, config: &RunConfig) -> anyhow::Result<RunResult> {
+/// Runs the workload (no load phase) and returns the measurements, with the CPU that the
+/// processes `server_pids` spent meanwhile.
+pub async fn run<T: Target>(target: T, config: &RunConfig, server_pids: &[u32]) -> anyhow::Result<RunResult> {
     if config.clients == 0 {
         bail!("at least one client is needed");
     }
@@ -401,6 +403,7 @@ pub async fn run<T: Target>(target: T, config: &RunConfig) -> anyhow::Result<Run
                 .with_context(|| format!("{name}: client {client} cannot connect"))?,
         );
     }
+    let cpu = CpuMeter::start(server_pids);
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(config.duration_secs);
     let shared = Arc::new(Shared {
@@ -449,7 +452,9 @@ pub async fn run<T: Target>(target: T, config: &RunConfig) -> anyhow::Result<Run
     progress.finish();
     let elapsed = started.elapsed();
     let recorder = shared.recorder.lock().expect("recorder lock");
-    Ok(summarize(&name, config, &recorder, elapsed.as_secs_f64()))
+    let mut result = summarize(&name, config, &recorder, elapsed.as_secs_f64());
+    (result.server_cpu, result.client_cpu_us_per_op) = cpu.finish(result.operations, result.duration_secs);
+    Ok(result)
 }
 
 fn summarize(target: &str, config: &RunConfig, recorder: &Recorder, elapsed_secs: f64) -> RunResult {
@@ -500,6 +505,8 @@ fn summarize(target: &str, config: &RunConfig, recorder: &Recorder, elapsed_secs
         throughput_ops_per_sec: operations as f64 / elapsed_secs.max(1e-9),
         latency_ms: latency,
         timeline,
+        server_cpu: None,
+        client_cpu_us_per_op: 0.0,
     }
 }
 
@@ -587,7 +594,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn closed_loop_measures_service_time() {
-        let result = run(SlowTarget { service_ms: 10 }, &config(None)).await.unwrap();
+        let result = run(SlowTarget { service_ms: 10 }, &config(None), &[]).await.unwrap();
         let all = &result.latency_ms["all"];
         assert!((9.5..11.0).contains(&all.p99), "p99 {}", all.p99);
         assert!((95..=101).contains(&result.operations), "{} ops", result.operations);
@@ -597,7 +604,9 @@ mod tests {
     async fn open_loop_charges_queueing_behind_a_slow_server() {
         // 200 ops/s offered to a server that completes 100/s: each operation waits for the ones
         // before it, and that wait is part of its latency (no coordinated omission).
-        let result = run(SlowTarget { service_ms: 10 }, &config(Some(200.0))).await.unwrap();
+        let result = run(SlowTarget { service_ms: 10 }, &config(Some(200.0)), &[])
+            .await
+            .unwrap();
         let all = &result.latency_ms["all"];
         assert!(all.p99 > 400.0, "p99 {} ms hides the queueing", all.p99);
         assert!(all.p50 > 200.0, "p50 {} ms", all.p50);
@@ -605,7 +614,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn open_loop_below_capacity_sends_on_schedule() {
-        let result = run(SlowTarget { service_ms: 10 }, &config(Some(50.0))).await.unwrap();
+        let result = run(SlowTarget { service_ms: 10 }, &config(Some(50.0)), &[])
+            .await
+            .unwrap();
         assert!(
             (48..=51).contains(&result.operations),
             "{} ops at 50/s",

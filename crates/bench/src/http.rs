@@ -1,5 +1,5 @@
-//! A minimal HTTP/1.1 client over one keep-alive connection: enough for etcd's JSON gateway
-//! (POST with a JSON body; replies framed by Content-Length or chunked encoding).
+//! A minimal HTTP/1.1 client over one keep-alive connection: enough to read a node's metrics page
+//! (replies framed by Content-Length or chunked encoding).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -48,29 +48,16 @@ impl HttpConnection {
         })
     }
 
-    pub async fn post(&mut self, path: &str, body: &[u8]) -> std::io::Result<Response> {
-        let timeout = self.timeout;
-        tokio::time::timeout(timeout, self.exchange("POST", path, body))
-            .await
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("no answer within {timeout:?}")))?
-    }
-
     pub async fn get(&mut self, path: &str) -> std::io::Result<Response> {
         let timeout = self.timeout;
-        tokio::time::timeout(timeout, self.exchange("GET", path, b""))
+        tokio::time::timeout(timeout, self.exchange(path))
             .await
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("no answer within {timeout:?}")))?
     }
 
-    async fn exchange(&mut self, method: &str, path: &str, body: &[u8]) -> std::io::Result<Response> {
-        let mut request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            self.addr,
-            body.len()
-        )
-        .into_bytes();
-        request.extend_from_slice(body);
-        self.stream.write_all(&request).await?;
+    async fn exchange(&mut self, path: &str) -> std::io::Result<Response> {
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", self.addr);
+        self.stream.write_all(request.as_bytes()).await?;
 
         let head_end = self.buffer_until(b"\r\n\r\n", "header too long").await?;
         let head = String::from_utf8_lossy(&self.buf[..head_end]).into_owned();

@@ -1,12 +1,15 @@
 //! Measuring instruments: YCSB workload generators, a load driver (closed and open loop) with
-//! HDR latency histograms, targets (Chorus and Redis over RESP, etcd over its JSON gateway),
-//! peer systems started side by side on the same emulated network, JSON reports and PNG plots.
+//! HDR latency histograms, targets (Chorus and Redis over RESP, etcd over gRPC),
+//! peer systems started side by side on the same emulated network, the servers' CPU per
+//! operation, JSON reports and PNG plots.
 
 pub mod cli;
 pub mod compare;
+pub mod cpu;
 pub mod driver;
 pub mod etcd_target;
 pub mod generator;
+pub mod grpc;
 mod http;
 pub mod peers;
 pub mod plot;

@@ -1,5 +1,6 @@
 //! The systems we compare against, started from Debian's packages on loopback under the same
-//! network profile as Chorus: a 3-member etcd cluster and Redis as a primary with 2 replicas.
+//! network profile as Chorus: a 3-member etcd cluster, Redis as a primary with 2 replicas, and
+//! a lone Redis (durable on one machine, replicated nowhere: the yardstick of a single node).
 //!
 //! How each one's traffic is laid onto emulated links:
 //! - Redis: each replica dials the primary, so one link per replica carries that pair's round
@@ -22,9 +23,8 @@ use chorus_client::{Client, Value};
 use chorus_cluster::netem::{self, Link, PathCheck, Profile, Toxiproxy};
 use chorus_cluster::{ports, process};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value as Json};
 
-use crate::http::HttpConnection;
+use crate::etcd_target;
 
 const MEMBERS: u64 = 3;
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -34,20 +34,21 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 pub enum System {
     Etcd,
     Redis,
+    RedisAlone,
 }
 
 impl System {
     fn binary(&self) -> &'static str {
         match self {
             System::Etcd => "etcd",
-            System::Redis => "redis-server",
+            System::Redis | System::RedisAlone => "redis-server",
         }
     }
 
     fn package(&self) -> &'static str {
         match self {
             System::Etcd => "etcd-server",
-            System::Redis => "redis-server",
+            System::Redis | System::RedisAlone => "redis-server",
         }
     }
 }
@@ -141,12 +142,17 @@ impl PeerCluster {
             }
         }
         if let Some(profile) = profile {
-            profile.check_nodes(MEMBERS as usize)?;
+            profile.check_nodes(if system == System::RedisAlone {
+                1
+            } else {
+                MEMBERS as usize
+            })?;
             println!("network: {}", profile.summary());
         }
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let mut cluster = match system {
-            System::Redis => start_redis(dir, profile).await,
+            System::Redis => start_redis(dir, profile, MEMBERS).await,
+            System::RedisAlone => start_redis(dir, profile, 1).await,
             System::Etcd => start_etcd(dir, profile).await,
         }?;
         cluster.profile = profile.map(|p| p.name.clone());
@@ -165,23 +171,24 @@ impl PeerCluster {
     }
 }
 
-async fn start_redis(dir: &Path, profile: Option<&Profile>) -> anyhow::Result<PeerCluster> {
+/// A primary (member 1) and `members - 1` replicas.
+async fn start_redis(dir: &Path, profile: Option<&Profile>, members: u64) -> anyhow::Result<PeerCluster> {
     // Member ports, then (under a profile) a proxy per replica link and one for the client.
-    let proxies = if profile.is_some() { MEMBERS as usize } else { 0 };
-    let ports = ports::free_loopback_ports(MEMBERS as usize + proxies)?;
+    let proxies = if profile.is_some() { members as usize } else { 0 };
+    let ports = ports::free_loopback_ports(members as usize + proxies)?;
     let primary = loopback(ports[0]);
-    let mut primary_for = vec![primary; MEMBERS as usize];
+    let mut primary_for = vec![primary; members as usize];
     let mut client_addr = primary;
     let mut measured = BTreeMap::new();
     if let Some(profile) = profile {
         let mut links = Vec::new();
         let mut paths = Vec::new();
-        for replica in 2..=MEMBERS {
+        for replica in 2..=members {
             let name = format!("replica-{replica}-to-primary");
             let rtt = profile.rtt_ms(1, replica);
             links.push(Link {
                 name: name.clone(),
-                listen: loopback(ports[MEMBERS as usize + replica as usize - 2]),
+                listen: loopback(ports[members as usize + replica as usize - 2]),
                 upstream: primary,
                 upstream_delay_ms: netem::split_rtt(rtt, true),
                 downstream_delay_ms: netem::split_rtt(rtt, false),
@@ -196,7 +203,7 @@ async fn start_redis(dir: &Path, profile: Option<&Profile>) -> anyhow::Result<Pe
         }
         let (link, path) = client_link(
             "client-to-primary",
-            ports[2 * MEMBERS as usize - 1],
+            ports[2 * members as usize - 1],
             primary,
             profile.client_rtt(1),
         );
@@ -206,7 +213,7 @@ async fn start_redis(dir: &Path, profile: Option<&Profile>) -> anyhow::Result<Pe
         measured = start_network(dir, &links, &paths)?;
     }
     let mut pids = Vec::new();
-    for member in 1..=MEMBERS {
+    for member in 1..=members {
         let mdir = dir.join(format!("redis{member}"));
         let mut command = Command::new("redis-server");
         command.args(["--port", &ports[member as usize - 1].to_string(), "--bind", "127.0.0.1"]);
@@ -228,7 +235,7 @@ async fn start_redis(dir: &Path, profile: Option<&Profile>) -> anyhow::Result<Pe
             let upstream = primary_for[member as usize - 1];
             command.args(["--replicaof", &upstream.ip().to_string(), &upstream.port().to_string()]);
         }
-        process::drop_root(&mut command, &[&mdir])?;
+        process::drop_root(&mut command, dir, &[&mdir])?;
         pids.push(process::spawn(
             command,
             &dir.join(format!("redis{member}.log")),
@@ -236,14 +243,18 @@ async fn start_redis(dir: &Path, profile: Option<&Profile>) -> anyhow::Result<Pe
         )?);
     }
     let cluster = PeerCluster {
-        system: System::Redis,
+        system: if members == 1 {
+            System::RedisAlone
+        } else {
+            System::Redis
+        },
         pids,
         client_addr,
         profile: None,
         bandwidth_mbit: None,
         measured_paths_ms: measured,
     };
-    wait_for_replicas(primary, MEMBERS as usize - 1)
+    wait_for_replicas(primary, members as usize - 1)
         .await
         .inspect_err(|_| cluster.stop(dir))?;
     Ok(cluster)
@@ -373,7 +384,7 @@ async fn start_etcd(dir: &Path, profile: Option<&Profile>) -> anyhow::Result<Pee
                 "--log-outputs",
                 "stderr",
             ]);
-        process::drop_root(&mut command, &[&mdir])?;
+        process::drop_root(&mut command, dir, &[&mdir])?;
         pids.push(process::spawn(
             command,
             &dir.join(format!("etcd{m}.log")),
@@ -395,52 +406,26 @@ async fn start_etcd(dir: &Path, profile: Option<&Profile>) -> anyhow::Result<Pee
     Ok(cluster)
 }
 
-async fn etcd_call(addr: SocketAddr, path: &str, body: &Json) -> anyhow::Result<Json> {
-    let mut http = HttpConnection::connect(addr, Duration::from_secs(5)).await?;
-    let response = http.post(path, &serde_json::to_vec(body)?).await?;
-    if response.status != 200 {
-        bail!(
-            "etcd {addr}{path} answered {}: {}",
-            response.status,
-            String::from_utf8_lossy(&response.body)
-        );
-    }
-    Ok(serde_json::from_slice(&response.body)?)
-}
-
-/// (member id, leader id) as etcd reports them; ids are uint64 carried as JSON strings.
-async fn etcd_status(addr: SocketAddr) -> anyhow::Result<(String, String)> {
-    let status = etcd_call(addr, "/v3/maintenance/status", &json!({})).await?;
-    let id = status["header"]["member_id"].as_str().unwrap_or_default().to_string();
-    let leader = status["leader"].as_str().unwrap_or_default().to_string();
-    Ok((id, leader))
-}
-
 /// Waits for a leader, then moves leadership to member 1 (the leader's place in the profile).
 async fn etcd_lead_from_member_1(members: &[SocketAddr]) -> anyhow::Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         let mut statuses = Vec::new();
         for addr in members {
-            statuses.push(etcd_status(*addr).await.ok());
+            statuses.push(etcd_target::member_status(*addr).await.ok());
         }
-        if let Some((first_id, leader)) = statuses[0].clone() {
-            if !leader.is_empty() && leader != "0" && statuses.iter().all(Option::is_some) {
-                if leader == first_id {
+        if let Some(first) = statuses[0] {
+            if first.leader_id != 0 && statuses.iter().all(Option::is_some) {
+                if first.leader_id == first.member_id {
                     return Ok(());
                 }
                 let leader_addr = statuses
                     .iter()
                     .zip(members)
-                    .find(|(s, _)| s.as_ref().is_some_and(|(id, _)| *id == leader))
+                    .find(|(s, _)| s.is_some_and(|s| s.member_id == first.leader_id))
                     .map(|(_, addr)| *addr);
                 if let Some(addr) = leader_addr {
-                    let _ = etcd_call(
-                        addr,
-                        "/v3/maintenance/transfer-leadership",
-                        &json!({"targetID": first_id}),
-                    )
-                    .await;
+                    let _ = etcd_target::move_leader(addr, first.member_id).await;
                 }
             }
         }

@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 
 use anyhow::{anyhow, Context};
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::report::RunResult;
 
@@ -145,7 +146,24 @@ pub struct BarGroup {
     pub values: Vec<Option<f64>>,
 }
 
-/// Grouped bars on a log scale: one group per scenario, one bar per target.
+/// A value as a bar label or axis tick: three significant digits, thousands as "k".
+pub fn short_number(value: f64) -> String {
+    let magnitude = value.abs();
+    if magnitude >= 10_000.0 {
+        format!("{:.0}k", value / 1000.0)
+    } else if magnitude >= 1000.0 {
+        format!("{:.1}k", value / 1000.0)
+    } else if magnitude >= 100.0 {
+        format!("{value:.0}")
+    } else if magnitude >= 10.0 {
+        format!("{value:.1}")
+    } else {
+        format!("{value:.2}")
+    }
+}
+
+/// Grouped bars on a linear scale from zero, so heights compare as ratios: one group per
+/// scenario, one bar per target, each bar labelled with its value.
 pub fn plot_bars(
     title: &str,
     y_desc: &str,
@@ -154,19 +172,22 @@ pub fn plot_bars(
     path: &Path,
 ) -> anyhow::Result<()> {
     ensure_font()?;
-    let width = (200 + groups.len() * targets.len() * 40).clamp(900, 2400) as u32;
+    let width = (200 + groups.len() * targets.len() * 60).clamp(900, 2400) as u32;
     let root = BitMapBackend::new(path, (width, 600)).into_drawing_area();
     root.fill(&WHITE).map_err(draw_error)?;
-    let values = || groups.iter().flat_map(|g| g.values.iter().flatten().copied());
-    let max = values().fold(1.0f64, f64::max) * 2.0;
-    let min = values().fold(max, f64::min).max(1e-3) / 2.0;
+    let max = groups
+        .iter()
+        .flat_map(|g| g.values.iter().flatten().copied())
+        .fold(0.0f64, f64::max);
+    // Headroom for the labels above the tallest bar and for the legend.
+    let top = if max > 0.0 { max * 1.25 } else { 1.0 };
     let labels: Vec<String> = groups.iter().map(|g| g.label.clone()).collect();
     let mut chart = ChartBuilder::on(&root)
         .caption(title, (FONT, 22))
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(80)
-        .build_cartesian_2d(0f64..groups.len() as f64, (min..max).log_scale())
+        .build_cartesian_2d(0f64..groups.len() as f64, 0f64..top)
         .map_err(draw_error)?;
     chart
         .configure_mesh()
@@ -180,26 +201,43 @@ pub fn plot_bars(
                 String::new()
             }
         })
+        .y_labels(10)
+        .y_label_formatter(&|y| short_number(*y))
         .y_desc(y_desc)
         .label_style((FONT, 13))
         .draw()
         .map_err(draw_error)?;
     let bar_width = 0.8 / targets.len().max(1) as f64;
-    for (t, target) in targets.iter().enumerate() {
-        let color = COLORS[t % COLORS.len()];
-        let bars = groups.iter().enumerate().filter_map(|(g, group)| {
+    let bars_of = |t: usize| {
+        groups.iter().enumerate().filter_map(move |(g, group)| {
             let value = group.values.get(t).copied().flatten()?;
             let left = g as f64 + 0.1 + t as f64 * bar_width;
-            Some(Rectangle::new(
-                [(left, min), (left + bar_width * 0.95, value)],
-                color.filled(),
-            ))
-        });
+            Some((left, value))
+        })
+    };
+    for (t, target) in targets.iter().enumerate() {
+        let color = COLORS[t % COLORS.len()];
         chart
-            .draw_series(bars)
+            .draw_series(
+                bars_of(t).map(|(left, value)| {
+                    Rectangle::new([(left, 0.0), (left + bar_width * 0.95, value)], color.filled())
+                }),
+            )
             .map_err(draw_error)?
             .label(target.as_str())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled()));
+        let label_style = TextStyle::from((FONT, 12).into_font())
+            .color(&BLACK)
+            .pos(Pos::new(HPos::Center, VPos::Bottom));
+        chart
+            .draw_series(bars_of(t).map(|(left, value)| {
+                Text::new(
+                    short_number(value),
+                    (left + bar_width * 0.475, value),
+                    label_style.clone(),
+                )
+            }))
+            .map_err(draw_error)?;
     }
     chart
         .configure_series_labels()

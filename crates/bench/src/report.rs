@@ -7,6 +7,7 @@ use anyhow::Context;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::cpu::ServerCpu;
 use crate::driver::RunConfig;
 
 #[derive(Debug, Clone, Serialize)]
@@ -127,6 +128,10 @@ pub struct RunResult {
     /// By operation kind, and "all".
     pub latency_ms: BTreeMap<String, LatencySummary>,
     pub timeline: Vec<TimelinePoint>,
+    /// CPU the servers spent during the run (absent when their processes were not known).
+    pub server_cpu: Option<ServerCpu>,
+    /// CPU this benchmark client spent per operation, in µs.
+    pub client_cpu_us_per_op: f64,
 }
 
 impl RunResult {
@@ -149,6 +154,21 @@ impl RunResult {
                 "  {kind:<18} n {:>9}  mean {:>8.2}  p50 {:>8.2}  p90 {:>8.2}  p99 {:>8.2}  p99.9 {:>8.2}  max {:>8.2} ms",
                 l.count, l.mean, l.p50, l.p90, l.p99, l.p999, l.max
             );
+        }
+        match &self.server_cpu {
+            Some(cpu) => println!(
+                "  CPU per operation: servers {:.1} µs (user {:.1}, system {:.1}; {} processes, {:.2} cores busy), client {:.1} µs",
+                cpu.us_per_op,
+                cpu.times.user_secs * 1e6 / self.operations.max(1) as f64,
+                cpu.times.system_secs * 1e6 / self.operations.max(1) as f64,
+                cpu.processes.len(),
+                cpu.cores_busy,
+                self.client_cpu_us_per_op
+            ),
+            None => println!(
+                "  CPU per operation: servers not measured (their processes are unknown), client {:.1} µs",
+                self.client_cpu_us_per_op
+            ),
         }
         for sample in &self.error_samples {
             println!("  error: {sample}");

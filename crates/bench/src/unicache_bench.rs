@@ -75,6 +75,9 @@ struct Report<'a> {
 async fn scrape(addr: std::net::SocketAddr) -> anyhow::Result<String> {
     let mut http = HttpConnection::connect(addr, Duration::from_secs(5)).await?;
     let response = http.get("/metrics").await?;
+    if response.status != 200 {
+        anyhow::bail!("http://{addr}/metrics answered HTTP {}", response.status);
+    }
     Ok(String::from_utf8_lossy(&response.body).into_owned())
 }
 
@@ -111,7 +114,8 @@ async fn run_once(
         let mut config = args.common.config("AW", args.clients, 1, size)?;
         config.value_repeat_fraction = Some(f64::from(recurring) / 100.0);
         config.value_repeat_pool = 64;
-        let (_, result) = run_target(&target, &config, false).await?;
+        let pids: Vec<u32> = states.iter().filter_map(|s| s.pid).collect();
+        let (_, result) = run_target(&target, &config, false, &pids).await?;
         let metrics = scrape(leader.entry.metrics_addr).await?;
         Ok::<_, anyhow::Error>((result, metrics))
     }
@@ -245,7 +249,7 @@ pub async fn run(args: UniCacheArgs) -> anyhow::Result<()> {
         .collect();
     plot::try_plot("the UniCache ratios", &json.with_extension("png"), |p| {
         plot::plot_bars(
-            &format!("UniCache on/off throughput on {} (log scale)", profile.name),
+            &format!("UniCache on/off throughput on {}", profile.name),
             "on / off",
             &sizes,
             &groups,

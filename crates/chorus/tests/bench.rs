@@ -161,18 +161,26 @@ fn compare_runs_every_target_side_by_side_and_writes_one_table() {
     let comparison = result_file(&out, "compare-lan");
     let rows = comparison["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 1, "{output}");
-    for target in ["chorus", "etcd", "redis", "redis+wait"] {
-        let ops = rows[0]["results"][target][0].as_f64().unwrap_or(0.0);
+    for target in ["chorus", "etcd", "redis", "redis+wait", "redis-alone"] {
+        let cell = &rows[0]["results"][target];
+        let ops = cell["ops_per_sec"].as_f64().unwrap_or(0.0);
         assert!(ops > 0.0, "{target} made no progress:\n{output}");
-        assert_eq!(
-            rows[0]["results"][target][3].as_u64(),
-            Some(0),
-            "{target} errors:\n{output}"
-        );
+        assert_eq!(cell["errors"].as_u64(), Some(0), "{target} errors:\n{output}");
+        // Every system's server processes are measured, and they did work.
+        let cpu = cell["server_cpu_us_per_op"].as_f64().unwrap_or(0.0);
+        assert!(cpu > 0.0, "{target} has no CPU per operation:\n{output}");
     }
     assert!(output.contains("chorus/etcd"), "the table has ratios:\n{output}");
-    assert!(out
-        .read_dir()
-        .unwrap()
-        .any(|e| e.unwrap().path().to_string_lossy().ends_with("-p99.png")));
+    assert!(
+        output.contains("CPU µs/op"),
+        "the table has CPU per operation:\n{output}"
+    );
+    for figure in ["-p99.png", "-cpu.png"] {
+        assert!(
+            out.read_dir()
+                .unwrap()
+                .any(|e| e.unwrap().path().to_string_lossy().ends_with(figure)),
+            "no {figure}"
+        );
+    }
 }

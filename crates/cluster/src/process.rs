@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 
 /// Whether `pid` is a live (not zombie) process.
 pub fn alive(pid: u32) -> bool {
@@ -95,13 +95,64 @@ pub fn spawn(mut command: Command, log: &Path, pid_file: &Path) -> anyhow::Resul
 
 const NOBODY: u32 = 65_534;
 
-/// Services we start for comparison run as the unprivileged user `nobody` when we are root;
-/// `dirs` (created if missing) are handed over to that user.
-pub fn drop_root(command: &mut Command, dirs: &[&Path]) -> anyhow::Result<()> {
+fn running_as_root() -> bool {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// When we are root, lets the user `nobody` pass through `dir` (search only: it cannot list it),
+/// so that services running as nobody reach directories inside it; says so if it changed the
+/// mode. Every directory above `dir` must already let others pass: those are not ours to
+/// change, so that fails at once, saying what to do.
+pub fn let_nobody_pass(dir: &Path, program: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if !running_as_root() {
         return Ok(());
     }
+    let dir = dir
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}", dir.display()))?;
+    let mode_of = |d: &Path| -> anyhow::Result<u32> {
+        Ok(std::fs::metadata(d)
+            .with_context(|| format!("cannot inspect {}", d.display()))?
+            .permissions()
+            .mode()
+            & 0o7777)
+    };
+    for ancestor in dir.ancestors().skip(1) {
+        let mode = mode_of(ancestor)?;
+        if mode & 0o001 == 0 {
+            bail!(
+                "{program} runs as the user nobody (chorus runs as root), and nobody cannot pass \
+                 through {} (mode {mode:o}); use a directory outside it (e.g. under /tmp), or \
+                 allow it with `chmod o+x {}`",
+                ancestor.display(),
+                ancestor.display()
+            );
+        }
+    }
+    let mode = mode_of(&dir)?;
+    if mode & 0o001 == 0 {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode | 0o001))
+            .with_context(|| format!("cannot let nobody pass through {}", dir.display()))?;
+        eprintln!(
+            "note: {} is now mode {:o}: {program} runs as nobody and must reach its directory inside",
+            dir.display(),
+            mode | 0o001
+        );
+    }
+    Ok(())
+}
+
+/// Services we start for comparison run as the unprivileged user `nobody` when we are root.
+/// `dirs` (created if missing, inside `base`, the directory the user gave) are handed over to
+/// that user, and `base` is opened for it to pass through (see `let_nobody_pass`), so any
+/// directory works, `mktemp -d` (0700) included.
+pub fn drop_root(command: &mut Command, base: &Path, dirs: &[&Path]) -> anyhow::Result<()> {
+    if !running_as_root() {
+        return Ok(());
+    }
+    let_nobody_pass(base, &command.get_program().to_string_lossy())?;
     for dir in dirs {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         std::os::unix::fs::chown(dir, Some(NOBODY), Some(NOBODY))
