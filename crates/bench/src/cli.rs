@@ -267,7 +267,13 @@ async fn resolve_target(args: &RunArgs) -> anyhow::Result<Resolved> {
                 let leader = states
                     .iter()
                     .find(|s| s.is_leader())
-                    .with_context(|| format!("the cluster in {} has no leader", dir.display()))?;
+                    .with_context(|| {
+                        format!(
+                            "the cluster in {} has no leader; wait for an election, or see `chorus cluster status --dir {}`",
+                            dir.display(),
+                            dir.display()
+                        )
+                    })?;
                 vec![leader.entry.client_addr]
             };
             let network = file.net.map(|n| (n.profile, n.bandwidth_mbit, n.measured_rtt_ms));
@@ -384,7 +390,7 @@ async fn bench_run(args: RunArgs) -> anyhow::Result<()> {
     let json = save_run(&result, &args.common.out)?;
     println!("results: {} (and .png)", json.display());
     if result.operations == 0 {
-        bail!("no operation succeeded");
+        bail!("no operation succeeded; the error samples above say why");
     }
     Ok(())
 }

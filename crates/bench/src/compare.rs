@@ -153,10 +153,12 @@ async fn start_system(system: &str, dir: &Path, net: &NetArgs, targets: &[String
     if system == "chorus" {
         let file = chorus_cluster::start(dir, 3, Vec::new(), &net.options()).await?;
         let states = chorus_cluster::status(dir, &file).await;
-        let leader = states
-            .iter()
-            .find(|s| s.is_leader())
-            .context("the Chorus cluster has no leader")?;
+        let leader = states.iter().find(|s| s.is_leader()).with_context(|| {
+            format!(
+                "the Chorus cluster has no leader; see the nodes' server.log files in {}",
+                dir.display()
+            )
+        })?;
         let target = resp_target("chorus", vec![leader.entry.client_addr], 1, None);
         let measured = file.net.map(|n| n.measured_rtt_ms).unwrap_or_default();
         return Ok(Started {

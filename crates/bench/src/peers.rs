@@ -124,7 +124,13 @@ fn client_link(name: &str, listen: u16, upstream: SocketAddr, rtt_ms: u64) -> (L
 impl PeerCluster {
     pub fn load(dir: &Path) -> anyhow::Result<PeerCluster> {
         let text = std::fs::read_to_string(state_file(dir))
-            .with_context(|| format!("no peer cluster in {}", dir.display()))?;
+            .with_context(|| {
+                format!(
+                    "no peer cluster in {}; start one with `chorus bench peers start --system etcd|redis|redis-alone --dir {}`",
+                    dir.display(),
+                    dir.display()
+                )
+            })?;
         toml::from_str(&text).with_context(|| format!("invalid {}", state_file(dir).display()))
     }
 
@@ -138,7 +144,11 @@ impl PeerCluster {
         require_binary(system)?;
         if let Ok(existing) = PeerCluster::load(dir) {
             if existing.pids.iter().any(|pid| process::alive(*pid)) {
-                bail!("{} already runs a peer cluster; stop it first", dir.display());
+                bail!(
+                    "{} already runs a peer cluster; stop it first with `chorus bench peers stop --dir {}`",
+                    dir.display(),
+                    dir.display()
+                );
             }
         }
         if let Some(profile) = profile {
@@ -276,7 +286,7 @@ async fn wait_for_replicas(primary: SocketAddr, replicas: usize) -> anyhow::Resu
             }
         }
         if Instant::now() > deadline {
-            bail!("Redis replicas did not come online within {READY_TIMEOUT:?}");
+            bail!("Redis replicas did not come online within {READY_TIMEOUT:?}; see redisN.log beside them");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -135,7 +135,7 @@ pub fn parse_peers(peers: &str) -> anyhow::Result<Vec<(u64, SocketAddr)>> {
         out.push((id, addr));
     }
     if out.is_empty() {
-        bail!("no peers configured");
+        bail!("no peers configured: set peers = \"1=host:port,2=host:port,...\" in the config file or pass --peers");
     }
     Ok(out)
 }

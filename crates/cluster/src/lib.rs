@@ -108,8 +108,14 @@ fn cluster_file(dir: &Path) -> PathBuf {
 
 pub fn load(dir: &Path) -> anyhow::Result<ClusterFile> {
     let path = cluster_file(dir);
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("no cluster in {} (missing {})", dir.display(), path.display()))?;
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "no cluster in {} (missing {}); start one with `chorus cluster start --dir {}`",
+            dir.display(),
+            path.display(),
+            dir.display()
+        )
+    })?;
     toml::from_str(&text).with_context(|| format!("invalid {}", path.display()))
 }
 
@@ -186,7 +192,7 @@ pub fn peer_link_name(from: u64, to: u64) -> String {
 
 fn create(dir: &Path, nodes: usize, server_args: Vec<String>, net: &NetOptions) -> anyhow::Result<ClusterFile> {
     if nodes == 0 {
-        bail!("a cluster needs at least one node");
+        bail!("a cluster needs at least one node: pass --nodes 1 or more");
     }
     let profile = net.resolve()?;
     if let Some(profile) = &profile {
@@ -372,7 +378,13 @@ async fn first_exit(dir: &Path, spawned: &[(u64, u32)]) -> (u64, String) {
 
 /// Hands leadership to node `to` (CLUSTER FAILOVER on that node) and waits until it leads.
 pub async fn place_leader(dir: &Path, file: &ClusterFile, to: u64, within: Duration) -> anyhow::Result<()> {
-    let entry = file.node(to).with_context(|| format!("no node {to} in the cluster"))?;
+    let entry = file.node(to).with_context(|| {
+        format!(
+            "no node {to} in the cluster in {}; `chorus cluster status --dir {}` lists them",
+            dir.display(),
+            dir.display()
+        )
+    })?;
     let deadline = Instant::now() + within;
     loop {
         let states = status(dir, file).await;
@@ -380,7 +392,11 @@ pub async fn place_leader(dir: &Path, file: &ClusterFile, to: u64, within: Durat
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("node {to} did not become the leader within {within:?}");
+            bail!(
+                "node {to} did not become the leader within {within:?}; see `chorus cluster status --dir {}` and {}",
+                dir.display(),
+                node_dir(dir, to).join("server.log").display()
+            );
         }
         if let Ok(mut client) = Client::connect(entry.resp_addr).await {
             let _ = client.command(&["CLUSTER", "FAILOVER"]).await;
@@ -479,7 +495,12 @@ pub fn print_status(file: &ClusterFile, states: &[NodeState]) {
 
 /// SIGKILLs one node (used by the demo and tests to simulate a crash).
 pub fn kill_node(dir: &Path, id: u64) -> anyhow::Result<()> {
-    let pid = read_pid(dir, id).with_context(|| format!("node {id} is not running"))?;
+    let pid = read_pid(dir, id).with_context(|| {
+        format!(
+            "node {id} is not running; `chorus cluster start --dir {}` starts the nodes that are down",
+            dir.display()
+        )
+    })?;
     process::kill(pid);
     Ok(())
 }
