@@ -149,7 +149,9 @@ pub struct BarGroup {
 /// A value as a bar label or axis tick: three significant digits, thousands as "k".
 pub fn short_number(value: f64) -> String {
     let magnitude = value.abs();
-    if magnitude >= 10_000.0 {
+    if magnitude == 0.0 {
+        "0".into()
+    } else if magnitude >= 10_000.0 {
         format!("{:.0}k", value / 1000.0)
     } else if magnitude >= 1000.0 {
         format!("{:.1}k", value / 1000.0)
@@ -259,5 +261,20 @@ pub fn try_plot(what: &str, path: &Path, draw: impl FnOnce(&Path) -> anyhow::Res
             eprintln!("warning: {e:#}");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_number;
+
+    #[test]
+    fn bar_labels_keep_three_significant_digits() {
+        assert_eq!(short_number(0.0), "0");
+        assert_eq!(short_number(8.914), "8.91");
+        assert_eq!(short_number(48.93), "48.9");
+        assert_eq!(short_number(441.4), "441");
+        assert_eq!(short_number(4045.0), "4.0k");
+        assert_eq!(short_number(60982.0), "61k");
     }
 }
