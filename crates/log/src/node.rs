@@ -371,6 +371,10 @@ struct ReadWaiter<SM: StateMachine> {
     arrived: Instant,
 }
 
+/// Shortest time between two ReadIndex requests while one is in flight: about a loopback or LAN
+/// round trip, so reads batch there, and negligible beside a WAN round trip.
+const READ_INDEX_SPACING: Duration = Duration::from_micros(500);
+
 struct IssuedReads<SM: StateMachine> {
     issued_at: Instant,
     reads: Vec<ReadWaiter<SM>>,
@@ -577,6 +581,10 @@ impl<SM: StateMachine> RaftLoop<SM> {
                     tokio::time::Instant::now()
                 }
                 None => next_tick,
+            };
+            let wake_at = match self.read_index_deadline() {
+                Some(deadline) => wake_at.min(deadline.into()),
+                None => wake_at,
             };
             tokio::select! {
                 biased;
@@ -809,11 +817,26 @@ impl<SM: StateMachine> RaftLoop<SM> {
         }
     }
 
-    /// Issues one ReadIndex for every read that arrived since the last one was issued. Only one
-    /// is in flight at a time: reads arriving meanwhile wait for it to come back and share the
-    /// next, so a busy node pays one heartbeat round per batch of reads, not per loop iteration.
+    /// When the newest ReadIndex in flight was issued.
+    fn newest_read_issued(&self) -> Option<Instant> {
+        self.reads_issued.values().map(|issued| issued.issued_at).max()
+    }
+
+    /// When waiting reads may be issued (`None`: none wait, or they may go now).
+    fn read_index_deadline(&self) -> Option<Instant> {
+        if self.reads_unissued.is_empty() || !self.leader_known() {
+            return None;
+        }
+        let at = self.newest_read_issued()? + READ_INDEX_SPACING;
+        (Instant::now() < at).then_some(at)
+    }
+
+    /// Issues one ReadIndex for every read that arrived since the last one was issued, at most
+    /// one per `READ_INDEX_SPACING` while others are in flight: on a fast network reads
+    /// arriving meanwhile share the next one (one heartbeat round per batch of reads, not per
+    /// loop iteration), and on a slow one a read never waits for a round trip before its own.
     fn issue_reads(&mut self) {
-        if self.reads_unissued.is_empty() || !self.leader_known() || !self.reads_issued.is_empty() {
+        if self.reads_unissued.is_empty() || !self.leader_known() || self.read_index_deadline().is_some() {
             return;
         }
         let ctx = self.next_read_ctx;
