@@ -152,11 +152,10 @@ impl PeerCluster {
             }
         }
         if let Some(profile) = profile {
-            profile.check_nodes(if system == System::RedisAlone {
-                1
-            } else {
-                MEMBERS as usize
-            })?;
+            // A lone Redis sits where the profile puts the leader and uses only its client link.
+            if system != System::RedisAlone {
+                profile.check_nodes(MEMBERS as usize)?;
+            }
             println!("network: {}", profile.summary());
         }
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
