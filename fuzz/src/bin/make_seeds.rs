@@ -104,7 +104,15 @@ fn main() {
 
     // A segment and a snapshot written by the storage itself.
     let dir = tempfile::tempdir().expect("temp dir");
-    let (mut storage, _) = DiskStorage::open(dir.path(), &[1, 2, 3], StorageOptions::default()).expect("open storage");
+    let (mut storage, _) = DiskStorage::open(
+        dir.path(),
+        &[1, 2, 3],
+        StorageOptions {
+            preallocate: false,
+            ..StorageOptions::default()
+        },
+    )
+    .expect("open storage");
     let entries: Vec<Entry> = commands
         .iter()
         .enumerate()
