@@ -38,11 +38,7 @@ fn clock_ticks_per_sec() -> f64 {
 /// Parses the text of `/proc/<pid>/stat`: utime, stime, cutime and cstime are fields 14–17,
 /// counted after the command name, which sits in parentheses and may itself hold spaces.
 pub fn parse_stat(text: &str) -> anyhow::Result<CpuTimes> {
-    let after_name = text
-        .rfind(')')
-        .map(|i| &text[i + 1..])
-        .context("no command name in the stat line")?;
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let fields = chorus_cluster::process::stat_fields(text).context("no command name in the stat line")?;
     if fields.len() < 15 {
         bail!("the stat line has {} fields after the name", fields.len());
     }

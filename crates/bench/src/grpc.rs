@@ -169,19 +169,22 @@ fn unframe(mut reply: Bytes) -> Result<Bytes, String> {
     Ok(reply)
 }
 
-/// Protobuf's wire format, as far as the messages we exchange need it.
+/// Protobuf's wire format, as far as the messages we exchange need it, on the project's LEB128
+/// varints (`chorus_unicache::varint`).
 pub mod proto {
+    use chorus_unicache::varint::{self, Reader};
+
     /// A field's value as it appears on the wire.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Value<'a> {
         Varint(u64),
         Bytes(&'a [u8]),
-        Fixed64(u64),
-        Fixed32(u32),
+        Fixed64(&'a [u8]),
+        Fixed32(&'a [u8]),
     }
 
     #[derive(Debug, Clone, PartialEq, Eq)]
-    pub struct DecodeError(pub &'static str);
+    pub struct DecodeError(pub String);
 
     impl std::error::Error for DecodeError {}
 
@@ -191,23 +194,20 @@ pub mod proto {
         }
     }
 
-    fn put_varint(out: &mut Vec<u8>, mut value: u64) {
-        while value >= 0x80 {
-            out.push(value as u8 | 0x80);
-            value >>= 7;
+    impl From<chorus_unicache::Error> for DecodeError {
+        fn from(e: chorus_unicache::Error) -> DecodeError {
+            DecodeError(e.to_string())
         }
-        out.push(value as u8);
     }
 
     pub fn put_uint(out: &mut Vec<u8>, field: u32, value: u64) {
-        put_varint(out, u64::from(field) << 3);
-        put_varint(out, value);
+        varint::put(out, u64::from(field) << 3);
+        varint::put(out, value);
     }
 
     pub fn put_bytes(out: &mut Vec<u8>, field: u32, value: &[u8]) {
-        put_varint(out, u64::from(field) << 3 | 2);
-        put_varint(out, value.len() as u64);
-        out.extend_from_slice(value);
+        varint::put(out, u64::from(field) << 3 | 2);
+        varint::put_bytes(out, value);
     }
 
     /// An embedded message, written by `write`.
@@ -217,50 +217,29 @@ pub mod proto {
         put_bytes(out, field, &inner);
     }
 
-    /// The fields of a message, in wire order.
+    /// The fields of a message, in wire order; the first malformed one ends the iteration.
     pub struct Fields<'a> {
-        rest: &'a [u8],
+        reader: Reader<'a>,
+        failed: bool,
     }
 
     pub fn fields(message: &[u8]) -> Fields<'_> {
-        Fields { rest: message }
+        Fields {
+            reader: Reader::new(message),
+            failed: false,
+        }
     }
 
     impl<'a> Fields<'a> {
-        fn varint(&mut self) -> Result<u64, DecodeError> {
-            let mut value = 0u64;
-            for shift in (0..64).step_by(7) {
-                let (&byte, rest) = self.rest.split_first().ok_or(DecodeError("truncated varint"))?;
-                self.rest = rest;
-                value |= u64::from(byte & 0x7f) << shift;
-                if byte < 0x80 {
-                    return Ok(value);
-                }
-            }
-            Err(DecodeError("varint longer than 10 bytes"))
-        }
-
-        fn take(&mut self, len: usize) -> Result<&'a [u8], DecodeError> {
-            if len > self.rest.len() {
-                return Err(DecodeError("field runs past the end of the message"));
-            }
-            let (taken, rest) = self.rest.split_at(len);
-            self.rest = rest;
-            Ok(taken)
-        }
-
         fn next_field(&mut self) -> Result<(u32, Value<'a>), DecodeError> {
-            let key = self.varint()?;
-            let field = u32::try_from(key >> 3).map_err(|_| DecodeError("field number too large"))?;
+            let key = self.reader.varint()?;
+            let field = u32::try_from(key >> 3).map_err(|_| DecodeError("field number too large".into()))?;
             let value = match key & 7 {
-                0 => Value::Varint(self.varint()?),
-                1 => Value::Fixed64(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes"))),
-                2 => {
-                    let len = usize::try_from(self.varint()?).map_err(|_| DecodeError("length too large"))?;
-                    Value::Bytes(self.take(len)?)
-                }
-                5 => Value::Fixed32(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes"))),
-                _ => return Err(DecodeError("unsupported wire type")),
+                0 => Value::Varint(self.reader.varint()?),
+                1 => Value::Fixed64(self.reader.take(8)?),
+                2 => Value::Bytes(self.reader.bytes()?),
+                5 => Value::Fixed32(self.reader.take(4)?),
+                _ => return Err(DecodeError("unsupported wire type".into())),
             };
             Ok((field, value))
         }
@@ -270,13 +249,11 @@ pub mod proto {
         type Item = Result<(u32, Value<'a>), DecodeError>;
 
         fn next(&mut self) -> Option<Self::Item> {
-            if self.rest.is_empty() {
+            if self.failed || self.reader.is_empty() {
                 return None;
             }
             let next = self.next_field();
-            if next.is_err() {
-                self.rest = &[];
-            }
+            self.failed = next.is_err();
             Some(next)
         }
     }

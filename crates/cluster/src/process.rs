@@ -8,16 +8,19 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+/// The fields of a `/proc/<pid>/stat` line after the parenthesised command name, which may
+/// itself hold spaces: `[0]` is field 3 (the state), `[n - 3]` is field n.
+pub fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect())
+}
+
 /// Whether `pid` is a live (not zombie) process.
 pub fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the parenthesised command name, which may itself contain spaces.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
-    }
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat_fields(&stat)
+            .and_then(|fields| fields.first().copied())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
 }
 
 /// Sends `sig` to `pid` and reaps it if it is our child, so it does not linger as a zombie.
