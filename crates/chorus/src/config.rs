@@ -76,6 +76,9 @@ server_options! {
     log_keep_entries: u64 = 5_000;
     /// Size at which the raft log starts a new segment file.
     segment_size_bytes: u64 = 64 * 1024 * 1024;
+    /// Append to the raft log with direct I/O and O_DSYNC (one system call per durable append,
+    /// no page-cache copy) where the file system allows it; off, buffered writes and fdatasync.
+    wal_direct_io: bool = true;
     /// Largest peer frame accepted (a whole snapshot travels in one frame).
     max_frame_bytes: usize = 512 * 1024 * 1024;
     /// Outgoing messages queued per peer before new ones are dropped.

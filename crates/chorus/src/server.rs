@@ -49,6 +49,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         snapshot_interval_bytes: config.snapshot_interval_bytes,
         log_keep_entries: config.log_keep_entries,
         segment_size_bytes: config.segment_size_bytes,
+        wal_direct_io: config.wal_direct_io,
         max_frame_bytes: config.max_frame_bytes,
         peer_queue_messages: config.peer_queue_messages,
     };

@@ -70,6 +70,8 @@ pub struct NodeConfig {
     /// Entries kept behind a snapshot so slightly lagging followers need no snapshot.
     pub log_keep_entries: u64,
     pub segment_size_bytes: u64,
+    /// Append to the raft log with direct I/O where the file system allows it.
+    pub wal_direct_io: bool,
     pub max_frame_bytes: usize,
     pub peer_queue_messages: usize,
 }
@@ -432,6 +434,7 @@ pub async fn start<SM: StateMachine>(
         StorageOptions {
             segment_size_bytes: config.segment_size_bytes,
             preallocate: true,
+            direct_io: config.wal_direct_io,
         },
     )?;
     tracing::info!(
