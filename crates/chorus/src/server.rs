@@ -43,6 +43,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         max_batch_bytes: config.max_batch_bytes,
         group_commit_entries: config.group_commit_entries,
         group_commit_wait_us: config.group_commit_wait_us,
+        group_commit_linger_us: config.group_commit_linger_us,
         leader_wait_ms: config.leader_wait_ms,
         request_timeout_ms: config.request_timeout_ms,
         snapshot_interval_entries: config.snapshot_interval_entries,

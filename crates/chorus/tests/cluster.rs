@@ -242,6 +242,46 @@ async fn writes_on_any_node_are_linearizably_readable_on_every_node() {
     );
 }
 
+/// Clients writing one command at a time share raft entries: while an entry is uncommitted new
+/// writes wait for the next one, and once it commits the leader lingers for the clients it just
+/// answered, so every client's next write joins the same entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_share_raft_entries() {
+    const CLIENTS: usize = 16;
+    const WRITES_EACH: usize = 40;
+    // Waits far longer than any client needs to send its next write, so the batch size does not
+    // depend on how loaded the machine is.
+    let cluster = Cluster::start(
+        3,
+        &["--group-commit-linger-us", "50000", "--group-commit-wait-us", "50000"],
+    );
+    let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(5)).await;
+    let before = cluster.metrics(leader);
+    let mut writers = Vec::new();
+    for c in 0..CLIENTS {
+        let mut client = cluster.client(leader).await;
+        writers.push(tokio::spawn(async move {
+            for i in 0..WRITES_EACH {
+                let key = format!("batch{c}-{i}");
+                assert_eq!(client.command(&["SET", &key, "v"]).await.unwrap(), ok(), "SET {key}");
+            }
+        }));
+    }
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let after = cluster.metrics(leader);
+    let delta = |name| metric_value(&after, name) - metric_value(&before, name);
+    let commands = delta("chorus_raft_commands_proposed_total");
+    let entries = delta("chorus_raft_entries_proposed_total");
+    assert_eq!(commands, (CLIENTS * WRITES_EACH) as f64);
+    assert!(
+        commands / entries >= CLIENTS as f64 * 0.75,
+        "{commands} writes went out in {entries} entries: fewer than {} per entry",
+        CLIENTS as f64 * 0.75
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_crash_loses_no_acknowledged_write_and_the_node_catches_up() {
     let cluster = Cluster::start(3, &[]);

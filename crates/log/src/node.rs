@@ -61,6 +61,9 @@ pub struct NodeConfig {
     /// commit), unless a full batch is waiting or the oldest has waited `group_commit_wait_us`.
     pub group_commit_entries: u64,
     pub group_commit_wait_us: u64,
+    /// After one of its entries commits, the leader holds new writes up to this long until as
+    /// many are queued as it just answered: those clients' next writes join the next entry.
+    pub group_commit_linger_us: u64,
     /// How long a request waits for a leader before failing with a retryable error.
     pub leader_wait_ms: u64,
     /// How long a proposed write may take to apply before its outcome is reported unknown.
@@ -418,6 +421,16 @@ struct RaftLoop<SM: StateMachine> {
     applied_bytes_since_snapshot: u64,
     snapshot_job: Option<SnapshotJob>,
     last_leader: u64,
+    /// Writes of this node answered since the leader last proposed.
+    answered_writes: usize,
+    /// The leader's wait for answered clients to come back (`group_commit_linger_us`).
+    refill: Option<Refill>,
+}
+
+struct Refill {
+    until: Instant,
+    /// Queued writes at which the wait ends early.
+    target: usize,
 }
 
 /// Opens storage, binds the peer port and spawns the raft loop on the current runtime.
@@ -524,6 +537,8 @@ pub async fn start<SM: StateMachine>(
         applied_bytes_since_snapshot: 0,
         snapshot_job: None,
         last_leader: 0,
+        answered_writes: 0,
+        refill: None,
     };
     raft_loop.publish_status();
     tokio::spawn(raft_loop.run(request_rx, peer_rx, event_rx));
@@ -641,6 +656,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 // Raft state on disk can no longer be trusted to match memory: stop loudly.
                 panic!("raft storage failed: {e}");
             }
+            self.update_refill();
             self.maybe_snapshot();
             self.publish_status();
         }
@@ -770,15 +786,48 @@ impl<SM: StateMachine> RaftLoop<SM> {
     /// the oldest has not waited `group_commit_wait_us`. Each held write then shares one entry,
     /// one fsync per replica and one message per follower with the others that arrive meanwhile.
     fn group_commit_deadline(&self) -> Option<Instant> {
-        let log = &self.raw.raft.raft_log;
         let oldest = self.unproposed.front()?;
+        let now = Instant::now();
         let deadline = oldest.waiter.arrived + Duration::from_micros(self.config.group_commit_wait_us);
-        let holding = self.raw.raft.state == StateRole::Leader
-            && log.last_index() - log.committed >= self.config.group_commit_entries
+        let may_hold = self.raw.raft.state == StateRole::Leader
             && self.unproposed.len() < self.config.max_batch_commands
             && self.unproposed_bytes < self.config.max_batch_bytes
-            && Instant::now() < deadline;
-        holding.then_some(deadline)
+            && now < deadline;
+        if !may_hold {
+            return None;
+        }
+        if self.window_full() {
+            return Some(deadline);
+        }
+        if self.config.group_commit_linger_us > 0 && self.applied_index < self.raw.raft.raft_log.committed {
+            // An entry just committed: answer its writes first, then linger for those clients.
+            return Some(now);
+        }
+        let refill = self.refill.as_ref()?;
+        (now < refill.until && self.unproposed.len() < refill.target).then_some(refill.until.min(deadline))
+    }
+
+    /// Whether the leader has `group_commit_entries` of its entries uncommitted.
+    fn window_full(&self) -> bool {
+        let log = &self.raw.raft.raft_log;
+        log.last_index() - log.committed >= self.config.group_commit_entries
+    }
+
+    /// Starts the linger after the leader's window of uncommitted entries opens with writes just
+    /// answered; ends it once the window is full again.
+    fn update_refill(&mut self) {
+        if self.raw.raft.state != StateRole::Leader || self.window_full() {
+            self.refill = None;
+            self.answered_writes = 0;
+            return;
+        }
+        if self.refill.is_none() && self.answered_writes > 0 && self.config.group_commit_linger_us > 0 {
+            self.refill = Some(Refill {
+                until: Instant::now() + Duration::from_micros(self.config.group_commit_linger_us),
+                target: self.unproposed.len() + self.answered_writes,
+            });
+            self.answered_writes = 0;
+        }
     }
 
     /// Proposes queued writes in batches bounded by count and bytes.
@@ -1096,6 +1145,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             if mine {
                 if let Some(waiter) = self.proposed.remove(&request_id) {
                     let _ = waiter.reply.send(Ok(output));
+                    self.answered_writes += 1;
                 }
             }
         }
