@@ -285,6 +285,15 @@ impl StateMachine for KvState {
         out
     }
 
+    /// Copying the map costs a table and a reference count per value; serialising the copy (the
+    /// megabytes of the snapshot) then happens off the raft loop.
+    fn snapshot_later(&self) -> Box<dyn FnOnce() -> Vec<u8> + Send> {
+        let copy = KvState {
+            objects: self.objects.clone(),
+        };
+        Box::new(move || copy.snapshot())
+    }
+
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
         if snapshot.len() < SNAPSHOT_MAGIC.len() + 12 || &snapshot[..8] != SNAPSHOT_MAGIC {
             return Err("not a key-value snapshot".into());

@@ -42,6 +42,12 @@ pub trait StateMachine: Send + 'static {
     fn apply(&mut self, index: u64, command: &[u8]) -> Self::Output;
     fn query(&self, query: &Self::Query) -> Self::Output;
     fn snapshot(&self) -> Vec<u8>;
+    /// Captures the state now and returns what serialises that capture later, on another thread:
+    /// the raft loop pauses only for the capture. By default the capture is the serialisation.
+    fn snapshot_later(&self) -> Box<dyn FnOnce() -> Vec<u8> + Send> {
+        let bytes = self.snapshot();
+        Box::new(move || bytes)
+    }
     /// Replaces the state with a snapshot. An error means the snapshot is corrupt.
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String>;
 }
@@ -1170,14 +1176,17 @@ impl<SM: StateMachine> RaftLoop<SM> {
         snapshot.mut_metadata().index = index;
         snapshot.mut_metadata().term = term;
         snapshot.mut_metadata().set_conf_state(store.conf_state().clone());
-        // Serialising must happen here, at a consistent point; the slow disk write does not.
-        snapshot.data = Bytes::from(join_snapshot(&self.sm.snapshot(), &self.codec.snapshot()));
+        // The state is captured here, at a consistent point; serialising it and the slow disk
+        // write happen on the writer thread.
+        let serialise_state = self.sm.snapshot_later();
+        let codec_state = self.codec.snapshot();
         self.applied_bytes_since_snapshot = 0;
         let dir = store.dir().to_path_buf();
         let (done, job) = oneshot::channel();
         std::thread::Builder::new()
             .name("snapshot-writer".into())
             .spawn(move || {
+                snapshot.data = Bytes::from(join_snapshot(&serialise_state(), &codec_state));
                 let result = write_snapshot_file(&dir, &snapshot).map(|_| snapshot);
                 let _ = done.send(result);
             })
