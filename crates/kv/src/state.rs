@@ -419,6 +419,22 @@ mod tests {
     }
 
     #[test]
+    fn a_deferred_snapshot_holds_the_state_as_it_was_when_captured() {
+        let mut s = KvState::new();
+        run(&mut s, "SET a 1");
+        run(&mut s, "HSET h f v");
+        let captured = s.objects.clone();
+        let serialise = s.snapshot_later();
+        run(&mut s, "SET a 2");
+        run(&mut s, "HSET h f changed g new");
+        run(&mut s, "SET b 3");
+        let mut restored = KvState::new();
+        restored.restore(&serialise()).unwrap();
+        assert_eq!(restored.objects, captured, "writes after the capture stay out");
+        assert_ne!(restored.objects, s.objects);
+    }
+
+    #[test]
     fn garbage_in_the_log_is_an_error_reply_not_a_panic() {
         let mut s = KvState::new();
         assert!(s.apply(1, b"").is_error());
