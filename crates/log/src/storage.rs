@@ -141,7 +141,8 @@ fn prepare_spare(dir: &Path, size_bytes: u64, direct_io: bool) -> std::io::Resul
     let tmp = dir.join(SPARE_TMP_NAME);
     let (file, direct) = open_for_writing(&tmp, true, direct_io)?;
     let mut zeros = BlockBuf::default();
-    let zeros = zeros.zeroed(ZERO_CHUNK_BYTES);
+    let zeros = zeros.aligned(ZERO_CHUNK_BYTES);
+    zeros.fill(0);
     let mut written = 0u64;
     while written < size_bytes {
         let n = (size_bytes - written).min(ZERO_CHUNK_BYTES as u64) as usize;
@@ -187,16 +188,14 @@ struct BlockBuf {
 }
 
 impl BlockBuf {
-    /// An aligned slice of `len` zero bytes.
-    fn zeroed(&mut self, len: usize) -> &mut [u8] {
+    /// An aligned slice of `len` bytes, holding whatever an earlier use left there.
+    fn aligned(&mut self, len: usize) -> &mut [u8] {
         let block = WRITE_BLOCK_BYTES as usize;
         if self.bytes.len() < len + block {
             self.bytes.resize(len + block, 0);
         }
         let start = self.bytes.as_ptr().align_offset(block);
-        let slice = &mut self.bytes[start..start + len];
-        slice.fill(0);
-        slice
+        &mut self.bytes[start..start + len]
     }
 }
 
@@ -945,10 +944,12 @@ impl DiskStorage {
             } else {
                 padded_end.min(self.options.segment_size_bytes.max(end))
             };
-            let buf = self.write_buf.zeroed((write_end - first_block) as usize);
-            let tail_len = self.tail_block.len();
-            buf[..tail_len].copy_from_slice(&self.tail_block);
-            buf[tail_len..tail_len + self.pending.len()].copy_from_slice(&self.pending);
+            let buf = self.write_buf.aligned((write_end - first_block) as usize);
+            let (tail, rest) = buf.split_at_mut(self.tail_block.len());
+            let (records, padding) = rest.split_at_mut(self.pending.len());
+            tail.copy_from_slice(&self.tail_block);
+            records.copy_from_slice(&self.pending);
+            padding.fill(0);
             self.active.write_all_at(buf, first_block).map_err(io_error(path))?;
             let tail_from = (block_start(end) - first_block) as usize;
             self.tail_block.clear();
