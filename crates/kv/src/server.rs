@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use chorus_log::{NodeError, NodeHandle, ReadConsistency};
 use chorus_metrics::{labeled_counter, labeled_histogram, Counter, Histogram};
-use chorus_resp::{parse_command, write_value, Limits, Value};
+use chorus_resp::{take_command, write_value, Limits, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -210,17 +210,17 @@ impl Connection {
     async fn run(&mut self, mut stream: TcpStream) -> std::io::Result<()> {
         let mut input = BytesMut::with_capacity(16 * 1024);
         let mut output = Vec::with_capacity(16 * 1024);
+        let mut slots = Vec::new();
         let limits = self.shared.options.limits;
         loop {
             if stream.read_buf(&mut input).await? == 0 {
                 return Ok(());
             }
-            let mut slots = Vec::new();
             let mut flow = Flow::Continue;
             let mut pending: Option<Kind> = None;
             while slots.len() < self.shared.options.max_pipeline_commands {
-                let (args, used) = match parse_command(&input, &limits) {
-                    Ok(Some(parsed)) => parsed,
+                let args = match take_command(&mut input, &limits) {
+                    Ok(Some(args)) => args,
                     Ok(None) => break,
                     Err(e) => {
                         self.shared.metrics.protocol_errors.inc();
@@ -229,7 +229,6 @@ impl Connection {
                         break;
                     }
                 };
-                input.advance(used);
                 if args.is_empty() {
                     continue;
                 }
@@ -386,7 +385,8 @@ impl Connection {
             },
             "client" => match (sub.as_str(), rest.len()) {
                 ("setname", 2) => {
-                    self.name = Some(rest[1].clone());
+                    // A copy: a slice would keep the whole input buffer it came in alive.
+                    self.name = Some(Bytes::copy_from_slice(&rest[1]));
                     Value::ok()
                 }
                 ("getname", 1) => Value::Bulk(self.name.clone()),

@@ -60,11 +60,10 @@ impl KvState {
                 condition,
                 reply_as_int,
             } => {
-                let exists = self.objects.contains_key(&key);
                 let allowed = match condition {
                     SetCondition::Always => true,
-                    SetCondition::IfAbsent => !exists,
-                    SetCondition::IfPresent => exists,
+                    SetCondition::IfAbsent => !self.objects.contains_key(&key),
+                    SetCondition::IfPresent => self.objects.contains_key(&key),
                 };
                 if allowed {
                     self.objects.insert(key, Object::Str(value));

@@ -1,4 +1,4 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Malformed bytes from disk or the network.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -40,9 +40,12 @@ pub enum StorageError {
     Inconsistent(String),
 }
 
-pub(crate) fn io_error(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> StorageError {
-    let path = path.into();
-    move |source| StorageError::Io { path, source }
+/// Wraps an I/O error with the path it concerns; the path is copied only if there is an error.
+pub(crate) fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> StorageError + '_ {
+    move |source| StorageError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Why a request to the replicated log did not complete. Every variant says whether retrying

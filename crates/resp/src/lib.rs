@@ -1,12 +1,16 @@
 //! RESP2, the Redis serialization protocol: values, an incremental parser with size limits,
 //! and a writer. Shared by the server front end and the client; knows nothing about commands.
 
-use bytes::Bytes;
+use std::borrow::Cow;
+use std::ops::Range;
+
+use bytes::{Bytes, BytesMut};
 
 /// One RESP2 value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Value {
-    Simple(String),
+    /// Mostly a constant ("OK", "PONG"), which costs no allocation.
+    Simple(Cow<'static, str>),
     Error(String),
     Integer(i64),
     /// `None` is the null bulk string (`$-1`).
@@ -17,7 +21,7 @@ pub enum Value {
 
 impl Value {
     pub fn ok() -> Value {
-        Value::Simple("OK".into())
+        Value::Simple(Cow::Borrowed("OK"))
     }
     pub fn bulk(bytes: impl Into<Bytes>) -> Value {
         Value::Bulk(Some(bytes.into()))
@@ -56,7 +60,7 @@ impl Default for Limits {
     }
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
     #[error("Protocol error: {0}")]
     Protocol(String),
@@ -80,18 +84,51 @@ pub fn parse_value(buf: &[u8], limits: &Limits) -> Result<Option<(Value, usize)>
 
 /// Parses one client command: a RESP array of bulk strings, or an inline command line.
 /// Returns `Ok(None)` when more bytes are needed. An empty inline line yields an empty command.
+/// Each argument is copied out of `buf`; a server reading into a `BytesMut` uses
+/// [`take_command`], which shares one buffer between the arguments instead.
 pub fn parse_command(buf: &[u8], limits: &Limits) -> Result<Option<(Vec<Bytes>, usize)>, Error> {
+    let mut args = Vec::new();
+    let used = parse_command_with(buf, limits, |range| args.push(Bytes::copy_from_slice(&buf[range])))?;
+    Ok(used.map(|used| (args, used)))
+}
+
+/// Takes one complete client command off the front of `input`. Its arguments are slices of one
+/// frozen frame, so parsing allocates only the argument vector and cloning an argument is a
+/// reference count. Returns `Ok(None)`, consuming nothing, when more bytes are needed.
+pub fn take_command(input: &mut BytesMut, limits: &Limits) -> Result<Option<Vec<Bytes>>, Error> {
+    let mut count = 0;
+    let Some(used) = parse_command_with(&input[..], limits, |_| count += 1)? else {
+        return Ok(None);
+    };
+    let frame = input.split_to(used).freeze();
+    let mut args = Vec::with_capacity(count);
+    let reparsed = parse_command_with(&frame, limits, |range| args.push(frame.slice(range)));
+    assert_eq!(
+        reparsed,
+        Ok(Some(used)),
+        "a command frame must parse the same way twice"
+    );
+    Ok(Some(args))
+}
+
+/// Finds the arguments of one command at the front of `buf`, handing each one's byte range to
+/// `on_arg` in order, and returns how many bytes the command used.
+fn parse_command_with(
+    buf: &[u8],
+    limits: &Limits,
+    mut on_arg: impl FnMut(Range<usize>),
+) -> Result<Option<usize>, Error> {
     let Some(&first) = buf.first() else {
         return Ok(None);
     };
     if first != b'*' {
-        return parse_inline(buf, limits);
+        return parse_inline(buf, limits, on_arg);
     }
     let Some((len, mut pos)) = parse_line_int(buf, 1, limits.max_inline_bytes)? else {
         return Ok(None);
     };
     if len < 0 {
-        return Ok(Some((Vec::new(), pos)));
+        return Ok(Some(pos));
     }
     let len = len as usize;
     if len > limits.max_array_len {
@@ -101,7 +138,6 @@ pub fn parse_command(buf: &[u8], limits: &Limits) -> Result<Option<(Vec<Bytes>, 
             limit: limits.max_array_len,
         });
     }
-    let mut args = Vec::with_capacity(len.min(64));
     for _ in 0..len {
         match buf.get(pos) {
             None => return Ok(None),
@@ -117,15 +153,21 @@ pub fn parse_command(buf: &[u8], limits: &Limits) -> Result<Option<(Vec<Bytes>, 
             return Ok(None);
         };
         match bulk {
-            Some(bytes) => args.push(Bytes::copy_from_slice(bytes)),
+            Some(bytes) => on_arg(range_within(buf, bytes)),
             None => return Err(protocol("null bulk string in command")),
         }
         pos = next;
     }
-    Ok(Some((args, pos)))
+    Ok(Some(pos))
 }
 
-fn parse_inline(buf: &[u8], limits: &Limits) -> Result<Option<(Vec<Bytes>, usize)>, Error> {
+/// The range `part` occupies in `buf`, of which it is a subslice.
+fn range_within(buf: &[u8], part: &[u8]) -> Range<usize> {
+    let start = part.as_ptr() as usize - buf.as_ptr() as usize;
+    start..start + part.len()
+}
+
+fn parse_inline(buf: &[u8], limits: &Limits, mut on_arg: impl FnMut(Range<usize>)) -> Result<Option<usize>, Error> {
     let Some(end) = find_crlf_or_lf(buf, 0) else {
         if buf.len() > limits.max_inline_bytes {
             return Err(Error::TooLarge {
@@ -145,12 +187,10 @@ fn parse_inline(buf: &[u8], limits: &Limits) -> Result<Option<(Vec<Bytes>, usize
             limit: limits.max_inline_bytes,
         });
     }
-    let args = line
-        .split(|b| b.is_ascii_whitespace())
+    line.split(|b| b.is_ascii_whitespace())
         .filter(|part| !part.is_empty())
-        .map(Bytes::copy_from_slice)
-        .collect();
-    Ok(Some((args, next)))
+        .for_each(|part| on_arg(range_within(buf, part)));
+    Ok(Some(next))
 }
 
 /// Finds the end of a line terminated by "\r\n" or a bare "\n" (inline commands only).
@@ -234,7 +274,7 @@ fn parse_at(buf: &[u8], pos: usize, limits: &Limits, depth: usize) -> Result<Opt
             };
             let text = String::from_utf8_lossy(&buf[body..end]).into_owned();
             let value = if tag == b'+' {
-                Value::Simple(text)
+                Value::Simple(text.into())
             } else {
                 Value::Error(text)
             };
@@ -372,6 +412,19 @@ mod tests {
     }
 
     #[test]
+    fn take_command_slices_one_frame_and_leaves_the_rest() {
+        let mut input = BytesMut::from(&b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nvalue\r\nGET k\r\n*2\r\n$3"[..]);
+        let args = take_command(&mut input, &limits()).unwrap().unwrap();
+        assert_eq!(args, vec![Bytes::from("SET"), Bytes::from("k"), Bytes::from("value")]);
+        // All three point into one frame: the key sits right after "SET\r\n$1\r\n".
+        assert_eq!(args[1].as_ptr() as usize - args[0].as_ptr() as usize, 3 + 2 + 2 + 2);
+        let args = take_command(&mut input, &limits()).unwrap().unwrap();
+        assert_eq!(args, vec![Bytes::from("GET"), Bytes::from("k")]);
+        assert_eq!(take_command(&mut input, &limits()).unwrap(), None);
+        assert_eq!(&input[..], b"*2\r\n$3", "an incomplete command stays in the buffer");
+    }
+
+    #[test]
     fn rejects_oversized_and_malformed_input() {
         let small = Limits {
             max_bulk_bytes: 4,
@@ -420,7 +473,16 @@ mod tests {
                 state ^= state << 17;
                 buf.push(alphabet[(state % alphabet.len() as u64) as usize]);
             }
-            let _ = parse_command(&buf, &limits());
+            let copied = parse_command(&buf, &limits());
+            let mut input = BytesMut::from(&buf[..]);
+            let taken = take_command(&mut input, &limits());
+            let taken_len = buf.len() - input.len();
+            assert_eq!(taken, copied.clone().map(|c| c.map(|(args, _)| args)), "{buf:?}");
+            assert_eq!(
+                taken_len,
+                copied.map_or(0, |c| c.map_or(0, |(_, used)| used)),
+                "{buf:?}"
+            );
             let _ = parse_value(&buf, &limits());
         }
     }
