@@ -1,6 +1,6 @@
 //! Writes a seed corpus for every fuzz target: bytes as the real code paths produce them (RESP
 //! traffic, peer frames around real raft messages, a write-ahead-log segment and a snapshot
-//! written by the storage, batches, state-machine snapshots, UniCache encodings).
+//! written by the storage, batches, state-machine snapshots, UniCache encodings, reduced segments).
 //!
 //!     cargo run --manifest-path fuzz/Cargo.toml --bin make-seeds -- fuzz/corpus
 
@@ -15,6 +15,7 @@ use chorus_log::batch::{self, Origin};
 use chorus_log::frame::{encode_frame, encode_hello, FrameKind};
 use chorus_log::storage::{write_snapshot_file, DiskStorage, StorageOptions};
 use chorus_log::{EntryCodec, StateMachine};
+use chorus_storage::{encode_segment, Reducer};
 use chorus_unicache::{
     absorb_command, encode_command, CsvPreprocessor, ItemCache, Preprocessor, SqlParams, SqlPreprocessor,
 };
@@ -216,5 +217,25 @@ fn main() {
     leader.encode(&mut msg, &OneEntryLog, 1);
     write(&out, "unicache", "encoded-entry", &msg.entries[0].data);
     write(&out, "unicache", "codec-snapshot", &leader.snapshot());
+
+    // Storage segments: a reduced batch with puts and a tombstone, and one of reads only.
+    let mut reducer = Reducer::new();
+    reducer.write(100, "user:1".into(), Some("alice".into()));
+    reducer.write(101, "user:2".into(), Some(Bytes::from(vec![7u8; 300])));
+    reducer.write(102, "user:1".into(), Some("alice2".into()));
+    reducer.write(103, "gone".into(), None);
+    write(
+        &out,
+        "segment",
+        "puts-and-tombstone",
+        &encode_segment(&reducer.take().expect("a batch")),
+    );
+    reducer.note_index(104);
+    write(
+        &out,
+        "segment",
+        "reads-only",
+        &encode_segment(&reducer.take().expect("a batch")),
+    );
     println!("seeds written under {}", out.display());
 }

@@ -1,0 +1,18 @@
+//! The key-value state's durable form (issue 11, "the log is the database"): committed writes are
+//! reduced per batch — only the last write of each key survives, a delete leaves a tombstone —
+//! and each reduced batch is persisted as one immutable segment covering a [first, last] range of
+//! log indices.
+//!
+//! Storage knows keys, values and log indices, not commands: the `kv` crate decides what a command
+//! writes (a non-idempotent command is recorded as its resulting value) and how a hash maps onto
+//! keys, and it must not know raft.
+
+mod reduce;
+mod segment;
+
+pub use reduce::{ReducedBatch, Reducer};
+pub use segment::{
+    decode_footer, decode_header, decode_index, decode_record, decode_segment, encode_segment, read_segment,
+    read_segment_index, segment_file_name, write_segment, IndexEntry, Record, SegmentError, SegmentHeader,
+    SegmentIndex, FOOTER_BYTES, HEADER_BYTES,
+};

@@ -1,0 +1,142 @@
+//! Per-batch reduction: a batch of committed writes becomes the last write of each key it touched.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+
+use crate::segment::Record;
+
+/// Collects one batch of committed writes, keeping only the latest per key.
+#[derive(Debug, Default)]
+pub struct Reducer {
+    latest: HashMap<Bytes, (u64, Option<Bytes>)>,
+    first_index: Option<u64>,
+    last_index: u64,
+    writes_in: u64,
+    bytes_in: u64,
+}
+
+/// What a batch reduced to, ready to become a segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReducedBatch {
+    pub first_index: u64,
+    pub last_index: u64,
+    /// Sorted by key, so equal batches encode to equal bytes on every replica.
+    pub records: Vec<Record>,
+    /// Writes the batch received before reduction, and their key and value bytes.
+    pub writes_in: u64,
+    pub bytes_in: u64,
+}
+
+impl Reducer {
+    pub fn new() -> Self {
+        Reducer::default()
+    }
+
+    /// Notes that log entry `index` was applied, whether or not it wrote anything, so the batch's
+    /// range covers it. Indices never go backward.
+    pub fn note_index(&mut self, index: u64) {
+        assert!(
+            index >= self.last_index,
+            "log indices never go backward: batch at {}, entry {index}",
+            self.last_index
+        );
+        self.first_index.get_or_insert(index);
+        self.last_index = index;
+    }
+
+    /// Records that the entry at `index` set `key` to `value`, or deleted it (`None`).
+    pub fn write(&mut self, index: u64, key: Bytes, value: Option<Bytes>) {
+        self.note_index(index);
+        self.writes_in += 1;
+        self.bytes_in += (key.len() + value.as_ref().map_or(0, Bytes::len)) as u64;
+        self.latest.insert(key, (index, value));
+    }
+
+    /// Whether any entry has been noted since the last `take`.
+    pub fn is_empty(&self) -> bool {
+        self.first_index.is_none()
+    }
+
+    /// Writes collected so far (before reduction).
+    pub fn writes_in(&self) -> u64 {
+        self.writes_in
+    }
+
+    /// The reduced batch, or `None` when no entry was noted; the reducer starts a new batch.
+    pub fn take(&mut self) -> Option<ReducedBatch> {
+        let first_index = self.first_index.take()?;
+        let mut records: Vec<Record> = self
+            .latest
+            .drain()
+            .map(|(key, (version, value))| Record { key, value, version })
+            .collect();
+        records.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        let batch = ReducedBatch {
+            first_index,
+            last_index: self.last_index,
+            records,
+            writes_in: std::mem::take(&mut self.writes_in),
+            bytes_in: std::mem::take(&mut self.bytes_in),
+        };
+        Some(batch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(key: &str, value: &str, version: u64) -> Record {
+        Record {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            value: Some(Bytes::copy_from_slice(value.as_bytes())),
+            version,
+        }
+    }
+
+    #[test]
+    fn only_the_last_write_of_each_key_survives_and_deletes_leave_tombstones() {
+        let mut r = Reducer::new();
+        r.write(10, "b".into(), Some("1".into()));
+        r.write(11, "a".into(), Some("1".into()));
+        r.note_index(12); // a read, or a write that changed nothing
+        r.write(13, "b".into(), Some("2".into()));
+        r.write(14, "c".into(), Some("1".into()));
+        r.write(15, "c".into(), None);
+        let batch = r.take().unwrap();
+        assert_eq!((batch.first_index, batch.last_index), (10, 15));
+        assert_eq!(batch.writes_in, 5);
+        assert_eq!(
+            batch.records,
+            vec![
+                put("a", "1", 11),
+                put("b", "2", 13),
+                Record {
+                    key: "c".into(),
+                    value: None,
+                    version: 15
+                },
+            ]
+        );
+        assert!(r.is_empty());
+        assert_eq!(r.take(), None);
+    }
+
+    #[test]
+    fn a_batch_of_reads_covers_its_range_with_no_records() {
+        let mut r = Reducer::new();
+        r.note_index(7);
+        r.note_index(9);
+        let batch = r.take().unwrap();
+        assert_eq!((batch.first_index, batch.last_index, batch.records.len()), (7, 9, 0));
+    }
+
+    #[test]
+    #[should_panic(expected = "never go backward")]
+    fn indices_going_backward_is_a_bug() {
+        let mut r = Reducer::new();
+        r.note_index(9);
+        r.note_index(8);
+    }
+}
