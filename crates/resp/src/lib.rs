@@ -100,6 +100,8 @@ pub fn take_command(input: &mut BytesMut, limits: &Limits) -> Result<Option<Vec<
     let Some(used) = parse_command_with(&input[..], limits, |_| count += 1)? else {
         return Ok(None);
     };
+    // A second walk over the frame's few length lines slices the arguments out of the frozen
+    // frame; that is cheaper than allocating a list of ranges on the first walk.
     let frame = input.split_to(used).freeze();
     let mut args = Vec::with_capacity(count);
     let reparsed = parse_command_with(&frame, limits, |range| args.push(frame.slice(range)));

@@ -15,6 +15,7 @@
 //! Start-up reads the header, the footer and the index, never the values; a value is read with one
 //! positioned read of its record, whose checksum is verified.
 
+use std::borrow::Cow;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -346,7 +347,11 @@ pub fn decode_record(buf: &[u8], entry: &IndexEntry) -> Result<Record, SegmentEr
     let value_len = f.u32("record")?;
     let key = f.take(key_len, "record key")?;
     let value = f.take(value_len as usize, "record value")?;
-    let is_tombstone = kind == KIND_TOMBSTONE;
+    let is_tombstone = match kind {
+        KIND_PUT => false,
+        KIND_TOMBSTONE => true,
+        other => return Err(corrupt(base, format!("unknown record kind {other}"))),
+    };
     if version != entry.version
         || key != entry.key
         || value_len != entry.value_len
@@ -373,16 +378,32 @@ pub fn decode_segment(buf: &[u8]) -> Result<(SegmentHeader, Vec<Record>), Segmen
 }
 
 fn decode_segment_index(buf: &[u8]) -> Result<SegmentIndex, SegmentError> {
-    if buf.len() < HEADER_BYTES + FOOTER_BYTES {
-        return Err(corrupt(buf.len(), "shorter than a header and a footer"));
+    load_index(buf.len() as u64, |offset, len| {
+        Ok(Cow::Borrowed(&buf[offset as usize..offset as usize + len]))
+    })
+}
+
+/// Decodes header, footer and index of a segment of `file_bytes` bytes, fetching each part with
+/// `read(offset, len)`, which is only asked for ranges inside the file.
+fn load_index<'a>(
+    file_bytes: u64,
+    mut read: impl FnMut(u64, usize) -> Result<Cow<'a, [u8]>, SegmentError>,
+) -> Result<SegmentIndex, SegmentError> {
+    if file_bytes < (HEADER_BYTES + FOOTER_BYTES) as u64 {
+        return Err(corrupt(file_bytes as usize, "shorter than a header and a footer"));
     }
-    let header = decode_header(&buf[..HEADER_BYTES])?;
-    let file_bytes = buf.len() as u64;
+    let header = decode_header(&read(0, HEADER_BYTES)?)?;
+    let footer_offset = file_bytes - FOOTER_BYTES as u64;
     let (index_offset, index_len, record_count, index_crc) =
-        decode_footer(&buf[buf.len() - FOOTER_BYTES..], file_bytes)?;
-    check_counts(&header, record_count, buf.len())?;
-    let index = &buf[index_offset as usize..(index_offset + index_len) as usize];
-    let entries = decode_index(index, index_offset, &header, index_crc)?;
+        decode_footer(&read(footer_offset, FOOTER_BYTES)?, file_bytes)?;
+    if header.record_count != record_count {
+        return Err(corrupt(
+            footer_offset as usize,
+            "header and footer disagree on the record count",
+        ));
+    }
+    let index = read(index_offset, index_len as usize)?;
+    let entries = decode_index(&index, index_offset, &header, index_crc)?;
     Ok(SegmentIndex {
         header,
         entries,
@@ -390,20 +411,14 @@ fn decode_segment_index(buf: &[u8]) -> Result<SegmentIndex, SegmentError> {
     })
 }
 
-fn check_counts(header: &SegmentHeader, footer_count: u32, file_bytes: usize) -> Result<(), SegmentError> {
-    if header.record_count != footer_count {
-        return Err(corrupt(
-            file_bytes - FOOTER_BYTES,
-            "header and footer disagree on the record count",
-        ));
-    }
-    Ok(())
-}
-
+/// Names the file a corruption was found in (an I/O error names it already).
 fn in_file(path: &Path) -> impl FnOnce(SegmentError) -> SegmentError + '_ {
-    move |source| SegmentError::InFile {
-        path: path.to_path_buf(),
-        source: Box::new(source),
+    move |error| match error {
+        SegmentError::Corrupt { .. } => SegmentError::InFile {
+            path: path.to_path_buf(),
+            source: Box::new(error),
+        },
+        other => other,
     }
 }
 
@@ -428,6 +443,7 @@ pub fn write_segment(dir: &Path, batch: &ReducedBatch) -> Result<(PathBuf, Segme
     file.write_all(&bytes).map_err(io_error(&path))?;
     file.sync_data().map_err(io_error(&path))?;
     File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))?;
+    // Decoding what was just encoded checks the encoder, and yields the index the caller needs.
     let index = decode_segment_index(&bytes).expect("a segment just encoded decodes");
     Ok((path, index))
 }
@@ -436,29 +452,12 @@ pub fn write_segment(dir: &Path, batch: &ReducedBatch) -> Result<(PathBuf, Segme
 pub fn read_segment_index(path: &Path) -> Result<SegmentIndex, SegmentError> {
     let file = File::open(path).map_err(io_error(path))?;
     let file_bytes = file.metadata().map_err(io_error(path))?.len();
-    let read_at = |offset: u64, len: usize| -> Result<Vec<u8>, SegmentError> {
+    load_index(file_bytes, |offset, len| {
         let mut buf = vec![0; len];
         file.read_exact_at(&mut buf, offset).map_err(io_error(path))?;
-        Ok(buf)
-    };
-    if file_bytes < (HEADER_BYTES + FOOTER_BYTES) as u64 {
-        return Err(in_file(path)(corrupt(
-            file_bytes as usize,
-            "shorter than a header and a footer",
-        )));
-    }
-    let header = decode_header(&read_at(0, HEADER_BYTES)?).map_err(in_file(path))?;
-    let footer = read_at(file_bytes - FOOTER_BYTES as u64, FOOTER_BYTES)?;
-    let (index_offset, index_len, record_count, index_crc) =
-        decode_footer(&footer, file_bytes).map_err(in_file(path))?;
-    check_counts(&header, record_count, file_bytes as usize).map_err(in_file(path))?;
-    let index = read_at(index_offset, index_len as usize)?;
-    let entries = decode_index(&index, index_offset, &header, index_crc).map_err(in_file(path))?;
-    Ok(SegmentIndex {
-        header,
-        entries,
-        file_bytes,
+        Ok(Cow::Owned(buf))
     })
+    .map_err(in_file(path))
 }
 
 /// Reads and verifies a whole segment file.
