@@ -1,22 +1,35 @@
-//! The key-value state machine's inputs from the log and from snapshots: command argument
-//! lists, command parsing and applying, and snapshot restore.
+//! The key-value state machine's inputs from the log and from a leader: command argument lists,
+//! command parsing and applying, and installing an exported state.
 #![no_main]
+
+use std::sync::Mutex;
 
 use chorus_kv::command::{decode_args, Command};
 use chorus_kv::KvState;
 use chorus_log::StateMachine;
+use chorus_storage::StoreOptions;
 use libfuzzer_sys::fuzz_target;
+
+/// One state for the whole run (opening one per input would measure the file system): the
+/// directory, the state and its next log index.
+static STATE: Mutex<Option<(tempfile::TempDir, KvState, u64)>> = Mutex::new(None);
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(args) = decode_args(data) {
         let _ = Command::parse(&args);
     }
-    let mut state = KvState::new();
-    let _ = state.apply(1, data);
-    let mut restored = KvState::new();
-    if restored.restore(data).is_ok() {
-        let snapshot = restored.snapshot();
-        let mut again = KvState::new();
-        again.restore(&snapshot).expect("a snapshot we wrote restores");
+    let mut guard = STATE.lock().expect("not poisoned");
+    let (_, state, index) = guard.get_or_insert_with(|| {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let state = KvState::open(StoreOptions::new(dir.path()), None).expect("open state");
+        (dir, state, 0)
+    });
+    *index += 1;
+    let _ = state.apply(*index, data);
+    state.entry_applied(*index);
+    if let Ok(local) = state.install_snapshot(data) {
+        let exported = state.export_snapshot(&local).expect("an installed state exports");
+        assert_eq!(exported, data, "an installed state exports as it was shipped");
+        *index = state.store().applied_index();
     }
 });

@@ -39,7 +39,7 @@ macro_rules! server_options {
 server_options! {
     /// This node's id; must appear in `peers`.
     id: u64 = 1;
-    /// Directory for the raft log and snapshots.
+    /// Directory for the raft log, snapshots and (under `state/`) the key-value segments.
     data_dir: PathBuf = PathBuf::from("chorus-data");
     /// Address for Redis clients (RESP).
     resp_addr: SocketAddr = "127.0.0.1:6379".parse().expect("valid");
@@ -76,6 +76,13 @@ server_options! {
     snapshot_interval_entries: u64 = 20_000;
     /// Snapshot the state machine after this many applied bytes of commands.
     snapshot_interval_bytes: u64 = 64 * 1024 * 1024;
+    /// Bytes of values the key-value store keeps in memory (its object cache); the rest are read
+    /// from segment files when asked for.
+    cache_bytes: usize = 256 * 1024 * 1024;
+    /// Committed writes reduced into one segment (only the last write of each key is kept).
+    reduction_batch_writes: u64 = 1_000;
+    /// Key and value bytes of committed writes reduced into one segment.
+    reduction_batch_bytes: u64 = 4 * 1024 * 1024;
     /// Entries kept behind a snapshot for followers that lag a little.
     log_keep_entries: u64 = 5_000;
     /// Size at which the raft log starts a new segment file.

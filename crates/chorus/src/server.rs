@@ -8,6 +8,7 @@ use chorus_kv::unicache::{parse_keyspaces, KvPreprocessor};
 use chorus_kv::{FrontEndOptions, KvState};
 use chorus_log::{EntryCodec, IdentityCodec, NodeConfig, ReadConsistency, UniCacheCodec, UniCacheSettings};
 use chorus_resp::Limits;
+use chorus_storage::StoreOptions;
 use chorus_unicache::CacheConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -71,7 +72,13 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     } else {
         Box::new(IdentityCodec)
     };
-    let node = chorus_log::start(node_config, KvState::new(), codec)
+    let store_options = StoreOptions {
+        cache_bytes: config.cache_bytes,
+        batch_writes: config.reduction_batch_writes,
+        batch_bytes: config.reduction_batch_bytes,
+        ..StoreOptions::new(config.data_dir.join("state"))
+    };
+    let node = chorus_log::start(node_config, |snapshot| KvState::open(store_options, snapshot), codec)
         .await
         .context("cannot start the raft node")?;
     tokio::spawn(serve_metrics(metrics_listener));

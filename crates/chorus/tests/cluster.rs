@@ -369,6 +369,17 @@ async fn follower_behind_the_compacted_log_catches_up_by_snapshot() {
             bulk(&i.to_string())
         );
     }
+    // The installed segments are the follower's own now: they survive its restart.
+    cluster.kill(follower);
+    cluster.restart_stopped();
+    let mut f = cluster.client(follower).await;
+    assert_eq!(f.command(&["READONLY"]).await.unwrap(), ok());
+    for i in (0..400).step_by(11) {
+        assert_eq!(
+            f.command(&["GET", &format!("s{i}")]).await.unwrap(),
+            bulk(&i.to_string())
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

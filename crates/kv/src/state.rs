@@ -1,58 +1,177 @@
-//! The key-value state machine: strings and hashes in memory, fed by the committed log.
-//! Snapshots serialise the whole map (the log-reduction work replaces this with segments).
+//! The key-value state machine: what each command reads and writes. The state itself lives in
+//! `chorus_storage::Store` (reduced segments on disk, an index and an object cache in memory);
+//! this module maps Redis types onto its flat key space and keeps what must be answered without
+//! reading values: which keys are hashes, how many fields each has, how many strings exist.
+//!
+//! Storage keys: a string `k` is `s k`; field `f` of hash `k` is `h len(k) k f` (length as 4
+//! big-endian bytes), so one hash's fields are adjacent and each field is its own record: HSET of
+//! one field in a 10,000-field hash writes one record, and a reduced batch keeps only the fields
+//! it touched. A non-idempotent command (INCR, APPEND, …) is recorded as the value it produced.
 
 use std::collections::HashMap;
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use chorus_log::StateMachine;
 use chorus_resp::Value;
+use chorus_storage::{Manifest, Store, StoreError, StoreOptions};
 
 use crate::command::{decode_args, Command, Read, SetCondition, Write};
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+const STRING_TAG: u8 = b's';
+const HASH_TAG: u8 = b'h';
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Object {
-    Str(Bytes),
-    Hash(HashMap<Bytes, Bytes>),
+fn string_key(key: &[u8]) -> Bytes {
+    let mut k = BytesMut::with_capacity(1 + key.len());
+    k.put_u8(STRING_TAG);
+    k.put_slice(key);
+    k.freeze()
 }
 
-#[derive(Default)]
+fn hash_prefix(key: &[u8]) -> BytesMut {
+    let mut k = BytesMut::with_capacity(5 + key.len() + 16);
+    k.put_u8(HASH_TAG);
+    k.put_u32(u32::try_from(key.len()).expect("keys are shorter than 4 GiB"));
+    k.put_slice(key);
+    k
+}
+
+fn field_key(key: &[u8], field: &[u8]) -> Bytes {
+    let mut k = hash_prefix(key);
+    k.put_slice(field);
+    k.freeze()
+}
+
+/// The hash key a field's storage key belongs to, or `None` for a malformed one.
+fn hash_of_field_key(storage_key: &[u8]) -> Option<&[u8]> {
+    let len = u32::from_be_bytes(storage_key.get(1..5)?.try_into().ok()?) as usize;
+    storage_key.get(5..5usize.checked_add(len)?)
+}
+
 pub struct KvState {
-    objects: HashMap<Bytes, Object>,
+    store: Store,
+    /// Field count of each hash; a key is a hash exactly when it is here.
+    hashes: HashMap<Bytes, u64>,
+    strings: u64,
+}
+
+/// A read of the state's own segments failed while applying: the replica cannot go on.
+fn unreadable(e: StoreError) -> ! {
+    panic!("the state machine cannot read its own storage: {e}")
+}
+
+fn storage_error(e: StoreError) -> Value {
+    Value::error(format!("ERR storage: {e}"))
 }
 
 impl KvState {
-    pub fn new() -> Self {
-        Self::default()
+    /// Opens the state in `options.dir` as the local snapshot `snapshot` (a manifest) describes.
+    pub fn open(options: StoreOptions, snapshot: Option<&[u8]>) -> Result<KvState, String> {
+        let manifest = snapshot
+            .map(Manifest::decode)
+            .transpose()
+            .map_err(|e| format!("snapshot manifest: {e}"))?;
+        let store = Store::open(options, manifest.as_ref()).map_err(|e| e.to_string())?;
+        Ok(KvState::over(store))
+    }
+
+    fn over(store: Store) -> KvState {
+        let mut state = KvState {
+            store,
+            hashes: HashMap::new(),
+            strings: 0,
+        };
+        state.rebuild_bookkeeping();
+        state
+    }
+
+    /// Recounts strings and hash fields from the store's keys (no values are read).
+    fn rebuild_bookkeeping(&mut self) {
+        self.strings = self.store.keys_with_prefix(&[STRING_TAG]).len() as u64;
+        self.hashes.clear();
+        for field in self.store.keys_with_prefix(&[HASH_TAG]) {
+            let key = hash_of_field_key(&field).expect("field keys this module wrote parse");
+            *self.hashes.entry(Bytes::copy_from_slice(key)).or_default() += 1;
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 
     pub fn len(&self) -> usize {
-        self.objects.len()
+        self.strings as usize + self.hashes.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.objects.is_empty()
+        self.len() == 0
     }
 
-    fn string(&self, key: &[u8]) -> Result<Option<&Bytes>, Value> {
-        match self.objects.get(key) {
-            None => Ok(None),
-            Some(Object::Str(s)) => Ok(Some(s)),
-            Some(Object::Hash(_)) => Err(Value::error(WRONGTYPE)),
+    fn is_string(&self, key: &[u8]) -> bool {
+        self.store.contains(&string_key(key))
+    }
+
+    /// A string's value for a client's read: a storage error is the client's error reply.
+    fn string(&self, key: &[u8]) -> Result<Option<Bytes>, Value> {
+        if self.hashes.contains_key(key) {
+            return Err(Value::error(WRONGTYPE));
+        }
+        self.store.get(&string_key(key)).map_err(storage_error)
+    }
+
+    /// A string's value for a write: every replica must compute the same result, so a replica
+    /// that cannot read its own storage stops.
+    fn string_to_update(&self, key: &[u8]) -> Result<Option<Bytes>, Value> {
+        if self.hashes.contains_key(key) {
+            return Err(Value::error(WRONGTYPE));
+        }
+        Ok(self.store.get(&string_key(key)).unwrap_or_else(|e| unreadable(e)))
+    }
+
+    /// Errors when `key` holds a string; otherwise whether it is a hash.
+    fn hash_check(&self, key: &[u8]) -> Result<bool, Value> {
+        if self.hashes.contains_key(key) {
+            Ok(true)
+        } else if self.is_string(key) {
+            Err(Value::error(WRONGTYPE))
+        } else {
+            Ok(false)
         }
     }
 
-    fn hash(&self, key: &[u8]) -> Result<Option<&HashMap<Bytes, Bytes>>, Value> {
-        match self.objects.get(key) {
-            None => Ok(None),
-            Some(Object::Hash(h)) => Ok(Some(h)),
-            Some(Object::Str(_)) => Err(Value::error(WRONGTYPE)),
+    fn field(&self, key: &[u8], field: &[u8]) -> Result<Option<Bytes>, Value> {
+        self.store.get(&field_key(key, field)).map_err(storage_error)
+    }
+
+    /// Deletes whatever `key` holds; whether it held anything.
+    fn delete(&mut self, index: u64, key: &[u8]) -> bool {
+        if self.hashes.remove(key).is_some() {
+            for field in self.store.keys_with_prefix(&hash_prefix(key)) {
+                self.store.write(index, field, None);
+            }
+            true
+        } else if self.is_string(key) {
+            self.store.write(index, string_key(key), None);
+            self.strings -= 1;
+            true
+        } else {
+            false
         }
     }
 
-    /// Applies a write, taking its keys and values into the map as they are.
-    pub fn execute_write(&mut self, write: Write) -> Value {
+    fn set_string(&mut self, index: u64, key: &[u8], value: Bytes) {
+        let storage_key = string_key(key);
+        if self.hashes.contains_key(key) {
+            self.delete(index, key);
+            self.strings += 1;
+        } else if !self.store.contains(&storage_key) {
+            self.strings += 1;
+        }
+        self.store.write(index, storage_key, Some(value));
+    }
+
+    /// Applies a write from the entry at `index`.
+    pub fn execute_write(&mut self, index: u64, write: Write) -> Value {
         match write {
             Write::Set {
                 key,
@@ -62,11 +181,11 @@ impl KvState {
             } => {
                 let allowed = match condition {
                     SetCondition::Always => true,
-                    SetCondition::IfAbsent => !self.objects.contains_key(&key),
-                    SetCondition::IfPresent => self.objects.contains_key(&key),
+                    SetCondition::IfAbsent => !self.hashes.contains_key(&key) && !self.is_string(&key),
+                    SetCondition::IfPresent => self.hashes.contains_key(&key) || self.is_string(&key),
                 };
                 if allowed {
-                    self.objects.insert(key, Object::Str(value));
+                    self.set_string(index, &key, value);
                 }
                 match (reply_as_int, allowed) {
                     (true, _) => Value::Integer(allowed as i64),
@@ -74,58 +193,56 @@ impl KvState {
                     (false, false) => Value::null(),
                 }
             }
-            Write::Del(keys) => {
-                Value::Integer(keys.iter().filter(|k| self.objects.remove(*k).is_some()).count() as i64)
-            }
+            Write::Del(keys) => Value::Integer(keys.iter().filter(|k| self.delete(index, k)).count() as i64),
             Write::MSet(pairs) => {
                 for (k, v) in pairs {
-                    self.objects.insert(k, Object::Str(v));
+                    self.set_string(index, &k, v);
                 }
                 Value::ok()
             }
             Write::IncrBy { key, delta } => {
-                let current = match self.string(&key) {
+                let current = match self.string_to_update(&key) {
                     Err(e) => return e,
                     Ok(None) => 0,
-                    Ok(Some(s)) => match crate::command::parse_i64(s) {
+                    Ok(Some(s)) => match crate::command::parse_i64(&s) {
                         Ok(n) => n,
                         Err(e) => return Value::error(e),
                     },
                 };
                 match current.checked_add(delta) {
                     Some(n) => {
-                        self.objects.insert(key, Object::Str(Bytes::from(n.to_string())));
+                        self.set_string(index, &key, Bytes::from(n.to_string()));
                         Value::Integer(n)
                     }
                     None => Value::error("ERR increment or decrement would overflow"),
                 }
             }
             Write::Append { key, value } => {
-                let appended = match self.string(&key) {
+                let appended = match self.string_to_update(&key) {
                     Err(e) => return e,
                     Ok(None) => value,
                     Ok(Some(s)) => {
                         let mut joined = Vec::with_capacity(s.len() + value.len());
-                        joined.extend_from_slice(s);
+                        joined.extend_from_slice(&s);
                         joined.extend_from_slice(&value);
                         Bytes::from(joined)
                     }
                 };
                 let len = appended.len() as i64;
-                self.objects.insert(key, Object::Str(appended));
+                self.set_string(index, &key, appended);
                 Value::Integer(len)
             }
             Write::HSet { key, pairs, reply_ok } => {
-                if let Err(e) = self.hash(&key) {
+                if let Err(e) = self.hash_check(&key) {
                     return e;
                 }
-                let Object::Hash(h) = self.objects.entry(key).or_insert_with(|| Object::Hash(HashMap::new())) else {
-                    unreachable!("type checked above");
-                };
                 let mut added = 0;
                 for (field, value) in pairs {
-                    added += usize::from(h.insert(field, value).is_none());
+                    let storage_key = field_key(&key, &field);
+                    added += u64::from(!self.store.contains(&storage_key));
+                    self.store.write(index, storage_key, Some(value));
                 }
+                *self.hashes.entry(key).or_default() += added;
                 if reply_ok {
                     Value::ok()
                 } else {
@@ -133,13 +250,23 @@ impl KvState {
                 }
             }
             Write::HDel { key, fields } => {
-                let removed = match self.objects.get_mut(&key) {
-                    None => 0,
-                    Some(Object::Str(_)) => return Value::error(WRONGTYPE),
-                    Some(Object::Hash(h)) => fields.iter().filter(|f| h.remove(*f).is_some()).count(),
-                };
-                if matches!(self.objects.get(&key), Some(Object::Hash(h)) if h.is_empty()) {
-                    self.objects.remove(&key);
+                match self.hash_check(&key) {
+                    Err(e) => return e,
+                    Ok(false) => return Value::Integer(0),
+                    Ok(true) => {}
+                }
+                let mut removed = 0;
+                for field in fields {
+                    let storage_key = field_key(&key, &field);
+                    if self.store.contains(&storage_key) {
+                        self.store.write(index, storage_key, None);
+                        removed += 1;
+                    }
+                }
+                let count = self.hashes.get_mut(&key).expect("checked above");
+                *count -= removed;
+                if *count == 0 {
+                    self.hashes.remove(&key);
                 }
                 Value::Integer(removed as i64)
             }
@@ -149,91 +276,68 @@ impl KvState {
     pub fn execute_read(&self, read: &Read) -> Value {
         let result = || -> Result<Value, Value> {
             Ok(match read {
-                Read::Get(key) => Value::Bulk(self.string(key)?.cloned()),
+                Read::Get(key) => Value::Bulk(self.string(key)?),
                 Read::MGet(keys) => Value::array(
                     keys.iter()
-                        .map(|k| match self.objects.get(k) {
-                            Some(Object::Str(s)) => Value::bulk(s.clone()),
-                            _ => Value::null(),
-                        })
+                        .map(|k| Value::Bulk(self.string(k).ok().flatten()))
                         .collect(),
                 ),
-                Read::Exists(keys) => {
-                    Value::Integer(keys.iter().filter(|k| self.objects.contains_key(*k)).count() as i64)
-                }
+                Read::Exists(keys) => Value::Integer(
+                    keys.iter()
+                        .filter(|k| self.hashes.contains_key(*k) || self.is_string(k))
+                        .count() as i64,
+                ),
                 Read::StrLen(key) => Value::Integer(self.string(key)?.map_or(0, |s| s.len()) as i64),
                 Read::Type(key) => Value::Simple(
-                    match self.objects.get(key) {
-                        None => "none",
-                        Some(Object::Str(_)) => "string",
-                        Some(Object::Hash(_)) => "hash",
+                    if self.hashes.contains_key(key) {
+                        "hash"
+                    } else if self.is_string(key) {
+                        "string"
+                    } else {
+                        "none"
                     }
                     .into(),
                 ),
-                Read::HGet { key, field } => Value::Bulk(self.hash(key)?.and_then(|h| h.get(field)).cloned()),
+                Read::HGet { key, field } => {
+                    self.hash_check(key)?;
+                    Value::Bulk(self.field(key, field)?)
+                }
                 Read::HMGet { key, fields } => {
-                    let h = self.hash(key)?;
+                    self.hash_check(key)?;
                     Value::array(
                         fields
                             .iter()
-                            .map(|f| Value::Bulk(h.and_then(|h| h.get(f)).cloned()))
-                            .collect(),
+                            .map(|f| Ok(Value::Bulk(self.field(key, f)?)))
+                            .collect::<Result<_, Value>>()?,
                     )
                 }
                 Read::HGetAll(key) => {
-                    let mut pairs: Vec<_> = self.hash(key)?.into_iter().flatten().collect();
-                    pairs.sort();
-                    Value::array(
-                        pairs
-                            .into_iter()
-                            .flat_map(|(f, v)| [Value::bulk(f.clone()), Value::bulk(v.clone())])
-                            .collect(),
-                    )
+                    self.hash_check(key)?;
+                    let prefix_len = hash_prefix(key).len();
+                    let mut items = Vec::new();
+                    for storage_key in self.store.keys_with_prefix(&hash_prefix(key)) {
+                        let value = self
+                            .store
+                            .get(&storage_key)
+                            .map_err(storage_error)?
+                            .expect("a listed key has a value");
+                        items.push(Value::bulk(storage_key.slice(prefix_len..)));
+                        items.push(Value::bulk(value));
+                    }
+                    Value::array(items)
                 }
-                Read::HLen(key) => Value::Integer(self.hash(key)?.map_or(0, |h| h.len()) as i64),
+                Read::HLen(key) => {
+                    self.hash_check(key)?;
+                    Value::Integer(self.hashes.get(key).copied().unwrap_or(0) as i64)
+                }
                 Read::HExists { key, field } => {
-                    Value::Integer(self.hash(key)?.is_some_and(|h| h.contains_key(field)) as i64)
+                    self.hash_check(key)?;
+                    Value::Integer(self.store.contains(&field_key(key, field)) as i64)
                 }
-                Read::DbSize => Value::Integer(self.objects.len() as i64),
+                Read::DbSize => Value::Integer(self.len() as i64),
             })
         };
         result().unwrap_or_else(|e| e)
-    }
-}
-
-const SNAPSHOT_MAGIC: &[u8; 8] = b"CHKVSN01";
-const TAG_STR: u8 = 1;
-const TAG_HASH: u8 = 2;
-
-fn put_blob(out: &mut Vec<u8>, b: &[u8]) {
-    out.extend_from_slice(&(b.len() as u32).to_le_bytes());
-    out.extend_from_slice(b);
-}
-
-struct SnapshotReader<'a> {
-    buf: &'a [u8],
-}
-
-impl<'a> SnapshotReader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        if self.buf.len() < n {
-            return Err(format!("truncated: wanted {n} bytes, {} left", self.buf.len()));
-        }
-        let (head, tail) = self.buf.split_at(n);
-        self.buf = tail;
-        Ok(head)
-    }
-    fn u32(&mut self) -> Result<u32, String> {
-        let b = self.take(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn u64(&mut self) -> Result<u64, String> {
-        let b = self.take(8)?;
-        Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
-    }
-    fn blob(&mut self) -> Result<Bytes, String> {
-        let n = self.u32()? as usize;
-        Ok(Bytes::copy_from_slice(self.take(n)?))
     }
 }
 
@@ -241,91 +345,42 @@ impl StateMachine for KvState {
     type Query = Read;
     type Output = Value;
 
-    fn apply(&mut self, _index: u64, command: &[u8]) -> Value {
+    fn apply(&mut self, index: u64, command: &[u8]) -> Value {
         let args = match decode_args(command) {
             Ok(args) => args,
             Err(e) => return Value::error(format!("ERR undecodable command in log: {e}")),
         };
         match Command::parse(&args) {
-            Ok(Some(Command::Write(w))) => self.execute_write(w),
+            Ok(Some(Command::Write(w))) => self.execute_write(index, w),
             Ok(Some(Command::Read(_))) | Ok(None) => Value::error("ERR only write commands belong in the log"),
             Err(e) => Value::error(e),
         }
+    }
+
+    fn entry_applied(&mut self, index: u64) {
+        self.store.entry_applied(index);
     }
 
     fn query(&self, query: &Read) -> Value {
         self.execute_read(query)
     }
 
-    fn snapshot(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64 + self.objects.len() * 64);
-        out.extend_from_slice(SNAPSHOT_MAGIC);
-        out.extend_from_slice(&(self.objects.len() as u64).to_le_bytes());
-        for (key, object) in &self.objects {
-            match object {
-                Object::Str(s) => {
-                    out.push(TAG_STR);
-                    put_blob(&mut out, key);
-                    put_blob(&mut out, s);
-                }
-                Object::Hash(h) => {
-                    out.push(TAG_HASH);
-                    put_blob(&mut out, key);
-                    out.extend_from_slice(&(h.len() as u32).to_le_bytes());
-                    for (f, v) in h {
-                        put_blob(&mut out, f);
-                        put_blob(&mut out, v);
-                    }
-                }
-            }
-        }
-        let crc = crc32fast::hash(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        out
+    /// The snapshot is the manifest of the segments holding the state; waiting for them is the
+    /// only work, and it happens on the caller's thread.
+    fn snapshot_later(&mut self) -> Box<dyn FnOnce() -> Vec<u8> + Send> {
+        let manifest = self.store.manifest_later();
+        Box::new(move || manifest().encode())
     }
 
-    /// Copying the map costs a table and a reference count per value; serialising the copy (the
-    /// megabytes of the snapshot) then happens off the raft loop.
-    fn snapshot_later(&self) -> Box<dyn FnOnce() -> Vec<u8> + Send> {
-        let copy = KvState {
-            objects: self.objects.clone(),
-        };
-        Box::new(move || copy.snapshot())
+    fn export_snapshot(&self, snapshot: &[u8]) -> Result<Vec<u8>, String> {
+        let manifest = Manifest::decode(snapshot).map_err(|e| format!("snapshot manifest: {e}"))?;
+        self.store.export(&manifest).map_err(|e| e.to_string())
     }
 
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
-        if snapshot.len() < SNAPSHOT_MAGIC.len() + 12 || &snapshot[..8] != SNAPSHOT_MAGIC {
-            return Err("not a key-value snapshot".into());
-        }
-        let (body, crc) = snapshot.split_at(snapshot.len() - 4);
-        if crc32fast::hash(body) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
-            return Err("key-value snapshot checksum mismatch".into());
-        }
-        let mut r = SnapshotReader { buf: &body[8..] };
-        let count = r.u64()? as usize;
-        let mut objects = HashMap::with_capacity(count.min(body.len() / 9));
-        for _ in 0..count {
-            let tag = r.take(1)?[0];
-            let key = r.blob()?;
-            let object = match tag {
-                TAG_STR => Object::Str(r.blob()?),
-                TAG_HASH => {
-                    let n = r.u32()? as usize;
-                    let mut h = HashMap::with_capacity(n.min(r.buf.len() / 8));
-                    for _ in 0..n {
-                        h.insert(r.blob()?, r.blob()?);
-                    }
-                    Object::Hash(h)
-                }
-                other => return Err(format!("unknown object tag {other}")),
-            };
-            objects.insert(key, object);
-        }
-        if !r.buf.is_empty() {
-            return Err("trailing bytes in key-value snapshot".into());
-        }
-        self.objects = objects;
-        Ok(())
+    fn install_snapshot(&mut self, exported: &[u8]) -> Result<Vec<u8>, String> {
+        let manifest = self.store.install(exported).map_err(|e| e.to_string())?;
+        self.rebuild_bookkeeping();
+        Ok(manifest.encode())
     }
 }
 
@@ -334,50 +389,105 @@ mod tests {
     use super::*;
     use crate::command::encode_args;
 
-    fn run(state: &mut KvState, cmd: &str) -> Value {
-        let args: Vec<Bytes> = cmd.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect();
-        match Command::parse(&args).unwrap().unwrap() {
-            Command::Write(_) => state.apply(1, &encode_args(&args)),
-            Command::Read(r) => state.query(&r),
+    /// A state in a temporary directory, fed one command per log entry.
+    struct Replica {
+        state: KvState,
+        index: u64,
+        /// Last, so it is removed after the state closes.
+        dir: tempfile::TempDir,
+    }
+
+    fn options(dir: &std::path::Path) -> StoreOptions {
+        StoreOptions {
+            batch_writes: 3,
+            cache_bytes: 200,
+            ..StoreOptions::new(dir)
+        }
+    }
+
+    impl Replica {
+        fn new() -> Replica {
+            let dir = tempfile::tempdir().unwrap();
+            let state = KvState::open(options(dir.path()), None).unwrap();
+            Replica { dir, state, index: 0 }
+        }
+
+        fn run(&mut self, cmd: &str) -> Value {
+            let args: Vec<Bytes> = cmd.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect();
+            match Command::parse(&args).unwrap().unwrap() {
+                Command::Write(_) => {
+                    self.index += 1;
+                    let reply = self.state.apply(self.index, &encode_args(&args));
+                    self.state.entry_applied(self.index);
+                    reply
+                }
+                Command::Read(r) => self.state.query(&r),
+            }
+        }
+
+        /// Takes a snapshot, drops the state (a restart) and reopens it from the snapshot.
+        fn restart(&mut self) {
+            let snapshot = self.state.snapshot_later()();
+            let placeholder = KvState::open(options(&self.dir.path().join("scratch")), None).unwrap();
+            drop(std::mem::replace(&mut self.state, placeholder));
+            self.state = KvState::open(options(self.dir.path()), Some(&snapshot)).unwrap();
+        }
+
+        /// Everything a client can observe about these keys.
+        fn observe(&mut self, keys: &[&str]) -> Vec<Value> {
+            let mut seen = vec![self.run("DBSIZE")];
+            for k in keys {
+                seen.push(self.run(&format!("TYPE {k}")));
+                seen.push(self.run(&format!("GET {k}")));
+                seen.push(self.run(&format!("HGETALL {k}")));
+                seen.push(self.run(&format!("HLEN {k}")));
+            }
+            seen
         }
     }
 
     #[test]
     fn string_commands_behave_like_redis() {
-        let mut s = KvState::new();
-        assert_eq!(run(&mut s, "SET a 1"), Value::ok());
-        assert_eq!(run(&mut s, "SET a 2 NX"), Value::null());
-        assert_eq!(run(&mut s, "SET b 2 XX"), Value::null());
-        assert_eq!(run(&mut s, "SETNX b 5"), Value::Integer(1));
-        assert_eq!(run(&mut s, "INCR a"), Value::Integer(2));
-        assert_eq!(run(&mut s, "INCRBY a 40"), Value::Integer(42));
-        assert_eq!(run(&mut s, "DECR a"), Value::Integer(41));
-        assert_eq!(run(&mut s, "APPEND a x"), Value::Integer(3));
-        assert!(run(&mut s, "INCR a").is_error(), "41x is not an integer");
-        assert_eq!(run(&mut s, "GET a"), Value::bulk("41x"));
-        assert_eq!(run(&mut s, "STRLEN a"), Value::Integer(3));
-        assert_eq!(run(&mut s, "MSET c 3 d 4"), Value::ok());
+        let mut s = Replica::new();
+        assert_eq!(s.run("SET a 1"), Value::ok());
+        assert_eq!(s.run("SET a 2 NX"), Value::null());
+        assert_eq!(s.run("SET b 2 XX"), Value::null());
+        assert_eq!(s.run("SETNX b 5"), Value::Integer(1));
+        assert_eq!(s.run("INCR a"), Value::Integer(2));
+        assert_eq!(s.run("INCRBY a 40"), Value::Integer(42));
+        assert_eq!(s.run("DECR a"), Value::Integer(41));
+        assert_eq!(s.run("APPEND a x"), Value::Integer(3));
+        assert!(s.run("INCR a").is_error(), "41x is not an integer");
+        assert_eq!(s.run("GET a"), Value::bulk("41x"));
+        assert_eq!(s.run("STRLEN a"), Value::Integer(3));
+        assert_eq!(s.run("MSET c 3 d 4"), Value::ok());
         assert_eq!(
-            run(&mut s, "MGET c nope d"),
+            s.run("MGET c nope d"),
             Value::array(vec![Value::bulk("3"), Value::null(), Value::bulk("4")])
         );
-        assert_eq!(run(&mut s, "EXISTS a c nope a"), Value::Integer(3));
-        assert_eq!(run(&mut s, "DEL a nope"), Value::Integer(1));
-        assert_eq!(run(&mut s, "DBSIZE"), Value::Integer(3));
-        assert_eq!(run(&mut s, "SET max 9223372036854775807"), Value::ok());
-        assert!(run(&mut s, "INCR max").is_error());
-        assert_eq!(run(&mut s, "GET max"), Value::bulk("9223372036854775807"));
+        assert_eq!(s.run("EXISTS a c nope a"), Value::Integer(3));
+        assert_eq!(s.run("DEL a nope"), Value::Integer(1));
+        assert_eq!(s.run("DBSIZE"), Value::Integer(3));
+        assert_eq!(s.run("SET max 9223372036854775807"), Value::ok());
+        assert!(s.run("INCR max").is_error());
+        assert_eq!(s.run("GET max"), Value::bulk("9223372036854775807"));
     }
 
     #[test]
     fn hash_commands_and_wrongtype() {
-        let mut s = KvState::new();
-        assert_eq!(run(&mut s, "HSET h f1 v1 f2 v2"), Value::Integer(2));
-        assert_eq!(run(&mut s, "HSET h f1 v9"), Value::Integer(0));
-        assert_eq!(run(&mut s, "HGET h f1"), Value::bulk("v9"));
-        assert_eq!(run(&mut s, "HLEN h"), Value::Integer(2));
+        let mut s = Replica::new();
+        assert_eq!(s.run("HSET h f1 v1 f2 v2"), Value::Integer(2));
+        assert_eq!(s.run("HSET h f1 v9"), Value::Integer(0));
         assert_eq!(
-            run(&mut s, "HGETALL h"),
+            s.run("HSET h f3 a f3 b"),
+            Value::Integer(1),
+            "a field repeated in one command counts once"
+        );
+        assert_eq!(s.run("HDEL h f3"), Value::Integer(1));
+        assert_eq!(s.run("HGET h f1"), Value::bulk("v9"));
+        assert_eq!(s.run("HLEN h"), Value::Integer(2));
+        assert_eq!(
+            s.run("HGETALL h"),
             Value::array(vec![
                 Value::bulk("f1"),
                 Value::bulk("v9"),
@@ -385,61 +495,82 @@ mod tests {
                 Value::bulk("v2")
             ])
         );
-        assert_eq!(run(&mut s, "HDEL h f1 f2 f3"), Value::Integer(2));
-        assert_eq!(run(&mut s, "EXISTS h"), Value::Integer(0), "empty hashes disappear");
-        run(&mut s, "SET str x");
-        assert!(run(&mut s, "HSET str f v").is_error());
-        assert!(run(&mut s, "HGET str f").is_error());
-        run(&mut s, "HSET h f v");
-        assert!(run(&mut s, "GET h").is_error());
-        assert!(run(&mut s, "INCR h").is_error());
-        assert_eq!(
-            run(&mut s, "GET str"),
-            Value::bulk("x"),
-            "failed commands change nothing"
-        );
+        assert_eq!(s.run("HDEL h f1 f2 f3"), Value::Integer(2));
+        assert_eq!(s.run("EXISTS h"), Value::Integer(0), "empty hashes disappear");
+        s.run("SET str x");
+        assert!(s.run("HSET str f v").is_error());
+        assert!(s.run("HGET str f").is_error());
+        s.run("HSET h f v");
+        assert!(s.run("GET h").is_error());
+        assert!(s.run("INCR h").is_error());
+        assert_eq!(s.run("GET str"), Value::bulk("x"), "failed commands change nothing");
+        assert_eq!(s.run("SET h plain"), Value::ok(), "SET replaces a hash, as in Redis");
+        assert_eq!(s.run("TYPE h"), Value::Simple("string".into()));
+        assert_eq!(s.run("HLEN h"), Value::error(WRONGTYPE));
+        assert_eq!(s.run("DBSIZE"), Value::Integer(2));
+        assert_eq!(s.run("DEL h str"), Value::Integer(2));
+        assert_eq!(s.run("DBSIZE"), Value::Integer(0));
     }
 
     #[test]
-    fn snapshot_round_trip_and_corruption_detected() {
-        let mut s = KvState::new();
-        run(&mut s, "SET a 1");
-        run(&mut s, "HSET h f v g w");
-        let snap = s.snapshot();
-        let mut restored = KvState::new();
-        restored.restore(&snap).unwrap();
-        assert_eq!(restored.objects, s.objects);
-        for i in 0..snap.len() {
-            let mut bad = snap.clone();
-            bad[i] ^= 0x04;
-            assert!(KvState::new().restore(&bad).is_err(), "flip at byte {i}");
+    fn a_restart_from_the_manifest_keeps_everything_and_never_re_executes_a_command() {
+        let mut s = Replica::new();
+        s.run("SET a 1");
+        s.run("INCR a");
+        s.run("APPEND a z");
+        s.run("HSET h f v g w");
+        s.run("HDEL h g");
+        s.run("SET gone x");
+        s.run("DEL gone");
+        for i in 0..50 {
+            s.run(&format!("SET k{} {}", i % 7, i));
         }
-        assert!(KvState::new().restore(&snap[..snap.len() - 1]).is_err());
+        let keys = ["a", "h", "gone", "k0", "k6"];
+        let before = s.observe(&keys);
+        s.restart();
+        assert_eq!(s.observe(&keys), before);
+        assert_eq!(
+            s.run("GET a"),
+            Value::bulk("2z"),
+            "INCR and APPEND persisted as their results"
+        );
+        s.run("HSET h n 1");
+        s.restart();
+        assert_eq!(s.run("HLEN h"), Value::Integer(2));
     }
 
     #[test]
-    fn a_deferred_snapshot_holds_the_state_as_it_was_when_captured() {
-        let mut s = KvState::new();
-        run(&mut s, "SET a 1");
-        run(&mut s, "HSET h f v");
-        let captured = s.objects.clone();
-        let serialise = s.snapshot_later();
-        run(&mut s, "SET a 2");
-        run(&mut s, "HSET h f changed g new");
-        run(&mut s, "SET b 3");
-        let mut restored = KvState::new();
-        restored.restore(&serialise()).unwrap();
-        assert_eq!(restored.objects, captured, "writes after the capture stay out");
-        assert_ne!(restored.objects, s.objects);
+    fn an_exported_state_installs_on_another_replica() {
+        let mut leader = Replica::new();
+        for i in 0..40 {
+            leader.run(&format!("SET s{} {i}", i % 9));
+            leader.run(&format!("HSET h{} f{} {i}", i % 3, i % 5));
+        }
+        leader.run("DEL s1 h2");
+        let snapshot = leader.state.snapshot_later()();
+        let exported = leader.state.export_snapshot(&snapshot).unwrap();
+        let mut follower = Replica::new();
+        follower.run("SET stale 1");
+        let local = follower.state.install_snapshot(&exported).unwrap();
+        assert_eq!(local, snapshot, "the follower's snapshot describes the same segments");
+        follower.index = leader.index;
+        let keys = ["s0", "s1", "s8", "h0", "h1", "h2", "stale"];
+        assert_eq!(follower.observe(&keys), leader.observe(&keys));
+        assert!(follower
+            .state
+            .install_snapshot(&exported[..exported.len() - 1])
+            .is_err());
     }
 
     #[test]
     fn garbage_in_the_log_is_an_error_reply_not_a_panic() {
-        let mut s = KvState::new();
-        assert!(s.apply(1, b"").is_error());
-        assert!(s.apply(1, &[1, 255, 255, 255, 255]).is_error());
+        let mut s = Replica::new();
+        assert!(s.state.apply(1, b"").is_error());
+        assert!(s.state.apply(1, &[1, 255, 255, 255, 255]).is_error());
         assert!(s
+            .state
             .apply(1, &encode_args(&[Bytes::from("GET"), Bytes::from("k")]))
             .is_error());
+        assert!(KvState::open(options(s.dir.path()), Some(b"not a manifest")).is_err());
     }
 }

@@ -40,16 +40,19 @@ pub trait StateMachine: Send + 'static {
 
     /// Applies one committed command. Must depend only on the state and the command.
     fn apply(&mut self, index: u64, command: &[u8]) -> Self::Output;
+    /// Every command of the entry at `index` has been applied; called for every entry, commands
+    /// or not, in log order.
+    fn entry_applied(&mut self, index: u64);
     fn query(&self, query: &Self::Query) -> Self::Output;
-    fn snapshot(&self) -> Vec<u8>;
-    /// Captures the state now and returns what serialises that capture later, on another thread:
-    /// the raft loop pauses only for the capture. By default the capture is the serialisation.
-    fn snapshot_later(&self) -> Box<dyn FnOnce() -> Vec<u8> + Send> {
-        let bytes = self.snapshot();
-        Box::new(move || bytes)
-    }
-    /// Replaces the state with a snapshot. An error means the snapshot is corrupt.
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String>;
+    /// Captures the state at the last applied entry and returns what, run on another thread,
+    /// waits until that state is durable and returns the snapshot data describing it. The raft
+    /// log up to that entry is compacted once the data is written.
+    fn snapshot_later(&mut self) -> Box<dyn FnOnce() -> Vec<u8> + Send>;
+    /// Turns local snapshot data into what a follower behind the compacted log installs.
+    fn export_snapshot(&self, snapshot: &[u8]) -> Result<Vec<u8>, String>;
+    /// Replaces the state with one the leader exported; returns the local snapshot data that now
+    /// describes it. An error means the export is corrupt.
+    fn install_snapshot(&mut self, exported: &[u8]) -> Result<Vec<u8>, String>;
 }
 
 #[derive(Debug, Clone)]
@@ -440,9 +443,10 @@ struct Refill {
 }
 
 /// Opens storage, binds the peer port and spawns the raft loop on the current runtime.
+/// `open_state` builds the state machine from the local snapshot's data (`None` without one).
 pub async fn start<SM: StateMachine>(
     config: NodeConfig,
-    mut sm: SM,
+    open_state: impl FnOnce(Option<&[u8]>) -> Result<SM, String>,
     codec: Box<dyn EntryCodec>,
 ) -> Result<NodeHandle<SM>, StartError> {
     let listen_addr = config.peer_addr().ok_or(StartError::NotAPeer(config.id))?;
@@ -465,11 +469,13 @@ pub async fn start<SM: StateMachine>(
     let snapshot = storage.latest_snapshot();
     let applied = snapshot.get_metadata().index;
     let mut codec = codec;
-    if applied > 0 {
+    let sm = if applied > 0 {
         let (sm_state, codec_state) = split_snapshot(&snapshot.data).map_err(StartError::Restore)?;
-        sm.restore(sm_state).map_err(StartError::Restore)?;
         codec.restore(codec_state, applied).map_err(StartError::Restore)?;
-    }
+        open_state(Some(sm_state)).map_err(StartError::Restore)?
+    } else {
+        open_state(None).map_err(StartError::Restore)?
+    };
 
     let raft_config = raft::Config {
         id: config.id,
@@ -1026,10 +1032,25 @@ impl<SM: StateMachine> RaftLoop<SM> {
         }
     }
 
-    /// Queues a message for its peer as it is; a full queue drops it (raft retransmits).
-    fn send_unencoded(&mut self, msg: Message) {
+    /// Queues a message for its peer as it is (a snapshot exported for installing); a full queue
+    /// drops it (raft retransmits).
+    fn send_unencoded(&mut self, mut msg: Message) {
         let to = msg.to;
         let is_snapshot = msg.get_msg_type() == MessageType::MsgSnapshot;
+        if is_snapshot {
+            let snapshot = msg.mut_snapshot();
+            let exported = split_snapshot(&snapshot.data).and_then(|(sm_state, codec_state)| {
+                Ok(join_snapshot(&self.sm.export_snapshot(sm_state)?, codec_state))
+            });
+            match exported {
+                Ok(data) => snapshot.data = Bytes::from(data),
+                Err(e) => {
+                    tracing::error!(to, error = %e, "cannot export the snapshot for a lagging follower");
+                    self.raw.report_snapshot(to, SnapshotStatus::Failure);
+                    return;
+                }
+            }
+        }
         let Some(queue) = self.peers.get(&to) else {
             tracing::warn!(to, "message for an unknown peer dropped");
             return;
@@ -1051,14 +1072,16 @@ impl<SM: StateMachine> RaftLoop<SM> {
         // Leader messages may go out before our own fsync: raft counts our ack only after persist.
         self.send(ready.take_messages());
         if !ready.snapshot().is_empty() {
-            let snapshot = ready.snapshot().clone();
+            let mut snapshot = ready.snapshot().clone();
             let index = snapshot.get_metadata().index;
-            let restored = split_snapshot(&snapshot.data).and_then(|(sm_state, codec_state)| {
-                self.sm.restore(sm_state)?;
-                self.codec.restore(codec_state, index)
+            let installed = split_snapshot(&snapshot.data).and_then(|(exported, codec_state)| {
+                let local = self.sm.install_snapshot(exported)?;
+                self.codec.restore(codec_state, index)?;
+                Ok(join_snapshot(&local, codec_state))
             });
-            if let Err(e) = restored {
-                panic!("snapshot at index {index} from the leader is corrupt: {e}");
+            match installed {
+                Ok(local) => snapshot.data = Bytes::from(local),
+                Err(e) => panic!("snapshot at index {index} from the leader is corrupt: {e}"),
             }
             self.raw.mut_store().apply_snapshot(snapshot)?;
             self.applied_index = index;
@@ -1106,23 +1129,27 @@ impl<SM: StateMachine> RaftLoop<SM> {
             self.applied_index = entry.index;
             self.applied_term = entry.term;
             self.codec.applied(&entry);
-            if entry.data.is_empty() || entry.data[0] == CODEC_ENTRY {
-                continue;
+            if !entry.data.is_empty() && entry.data[0] != CODEC_ENTRY {
+                self.apply_entry(&entry);
             }
-            self.applied_bytes_since_snapshot += entry.data.len() as u64;
-            match entry.get_entry_type() {
-                EntryType::EntryNormal => self.apply_batch(entry.index, &entry.data),
-                EntryType::EntryConfChange => {
-                    let mut cc = ConfChange::default();
-                    if protobuf::Message::merge_from_bytes(&mut cc, &entry.data).is_ok() {
-                        self.apply_conf_change(&cc);
-                    }
+            self.sm.entry_applied(entry.index);
+        }
+    }
+
+    fn apply_entry(&mut self, entry: &Entry) {
+        self.applied_bytes_since_snapshot += entry.data.len() as u64;
+        match entry.get_entry_type() {
+            EntryType::EntryNormal => self.apply_batch(entry.index, &entry.data),
+            EntryType::EntryConfChange => {
+                let mut cc = ConfChange::default();
+                if protobuf::Message::merge_from_bytes(&mut cc, &entry.data).is_ok() {
+                    self.apply_conf_change(&cc);
                 }
-                EntryType::EntryConfChangeV2 => {
-                    let mut cc = ConfChangeV2::default();
-                    if protobuf::Message::merge_from_bytes(&mut cc, &entry.data).is_ok() {
-                        self.apply_conf_change(&cc);
-                    }
+            }
+            EntryType::EntryConfChangeV2 => {
+                let mut cc = ConfChangeV2::default();
+                if protobuf::Message::merge_from_bytes(&mut cc, &entry.data).is_ok() {
+                    self.apply_conf_change(&cc);
                 }
             }
         }

@@ -7,12 +7,19 @@
 //! writes (a non-idempotent command is recorded as its resulting value) and how a hash maps onto
 //! keys, and it must not know raft.
 
+pub mod bundle;
+mod cache;
+mod manifest;
 mod reduce;
 mod segment;
+mod store;
 
+pub use cache::{CacheStats, ObjectCache};
+pub use manifest::Manifest;
 pub use reduce::{ReducedBatch, Reducer};
 pub use segment::{
     decode_footer, decode_header, decode_index, decode_record, decode_segment, encode_segment, read_segment,
-    read_segment_index, segment_file_name, write_segment, IndexEntry, Record, SegmentError, SegmentHeader,
-    SegmentIndex, FOOTER_BYTES, HEADER_BYTES,
+    read_segment_index, segment_file_name, verify_segment, write_segment, write_segment_bytes, IndexEntry, Record,
+    SegmentError, SegmentHeader, SegmentIndex, FOOTER_BYTES, HEADER_BYTES,
 };
+pub use store::{Store, StoreError, StoreOptions, StoreStats};

@@ -1,15 +1,17 @@
 //! Per-batch reduction: a batch of committed writes becomes the last write of each key it touched.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
+use std::ops::Bound;
 
 use bytes::Bytes;
 
 use crate::segment::Record;
 
-/// Collects one batch of committed writes, keeping only the latest per key.
+/// Collects one batch of committed writes, keeping only the latest per key. Sorted, so the store
+/// can answer prefix scans over writes not yet in a segment.
 #[derive(Debug, Default)]
 pub struct Reducer {
-    latest: HashMap<Bytes, (u64, Option<Bytes>)>,
+    latest: BTreeMap<Bytes, (u64, Option<Bytes>)>,
     first_index: Option<u64>,
     last_index: u64,
     writes_in: u64,
@@ -28,9 +30,35 @@ pub struct ReducedBatch {
     pub bytes_in: u64,
 }
 
+impl ReducedBatch {
+    /// The batch's record of `key`, found by binary search.
+    pub fn get(&self, key: &[u8]) -> Option<&Record> {
+        self.records
+            .binary_search_by(|r| r.key.as_ref().cmp(key))
+            .ok()
+            .map(|i| &self.records[i])
+    }
+
+    /// The batch's records of keys starting with `prefix`, in key order.
+    pub fn prefix<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = &'a Record> + 'a {
+        let start = self.records.partition_point(|r| r.key.as_ref() < prefix);
+        self.records[start..]
+            .iter()
+            .take_while(move |r| r.key.starts_with(prefix))
+    }
+}
+
 impl Reducer {
     pub fn new() -> Self {
         Reducer::default()
+    }
+
+    /// A reducer whose first entry will come after `index` (the state it extends is at `index`).
+    pub fn after(index: u64) -> Self {
+        Reducer {
+            last_index: index,
+            ..Reducer::default()
+        }
     }
 
     /// Notes that log entry `index` was applied, whether or not it wrote anything, so the batch's
@@ -53,6 +81,29 @@ impl Reducer {
         self.latest.insert(key, (index, value));
     }
 
+    /// The batch's latest write of `key`: `Some(None)` is a delete, `None` means not written.
+    pub fn get(&self, key: &[u8]) -> Option<Option<&Bytes>> {
+        self.latest.get(key).map(|(_, value)| value.as_ref())
+    }
+
+    /// The batch's latest writes of keys starting with `prefix`, in key order.
+    pub fn prefix<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = (&'a Bytes, Option<&'a Bytes>)> + 'a {
+        self.latest
+            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(move |(key, _)| key.starts_with(prefix))
+            .map(|(key, (_, value))| (key, value.as_ref()))
+    }
+
+    /// Last index noted, in this batch or an earlier one.
+    pub fn last_index(&self) -> u64 {
+        self.last_index
+    }
+
+    /// Key and value bytes written to the batch before reduction.
+    pub fn bytes_in(&self) -> u64 {
+        self.bytes_in
+    }
+
     /// Whether any entry has been noted since the last `take`.
     pub fn is_empty(&self) -> bool {
         self.first_index.is_none()
@@ -66,12 +117,10 @@ impl Reducer {
     /// The reduced batch, or `None` when no entry was noted; the reducer starts a new batch.
     pub fn take(&mut self) -> Option<ReducedBatch> {
         let first_index = self.first_index.take()?;
-        let mut records: Vec<Record> = self
-            .latest
-            .drain()
+        let records: Vec<Record> = std::mem::take(&mut self.latest)
+            .into_iter()
             .map(|(key, (version, value))| Record { key, value, version })
             .collect();
-        records.sort_unstable_by(|a, b| a.key.cmp(&b.key));
         let batch = ReducedBatch {
             first_index,
             last_index: self.last_index,

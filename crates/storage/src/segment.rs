@@ -412,7 +412,7 @@ fn load_index<'a>(
 }
 
 /// Names the file a corruption was found in (an I/O error names it already).
-fn in_file(path: &Path) -> impl FnOnce(SegmentError) -> SegmentError + '_ {
+pub(crate) fn in_file(path: &Path) -> impl FnOnce(SegmentError) -> SegmentError + '_ {
     move |error| match error {
         SegmentError::Corrupt { .. } => SegmentError::InFile {
             path: path.to_path_buf(),
@@ -422,30 +422,59 @@ fn in_file(path: &Path) -> impl FnOnce(SegmentError) -> SegmentError + '_ {
     }
 }
 
-fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> SegmentError + '_ {
+pub(crate) fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> SegmentError + '_ {
     move |source| SegmentError::Io {
         path: path.to_path_buf(),
         source,
     }
 }
 
-/// Writes `batch` as a new segment in `dir` with one write, syncs it and the directory, and
-/// returns its path and index. Refuses to overwrite an existing segment.
+/// Writes `batch` as a segment in `dir` (see `write_segment_bytes`) and returns its path and index.
 pub fn write_segment(dir: &Path, batch: &ReducedBatch) -> Result<(PathBuf, SegmentIndex), SegmentError> {
-    let path = dir.join(segment_file_name(batch.first_index, batch.last_index));
     let bytes = encode_segment(batch);
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .open(&path)
-        .map_err(io_error(&path))?;
-    file.write_all(&bytes).map_err(io_error(&path))?;
-    file.sync_data().map_err(io_error(&path))?;
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))?;
+    let path = write_segment_bytes(dir, batch.first_index, batch.last_index, &bytes)?;
     // Decoding what was just encoded checks the encoder, and yields the index the caller needs.
     let index = decode_segment_index(&bytes).expect("a segment just encoded decodes");
     Ok((path, index))
+}
+
+/// Writes a segment's bytes to a temporary file with one write, syncs it, renames it into place
+/// and syncs the directory. A segment already there is replaced: a segment's content is fixed
+/// by its range of the committed log, so both copies are equal.
+pub fn write_segment_bytes(
+    dir: &Path,
+    first_index: u64,
+    last_index: u64,
+    bytes: &[u8],
+) -> Result<PathBuf, SegmentError> {
+    let path = dir.join(segment_file_name(first_index, last_index));
+    let temporary = path.with_extension("seg.tmp");
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(&temporary)
+        .map_err(io_error(&temporary))?;
+    file.write_all(bytes).map_err(io_error(&temporary))?;
+    file.sync_data().map_err(io_error(&temporary))?;
+    std::fs::rename(&temporary, &path).map_err(io_error(&path))?;
+    sync_dir(dir)?;
+    Ok(path)
+}
+
+/// Makes creations, renames and removals in `dir` durable.
+pub fn sync_dir(dir: &Path) -> Result<(), SegmentError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
+}
+
+/// Verifies every part of a segment held in memory and returns its index.
+pub fn verify_segment(buf: &[u8]) -> Result<SegmentIndex, SegmentError> {
+    let index = decode_segment_index(buf)?;
+    for entry in &index.entries {
+        decode_record(&buf[entry.record_offset as usize..], entry)?;
+    }
+    Ok(index)
 }
 
 /// Reads a segment's header, footer and index — not its values — with positioned reads.
@@ -508,10 +537,17 @@ mod tests {
             file.read_exact_at(&mut buf, entry.record_offset).unwrap();
             assert_eq!(&decode_record(&buf, entry).unwrap(), expected);
         }
-        assert!(
-            write_segment(dir.path(), &batch).is_err(),
-            "an existing segment is never overwritten"
+        let (again, _) = write_segment(dir.path(), &batch).unwrap();
+        assert_eq!(
+            std::fs::read(&again).unwrap(),
+            encode_segment(&batch),
+            "rewriting a range is idempotent"
         );
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "no temporary file is left behind: {names:?}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Writes a seed corpus for every fuzz target: bytes as the real code paths produce them (RESP
 //! traffic, peer frames around real raft messages, a write-ahead-log segment and a snapshot
-//! written by the storage, batches, state-machine snapshots, UniCache encodings, reduced segments).
+//! written by the storage, batches, state-machine snapshots, UniCache encodings, reduced segments,
+//! manifests and exported states).
 //!
 //!     cargo run --manifest-path fuzz/Cargo.toml --bin make-seeds -- fuzz/corpus
 
@@ -15,7 +16,7 @@ use chorus_log::batch::{self, Origin};
 use chorus_log::frame::{encode_frame, encode_hello, FrameKind};
 use chorus_log::storage::{write_snapshot_file, DiskStorage, StorageOptions};
 use chorus_log::{EntryCodec, StateMachine};
-use chorus_storage::{encode_segment, Reducer};
+use chorus_storage::{encode_segment, Reducer, StoreOptions};
 use chorus_unicache::{
     absorb_command, encode_command, CsvPreprocessor, ItemCache, Preprocessor, SqlParams, SqlPreprocessor,
 };
@@ -138,14 +139,17 @@ fn main() {
         ..Default::default()
     });
     storage.persist(true).expect("persist");
-    let mut kv = KvState::new();
+    let state_dir = tempfile::tempdir().expect("temporary directory");
+    let mut kv = KvState::open(StoreOptions::new(state_dir.path()), None).expect("open state");
     for (i, c) in commands.iter().enumerate() {
         kv.apply(i as u64 + 1, c);
+        kv.entry_applied(i as u64 + 1);
     }
+    let manifest = kv.snapshot_later()();
     let mut snapshot = Snapshot::default();
     snapshot.mut_metadata().index = 3;
     snapshot.mut_metadata().term = 1;
-    snapshot.data = Bytes::from(kv.snapshot());
+    snapshot.data = Bytes::from(manifest.clone());
     let snapshot_path = write_snapshot_file(dir.path(), &snapshot).expect("write snapshot");
     for file in std::fs::read_dir(dir.path()).expect("list") {
         let path = file.expect("entry").path();
@@ -175,7 +179,10 @@ fn main() {
     for (i, c) in commands.iter().enumerate() {
         write(&out, "kv", &format!("command-{i}"), c);
     }
-    write(&out, "kv", "snapshot", &kv.snapshot());
+    let exported = kv.export_snapshot(&manifest).expect("export");
+    write(&out, "kv", "exported-state", &exported);
+    write(&out, "segment", "manifest", &manifest);
+    write(&out, "segment", "exported-state", &exported);
 
     // UniCache: encoded commands for each preprocessor, an encoded append entry, cache state.
     let preprocessors: [(&str, &dyn Preprocessor, Bytes); 3] = [

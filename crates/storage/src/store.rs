@@ -1,0 +1,824 @@
+//! The store: the key-value state as reduced segments on disk, an in-memory index of where each
+//! live key's latest record is, and a bounded object cache of values.
+//!
+//! Writes land in the batch being built (a `Reducer`). A cut hands the reduced batch to the
+//! writer thread, which persists it as a segment; until the store learns the segment is durable
+//! the batch stays in memory and answers reads. Reads look at the building batch, then the
+//! batches being written (newest first), then the index, whose values come from the object cache
+//! or a positioned read of the segment.
+//!
+//! Which segments hold the state at an index is a `Manifest`; the raft snapshot carries it, and
+//! start-up opens exactly the segments it lists (deleting any other segment, which a replay of
+//! the raft log past the manifest rewrites).
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
+use std::ops::Bound;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::cache::{CacheStats, ObjectCache};
+use crate::manifest::Manifest;
+use crate::reduce::{ReducedBatch, Reducer};
+use crate::segment::{
+    decode_record, in_file, io_error, read_segment_index, segment_file_name, sync_dir, verify_segment, write_segment,
+    write_segment_bytes, IndexEntry, SegmentError, SegmentIndex,
+};
+
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub dir: PathBuf,
+    /// Bytes of values the object cache may hold.
+    pub cache_bytes: usize,
+    /// A batch is cut once it holds this many writes or this many key and value bytes.
+    pub batch_writes: u64,
+    pub batch_bytes: u64,
+    /// Cut batches waiting for the writer before a cut waits for it (bounds memory).
+    pub max_unwritten_batches: usize,
+}
+
+impl StoreOptions {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        StoreOptions {
+            dir: dir.into(),
+            cache_bytes: 256 << 20,
+            batch_writes: 1_000,
+            batch_bytes: 4 << 20,
+            max_unwritten_batches: 8,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    Segment(#[from] SegmentError),
+    #[error("{0}")]
+    Inconsistent(String),
+}
+
+/// Where a live key's latest record is.
+#[derive(Debug, Clone, Copy)]
+struct Location {
+    /// First log index of the segment, which names it.
+    segment: u64,
+    record_offset: u64,
+    value_len: u32,
+    version: u64,
+}
+
+struct SegmentFile {
+    last_index: u64,
+    path: PathBuf,
+    file: File,
+    file_bytes: u64,
+    /// Records in the segment that are still the latest of their key.
+    live_records: u64,
+}
+
+/// A segment the writer made durable.
+struct Written {
+    first_index: u64,
+    path: PathBuf,
+    index: SegmentIndex,
+}
+
+/// What the writer has made durable, for those who wait on it from other threads.
+#[derive(Default)]
+struct Durable {
+    /// Every index up to this one is in a durable segment.
+    through: u64,
+    /// `first → last` of the durable segments that make up the state.
+    segments: BTreeMap<u64, u64>,
+}
+
+#[derive(Default)]
+struct Shared {
+    durable: Mutex<Durable>,
+    changed: Condvar,
+    /// Set when the store closes: the writer stops retrying a failing write (what it has not
+    /// written is past every manifest, so the raft log replays it).
+    closing: AtomicBool,
+}
+
+/// Counters of what reduction did, since the store was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Writes applied, and their key and value bytes.
+    pub writes_in: u64,
+    pub bytes_in: u64,
+    /// Records persisted in segments, and the segments' bytes.
+    pub records_out: u64,
+    pub bytes_out: u64,
+    pub segments: usize,
+    pub live_keys: usize,
+    pub unwritten_batches: usize,
+    pub cache: CacheStats,
+}
+
+pub struct Store {
+    options: StoreOptions,
+    building: Reducer,
+    /// Cut batches not yet known durable, oldest first.
+    unwritten: VecDeque<Arc<ReducedBatch>>,
+    index: BTreeMap<Bytes, Location>,
+    segments: BTreeMap<u64, SegmentFile>,
+    cache: RefCell<ObjectCache>,
+    to_writer: Option<mpsc::Sender<Arc<ReducedBatch>>>,
+    from_writer: mpsc::Receiver<Written>,
+    writer: Option<std::thread::JoinHandle<()>>,
+    shared: Arc<Shared>,
+    stats: StoreStats,
+}
+
+/// Segment files in `dir`, by first index: `(first, last, path)`.
+fn segment_files(dir: &Path) -> Result<Vec<(u64, u64, PathBuf)>, StoreError> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
+        let path = entry.map_err(io_error(dir))?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        if name.ends_with(".seg.tmp") {
+            found.push((u64::MAX, u64::MAX, path));
+            continue;
+        }
+        let Some(stem) = name.strip_suffix(".seg") else {
+            continue;
+        };
+        let range = stem
+            .split_once('-')
+            .and_then(|(first, last)| Some((first.parse().ok()?, last.parse().ok()?)));
+        match range {
+            Some((first, last)) if segment_file_name(first, last) == name => found.push((first, last, path)),
+            _ => {
+                return Err(StoreError::Inconsistent(format!(
+                    "{}: not a segment name this store writes; move it out of the data directory",
+                    path.display()
+                )))
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+impl Store {
+    /// Opens the store in `options.dir` at the state `manifest` describes (empty when `None`).
+    /// Segments the manifest does not list — written after it, or torn by a crash — are deleted;
+    /// a listed segment that is missing or corrupt is an error.
+    pub fn open(options: StoreOptions, manifest: Option<&Manifest>) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(&options.dir).map_err(io_error(&options.dir))?;
+        let empty = Manifest::default();
+        let manifest = manifest.unwrap_or(&empty);
+        let listed: BTreeMap<u64, u64> = manifest.segments.iter().copied().collect();
+        let mut removed = false;
+        for (first, last, path) in segment_files(&options.dir)? {
+            if listed.get(&first) != Some(&last) {
+                std::fs::remove_file(&path).map_err(io_error(&path))?;
+                removed = true;
+            }
+        }
+        if removed {
+            sync_dir(&options.dir)?;
+        }
+        let mut store = Store::empty(options, manifest.applied_index);
+        for (first, last) in &manifest.segments {
+            let path = store.options.dir.join(segment_file_name(*first, *last));
+            if !path.exists() {
+                return Err(StoreError::Inconsistent(format!(
+                    "{}: listed in the snapshot's manifest but missing",
+                    path.display()
+                )));
+            }
+            let index = read_segment_index(&path)?;
+            if (index.header.first_index, index.header.last_index) != (*first, *last) {
+                return Err(StoreError::Inconsistent(format!(
+                    "{}: header says [{}, {}]",
+                    path.display(),
+                    index.header.first_index,
+                    index.header.last_index
+                )));
+            }
+            store.adopt(*first, path, index, None)?;
+        }
+        Ok(store)
+    }
+
+    fn empty(options: StoreOptions, applied_index: u64) -> Store {
+        let shared = Arc::new(Shared::default());
+        shared.durable.lock().expect("not poisoned").through = applied_index;
+        let (to_writer, writer_rx) = mpsc::channel::<Arc<ReducedBatch>>();
+        let (writer_tx, from_writer) = mpsc::channel();
+        let writer = {
+            let dir = options.dir.clone();
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("segment-writer".into())
+                .spawn(move || write_segments(&dir, &writer_rx, &writer_tx, &shared))
+                .expect("spawn segment writer")
+        };
+        Store {
+            cache: RefCell::new(ObjectCache::new(options.cache_bytes)),
+            options,
+            building: Reducer::after(applied_index),
+            unwritten: VecDeque::new(),
+            index: BTreeMap::new(),
+            segments: BTreeMap::new(),
+            to_writer: Some(to_writer),
+            from_writer,
+            writer: Some(writer),
+            shared,
+            stats: StoreStats::default(),
+        }
+    }
+
+    /// Records that the entry at `index` set `key` to `value`, or deleted it (`None`).
+    pub fn write(&mut self, index: u64, key: Bytes, value: Option<Bytes>) {
+        self.stats.writes_in += 1;
+        self.stats.bytes_in += (key.len() + value.as_ref().map_or(0, Bytes::len)) as u64;
+        self.building.write(index, key, value);
+    }
+
+    /// Notes that every write of the entry at `index` has been made; cuts the batch when full.
+    pub fn entry_applied(&mut self, index: u64) {
+        self.building.note_index(index);
+        if self.building.writes_in() >= self.options.batch_writes
+            || self.building.bytes_in() >= self.options.batch_bytes
+        {
+            self.cut();
+        }
+        self.absorb_written();
+    }
+
+    /// Hands the building batch to the writer, waiting for it when too many are unwritten.
+    pub fn cut(&mut self) {
+        if let Some(batch) = self.building.take() {
+            let batch = Arc::new(batch);
+            self.unwritten.push_back(batch.clone());
+            self.to_writer
+                .as_ref()
+                .expect("writer runs while the store is open")
+                .send(batch)
+                .expect("segment writer thread vanished");
+        }
+        while self.unwritten.len() > self.options.max_unwritten_batches {
+            self.absorb_one_written();
+        }
+    }
+
+    /// Cuts the building batch and returns what waits, on any thread, until everything applied
+    /// so far is durable and then names the segments holding it.
+    pub fn manifest_later(&mut self) -> impl FnOnce() -> Manifest + Send + 'static {
+        self.cut();
+        let through = self.building.last_index();
+        let shared = self.shared.clone();
+        move || {
+            let mut durable = shared.durable.lock().expect("not poisoned");
+            while durable.through < through {
+                durable = shared.changed.wait(durable).expect("not poisoned");
+            }
+            Manifest {
+                applied_index: through,
+                segments: durable
+                    .segments
+                    .range(..=through)
+                    .map(|(first, last)| (*first, *last))
+                    .filter(|(_, last)| *last <= through)
+                    .collect(),
+            }
+        }
+    }
+
+    /// The latest value of `key`, or `None` when it has none.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Bytes>, StoreError> {
+        if let Some(value) = self.get_unwritten(key) {
+            return Ok(value);
+        }
+        let Some(location) = self.index.get(key) else {
+            return Ok(None);
+        };
+        if let Some(value) = self.cache.borrow_mut().get(key) {
+            return Ok(Some(value));
+        }
+        let value = self.read_value(key, location)?;
+        self.cache
+            .borrow_mut()
+            .insert(Bytes::copy_from_slice(key), value.clone());
+        Ok(Some(value))
+    }
+
+    /// Whether `key` has a value, without reading it.
+    pub fn contains(&self, key: &[u8]) -> bool {
+        match self.get_unwritten(key) {
+            Some(value) => value.is_some(),
+            None => self.index.contains_key(key),
+        }
+    }
+
+    /// Live keys starting with `prefix`, in key order.
+    pub fn keys_with_prefix(&self, prefix: &[u8]) -> Vec<Bytes> {
+        // Oldest layer first, so a newer layer's write of a key replaces an older one.
+        let mut merged: BTreeMap<Bytes, bool> = self
+            .index
+            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(|(key, _)| key.starts_with(prefix))
+            .map(|(key, _)| (key.clone(), true))
+            .collect();
+        for batch in &self.unwritten {
+            for record in batch.prefix(prefix) {
+                merged.insert(record.key.clone(), record.value.is_some());
+            }
+        }
+        for (key, value) in self.building.prefix(prefix) {
+            merged.insert(key.clone(), value.is_some());
+        }
+        merged
+            .into_iter()
+            .filter(|(_, live)| *live)
+            .map(|(key, _)| key)
+            .collect()
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            segments: self.segments.len(),
+            live_keys: self.index.len(),
+            unwritten_batches: self.unwritten.len(),
+            cache: self.cache.borrow().stats(),
+            ..self.stats
+        }
+    }
+
+    /// The index everything applied so far reaches.
+    pub fn applied_index(&self) -> u64 {
+        self.building.last_index()
+    }
+
+    /// What a follower needs to install the state `manifest` describes: the manifest and the bytes
+    /// of each segment it lists.
+    pub fn export(&self, manifest: &Manifest) -> Result<Vec<u8>, StoreError> {
+        let mut segments = Vec::with_capacity(manifest.segments.len());
+        for (first, last) in &manifest.segments {
+            let path = self.options.dir.join(segment_file_name(*first, *last));
+            segments.push(std::fs::read(&path).map_err(io_error(&path))?);
+        }
+        Ok(crate::bundle::encode(manifest, &segments))
+    }
+
+    /// Replaces the state with an exported one: verifies every segment, writes them, and opens
+    /// them as `open` would. Files of the old state stay until the next `open`, because the
+    /// caller's record of the old manifest is replaced only after this returns.
+    pub fn install(&mut self, exported: &[u8]) -> Result<Manifest, StoreError> {
+        let (manifest, segments) = crate::bundle::decode(exported)?;
+        let mut indexes = Vec::with_capacity(segments.len());
+        for ((first, last), bytes) in manifest.segments.iter().zip(&segments) {
+            let index = verify_segment(bytes)?;
+            if (index.header.first_index, index.header.last_index) != (*first, *last) {
+                return Err(StoreError::Inconsistent(format!(
+                    "shipped segment [{}, {}] is listed as [{first}, {last}]",
+                    index.header.first_index, index.header.last_index
+                )));
+            }
+            indexes.push(index);
+        }
+        self.cut();
+        while !self.unwritten.is_empty() {
+            self.absorb_one_written();
+        }
+        let mut paths = Vec::with_capacity(segments.len());
+        for ((first, last), bytes) in manifest.segments.iter().zip(&segments) {
+            paths.push(write_segment_bytes(&self.options.dir, *first, *last, bytes)?);
+        }
+        let options = self.options.clone();
+        let stats = self.stats;
+        *self = Store::empty(options, manifest.applied_index);
+        self.stats = stats;
+        for (((first, _), path), index) in manifest.segments.iter().zip(paths).zip(indexes) {
+            self.adopt(*first, path, index, None)?;
+        }
+        Ok(manifest)
+    }
+
+    fn get_unwritten(&self, key: &[u8]) -> Option<Option<Bytes>> {
+        if let Some(value) = self.building.get(key) {
+            return Some(value.cloned());
+        }
+        self.unwritten
+            .iter()
+            .rev()
+            .find_map(|batch| batch.get(key).map(|record| record.value.clone()))
+    }
+
+    fn read_value(&self, key: &[u8], location: &Location) -> Result<Bytes, StoreError> {
+        let segment = &self.segments[&location.segment];
+        let entry = IndexEntry {
+            key: Bytes::copy_from_slice(key),
+            version: location.version,
+            is_tombstone: false,
+            record_offset: location.record_offset,
+            value_len: location.value_len,
+        };
+        let mut buf = vec![0; entry.record_len()];
+        segment
+            .file
+            .read_exact_at(&mut buf, location.record_offset)
+            .map_err(io_error(&segment.path))?;
+        let record = decode_record(&buf, &entry).map_err(in_file(&segment.path))?;
+        Ok(record.value.expect("a live location is a put"))
+    }
+
+    fn absorb_written(&mut self) {
+        while let Ok(written) = self.from_writer.try_recv() {
+            self.absorb(written);
+        }
+    }
+
+    fn absorb_one_written(&mut self) {
+        let written = self.from_writer.recv().expect("segment writer thread vanished");
+        self.absorb(written);
+    }
+
+    fn absorb(&mut self, written: Written) {
+        let batch = self
+            .unwritten
+            .pop_front()
+            .expect("the writer writes only batches we cut");
+        assert_eq!(batch.first_index, written.first_index, "segments are written in order");
+        self.stats.records_out += batch.records.len() as u64;
+        self.stats.bytes_out += written.index.file_bytes;
+        if let Err(e) = self.adopt(written.first_index, written.path, written.index, Some(&batch)) {
+            panic!("a segment just written cannot be opened: {e}");
+        }
+    }
+
+    /// Makes a durable segment part of the index. `batch` is its content when still in memory,
+    /// whose values then warm the cache.
+    fn adopt(
+        &mut self,
+        first_index: u64,
+        path: PathBuf,
+        index: SegmentIndex,
+        batch: Option<&ReducedBatch>,
+    ) -> Result<(), StoreError> {
+        if let Some((_, newest)) = self.segments.last_key_value() {
+            assert!(
+                first_index > newest.last_index,
+                "segments are adopted in log order: [{first_index}, ..] after one ending at {}",
+                newest.last_index
+            );
+        }
+        let file = File::open(&path).map_err(io_error(&path))?;
+        let mut live_records = 0;
+        let mut cache = self.cache.borrow_mut();
+        for (i, entry) in index.entries.iter().enumerate() {
+            let replaced = if entry.is_tombstone {
+                cache.remove(&entry.key);
+                self.index.remove(&entry.key)
+            } else {
+                live_records += 1;
+                if let Some(value) = batch.and_then(|b| b.records[i].value.clone()) {
+                    cache.insert(entry.key.clone(), value);
+                }
+                self.index.insert(
+                    entry.key.clone(),
+                    Location {
+                        segment: first_index,
+                        record_offset: entry.record_offset,
+                        value_len: entry.value_len,
+                        version: entry.version,
+                    },
+                )
+            };
+            if let Some(old) = replaced {
+                assert!(old.version < entry.version, "a key's versions only grow");
+                if let Some(segment) = self.segments.get_mut(&old.segment) {
+                    segment.live_records -= 1;
+                }
+            }
+        }
+        drop(cache);
+        self.segments.insert(
+            first_index,
+            SegmentFile {
+                last_index: index.header.last_index,
+                path,
+                file,
+                file_bytes: index.file_bytes,
+                live_records,
+            },
+        );
+        let mut durable = self.shared.durable.lock().expect("not poisoned");
+        durable.segments.insert(first_index, index.header.last_index);
+        durable.through = durable.through.max(index.header.last_index);
+        Ok(())
+    }
+
+    /// Bytes of segment files the state uses.
+    pub fn disk_bytes(&self) -> u64 {
+        self.segments.values().map(|s| s.file_bytes).sum()
+    }
+
+    /// Segments whose every record has been overwritten or deleted since.
+    pub fn dead_segments(&self) -> usize {
+        self.segments.values().filter(|s| s.live_records == 0).count()
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.shared.closing.store(true, Ordering::Relaxed);
+        self.to_writer = None;
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+/// The writer thread: persists each cut batch in order. A failed write (a full disk, an I/O error)
+/// is retried until it succeeds — nothing acknowledged is lost, the node stalls instead.
+fn write_segments(
+    dir: &Path,
+    batches: &mpsc::Receiver<Arc<ReducedBatch>>,
+    written: &mpsc::Sender<Written>,
+    shared: &Shared,
+) {
+    const RETRY_START: Duration = Duration::from_millis(50);
+    const RETRY_MAX: Duration = Duration::from_secs(5);
+    while let Ok(batch) = batches.recv() {
+        let mut retry = RETRY_START;
+        let (path, index) = loop {
+            match write_segment(dir, &batch) {
+                Ok(done) => break done,
+                Err(_) if shared.closing.load(Ordering::Relaxed) => return,
+                Err(e) => {
+                    tracing::error!(
+                        error = %e, first = batch.first_index, last = batch.last_index,
+                        retry_ms = retry.as_millis() as u64,
+                        "writing a segment failed; applying stalls until it succeeds"
+                    );
+                    std::thread::sleep(retry);
+                    retry = (retry * 2).min(RETRY_MAX);
+                }
+            }
+        };
+        {
+            let mut durable = shared.durable.lock().expect("not poisoned");
+            durable.segments.insert(batch.first_index, batch.last_index);
+            durable.through = durable.through.max(batch.last_index);
+        }
+        shared.changed.notify_all();
+        let done = Written {
+            first_index: batch.first_index,
+            path,
+            index,
+        };
+        if written.send(done).is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// xorshift64*: deterministic randomness without a dependency.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// One log entry's writes.
+    type Entry = Vec<(Bytes, Option<Bytes>)>;
+
+    fn random_entry(rng: &mut Rng, keys: u64) -> Entry {
+        (0..rng.below(4))
+            .map(|_| {
+                let key = Bytes::from(format!("k{:03}", rng.below(keys)));
+                let value =
+                    (rng.below(5) > 0).then(|| Bytes::from(vec![b'a' + rng.below(26) as u8; rng.below(300) as usize]));
+                (key, value)
+            })
+            .collect()
+    }
+
+    fn apply(store: &mut Store, index: u64, entry: &Entry) {
+        for (key, value) in entry {
+            store.write(index, key.clone(), value.clone());
+        }
+        store.entry_applied(index);
+    }
+
+    fn model_at(log: &[Entry], index: u64) -> HashMap<Bytes, Bytes> {
+        let mut model = HashMap::new();
+        for entry in &log[..index as usize] {
+            for (key, value) in entry {
+                match value {
+                    Some(v) => model.insert(key.clone(), v.clone()),
+                    None => model.remove(key),
+                };
+            }
+        }
+        model
+    }
+
+    fn assert_matches(store: &Store, model: &HashMap<Bytes, Bytes>, keys: u64, context: &str) {
+        for k in 0..keys {
+            let key = Bytes::from(format!("k{k:03}"));
+            assert_eq!(
+                store.get(&key).unwrap().as_ref(),
+                model.get(&key),
+                "{context}: key {key:?}"
+            );
+            assert_eq!(store.contains(&key), model.contains_key(&key), "{context}: {key:?}");
+        }
+        let mut live: Vec<_> = model.keys().cloned().collect();
+        live.sort();
+        assert_eq!(store.keys_with_prefix(b"k"), live, "{context}: prefix scan");
+    }
+
+    fn options(dir: &Path, rng: &mut Rng) -> StoreOptions {
+        StoreOptions {
+            cache_bytes: [0, 2_000, 1 << 20][rng.below(3) as usize],
+            batch_writes: 1 + rng.below(20),
+            batch_bytes: 1 + rng.below(4_000),
+            max_unwritten_batches: 1 + rng.below(3) as usize,
+            ..StoreOptions::new(dir)
+        }
+    }
+
+    /// Files past the last manifest may be torn anywhere: cut each at a random length.
+    fn tear_unlisted(dir: &Path, manifest: &Manifest, rng: &mut Rng) {
+        let listed: Vec<String> = manifest
+            .segments
+            .iter()
+            .map(|(f, l)| segment_file_name(*f, *l))
+            .collect();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_str().unwrap().to_string();
+            if !listed.contains(&name) {
+                let len = std::fs::metadata(&path).unwrap().len();
+                let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                file.set_len(rng.below(len + 1)).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn random_writes_cuts_crashes_and_replays_always_match_a_plain_map() {
+        const KEYS: u64 = 40;
+        for seed in 1..=30u64 {
+            let dir = tempfile::tempdir().unwrap();
+            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let mut log: Vec<Entry> = Vec::new();
+            let mut manifest = Manifest::default();
+            let mut store = Store::open(options(dir.path(), &mut rng), None).unwrap();
+            for step in 0..400 {
+                let entry = random_entry(&mut rng, KEYS);
+                log.push(entry);
+                let index = log.len() as u64;
+                apply(&mut store, index, &log[index as usize - 1]);
+                match rng.below(40) {
+                    0..=2 => manifest = store.manifest_later()(),
+                    3 => {
+                        // A crash: the raft log (here `log`) survives; so do segments the last
+                        // manifest lists. The rest may be torn, and is replayed.
+                        drop(store);
+                        tear_unlisted(dir.path(), &manifest, &mut rng);
+                        store = Store::open(options(dir.path(), &mut rng), Some(&manifest)).unwrap();
+                        let context = format!("seed {seed} step {step}: reopened at {}", manifest.applied_index);
+                        assert_matches(&store, &model_at(&log, manifest.applied_index), KEYS, &context);
+                        for i in manifest.applied_index + 1..=index {
+                            apply(&mut store, i, &log[i as usize - 1]);
+                        }
+                    }
+                    _ => {}
+                }
+                if step % 50 == 0 {
+                    let context = format!("seed {seed} step {step}");
+                    assert_matches(&store, &model_at(&log, index), KEYS, &context);
+                }
+            }
+            assert_matches(
+                &store,
+                &model_at(&log, log.len() as u64),
+                KEYS,
+                &format!("seed {seed} end"),
+            );
+        }
+    }
+
+    #[test]
+    fn an_exported_state_installs_elsewhere_and_survives_a_restart() {
+        let mut rng = Rng(7);
+        let leader_dir = tempfile::tempdir().unwrap();
+        let mut leader = Store::open(options(leader_dir.path(), &mut rng), None).unwrap();
+        let mut log = Vec::new();
+        for index in 1..=300 {
+            log.push(random_entry(&mut rng, 50));
+            apply(&mut leader, index, &log[index as usize - 1]);
+        }
+        let manifest = leader.manifest_later()();
+        assert_eq!(manifest.applied_index, 300);
+        let exported = leader.export(&manifest).unwrap();
+
+        let follower_dir = tempfile::tempdir().unwrap();
+        let mut follower = Store::open(options(follower_dir.path(), &mut rng), None).unwrap();
+        apply(&mut follower, 1, &log[0]);
+        assert_eq!(follower.install(&exported).unwrap(), manifest);
+        assert_matches(&follower, &model_at(&log, 300), 50, "installed");
+        log.push(random_entry(&mut rng, 50));
+        apply(&mut follower, 301, &log[300]);
+        drop(follower);
+        let follower = Store::open(options(follower_dir.path(), &mut rng), Some(&manifest)).unwrap();
+        assert_matches(&follower, &model_at(&log, 300), 50, "reopened");
+
+        let mut damaged = exported.clone();
+        let at = damaged.len() / 2;
+        damaged[at] ^= 1;
+        let mut other = Store::open(options(tempfile::tempdir().unwrap().path(), &mut rng), None).unwrap();
+        assert!(other.install(&damaged).is_err());
+    }
+
+    #[test]
+    fn a_missing_or_corrupt_listed_segment_is_refused_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(StoreOptions::new(dir.path()), None).unwrap();
+        store.write(1, "a".into(), Some("1".into()));
+        store.entry_applied(1);
+        let manifest = store.manifest_later()();
+        drop(store);
+        let path = dir.path().join(segment_file_name(1, 1));
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[HEADER_BYTES_FOR_TEST] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let message = Store::open(StoreOptions::new(dir.path()), Some(&manifest))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            message.contains("00000000000000000001-00000000000000000001.seg"),
+            "{message}"
+        );
+        std::fs::remove_file(&path).unwrap();
+        let message = Store::open(StoreOptions::new(dir.path()), Some(&manifest))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(message.contains("missing"), "{message}");
+    }
+
+    const HEADER_BYTES_FOR_TEST: usize = crate::segment::HEADER_BYTES + 30;
+
+    #[test]
+    fn values_beyond_the_cache_come_from_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(
+            StoreOptions {
+                cache_bytes: 4_096,
+                batch_writes: 100,
+                ..StoreOptions::new(dir.path())
+            },
+            None,
+        )
+        .unwrap();
+        for i in 0..2_000u64 {
+            store.write(
+                i + 1,
+                Bytes::from(format!("key{i}")),
+                Some(Bytes::from(vec![i as u8; 100])),
+            );
+            store.entry_applied(i + 1);
+        }
+        let _ = store.manifest_later()();
+        store.absorb_written();
+        let stats = store.stats();
+        assert_eq!(stats.live_keys, 2_000);
+        assert!(stats.cache.bytes <= 4_096);
+        for i in 0..2_000u64 {
+            assert_eq!(
+                store.get(format!("key{i}").as_bytes()).unwrap().unwrap(),
+                vec![i as u8; 100]
+            );
+        }
+        assert!(store.stats().cache.misses >= 1_900, "{:?}", store.stats().cache);
+    }
+}
