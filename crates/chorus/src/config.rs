@@ -83,6 +83,11 @@ server_options! {
     reduction_batch_writes: u64 = 1_000;
     /// Key and value bytes of committed writes reduced into one segment.
     reduction_batch_bytes: u64 = 4 * 1024 * 1024;
+    /// The cleaner merges the key-value segments once this share of their bytes is dead
+    /// (overwritten or deleted records).
+    min_cleanable_dirty_ratio: f64 = 0.5;
+    /// Most bytes per second the cleaner reads while merging segments.
+    cleaner_read_bytes_per_sec: u64 = 64 * 1024 * 1024;
     /// Entries kept behind a snapshot for followers that lag a little.
     log_keep_entries: u64 = 5_000;
     /// Size at which the raft log starts a new segment file.

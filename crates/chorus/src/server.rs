@@ -76,6 +76,8 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         cache_bytes: config.cache_bytes,
         batch_writes: config.reduction_batch_writes,
         batch_bytes: config.reduction_batch_bytes,
+        min_cleanable_dirty_ratio: config.min_cleanable_dirty_ratio,
+        cleaner_read_bytes_per_sec: config.cleaner_read_bytes_per_sec,
         ..StoreOptions::new(config.data_dir.join("state"))
     };
     let node = chorus_log::start(node_config, |snapshot| KvState::open(store_options, snapshot), codec)

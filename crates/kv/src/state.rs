@@ -8,12 +8,11 @@
 //! one field in a 10,000-field hash writes one record, and a reduced batch keeps only the fields
 //! it touched. A non-idempotent command (INCR, APPEND, …) is recorded as the value it produced.
 
-use std::collections::HashMap;
-
 use bytes::{BufMut, Bytes, BytesMut};
 use chorus_log::StateMachine;
 use chorus_resp::Value;
 use chorus_storage::{Manifest, Store, StoreError, StoreOptions};
+use foldhash::HashMap;
 
 use crate::command::{decode_args, Command, Read, SetCondition, Write};
 
@@ -40,6 +39,11 @@ fn field_key(key: &[u8], field: &[u8]) -> Bytes {
     let mut k = hash_prefix(key);
     k.put_slice(field);
     k.freeze()
+}
+
+/// Hash fields are the keys the store must scan by prefix (HGETALL, deleting a hash).
+fn is_field_key(storage_key: &[u8]) -> bool {
+    storage_key.first() == Some(&HASH_TAG)
 }
 
 /// The hash key a field's storage key belongs to, or `None` for a malformed one.
@@ -71,6 +75,10 @@ impl KvState {
             .map(Manifest::decode)
             .transpose()
             .map_err(|e| format!("snapshot manifest: {e}"))?;
+        let options = StoreOptions {
+            scannable: is_field_key,
+            ..options
+        };
         let store = Store::open(options, manifest.as_ref()).map_err(|e| e.to_string())?;
         Ok(KvState::over(store))
     }
@@ -78,7 +86,7 @@ impl KvState {
     fn over(store: Store) -> KvState {
         let mut state = KvState {
             store,
-            hashes: HashMap::new(),
+            hashes: HashMap::default(),
             strings: 0,
         };
         state.rebuild_bookkeeping();
@@ -87,12 +95,18 @@ impl KvState {
 
     /// Recounts strings and hash fields from the store's keys (no values are read).
     fn rebuild_bookkeeping(&mut self) {
-        self.strings = self.store.keys_with_prefix(&[STRING_TAG]).len() as u64;
-        self.hashes.clear();
-        for field in self.store.keys_with_prefix(&[HASH_TAG]) {
-            let key = hash_of_field_key(&field).expect("field keys this module wrote parse");
-            *self.hashes.entry(Bytes::copy_from_slice(key)).or_default() += 1;
-        }
+        let mut strings = 0;
+        let mut hashes: HashMap<Bytes, u64> = HashMap::default();
+        self.store.for_each_key(|storage_key| {
+            if is_field_key(storage_key) {
+                let key = hash_of_field_key(storage_key).expect("field keys this module wrote parse");
+                *hashes.entry(Bytes::copy_from_slice(key)).or_default() += 1;
+            } else {
+                strings += 1;
+            }
+        });
+        self.strings = strings;
+        self.hashes = hashes;
     }
 
     pub fn store(&self) -> &Store {
@@ -313,15 +327,11 @@ impl KvState {
                 }
                 Read::HGetAll(key) => {
                     self.hash_check(key)?;
-                    let prefix_len = hash_prefix(key).len();
-                    let mut items = Vec::new();
-                    for storage_key in self.store.keys_with_prefix(&hash_prefix(key)) {
-                        let value = self
-                            .store
-                            .get(&storage_key)
-                            .map_err(storage_error)?
-                            .expect("a listed key has a value");
-                        items.push(Value::bulk(storage_key.slice(prefix_len..)));
+                    let prefix = hash_prefix(key);
+                    let fields = self.store.scan_prefix(&prefix).map_err(storage_error)?;
+                    let mut items = Vec::with_capacity(2 * fields.len());
+                    for (storage_key, value) in fields {
+                        items.push(Value::bulk(storage_key.slice(prefix.len()..)));
                         items.push(Value::bulk(value));
                     }
                     Value::array(items)
@@ -375,6 +385,15 @@ impl StateMachine for KvState {
     fn export_snapshot(&self, snapshot: &[u8]) -> Result<Vec<u8>, String> {
         let manifest = Manifest::decode(snapshot).map_err(|e| format!("snapshot manifest: {e}"))?;
         self.store.export(&manifest).map_err(|e| e.to_string())
+    }
+
+    /// Segments the cleaner replaced are deleted once no durable manifest lists them; a failure
+    /// to delete one leaves it for the next start-up, which removes every unlisted segment.
+    fn snapshot_persisted(&mut self, snapshot: &[u8]) {
+        let manifest = Manifest::decode(snapshot).expect("a manifest this node wrote decodes");
+        if let Err(e) = self.store.manifest_persisted(&manifest) {
+            tracing::warn!(error = %e, "cannot delete segments the cleaner replaced");
+        }
     }
 
     fn install_snapshot(&mut self, exported: &[u8]) -> Result<Vec<u8>, String> {

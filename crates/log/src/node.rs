@@ -53,6 +53,9 @@ pub trait StateMachine: Send + 'static {
     /// Replaces the state with one the leader exported; returns the local snapshot data that now
     /// describes it. An error means the export is corrupt.
     fn install_snapshot(&mut self, exported: &[u8]) -> Result<Vec<u8>, String>;
+    /// This local snapshot data is now durable in the raft storage: what only older snapshots
+    /// needed may go.
+    fn snapshot_persisted(&mut self, snapshot: &[u8]);
 }
 
 #[derive(Debug, Clone)]
@@ -1083,7 +1086,9 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 Ok(local) => snapshot.data = Bytes::from(local),
                 Err(e) => panic!("snapshot at index {index} from the leader is corrupt: {e}"),
             }
+            let data = snapshot.data.clone();
             self.raw.mut_store().apply_snapshot(snapshot)?;
+            self.snapshot_persisted(&data);
             self.applied_index = index;
             self.applied_bytes_since_snapshot = 0;
             self.metrics.snapshots_installed.inc();
@@ -1236,17 +1241,21 @@ impl<SM: StateMachine> RaftLoop<SM> {
             let _ = std::fs::remove_file(store.dir().join(format!("snapshot-{index:020}.snap")));
             return;
         }
+        let data = snapshot.data.clone();
         store.adopt_local_snapshot(snapshot);
         let compact_to = (index + 1).saturating_sub(self.config.log_keep_entries);
         if let Err(e) = store.compact(compact_to) {
             panic!("raft log compaction failed: {e}");
         }
+        let first_index = store.first_entry_index();
+        self.snapshot_persisted(&data);
         self.metrics.snapshots_created.inc();
-        tracing::info!(
-            index,
-            first_index = store.first_entry_index(),
-            "snapshot written; log compacted"
-        );
+        tracing::info!(index, first_index, "snapshot written; log compacted");
+    }
+
+    fn snapshot_persisted(&mut self, data: &[u8]) {
+        let (sm_state, _) = split_snapshot(data).expect("a snapshot this node wrote splits");
+        self.sm.snapshot_persisted(sm_state);
     }
 
     fn publish_status(&mut self) {

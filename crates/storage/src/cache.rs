@@ -5,11 +5,11 @@
 //! since their last pass. One-hit wonders — most of a scan, most of a write-heavy workload —
 //! never displace the working set, and no read moves a list node, so a hit costs one hash lookup.
 
-use std::collections::hash_map::DefaultHasher;
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::{Hash, Hasher};
+use std::collections::VecDeque;
+use std::hash::BuildHasher;
 
 use bytes::Bytes;
+use foldhash::{HashMap, HashSet};
 
 /// Bookkeeping bytes charged per object on top of its key and value.
 const OBJECT_OVERHEAD_BYTES: usize = 64;
@@ -50,12 +50,6 @@ pub struct CacheStats {
 
 fn charge(key: &[u8], value: &[u8]) -> usize {
     key.len() + value.len() + OBJECT_OVERHEAD_BYTES
-}
-
-fn key_hash(key: &[u8]) -> u64 {
-    let mut h = DefaultHasher::new();
-    key.hash(&mut h);
-    h.finish()
 }
 
 impl ObjectCache {
@@ -100,7 +94,7 @@ impl ObjectCache {
         } else {
             let generation = self.next_generation;
             self.next_generation += 1;
-            let in_main = self.ghost_set.remove(&key_hash(&key));
+            let in_main = self.ghost_set.remove(&self.slots.hasher().hash_one(&key));
             if in_main {
                 self.main.push_back((key.clone(), generation));
                 self.main_bytes += bytes;
@@ -201,7 +195,7 @@ impl ObjectCache {
     }
 
     fn remember_ghost(&mut self, key: &[u8]) {
-        let h = key_hash(key);
+        let h = self.slots.hasher().hash_one(key);
         if self.ghost_set.insert(h) {
             self.ghost.push_back(h);
         }

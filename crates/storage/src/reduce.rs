@@ -1,17 +1,15 @@
 //! Per-batch reduction: a batch of committed writes becomes the last write of each key it touched.
 
-use std::collections::BTreeMap;
-use std::ops::Bound;
-
 use bytes::Bytes;
 
+use crate::scan_map::{every_key, ScanMap, Scannable};
 use crate::segment::Record;
 
-/// Collects one batch of committed writes, keeping only the latest per key. Sorted, so the store
-/// can answer prefix scans over writes not yet in a segment.
-#[derive(Debug, Default)]
+/// Collects one batch of committed writes, keeping only the latest per key; answers lookups and
+/// prefix scans over writes not yet in a segment.
+#[derive(Debug)]
 pub struct Reducer {
-    latest: BTreeMap<Bytes, (u64, Option<Bytes>)>,
+    latest: ScanMap<(u64, Option<Bytes>)>,
     first_index: Option<u64>,
     last_index: u64,
     writes_in: u64,
@@ -48,16 +46,26 @@ impl ReducedBatch {
     }
 }
 
+impl Default for Reducer {
+    fn default() -> Self {
+        Reducer::after(0, every_key)
+    }
+}
+
 impl Reducer {
     pub fn new() -> Self {
         Reducer::default()
     }
 
-    /// A reducer whose first entry will come after `index` (the state it extends is at `index`).
-    pub fn after(index: u64) -> Self {
+    /// A reducer whose first entry will come after `index` (the state it extends is at `index`),
+    /// scanning the keys `scannable` selects.
+    pub fn after(index: u64, scannable: Scannable) -> Self {
         Reducer {
+            latest: ScanMap::new(scannable),
+            first_index: None,
             last_index: index,
-            ..Reducer::default()
+            writes_in: 0,
+            bytes_in: 0,
         }
     }
 
@@ -89,8 +97,7 @@ impl Reducer {
     /// The batch's latest writes of keys starting with `prefix`, in key order.
     pub fn prefix<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = (&'a Bytes, Option<&'a Bytes>)> + 'a {
         self.latest
-            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
-            .take_while(move |(key, _)| key.starts_with(prefix))
+            .prefix(prefix)
             .map(|(key, (_, value))| (key, value.as_ref()))
     }
 
@@ -117,10 +124,13 @@ impl Reducer {
     /// The reduced batch, or `None` when no entry was noted; the reducer starts a new batch.
     pub fn take(&mut self) -> Option<ReducedBatch> {
         let first_index = self.first_index.take()?;
-        let records: Vec<Record> = std::mem::take(&mut self.latest)
+        let mut records: Vec<Record> = self
+            .latest
+            .take_all()
             .into_iter()
             .map(|(key, (version, value))| Record { key, value, version })
             .collect();
+        records.sort_unstable_by(|a, b| a.key.cmp(&b.key));
         let batch = ReducedBatch {
             first_index,
             last_index: self.last_index,

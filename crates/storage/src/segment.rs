@@ -64,8 +64,13 @@ pub struct IndexEntry {
 impl IndexEntry {
     /// Bytes of the whole record on disk.
     pub fn record_len(&self) -> usize {
-        RECORD_OVERHEAD_BYTES + self.key.len() + self.value_len as usize
+        record_len(self.key.len(), self.value_len)
     }
+}
+
+/// Bytes on disk of a record with a key and a value of these lengths.
+pub fn record_len(key_len: usize, value_len: u32) -> usize {
+    RECORD_OVERHEAD_BYTES + key_len + value_len as usize
 }
 
 /// What start-up learns about a segment without reading its values.

@@ -14,21 +14,23 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
-use std::ops::Bound;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::Duration;
+use std::time::Instant;
 
 use bytes::Bytes;
+use foldhash::HashMap;
 
 use crate::cache::{CacheStats, ObjectCache};
 use crate::manifest::Manifest;
 use crate::reduce::{ReducedBatch, Reducer};
+use crate::scan_map::{every_key, ScanMap, Scannable};
 use crate::segment::{
-    decode_record, in_file, io_error, read_segment_index, segment_file_name, sync_dir, verify_segment, write_segment,
-    write_segment_bytes, IndexEntry, SegmentError, SegmentIndex,
+    decode_record, in_file, io_error, read_segment, read_segment_index, record_len, segment_file_name, sync_dir,
+    verify_segment, write_segment, write_segment_bytes, IndexEntry, Record, SegmentError, SegmentIndex,
 };
 
 #[derive(Debug, Clone)]
@@ -41,6 +43,14 @@ pub struct StoreOptions {
     pub batch_bytes: u64,
     /// Cut batches waiting for the writer before a cut waits for it (bounds memory).
     pub max_unwritten_batches: usize,
+    /// Keys prefix scans must find; the others cost no ordered index.
+    pub scannable: Scannable,
+    /// The cleaner merges the segments once this share of their bytes is dead (overwritten or
+    /// deleted records, tombstones) and there are at least `cleaner_min_segments` of them.
+    pub min_cleanable_dirty_ratio: f64,
+    pub cleaner_min_segments: usize,
+    /// Most bytes per second the cleaner reads, so it does not starve the foreground.
+    pub cleaner_read_bytes_per_sec: u64,
 }
 
 impl StoreOptions {
@@ -51,6 +61,10 @@ impl StoreOptions {
             batch_writes: 1_000,
             batch_bytes: 4 << 20,
             max_unwritten_batches: 8,
+            scannable: every_key,
+            min_cleanable_dirty_ratio: 0.5,
+            cleaner_min_segments: 4,
+            cleaner_read_bytes_per_sec: 64 << 20,
         }
     }
 }
@@ -76,17 +90,26 @@ struct Location {
 struct SegmentFile {
     last_index: u64,
     path: PathBuf,
-    file: File,
     file_bytes: u64,
-    /// Records in the segment that are still the latest of their key.
+    /// Records in the segment that are still the latest of their key, and their bytes.
     live_records: u64,
+    live_bytes: u64,
 }
+
+/// Segment files kept open for value reads; more are opened (and one closed) on demand.
+const MAX_OPEN_SEGMENTS: usize = 64;
 
 /// A segment the writer made durable.
 struct Written {
     first_index: u64,
     path: PathBuf,
     index: SegmentIndex,
+}
+
+/// A segment the cleaner made durable from the segments starting at `replaces`.
+struct Merged {
+    replaces: Vec<u64>,
+    written: Written,
 }
 
 /// What the writer has made durable, for those who wait on it from other threads.
@@ -103,7 +126,7 @@ struct Shared {
     durable: Mutex<Durable>,
     changed: Condvar,
     /// Set when the store closes: the writer stops retrying a failing write (what it has not
-    /// written is past every manifest, so the raft log replays it).
+    /// written is past every manifest, so the raft log replays it) and the cleaner stops.
     closing: AtomicBool,
 }
 
@@ -118,6 +141,9 @@ pub struct StoreStats {
     pub bytes_out: u64,
     pub segments: usize,
     pub live_keys: usize,
+    /// Cleaner merges finished, and segment bytes they wrote.
+    pub merges: u64,
+    pub merged_bytes: u64,
     pub unwritten_batches: usize,
     pub cache: CacheStats,
 }
@@ -127,12 +153,19 @@ pub struct Store {
     building: Reducer,
     /// Cut batches not yet known durable, oldest first.
     unwritten: VecDeque<Arc<ReducedBatch>>,
-    index: BTreeMap<Bytes, Location>,
+    index: ScanMap<Location>,
     segments: BTreeMap<u64, SegmentFile>,
+    open_segments: RefCell<HashMap<u64, File>>,
     cache: RefCell<ObjectCache>,
     to_writer: Option<mpsc::Sender<Arc<ReducedBatch>>>,
     from_writer: mpsc::Receiver<Written>,
     writer: Option<std::thread::JoinHandle<()>>,
+    to_cleaner: Option<mpsc::Sender<Vec<(u64, u64)>>>,
+    from_cleaner: mpsc::Receiver<Merged>,
+    cleaner: Option<std::thread::JoinHandle<()>>,
+    cleaning: bool,
+    /// Segments a merge replaced, deleted once a persisted manifest no longer lists them.
+    retired: Vec<(u64, u64)>,
     shared: Arc<Shared>,
     stats: StoreStats,
 }
@@ -224,16 +257,33 @@ impl Store {
                 .spawn(move || write_segments(&dir, &writer_rx, &writer_tx, &shared))
                 .expect("spawn segment writer")
         };
+        let (to_cleaner, cleaner_rx) = mpsc::channel();
+        let (cleaner_tx, from_cleaner) = mpsc::channel();
+        let cleaner = {
+            let dir = options.dir.clone();
+            let shared = shared.clone();
+            let read_bytes_per_sec = options.cleaner_read_bytes_per_sec;
+            std::thread::Builder::new()
+                .name("segment-cleaner".into())
+                .spawn(move || clean_segments(&dir, read_bytes_per_sec, &cleaner_rx, &cleaner_tx, &shared))
+                .expect("spawn segment cleaner")
+        };
         Store {
             cache: RefCell::new(ObjectCache::new(options.cache_bytes)),
-            options,
-            building: Reducer::after(applied_index),
+            building: Reducer::after(applied_index, options.scannable),
             unwritten: VecDeque::new(),
-            index: BTreeMap::new(),
+            index: ScanMap::new(options.scannable),
+            options,
             segments: BTreeMap::new(),
+            open_segments: RefCell::new(HashMap::default()),
             to_writer: Some(to_writer),
             from_writer,
             writer: Some(writer),
+            to_cleaner: Some(to_cleaner),
+            from_cleaner,
+            cleaner: Some(cleaner),
+            cleaning: false,
+            retired: Vec::new(),
             shared,
             stats: StoreStats::default(),
         }
@@ -255,6 +305,8 @@ impl Store {
             self.cut();
         }
         self.absorb_written();
+        self.absorb_cleaned();
+        self.maybe_clean();
     }
 
     /// Hands the building batch to the writer, waiting for it when too many are unwritten.
@@ -301,17 +353,60 @@ impl Store {
         if let Some(value) = self.get_unwritten(key) {
             return Ok(value);
         }
-        let Some(location) = self.index.get(key) else {
-            return Ok(None);
-        };
+        match self.index.get_key_value(key) {
+            Some((key, location)) => self.durable_value(key, location).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// A durable record's value: from the cache, else read from its segment and cached.
+    fn durable_value(&self, key: &Bytes, location: &Location) -> Result<Bytes, StoreError> {
         if let Some(value) = self.cache.borrow_mut().get(key) {
-            return Ok(Some(value));
+            return Ok(value);
         }
         let value = self.read_value(key, location)?;
-        self.cache
-            .borrow_mut()
-            .insert(Bytes::copy_from_slice(key), value.clone());
-        Ok(Some(value))
+        self.cache.borrow_mut().insert(key.clone(), value.clone());
+        Ok(value)
+    }
+
+    /// Live keys starting with `prefix` and their values, in key order.
+    pub fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>, StoreError> {
+        let durable = self.index.prefix(prefix);
+        let in_memory = self.building.prefix(prefix).next().is_some()
+            || self.unwritten.iter().any(|batch| batch.prefix(prefix).next().is_some());
+        if !in_memory {
+            return durable
+                .map(|(key, location)| Ok((key.clone(), self.durable_value(key, location)?)))
+                .collect();
+        }
+        enum Latest<'a> {
+            Durable(&'a Location),
+            InMemory(Option<Bytes>),
+        }
+        // Oldest layer first, so a newer layer's write of a key replaces an older one.
+        let mut merged: BTreeMap<Bytes, Latest> = durable
+            .map(|(key, location)| (key.clone(), Latest::Durable(location)))
+            .collect();
+        for batch in &self.unwritten {
+            for record in batch.prefix(prefix) {
+                merged.insert(record.key.clone(), Latest::InMemory(record.value.clone()));
+            }
+        }
+        for (key, value) in self.building.prefix(prefix) {
+            merged.insert(key.clone(), Latest::InMemory(value.cloned()));
+        }
+        let mut live = Vec::with_capacity(merged.len());
+        for (key, latest) in merged {
+            match latest {
+                Latest::Durable(location) => {
+                    let value = self.durable_value(&key, location)?;
+                    live.push((key, value));
+                }
+                Latest::InMemory(Some(value)) => live.push((key, value)),
+                Latest::InMemory(None) => {}
+            }
+        }
+        Ok(live)
     }
 
     /// Whether `key` has a value, without reading it.
@@ -325,12 +420,7 @@ impl Store {
     /// Live keys starting with `prefix`, in key order.
     pub fn keys_with_prefix(&self, prefix: &[u8]) -> Vec<Bytes> {
         // Oldest layer first, so a newer layer's write of a key replaces an older one.
-        let mut merged: BTreeMap<Bytes, bool> = self
-            .index
-            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
-            .take_while(|(key, _)| key.starts_with(prefix))
-            .map(|(key, _)| (key.clone(), true))
-            .collect();
+        let mut merged: BTreeMap<Bytes, bool> = self.index.prefix(prefix).map(|(key, _)| (key.clone(), true)).collect();
         for batch in &self.unwritten {
             for record in batch.prefix(prefix) {
                 merged.insert(record.key.clone(), record.value.is_some());
@@ -344,6 +434,18 @@ impl Store {
             .filter(|(_, live)| *live)
             .map(|(key, _)| key)
             .collect()
+    }
+
+    /// Calls `f` with every live key, in no particular order. Only for a store with no writes
+    /// since it was opened or installed (every key is then in the index).
+    pub fn for_each_key(&self, mut f: impl FnMut(&Bytes)) {
+        assert!(
+            self.building.is_empty() && self.unwritten.is_empty(),
+            "every key is indexed before a walk of all keys"
+        );
+        for (key, _) in self.index.iter() {
+            f(key);
+        }
     }
 
     pub fn stats(&self) -> StoreStats {
@@ -418,6 +520,16 @@ impl Store {
 
     fn read_value(&self, key: &[u8], location: &Location) -> Result<Bytes, StoreError> {
         let segment = &self.segments[&location.segment];
+        let mut open = self.open_segments.borrow_mut();
+        if !open.contains_key(&location.segment) {
+            if open.len() >= MAX_OPEN_SEGMENTS {
+                let any = *open.keys().next().expect("full");
+                open.remove(&any);
+            }
+            let file = File::open(&segment.path).map_err(io_error(&segment.path))?;
+            open.insert(location.segment, file);
+        }
+        let file = &open[&location.segment];
         let entry = IndexEntry {
             key: Bytes::copy_from_slice(key),
             version: location.version,
@@ -426,9 +538,7 @@ impl Store {
             value_len: location.value_len,
         };
         let mut buf = vec![0; entry.record_len()];
-        segment
-            .file
-            .read_exact_at(&mut buf, location.record_offset)
+        file.read_exact_at(&mut buf, location.record_offset)
             .map_err(io_error(&segment.path))?;
         let record = decode_record(&buf, &entry).map_err(in_file(&segment.path))?;
         Ok(record.value.expect("a live location is a put"))
@@ -474,8 +584,8 @@ impl Store {
                 newest.last_index
             );
         }
-        let file = File::open(&path).map_err(io_error(&path))?;
         let mut live_records = 0;
+        let mut live_bytes = 0;
         let mut cache = self.cache.borrow_mut();
         for (i, entry) in index.entries.iter().enumerate() {
             let replaced = if entry.is_tombstone {
@@ -483,6 +593,7 @@ impl Store {
                 self.index.remove(&entry.key)
             } else {
                 live_records += 1;
+                live_bytes += entry.record_len() as u64;
                 if let Some(value) = batch.and_then(|b| b.records[i].value.clone()) {
                     cache.insert(entry.key.clone(), value);
                 }
@@ -500,6 +611,7 @@ impl Store {
                 assert!(old.version < entry.version, "a key's versions only grow");
                 if let Some(segment) = self.segments.get_mut(&old.segment) {
                     segment.live_records -= 1;
+                    segment.live_bytes -= record_len(entry.key.len(), old.value_len) as u64;
                 }
             }
         }
@@ -509,9 +621,9 @@ impl Store {
             SegmentFile {
                 last_index: index.header.last_index,
                 path,
-                file,
                 file_bytes: index.file_bytes,
                 live_records,
+                live_bytes,
             },
         );
         let mut durable = self.shared.durable.lock().expect("not poisoned");
@@ -525,9 +637,108 @@ impl Store {
         self.segments.values().map(|s| s.file_bytes).sum()
     }
 
-    /// Segments whose every record has been overwritten or deleted since.
-    pub fn dead_segments(&self) -> usize {
-        self.segments.values().filter(|s| s.live_records == 0).count()
+    /// Share of the segments' bytes that no read can reach any more.
+    pub fn dirty_ratio(&self) -> f64 {
+        let total: u64 = self.segments.values().map(|s| s.file_bytes).sum();
+        let live: u64 = self.segments.values().map(|s| s.live_bytes).sum();
+        if total == 0 {
+            0.0
+        } else {
+            1.0 - live as f64 / total as f64
+        }
+    }
+
+    /// Starts a merge of every durable segment when enough of their bytes are dead.
+    fn maybe_clean(&mut self) {
+        if self.cleaning
+            || self.segments.len() < self.options.cleaner_min_segments.max(2)
+            || self.dirty_ratio() < self.options.min_cleanable_dirty_ratio
+        {
+            return;
+        }
+        let job = self.segments.iter().map(|(first, s)| (*first, s.last_index)).collect();
+        self.cleaning = true;
+        self.to_cleaner
+            .as_ref()
+            .expect("cleaner runs while the store is open")
+            .send(job)
+            .expect("segment cleaner thread vanished");
+    }
+
+    fn absorb_cleaned(&mut self) {
+        while let Ok(merged) = self.from_cleaner.try_recv() {
+            self.adopt_merged(merged);
+        }
+    }
+
+    /// Points every key whose latest record the merge copied at the merged segment, which takes
+    /// the replaced segments' place.
+    fn adopt_merged(&mut self, merged: Merged) {
+        let Merged { replaces, written } = merged;
+        let first_index = written.first_index;
+        let live_before: u64 = replaces.iter().map(|f| self.segments[f].live_records).sum();
+        let mut live_records = 0;
+        let mut live_bytes = 0;
+        for entry in &written.index.entries {
+            if let Some(location) = self.index.get_mut(&entry.key) {
+                if replaces.contains(&location.segment) && location.version == entry.version {
+                    *location = Location {
+                        segment: first_index,
+                        record_offset: entry.record_offset,
+                        value_len: entry.value_len,
+                        version: entry.version,
+                    };
+                    live_records += 1;
+                    live_bytes += entry.record_len() as u64;
+                }
+            }
+        }
+        assert_eq!(
+            live_records, live_before,
+            "a merge keeps every live record of the segments it replaces"
+        );
+        let mut open = self.open_segments.borrow_mut();
+        for first in &replaces {
+            let replaced = self.segments.remove(first).expect("merged segments are the store's");
+            open.remove(first);
+            self.retired.push((*first, replaced.last_index));
+        }
+        drop(open);
+        self.stats.merges += 1;
+        self.stats.merged_bytes += written.index.file_bytes;
+        let last_index = written.index.header.last_index;
+        self.segments.insert(
+            first_index,
+            SegmentFile {
+                last_index,
+                path: written.path,
+                file_bytes: written.index.file_bytes,
+                live_records,
+                live_bytes,
+            },
+        );
+        let mut durable = self.shared.durable.lock().expect("not poisoned");
+        for first in &replaces {
+            durable.segments.remove(first);
+        }
+        durable.segments.insert(first_index, last_index);
+        drop(durable);
+        self.cleaning = false;
+    }
+
+    /// A manifest is now the durable description of the state: segments a merge replaced that it
+    /// does not list are deleted.
+    pub fn manifest_persisted(&mut self, manifest: &Manifest) -> Result<(), StoreError> {
+        let (keep, delete): (Vec<_>, Vec<_>) = self.retired.iter().partition(|range| manifest.segments.contains(range));
+        for (first, last) in &delete {
+            let path = self.options.dir.join(segment_file_name(*first, *last));
+            std::fs::remove_file(&path).map_err(io_error(&path))?;
+        }
+        if !delete.is_empty() {
+            sync_dir(&self.options.dir)?;
+        }
+        self.retired = keep;
+        Ok(())
     }
 }
 
@@ -535,8 +746,9 @@ impl Drop for Store {
     fn drop(&mut self) {
         self.shared.closing.store(true, Ordering::Relaxed);
         self.to_writer = None;
-        if let Some(writer) = self.writer.take() {
-            let _ = writer.join();
+        self.to_cleaner = None;
+        for thread in [self.writer.take(), self.cleaner.take()].into_iter().flatten() {
+            let _ = thread.join();
         }
     }
 }
@@ -549,24 +761,9 @@ fn write_segments(
     written: &mpsc::Sender<Written>,
     shared: &Shared,
 ) {
-    const RETRY_START: Duration = Duration::from_millis(50);
-    const RETRY_MAX: Duration = Duration::from_secs(5);
     while let Ok(batch) = batches.recv() {
-        let mut retry = RETRY_START;
-        let (path, index) = loop {
-            match write_segment(dir, &batch) {
-                Ok(done) => break done,
-                Err(_) if shared.closing.load(Ordering::Relaxed) => return,
-                Err(e) => {
-                    tracing::error!(
-                        error = %e, first = batch.first_index, last = batch.last_index,
-                        retry_ms = retry.as_millis() as u64,
-                        "writing a segment failed; applying stalls until it succeeds"
-                    );
-                    std::thread::sleep(retry);
-                    retry = (retry * 2).min(RETRY_MAX);
-                }
-            }
+        let Some((path, index)) = write_until_done(dir, &batch, shared) else {
+            return;
         };
         {
             let mut durable = shared.durable.lock().expect("not poisoned");
@@ -580,6 +777,87 @@ fn write_segments(
             index,
         };
         if written.send(done).is_err() {
+            return;
+        }
+    }
+}
+
+/// Writes a segment, retrying a failure (a full disk, an I/O error) until it succeeds — nothing
+/// acknowledged is lost, the store stalls instead. `None` when the store closed meanwhile.
+fn write_until_done(dir: &Path, batch: &ReducedBatch, shared: &Shared) -> Option<(PathBuf, SegmentIndex)> {
+    const RETRY_START: Duration = Duration::from_millis(50);
+    const RETRY_MAX: Duration = Duration::from_secs(5);
+    let mut retry = RETRY_START;
+    loop {
+        match write_segment(dir, batch) {
+            Ok(done) => return Some(done),
+            Err(_) if shared.closing.load(Ordering::Relaxed) => return None,
+            Err(e) => {
+                tracing::error!(
+                    error = %e, first = batch.first_index, last = batch.last_index,
+                    retry_ms = retry.as_millis() as u64,
+                    "writing a segment failed; retrying until it succeeds"
+                );
+                std::thread::sleep(retry);
+                retry = (retry * 2).min(RETRY_MAX);
+            }
+        }
+    }
+}
+
+/// The cleaner thread: merges each job's segments (consecutive, from the oldest) into one holding
+/// the newest record of each key they contain. Tombstones are dropped: no older segment exists
+/// that could still hold their keys. The result depends only on the range of the log merged, so
+/// it may replace a same-named segment on any replica.
+fn clean_segments(
+    dir: &Path,
+    read_bytes_per_sec: u64,
+    jobs: &mpsc::Receiver<Vec<(u64, u64)>>,
+    merged: &mpsc::Sender<Merged>,
+    shared: &Shared,
+) {
+    while let Ok(ranges) = jobs.recv() {
+        let started = Instant::now();
+        let mut read_bytes = 0u64;
+        let mut newest: BTreeMap<Bytes, Record> = BTreeMap::new();
+        for (first, last) in &ranges {
+            if shared.closing.load(Ordering::Relaxed) {
+                return;
+            }
+            let path = dir.join(segment_file_name(*first, *last));
+            let (_, records) = match read_segment(&path) {
+                Ok(read) => read,
+                Err(e) => panic!("the cleaner cannot read a durable segment: {e}"),
+            };
+            read_bytes += std::fs::metadata(&path).map_or(0, |m| m.len());
+            for record in records {
+                newest.insert(record.key.clone(), record);
+            }
+            // Rate limit: never ahead of `read_bytes_per_sec` since the merge began.
+            let due = Duration::from_secs_f64(read_bytes as f64 / read_bytes_per_sec.max(1) as f64);
+            if let Some(early) = due.checked_sub(started.elapsed()) {
+                std::thread::sleep(early);
+            }
+        }
+        let batch = ReducedBatch {
+            first_index: ranges.first().expect("a merge has segments").0,
+            last_index: ranges.last().expect("a merge has segments").1,
+            records: newest.into_values().filter(|r| r.value.is_some()).collect(),
+            writes_in: 0,
+            bytes_in: 0,
+        };
+        let Some((path, index)) = write_until_done(dir, &batch, shared) else {
+            return;
+        };
+        let done = Merged {
+            replaces: ranges.iter().map(|(first, _)| *first).collect(),
+            written: Written {
+                first_index: batch.first_index,
+                path,
+                index,
+            },
+        };
+        if merged.send(done).is_err() {
             return;
         }
     }
@@ -649,9 +927,11 @@ mod tests {
             );
             assert_eq!(store.contains(&key), model.contains_key(&key), "{context}: {key:?}");
         }
-        let mut live: Vec<_> = model.keys().cloned().collect();
+        let mut live: Vec<_> = model.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         live.sort();
-        assert_eq!(store.keys_with_prefix(b"k"), live, "{context}: prefix scan");
+        assert_eq!(store.scan_prefix(b"k").unwrap(), live, "{context}: prefix scan");
+        let keys: Vec<_> = live.into_iter().map(|(k, _)| k).collect();
+        assert_eq!(store.keys_with_prefix(b"k"), keys, "{context}: prefix scan of keys");
     }
 
     fn options(dir: &Path, rng: &mut Rng) -> StoreOptions {
@@ -660,8 +940,17 @@ mod tests {
             batch_writes: 1 + rng.below(20),
             batch_bytes: 1 + rng.below(4_000),
             max_unwritten_batches: 1 + rng.below(3) as usize,
+            min_cleanable_dirty_ratio: [0.1, 0.3, 0.5, 2.0][rng.below(4) as usize],
+            cleaner_min_segments: 2 + rng.below(4) as usize,
             ..StoreOptions::new(dir)
         }
+    }
+
+    /// What the node does with a snapshot: wait for its manifest, persist it, tell the store.
+    fn snapshot(store: &mut Store) -> Manifest {
+        let manifest = store.manifest_later()();
+        store.manifest_persisted(&manifest).unwrap();
+        manifest
     }
 
     /// Files past the last manifest may be torn anywhere: cut each at a random length.
@@ -685,6 +974,7 @@ mod tests {
     #[test]
     fn random_writes_cuts_crashes_and_replays_always_match_a_plain_map() {
         const KEYS: u64 = 40;
+        let mut merges = 0;
         for seed in 1..=30u64 {
             let dir = tempfile::tempdir().unwrap();
             let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
@@ -697,10 +987,11 @@ mod tests {
                 let index = log.len() as u64;
                 apply(&mut store, index, &log[index as usize - 1]);
                 match rng.below(40) {
-                    0..=2 => manifest = store.manifest_later()(),
+                    0..=2 => manifest = snapshot(&mut store),
                     3 => {
                         // A crash: the raft log (here `log`) survives; so do segments the last
                         // manifest lists. The rest may be torn, and is replayed.
+                        merges += store.stats().merges;
                         drop(store);
                         tear_unlisted(dir.path(), &manifest, &mut rng);
                         store = Store::open(options(dir.path(), &mut rng), Some(&manifest)).unwrap();
@@ -723,7 +1014,69 @@ mod tests {
                 KEYS,
                 &format!("seed {seed} end"),
             );
+            merges += store.stats().merges;
         }
+        assert!(merges >= 30, "the cleaner ran {merges} times");
+    }
+
+    #[test]
+    fn the_cleaner_merges_dead_bytes_away_and_deletes_what_it_replaced_once_a_manifest_is_persisted() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = StoreOptions {
+            batch_writes: 50,
+            cleaner_min_segments: 4,
+            min_cleanable_dirty_ratio: 0.5,
+            ..StoreOptions::new(dir.path())
+        };
+        let mut store = Store::open(options.clone(), None).unwrap();
+        let mut index = 0;
+        for round in 0..40u64 {
+            for k in 0..50u64 {
+                index += 1;
+                let value = (k % 10 != 0 || round % 2 == 0).then(|| Bytes::from(format!("{round}-{k}")));
+                store.write(index, Bytes::from(format!("k{k:03}")), value);
+                store.entry_applied(index);
+            }
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            store.absorb_cleaned();
+            store.maybe_clean();
+            if !store.cleaning {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "merge unfinished: dirty ratio {}",
+                store.dirty_ratio()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(store.stats().merges > 0);
+        let manifest_after = snapshot(&mut store);
+        assert!(
+            manifest_after.segments.len() < 40,
+            "{} segments",
+            manifest_after.segments.len()
+        );
+        let files = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(files, manifest_after.segments.len(), "replaced segments are deleted");
+        assert!(
+            store.dirty_ratio() < 0.5 || store.segments.len() < 4,
+            "idle with dirty ratio {} over {} segments",
+            store.dirty_ratio(),
+            store.segments.len()
+        );
+        let check = |store: &Store| {
+            for k in 0..50u64 {
+                let expected = (k % 10 != 0).then(|| Bytes::from(format!("39-{k}")));
+                assert_eq!(store.get(format!("k{k:03}").as_bytes()).unwrap(), expected, "k{k}");
+            }
+        };
+        check(&store);
+        drop(store);
+        let store = Store::open(options, Some(&manifest_after)).unwrap();
+        check(&store);
     }
 
     #[test]
