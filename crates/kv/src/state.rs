@@ -46,6 +46,15 @@ fn is_field_key(storage_key: &[u8]) -> bool {
     storage_key.first() == Some(&HASH_TAG)
 }
 
+/// The fields of one hash form a group in the store: kept together, scanned together. The
+/// group is the field key's prefix naming the hash.
+fn hash_of_field(storage_key: &[u8]) -> Option<usize> {
+    if !is_field_key(storage_key) {
+        return None;
+    }
+    Some(5 + hash_of_field_key(storage_key)?.len())
+}
+
 /// The hash key a field's storage key belongs to, or `None` for a malformed one.
 fn hash_of_field_key(storage_key: &[u8]) -> Option<&[u8]> {
     let len = u32::from_be_bytes(storage_key.get(1..5)?.try_into().ok()?) as usize;
@@ -76,7 +85,7 @@ impl KvState {
             .transpose()
             .map_err(|e| format!("snapshot manifest: {e}"))?;
         let options = StoreOptions {
-            scannable: is_field_key,
+            group_of: hash_of_field,
             ..options
         };
         let store = Store::open(options, manifest.as_ref()).map_err(|e| e.to_string())?;
@@ -126,7 +135,7 @@ impl KvState {
     }
 
     /// A string's value for a client's read: a storage error is the client's error reply.
-    fn string(&self, key: &[u8]) -> Result<Option<Bytes>, Value> {
+    fn string(&mut self, key: &[u8]) -> Result<Option<Bytes>, Value> {
         if self.hashes.contains_key(key) {
             return Err(Value::error(WRONGTYPE));
         }
@@ -135,7 +144,7 @@ impl KvState {
 
     /// A string's value for a write: every replica must compute the same result, so a replica
     /// that cannot read its own storage stops.
-    fn string_to_update(&self, key: &[u8]) -> Result<Option<Bytes>, Value> {
+    fn string_to_update(&mut self, key: &[u8]) -> Result<Option<Bytes>, Value> {
         if self.hashes.contains_key(key) {
             return Err(Value::error(WRONGTYPE));
         }
@@ -153,14 +162,14 @@ impl KvState {
         }
     }
 
-    fn field(&self, key: &[u8], field: &[u8]) -> Result<Option<Bytes>, Value> {
+    fn field(&mut self, key: &[u8], field: &[u8]) -> Result<Option<Bytes>, Value> {
         self.store.get(&field_key(key, field)).map_err(storage_error)
     }
 
     /// Deletes whatever `key` holds; whether it held anything.
     fn delete(&mut self, index: u64, key: &[u8]) -> bool {
         if self.hashes.remove(key).is_some() {
-            for field in self.store.keys_with_prefix(&hash_prefix(key)) {
+            for field in self.store.group_keys(&hash_prefix(key)) {
                 self.store.write(index, field, None);
             }
             true
@@ -287,8 +296,8 @@ impl KvState {
         }
     }
 
-    pub fn execute_read(&self, read: &Read) -> Value {
-        let result = || -> Result<Value, Value> {
+    pub fn execute_read(&mut self, read: &Read) -> Value {
+        let mut result = || -> Result<Value, Value> {
             Ok(match read {
                 Read::Get(key) => Value::Bulk(self.string(key)?),
                 Read::MGet(keys) => Value::array(
@@ -328,7 +337,7 @@ impl KvState {
                 Read::HGetAll(key) => {
                     self.hash_check(key)?;
                     let prefix = hash_prefix(key);
-                    let fields = self.store.scan_prefix(&prefix).map_err(storage_error)?;
+                    let fields = self.store.scan_group(&prefix).map_err(storage_error)?;
                     let mut items = Vec::with_capacity(2 * fields.len());
                     for (storage_key, value) in fields {
                         items.push(Value::bulk(storage_key.slice(prefix.len()..)));
@@ -371,7 +380,7 @@ impl StateMachine for KvState {
         self.store.entry_applied(index);
     }
 
-    fn query(&self, query: &Read) -> Value {
+    fn query(&mut self, query: &Read) -> Value {
         self.execute_read(query)
     }
 

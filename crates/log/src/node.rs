@@ -43,7 +43,7 @@ pub trait StateMachine: Send + 'static {
     /// Every command of the entry at `index` has been applied; called for every entry, commands
     /// or not, in log order.
     fn entry_applied(&mut self, index: u64);
-    fn query(&self, query: &Self::Query) -> Self::Output;
+    fn query(&mut self, query: &Self::Query) -> Self::Output;
     /// Captures the state at the last applied entry and returns what, run on another thread,
     /// waits until that state is durable and returns the snapshot data describing it. The raft
     /// log up to that entry is compacted once the data is written.

@@ -15,10 +15,10 @@ mod scan_map;
 mod segment;
 mod store;
 
-pub use cache::{CacheStats, ObjectCache};
+pub use cache::CacheStats;
 pub use manifest::Manifest;
 pub use reduce::{ReducedBatch, Reducer};
-pub use scan_map::{every_key, Scannable};
+pub use scan_map::{no_groups, GroupOf};
 pub use segment::{
     decode_footer, decode_header, decode_index, decode_record, decode_segment, encode_segment, read_segment,
     read_segment_index, segment_file_name, verify_segment, write_segment, write_segment_bytes, IndexEntry, Record,

@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 
-use crate::scan_map::{every_key, ScanMap, Scannable};
+use crate::scan_map::{no_groups, GroupOf, ScanMap};
 use crate::segment::Record;
 
 /// Collects one batch of committed writes, keeping only the latest per key; answers lookups and
@@ -48,7 +48,7 @@ impl ReducedBatch {
 
 impl Default for Reducer {
     fn default() -> Self {
-        Reducer::after(0, every_key)
+        Reducer::after(0, no_groups)
     }
 }
 
@@ -58,10 +58,10 @@ impl Reducer {
     }
 
     /// A reducer whose first entry will come after `index` (the state it extends is at `index`),
-    /// scanning the keys `scannable` selects.
-    pub fn after(index: u64, scannable: Scannable) -> Self {
+    /// keeping the groups `group_of` defines together.
+    pub fn after(index: u64, group_of: GroupOf) -> Self {
         Reducer {
-            latest: ScanMap::new(scannable),
+            latest: ScanMap::new(group_of),
             first_index: None,
             last_index: index,
             writes_in: 0,
@@ -94,11 +94,14 @@ impl Reducer {
         self.latest.get(key).map(|(_, value)| value.as_ref())
     }
 
-    /// The batch's latest writes of keys starting with `prefix`, in key order.
-    pub fn prefix<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = (&'a Bytes, Option<&'a Bytes>)> + 'a {
-        self.latest
-            .prefix(prefix)
-            .map(|(key, (_, value))| (key, value.as_ref()))
+    /// The batch's latest writes of the keys of group `group`, in key order.
+    pub fn group<'a>(&'a self, group: &[u8]) -> impl Iterator<Item = (&'a Bytes, Option<&'a Bytes>)> + 'a {
+        self.latest.group(group).map(|(key, (_, value))| (key, value.as_ref()))
+    }
+
+    /// Whether the batch wrote any key of group `group`.
+    pub fn has_group(&self, group: &[u8]) -> bool {
+        self.latest.has_group(group)
     }
 
     /// Last index noted, in this batch or an earlier one.

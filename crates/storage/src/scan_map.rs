@@ -1,93 +1,146 @@
-//! A hash map from keys that also answers prefix scans over the keys a predicate selects. Point
-//! lookups — every read and write — cost one hash; only keys that can be scanned (for `kv`, the
-//! fields of hashes) pay for an ordered set beside it.
+//! A map from keys, two levels deep so that keys sharing a group prefix (for `kv`, the fields of
+//! one hash) sit together: a key without a group is one hash lookup; a grouped key is one hash
+//! lookup of its group and a search among the group's few neighbours, and a scan of a group
+//! touches one small ordered map instead of entries scattered over a large table. Reading all
+//! ten fields of a record therefore costs about as many cache misses as reading one.
 
-use std::collections::BTreeSet;
-use std::ops::Bound;
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use foldhash::HashMap;
 
-/// Which keys prefix scans must find. A scan is asked only for prefixes of such keys.
-pub type Scannable = fn(&[u8]) -> bool;
+/// The length of `key`'s group prefix, or `None` when the key belongs to no group. Scans are
+/// asked only for whole group prefixes.
+pub type GroupOf = fn(&[u8]) -> Option<usize>;
 
-pub fn every_key(_: &[u8]) -> bool {
-    true
+pub fn no_groups(_: &[u8]) -> Option<usize> {
+    None
 }
 
 #[derive(Debug)]
 pub struct ScanMap<V> {
-    map: HashMap<Bytes, V>,
-    ordered: BTreeSet<Bytes>,
-    scannable: Scannable,
+    singles: HashMap<Bytes, V>,
+    /// Group prefix → the group's keys by what follows the prefix (compared without the shared
+    /// prefix), each with its whole key.
+    groups: HashMap<Bytes, BTreeMap<Bytes, (Bytes, V)>>,
+    group_of: GroupOf,
+    len: usize,
 }
 
 impl<V> ScanMap<V> {
-    pub fn new(scannable: Scannable) -> Self {
+    pub fn new(group_of: GroupOf) -> Self {
         ScanMap {
-            map: HashMap::default(),
-            ordered: BTreeSet::new(),
-            scannable,
+            singles: HashMap::default(),
+            groups: HashMap::default(),
+            group_of,
+            len: 0,
         }
     }
 
     pub fn get(&self, key: &[u8]) -> Option<&V> {
-        self.map.get(key)
+        match (self.group_of)(key) {
+            None => self.singles.get(key),
+            Some(n) => self.groups.get(&key[..n])?.get(&key[n..]).map(|(_, v)| v),
+        }
     }
 
     pub fn get_mut(&mut self, key: &[u8]) -> Option<&mut V> {
-        self.map.get_mut(key)
-    }
-
-    pub fn get_key_value(&self, key: &[u8]) -> Option<(&Bytes, &V)> {
-        self.map.get_key_value(key)
+        match (self.group_of)(key) {
+            None => self.singles.get_mut(key),
+            Some(n) => self.groups.get_mut(&key[..n])?.get_mut(&key[n..]).map(|(_, v)| v),
+        }
     }
 
     pub fn contains_key(&self, key: &[u8]) -> bool {
-        self.map.contains_key(key)
+        self.get(key).is_some()
     }
 
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.len
     }
 
     pub fn insert(&mut self, key: Bytes, value: V) -> Option<V> {
-        let old = self.map.insert(key.clone(), value);
-        if old.is_none() && (self.scannable)(&key) {
-            self.ordered.insert(key);
+        let old = match (self.group_of)(&key) {
+            None => self.singles.insert(key, value),
+            Some(n) => {
+                let member = key.slice(n..);
+                match self.groups.get_mut(&key[..n]) {
+                    Some(group) => group.insert(member, (key, value)).map(|(_, v)| v),
+                    None => {
+                        let prefix = key.slice(..n);
+                        self.groups.insert(prefix, BTreeMap::from([(member, (key, value))]));
+                        None
+                    }
+                }
+            }
+        };
+        if old.is_none() {
+            self.len += 1;
         }
         old
     }
 
     pub fn remove(&mut self, key: &[u8]) -> Option<V> {
-        let old = self.map.remove(key);
-        if old.is_some() && (self.scannable)(key) {
-            self.ordered.remove(key);
+        let old = match (self.group_of)(key) {
+            None => self.singles.remove(key),
+            Some(n) => {
+                let group = self.groups.get_mut(&key[..n])?;
+                let old = group.remove(&key[n..]).map(|(_, v)| v);
+                if group.is_empty() {
+                    self.groups.remove(&key[..n]);
+                }
+                old
+            }
+        };
+        if old.is_some() {
+            self.len -= 1;
         }
         old
     }
 
-    /// Entries whose key starts with `prefix`, in key order.
-    pub fn prefix<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = (&'a Bytes, &'a V)> + 'a {
-        debug_assert!(
-            (self.scannable)(prefix),
-            "scans are asked only for prefixes of scannable keys"
+    /// Entries of the group whose prefix is `group`, in key order.
+    pub fn group<'a>(&'a self, group: &[u8]) -> impl Iterator<Item = (&'a Bytes, &'a V)> + 'a {
+        debug_assert_eq!(
+            (self.group_of)(group),
+            Some(group.len()),
+            "scans are asked for whole group prefixes"
         );
-        self.ordered
-            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
-            .take_while(move |key| key.starts_with(prefix))
-            .map(|key| (key, &self.map[key]))
+        self.groups
+            .get(group)
+            .into_iter()
+            .flat_map(|members| members.values().map(|(key, value)| (key, value)))
+    }
+
+    /// Entries of the group whose prefix is `group`, in key order, for updating.
+    pub fn group_mut<'a>(&'a mut self, group: &[u8]) -> impl Iterator<Item = (&'a Bytes, &'a mut V)> + 'a {
+        self.groups
+            .get_mut(group)
+            .into_iter()
+            .flat_map(|members| members.values_mut().map(|(key, value)| (&*key, value)))
+    }
+
+    /// Whether any key of the group whose prefix is `group` is present.
+    pub fn has_group(&self, group: &[u8]) -> bool {
+        self.groups.contains_key(group)
     }
 
     /// Every entry, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (&Bytes, &V)> {
-        self.map.iter()
+        self.singles.iter().chain(
+            self.groups
+                .values()
+                .flat_map(|members| members.values().map(|(key, value)| (key, value))),
+        )
     }
 
     /// Empties the map, returning its entries in no particular order.
     pub fn take_all(&mut self) -> Vec<(Bytes, V)> {
-        self.ordered.clear();
-        self.map.drain().collect()
+        self.len = 0;
+        let mut all: Vec<(Bytes, V)> = self.singles.drain().collect();
+        for (_, members) in self.groups.drain() {
+            all.extend(members.into_values());
+        }
+        all
     }
 }
 
@@ -95,19 +148,29 @@ impl<V> ScanMap<V> {
 mod tests {
     use super::*;
 
+    /// Keys "g<digit>..." group by their first two bytes.
+    fn two_byte_groups(key: &[u8]) -> Option<usize> {
+        (key.first() == Some(&b'g') && key.len() >= 2).then_some(2)
+    }
+
     #[test]
-    fn scans_see_exactly_the_scannable_keys_present() {
-        let mut m = ScanMap::new(|k| k.first() == Some(&b'h'));
-        for key in ["h1a", "h1b", "h2a", "s1", "h1c"] {
+    fn groups_hold_exactly_their_keys_in_order() {
+        let mut m = ScanMap::new(two_byte_groups);
+        for key in ["g1b", "g1a", "g2a", "s1", "g1c"] {
             m.insert(Bytes::from(key), key.len());
         }
-        m.insert(Bytes::from("h1a"), 9);
-        m.remove(b"h1b");
-        m.remove(b"s1");
-        let scanned: Vec<_> = m.prefix(b"h1").map(|(k, v)| (k.clone(), *v)).collect();
-        assert_eq!(scanned, vec![(Bytes::from("h1a"), 9), (Bytes::from("h1c"), 3)]);
+        assert_eq!(m.insert(Bytes::from("g1a"), 9), Some(3));
+        assert_eq!(m.remove(b"g1b"), Some(3));
+        assert_eq!(m.remove(b"s1"), Some(2));
+        assert_eq!(m.remove(b"s1"), None);
+        let scanned: Vec<_> = m.group(b"g1").map(|(k, v)| (k.clone(), *v)).collect();
+        assert_eq!(scanned, vec![(Bytes::from("g1a"), 9), (Bytes::from("g1c"), 3)]);
+        assert_eq!(m.get(b"g2a"), Some(&3));
         assert_eq!(m.len(), 3);
-        assert_eq!(m.take_all().len(), 3);
-        assert_eq!(m.prefix(b"h").count(), 0);
+        assert_eq!(m.remove(b"g2a"), Some(3));
+        assert!(!m.has_group(b"g2"), "an emptied group goes");
+        assert_eq!(m.take_all().len(), 2);
+        assert_eq!(m.group(b"g1").count(), 0);
+        assert_eq!(m.len(), 0);
     }
 }

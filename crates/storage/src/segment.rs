@@ -142,6 +142,12 @@ pub fn segment_file_name(first_index: u64, last_index: u64) -> String {
 
 /// The bytes of a segment holding `batch`.
 pub fn encode_segment(batch: &ReducedBatch) -> Vec<u8> {
+    encode_segment_and_index(batch).0
+}
+
+/// The bytes of a segment holding `batch`, and the index they contain (its keys shared with the
+/// batch's, not copied).
+pub fn encode_segment_and_index(batch: &ReducedBatch) -> (Vec<u8>, SegmentIndex) {
     assert!(
         batch.first_index <= batch.last_index,
         "a batch covers at least one index"
@@ -196,7 +202,15 @@ pub fn encode_segment(batch: &ReducedBatch) -> Vec<u8> {
     }
 
     let index_offset = out.len();
+    let mut entries = Vec::with_capacity(batch.records.len());
     for (record, offset) in batch.records.iter().zip(offsets) {
+        entries.push(IndexEntry {
+            key: record.key.clone(),
+            version: record.version,
+            is_tombstone: record.value.is_none(),
+            record_offset: offset,
+            value_len: record.value.as_ref().map_or(0, Bytes::len) as u32,
+        });
         out.push(if record.value.is_some() {
             KIND_PUT
         } else {
@@ -215,7 +229,16 @@ pub fn encode_segment(batch: &ReducedBatch) -> Vec<u8> {
     out.extend_from_slice(&record_count.to_le_bytes());
     out.extend_from_slice(&index_crc.to_le_bytes());
     out.extend_from_slice(FOOTER_MAGIC);
-    out
+    let index = SegmentIndex {
+        header: SegmentHeader {
+            first_index: batch.first_index,
+            last_index: batch.last_index,
+            record_count,
+        },
+        entries,
+        file_bytes: out.len() as u64,
+    };
+    (out, index)
 }
 
 /// Decodes the first `HEADER_BYTES` of a segment.
@@ -436,10 +459,13 @@ pub(crate) fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> SegmentErr
 
 /// Writes `batch` as a segment in `dir` (see `write_segment_bytes`) and returns its path and index.
 pub fn write_segment(dir: &Path, batch: &ReducedBatch) -> Result<(PathBuf, SegmentIndex), SegmentError> {
-    let bytes = encode_segment(batch);
+    let (bytes, index) = encode_segment_and_index(batch);
+    debug_assert_eq!(
+        decode_segment_index(&bytes).expect("a segment just encoded decodes"),
+        index,
+        "a segment decodes to what was encoded"
+    );
     let path = write_segment_bytes(dir, batch.first_index, batch.last_index, &bytes)?;
-    // Decoding what was just encoded checks the encoder, and yields the index the caller needs.
-    let index = decode_segment_index(&bytes).expect("a segment just encoded decodes");
     Ok((path, index))
 }
 

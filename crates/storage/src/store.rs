@@ -11,7 +11,6 @@
 //! start-up opens exactly the segments it lists (deleting any other segment, which a replay of
 //! the raft log past the manifest rewrites).
 
-use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -24,10 +23,10 @@ use std::time::Instant;
 use bytes::Bytes;
 use foldhash::HashMap;
 
-use crate::cache::{CacheStats, ObjectCache};
+use crate::cache::{CacheSlots, CacheStats, Cached, ObjectCache};
 use crate::manifest::Manifest;
 use crate::reduce::{ReducedBatch, Reducer};
-use crate::scan_map::{every_key, ScanMap, Scannable};
+use crate::scan_map::{no_groups, GroupOf, ScanMap};
 use crate::segment::{
     decode_record, in_file, io_error, read_segment, read_segment_index, record_len, segment_file_name, sync_dir,
     verify_segment, write_segment, write_segment_bytes, IndexEntry, Record, SegmentError, SegmentIndex,
@@ -43,8 +42,8 @@ pub struct StoreOptions {
     pub batch_bytes: u64,
     /// Cut batches waiting for the writer before a cut waits for it (bounds memory).
     pub max_unwritten_batches: usize,
-    /// Keys prefix scans must find; the others cost no ordered index.
-    pub scannable: Scannable,
+    /// Which keys form groups that are kept together and scanned together (see `ScanMap`).
+    pub group_of: GroupOf,
     /// The cleaner merges the segments once this share of their bytes is dead (overwritten or
     /// deleted records, tombstones) and there are at least `cleaner_min_segments` of them.
     pub min_cleanable_dirty_ratio: f64,
@@ -61,7 +60,7 @@ impl StoreOptions {
             batch_writes: 1_000,
             batch_bytes: 4 << 20,
             max_unwritten_batches: 8,
-            scannable: every_key,
+            group_of: no_groups,
             min_cleanable_dirty_ratio: 0.5,
             cleaner_min_segments: 4,
             cleaner_read_bytes_per_sec: 64 << 20,
@@ -77,14 +76,21 @@ pub enum StoreError {
     Inconsistent(String),
 }
 
-/// Where a live key's latest record is.
-#[derive(Debug, Clone, Copy)]
+/// Where a live key's latest record is, and its value when cached.
+#[derive(Debug, Clone)]
 struct Location {
     /// First log index of the segment, which names it.
     segment: u64,
     record_offset: u64,
     value_len: u32,
     version: u64,
+    cached: Option<Cached>,
+}
+
+impl CacheSlots for ScanMap<Location> {
+    fn slot(&mut self, key: &[u8]) -> Option<&mut Option<Cached>> {
+        self.get_mut(key).map(|location| &mut location.cached)
+    }
 }
 
 struct SegmentFile {
@@ -155,8 +161,8 @@ pub struct Store {
     unwritten: VecDeque<Arc<ReducedBatch>>,
     index: ScanMap<Location>,
     segments: BTreeMap<u64, SegmentFile>,
-    open_segments: RefCell<HashMap<u64, File>>,
-    cache: RefCell<ObjectCache>,
+    open_segments: HashMap<u64, File>,
+    cache: ObjectCache,
     to_writer: Option<mpsc::Sender<Arc<ReducedBatch>>>,
     from_writer: mpsc::Receiver<Written>,
     writer: Option<std::thread::JoinHandle<()>>,
@@ -269,13 +275,13 @@ impl Store {
                 .expect("spawn segment cleaner")
         };
         Store {
-            cache: RefCell::new(ObjectCache::new(options.cache_bytes)),
-            building: Reducer::after(applied_index, options.scannable),
+            cache: ObjectCache::new(options.cache_bytes),
+            building: Reducer::after(applied_index, options.group_of),
             unwritten: VecDeque::new(),
-            index: ScanMap::new(options.scannable),
+            index: ScanMap::new(options.group_of),
             options,
             segments: BTreeMap::new(),
-            open_segments: RefCell::new(HashMap::default()),
+            open_segments: HashMap::default(),
             to_writer: Some(to_writer),
             from_writer,
             writer: Some(writer),
@@ -306,7 +312,6 @@ impl Store {
         }
         self.absorb_written();
         self.absorb_cleaned();
-        self.maybe_clean();
     }
 
     /// Hands the building batch to the writer, waiting for it when too many are unwritten.
@@ -349,64 +354,61 @@ impl Store {
     }
 
     /// The latest value of `key`, or `None` when it has none.
-    pub fn get(&self, key: &[u8]) -> Result<Option<Bytes>, StoreError> {
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Bytes>, StoreError> {
         if let Some(value) = self.get_unwritten(key) {
             return Ok(value);
         }
-        match self.index.get_key_value(key) {
-            Some((key, location)) => self.durable_value(key, location).map(Some),
-            None => Ok(None),
-        }
+        self.durable_value(key)
     }
 
     /// A durable record's value: from the cache, else read from its segment and cached.
-    fn durable_value(&self, key: &Bytes, location: &Location) -> Result<Bytes, StoreError> {
-        if let Some(value) = self.cache.borrow_mut().get(key) {
-            return Ok(value);
+    fn durable_value(&mut self, key: &[u8]) -> Result<Option<Bytes>, StoreError> {
+        let Some(location) = self.index.get_mut(key) else {
+            return Ok(None);
+        };
+        if let Some(value) = self.cache.get(&mut location.cached) {
+            return Ok(Some(value));
         }
-        let value = self.read_value(key, location)?;
-        self.cache.borrow_mut().insert(key.clone(), value.clone());
-        Ok(value)
+        let segment = &self.segments[&location.segment];
+        let value = read_value(&mut self.open_segments, segment, location.segment, key, location)?;
+        self.cache
+            .admit(&Bytes::copy_from_slice(key), &mut location.cached, value.clone());
+        self.cache.evict(&mut self.index);
+        Ok(Some(value))
     }
 
-    /// Live keys starting with `prefix` and their values, in key order.
-    pub fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>, StoreError> {
-        let durable = self.index.prefix(prefix);
-        let in_memory = self.building.prefix(prefix).next().is_some()
-            || self.unwritten.iter().any(|batch| batch.prefix(prefix).next().is_some());
-        if !in_memory {
-            return durable
-                .map(|(key, location)| Ok((key.clone(), self.durable_value(key, location)?)))
-                .collect();
+    /// Live keys of the group whose prefix is `group` (see `StoreOptions::group_of`) and their
+    /// values, in key order.
+    pub fn scan_group(&mut self, group: &[u8]) -> Result<Vec<(Bytes, Bytes)>, StoreError> {
+        let mut durable: Vec<(Bytes, Option<Bytes>)> = Vec::new();
+        for (key, location) in self.index.group_mut(group) {
+            durable.push((key.clone(), self.cache.get(&mut location.cached)));
         }
-        enum Latest<'a> {
-            Durable(&'a Location),
-            InMemory(Option<Bytes>),
+        for (key, value) in durable.iter_mut().filter(|(_, value)| value.is_none()) {
+            *value = self.durable_value(key)?;
+        }
+        let durable = durable
+            .into_iter()
+            .map(|(key, value)| (key, value.expect("an indexed key has a value")));
+        let in_memory =
+            self.building.has_group(group) || self.unwritten.iter().any(|batch| batch.prefix(group).next().is_some());
+        if !in_memory {
+            return Ok(durable.collect());
         }
         // Oldest layer first, so a newer layer's write of a key replaces an older one.
-        let mut merged: BTreeMap<Bytes, Latest> = durable
-            .map(|(key, location)| (key.clone(), Latest::Durable(location)))
-            .collect();
+        let mut merged: BTreeMap<Bytes, Option<Bytes>> = durable.map(|(key, value)| (key, Some(value))).collect();
         for batch in &self.unwritten {
-            for record in batch.prefix(prefix) {
-                merged.insert(record.key.clone(), Latest::InMemory(record.value.clone()));
+            for record in batch.prefix(group) {
+                merged.insert(record.key.clone(), record.value.clone());
             }
         }
-        for (key, value) in self.building.prefix(prefix) {
-            merged.insert(key.clone(), Latest::InMemory(value.cloned()));
+        for (key, value) in self.building.group(group) {
+            merged.insert(key.clone(), value.cloned());
         }
-        let mut live = Vec::with_capacity(merged.len());
-        for (key, latest) in merged {
-            match latest {
-                Latest::Durable(location) => {
-                    let value = self.durable_value(&key, location)?;
-                    live.push((key, value));
-                }
-                Latest::InMemory(Some(value)) => live.push((key, value)),
-                Latest::InMemory(None) => {}
-            }
-        }
-        Ok(live)
+        Ok(merged
+            .into_iter()
+            .filter_map(|(key, value)| Some((key, value?)))
+            .collect())
     }
 
     /// Whether `key` has a value, without reading it.
@@ -417,16 +419,16 @@ impl Store {
         }
     }
 
-    /// Live keys starting with `prefix`, in key order.
-    pub fn keys_with_prefix(&self, prefix: &[u8]) -> Vec<Bytes> {
+    /// Live keys of the group whose prefix is `group`, in key order.
+    pub fn group_keys(&self, group: &[u8]) -> Vec<Bytes> {
         // Oldest layer first, so a newer layer's write of a key replaces an older one.
-        let mut merged: BTreeMap<Bytes, bool> = self.index.prefix(prefix).map(|(key, _)| (key.clone(), true)).collect();
+        let mut merged: BTreeMap<Bytes, bool> = self.index.group(group).map(|(key, _)| (key.clone(), true)).collect();
         for batch in &self.unwritten {
-            for record in batch.prefix(prefix) {
+            for record in batch.prefix(group) {
                 merged.insert(record.key.clone(), record.value.is_some());
             }
         }
-        for (key, value) in self.building.prefix(prefix) {
+        for (key, value) in self.building.group(group) {
             merged.insert(key.clone(), value.is_some());
         }
         merged
@@ -453,7 +455,7 @@ impl Store {
             segments: self.segments.len(),
             live_keys: self.index.len(),
             unwritten_batches: self.unwritten.len(),
-            cache: self.cache.borrow().stats(),
+            cache: self.cache.stats(),
             ..self.stats
         }
     }
@@ -518,32 +520,6 @@ impl Store {
             .find_map(|batch| batch.get(key).map(|record| record.value.clone()))
     }
 
-    fn read_value(&self, key: &[u8], location: &Location) -> Result<Bytes, StoreError> {
-        let segment = &self.segments[&location.segment];
-        let mut open = self.open_segments.borrow_mut();
-        if !open.contains_key(&location.segment) {
-            if open.len() >= MAX_OPEN_SEGMENTS {
-                let any = *open.keys().next().expect("full");
-                open.remove(&any);
-            }
-            let file = File::open(&segment.path).map_err(io_error(&segment.path))?;
-            open.insert(location.segment, file);
-        }
-        let file = &open[&location.segment];
-        let entry = IndexEntry {
-            key: Bytes::copy_from_slice(key),
-            version: location.version,
-            is_tombstone: false,
-            record_offset: location.record_offset,
-            value_len: location.value_len,
-        };
-        let mut buf = vec![0; entry.record_len()];
-        file.read_exact_at(&mut buf, location.record_offset)
-            .map_err(io_error(&segment.path))?;
-        let record = decode_record(&buf, &entry).map_err(in_file(&segment.path))?;
-        Ok(record.value.expect("a live location is a put"))
-    }
-
     fn absorb_written(&mut self) {
         while let Ok(written) = self.from_writer.try_recv() {
             self.absorb(written);
@@ -566,6 +542,7 @@ impl Store {
         if let Err(e) = self.adopt(written.first_index, written.path, written.index, Some(&batch)) {
             panic!("a segment just written cannot be opened: {e}");
         }
+        self.maybe_clean();
     }
 
     /// Makes a durable segment part of the index. `batch` is its content when still in memory,
@@ -586,36 +563,51 @@ impl Store {
         }
         let mut live_records = 0;
         let mut live_bytes = 0;
-        let mut cache = self.cache.borrow_mut();
         for (i, entry) in index.entries.iter().enumerate() {
             let replaced = if entry.is_tombstone {
-                cache.remove(&entry.key);
-                self.index.remove(&entry.key)
+                self.index.remove(&entry.key).map(|mut old| {
+                    self.cache.forget(&entry.key, &mut old.cached);
+                    (old.segment, old.value_len, old.version)
+                })
             } else {
                 live_records += 1;
                 live_bytes += entry.record_len() as u64;
-                if let Some(value) = batch.and_then(|b| b.records[i].value.clone()) {
-                    cache.insert(entry.key.clone(), value);
+                let location = Location {
+                    segment: first_index,
+                    record_offset: entry.record_offset,
+                    value_len: entry.value_len,
+                    version: entry.version,
+                    cached: None,
+                };
+                let replaced = match self.index.get_mut(&entry.key) {
+                    Some(current) => {
+                        let old = (current.segment, current.value_len, current.version);
+                        let cached = current.cached.take();
+                        *current = Location { cached, ..location };
+                        Some(old)
+                    }
+                    None => {
+                        self.index.insert(entry.key.clone(), location);
+                        None
+                    }
+                };
+                // A value still in memory warms the cache; without one, a cached value is stale.
+                let slot = &mut self.index.get_mut(&entry.key).expect("just indexed").cached;
+                match batch.and_then(|b| b.records[i].value.clone()) {
+                    Some(value) => self.cache.admit(&entry.key, slot, value),
+                    None => self.cache.forget(&entry.key, slot),
                 }
-                self.index.insert(
-                    entry.key.clone(),
-                    Location {
-                        segment: first_index,
-                        record_offset: entry.record_offset,
-                        value_len: entry.value_len,
-                        version: entry.version,
-                    },
-                )
+                replaced
             };
-            if let Some(old) = replaced {
-                assert!(old.version < entry.version, "a key's versions only grow");
-                if let Some(segment) = self.segments.get_mut(&old.segment) {
+            if let Some((old_segment, old_value_len, old_version)) = replaced {
+                assert!(old_version < entry.version, "a key's versions only grow");
+                if let Some(segment) = self.segments.get_mut(&old_segment) {
                     segment.live_records -= 1;
-                    segment.live_bytes -= record_len(entry.key.len(), old.value_len) as u64;
+                    segment.live_bytes -= record_len(entry.key.len(), old_value_len) as u64;
                 }
             }
         }
-        drop(cache);
+        self.cache.evict(&mut self.index);
         self.segments.insert(
             first_index,
             SegmentFile {
@@ -682,12 +674,8 @@ impl Store {
         for entry in &written.index.entries {
             if let Some(location) = self.index.get_mut(&entry.key) {
                 if replaces.contains(&location.segment) && location.version == entry.version {
-                    *location = Location {
-                        segment: first_index,
-                        record_offset: entry.record_offset,
-                        value_len: entry.value_len,
-                        version: entry.version,
-                    };
+                    location.segment = first_index;
+                    location.record_offset = entry.record_offset;
                     live_records += 1;
                     live_bytes += entry.record_len() as u64;
                 }
@@ -697,13 +685,11 @@ impl Store {
             live_records, live_before,
             "a merge keeps every live record of the segments it replaces"
         );
-        let mut open = self.open_segments.borrow_mut();
         for first in &replaces {
             let replaced = self.segments.remove(first).expect("merged segments are the store's");
-            open.remove(first);
+            self.open_segments.remove(first);
             self.retired.push((*first, replaced.last_index));
         }
-        drop(open);
         self.stats.merges += 1;
         self.stats.merged_bytes += written.index.file_bytes;
         let last_index = written.index.header.last_index;
@@ -724,6 +710,7 @@ impl Store {
         durable.segments.insert(first_index, last_index);
         drop(durable);
         self.cleaning = false;
+        self.maybe_clean();
     }
 
     /// A manifest is now the durable description of the state: segments a merge replaced that it
@@ -740,6 +727,37 @@ impl Store {
         self.retired = keep;
         Ok(())
     }
+}
+
+/// Reads and verifies the record `location` names, opening its segment file if needed.
+fn read_value(
+    open_segments: &mut HashMap<u64, File>,
+    segment: &SegmentFile,
+    segment_first: u64,
+    key: &[u8],
+    location: &Location,
+) -> Result<Bytes, StoreError> {
+    if !open_segments.contains_key(&segment_first) {
+        if open_segments.len() >= MAX_OPEN_SEGMENTS {
+            let any = *open_segments.keys().next().expect("full");
+            open_segments.remove(&any);
+        }
+        let file = File::open(&segment.path).map_err(io_error(&segment.path))?;
+        open_segments.insert(segment_first, file);
+    }
+    let entry = IndexEntry {
+        key: Bytes::copy_from_slice(key),
+        version: location.version,
+        is_tombstone: false,
+        record_offset: location.record_offset,
+        value_len: location.value_len,
+    };
+    let mut buf = vec![0; entry.record_len()];
+    open_segments[&segment_first]
+        .read_exact_at(&mut buf, location.record_offset)
+        .map_err(io_error(&segment.path))?;
+    let record = decode_record(&buf, &entry).map_err(in_file(&segment.path))?;
+    Ok(record.value.expect("a live location is a put"))
 }
 
 impl Drop for Store {
@@ -917,7 +935,12 @@ mod tests {
         model
     }
 
-    fn assert_matches(store: &Store, model: &HashMap<Bytes, Bytes>, keys: u64, context: &str) {
+    /// Test keys "kNNN" group by their first digit.
+    fn by_first_digit(key: &[u8]) -> Option<usize> {
+        (key.first() == Some(&b'k') && key.len() >= 2).then_some(2)
+    }
+
+    fn assert_matches(store: &mut Store, model: &HashMap<Bytes, Bytes>, keys: u64, context: &str) {
         for k in 0..keys {
             let key = Bytes::from(format!("k{k:03}"));
             assert_eq!(
@@ -927,11 +950,26 @@ mod tests {
             );
             assert_eq!(store.contains(&key), model.contains_key(&key), "{context}: {key:?}");
         }
-        let mut live: Vec<_> = model.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        live.sort();
-        assert_eq!(store.scan_prefix(b"k").unwrap(), live, "{context}: prefix scan");
-        let keys: Vec<_> = live.into_iter().map(|(k, _)| k).collect();
-        assert_eq!(store.keys_with_prefix(b"k"), keys, "{context}: prefix scan of keys");
+        for digit in 0..10 {
+            let group = format!("k{digit}");
+            let mut live: Vec<_> = model
+                .iter()
+                .filter(|(k, _)| k.starts_with(group.as_bytes()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            live.sort();
+            let keys: Vec<_> = live.iter().map(|(k, _)| k.clone()).collect();
+            assert_eq!(
+                store.scan_group(group.as_bytes()).unwrap(),
+                live,
+                "{context}: group {group}"
+            );
+            assert_eq!(
+                store.group_keys(group.as_bytes()),
+                keys,
+                "{context}: keys of group {group}"
+            );
+        }
     }
 
     fn options(dir: &Path, rng: &mut Rng) -> StoreOptions {
@@ -942,6 +980,7 @@ mod tests {
             max_unwritten_batches: 1 + rng.below(3) as usize,
             min_cleanable_dirty_ratio: [0.1, 0.3, 0.5, 2.0][rng.below(4) as usize],
             cleaner_min_segments: 2 + rng.below(4) as usize,
+            group_of: by_first_digit,
             ..StoreOptions::new(dir)
         }
     }
@@ -996,7 +1035,7 @@ mod tests {
                         tear_unlisted(dir.path(), &manifest, &mut rng);
                         store = Store::open(options(dir.path(), &mut rng), Some(&manifest)).unwrap();
                         let context = format!("seed {seed} step {step}: reopened at {}", manifest.applied_index);
-                        assert_matches(&store, &model_at(&log, manifest.applied_index), KEYS, &context);
+                        assert_matches(&mut store, &model_at(&log, manifest.applied_index), KEYS, &context);
                         for i in manifest.applied_index + 1..=index {
                             apply(&mut store, i, &log[i as usize - 1]);
                         }
@@ -1005,11 +1044,11 @@ mod tests {
                 }
                 if step % 50 == 0 {
                     let context = format!("seed {seed} step {step}");
-                    assert_matches(&store, &model_at(&log, index), KEYS, &context);
+                    assert_matches(&mut store, &model_at(&log, index), KEYS, &context);
                 }
             }
             assert_matches(
-                &store,
+                &mut store,
                 &model_at(&log, log.len() as u64),
                 KEYS,
                 &format!("seed {seed} end"),
@@ -1067,16 +1106,16 @@ mod tests {
             store.dirty_ratio(),
             store.segments.len()
         );
-        let check = |store: &Store| {
+        let check = |store: &mut Store| {
             for k in 0..50u64 {
                 let expected = (k % 10 != 0).then(|| Bytes::from(format!("39-{k}")));
                 assert_eq!(store.get(format!("k{k:03}").as_bytes()).unwrap(), expected, "k{k}");
             }
         };
-        check(&store);
+        check(&mut store);
         drop(store);
-        let store = Store::open(options, Some(&manifest_after)).unwrap();
-        check(&store);
+        let mut store = Store::open(options, Some(&manifest_after)).unwrap();
+        check(&mut store);
     }
 
     #[test]
@@ -1097,12 +1136,12 @@ mod tests {
         let mut follower = Store::open(options(follower_dir.path(), &mut rng), None).unwrap();
         apply(&mut follower, 1, &log[0]);
         assert_eq!(follower.install(&exported).unwrap(), manifest);
-        assert_matches(&follower, &model_at(&log, 300), 50, "installed");
+        assert_matches(&mut follower, &model_at(&log, 300), 50, "installed");
         log.push(random_entry(&mut rng, 50));
         apply(&mut follower, 301, &log[300]);
         drop(follower);
-        let follower = Store::open(options(follower_dir.path(), &mut rng), Some(&manifest)).unwrap();
-        assert_matches(&follower, &model_at(&log, 300), 50, "reopened");
+        let mut follower = Store::open(options(follower_dir.path(), &mut rng), Some(&manifest)).unwrap();
+        assert_matches(&mut follower, &model_at(&log, 300), 50, "reopened");
 
         let mut damaged = exported.clone();
         let at = damaged.len() / 2;
