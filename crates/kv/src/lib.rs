@@ -4,6 +4,7 @@
 pub mod command;
 pub mod server;
 pub mod state;
+mod storage_metrics;
 pub mod unicache;
 
 pub use server::{serve, FrontEndOptions, KvNode};

@@ -18,6 +18,7 @@
 use std::borrow::Cow;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::ops::Range;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -356,9 +357,9 @@ pub fn decode_index(
     Ok(entries)
 }
 
-/// Decodes the record that starts `buf` (read from `record_offset`) and checks it against its
-/// index entry.
-pub fn decode_record(buf: &[u8], entry: &IndexEntry) -> Result<Record, SegmentError> {
+/// Checks the record that starts `buf` (read from `record_offset`) against its index entry and
+/// returns where in `buf` its key and (for a put) its value are.
+fn check_record(buf: &[u8], entry: &IndexEntry) -> Result<(Range<usize>, Option<Range<usize>>), SegmentError> {
     let base = entry.record_offset as usize;
     let mut f = Fields::new(buf, base);
     let crc = f.u32("record")?;
@@ -373,8 +374,10 @@ pub fn decode_record(buf: &[u8], entry: &IndexEntry) -> Result<Record, SegmentEr
     let version = f.u64("record")?;
     let key_len = f.u32("record")? as usize;
     let value_len = f.u32("record")?;
+    let key_start = f.pos;
     let key = f.take(key_len, "record key")?;
-    let value = f.take(value_len as usize, "record value")?;
+    let value_start = f.pos;
+    f.take(value_len as usize, "record value")?;
     let is_tombstone = match kind {
         KIND_PUT => false,
         KIND_TOMBSTONE => true,
@@ -387,10 +390,18 @@ pub fn decode_record(buf: &[u8], entry: &IndexEntry) -> Result<Record, SegmentEr
     {
         return Err(corrupt(base, "record does not match its index entry"));
     }
+    let value = (!is_tombstone).then(|| value_start..value_start + value_len as usize);
+    Ok((key_start..key_start + key_len, value))
+}
+
+/// Decodes the record that starts `buf` (read from `record_offset`) and checks it against its
+/// index entry.
+pub fn decode_record(buf: &[u8], entry: &IndexEntry) -> Result<Record, SegmentError> {
+    let (_, value) = check_record(buf, entry)?;
     Ok(Record {
         key: entry.key.clone(),
-        value: (!is_tombstone).then(|| Bytes::copy_from_slice(value)),
-        version,
+        value: value.map(|range| Bytes::copy_from_slice(&buf[range])),
+        version: entry.version,
     })
 }
 
@@ -520,10 +531,25 @@ pub fn read_segment_index(path: &Path) -> Result<SegmentIndex, SegmentError> {
     .map_err(in_file(path))
 }
 
-/// Reads and verifies a whole segment file.
+/// Reads and verifies a whole segment file. Keys and values share the one buffer read.
 pub fn read_segment(path: &Path) -> Result<(SegmentHeader, Vec<Record>), SegmentError> {
-    let bytes = std::fs::read(path).map_err(io_error(path))?;
-    decode_segment(&bytes).map_err(in_file(path))
+    let bytes = Bytes::from(std::fs::read(path).map_err(io_error(path))?);
+    let decode = || {
+        let index = decode_segment_index(&bytes)?;
+        let mut records = Vec::with_capacity(index.entries.len());
+        for entry in &index.entries {
+            let start = entry.record_offset as usize;
+            let (key, value) = check_record(&bytes[start..], entry)?;
+            let record_bytes = bytes.slice(start..);
+            records.push(Record {
+                key: record_bytes.slice(key),
+                value: value.map(|range| record_bytes.slice(range)),
+                version: entry.version,
+            });
+        }
+        Ok((index.header, records))
+    };
+    decode().map_err(in_file(path))
 }
 
 #[cfg(test)]

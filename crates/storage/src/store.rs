@@ -79,7 +79,7 @@ pub enum StoreError {
 /// Where a live key's latest record is, and its value when cached.
 #[derive(Debug, Clone)]
 struct Location {
-    /// First log index of the segment, which names it.
+    /// Id of the segment in `Store::segments`.
     segment: u64,
     record_offset: u64,
     value_len: u32,
@@ -94,6 +94,7 @@ impl CacheSlots for ScanMap<Location> {
 }
 
 struct SegmentFile {
+    first_index: u64,
     last_index: u64,
     path: PathBuf,
     file_bytes: u64,
@@ -104,6 +105,18 @@ struct SegmentFile {
 
 /// Segment files kept open for value reads; more are opened (and one closed) on demand.
 const MAX_OPEN_SEGMENTS: usize = 64;
+
+/// Index entries a merge repoints per applied entry: the merge's adoption is spread over many
+/// entries rather than pausing the raft loop for all of it at once.
+const MERGE_ADOPTION_STEP: usize = 1_024;
+
+/// A finished merge whose records are being pointed at, a slice at a time.
+struct MergeAdoption {
+    merged_id: u64,
+    replaced_ids: Vec<u64>,
+    entries: Vec<IndexEntry>,
+    next: usize,
+}
 
 /// A segment the writer made durable.
 struct Written {
@@ -160,7 +173,12 @@ pub struct Store {
     /// Cut batches not yet known durable, oldest first.
     unwritten: VecDeque<Arc<ReducedBatch>>,
     index: ScanMap<Location>,
+    /// By id, which grows with each segment adopted.
     segments: BTreeMap<u64, SegmentFile>,
+    next_segment_id: u64,
+    /// Last log index of the newest segment adopted from the writer.
+    newest_last_index: u64,
+    merge_adoption: Option<MergeAdoption>,
     open_segments: HashMap<u64, File>,
     cache: ObjectCache,
     to_writer: Option<mpsc::Sender<Arc<ReducedBatch>>>,
@@ -281,6 +299,9 @@ impl Store {
             index: ScanMap::new(options.group_of),
             options,
             segments: BTreeMap::new(),
+            next_segment_id: 1,
+            newest_last_index: 0,
+            merge_adoption: None,
             open_segments: HashMap::default(),
             to_writer: Some(to_writer),
             from_writer,
@@ -554,13 +575,14 @@ impl Store {
         index: SegmentIndex,
         batch: Option<&ReducedBatch>,
     ) -> Result<(), StoreError> {
-        if let Some((_, newest)) = self.segments.last_key_value() {
-            assert!(
-                first_index > newest.last_index,
-                "segments are adopted in log order: [{first_index}, ..] after one ending at {}",
-                newest.last_index
-            );
-        }
+        assert!(
+            first_index > self.newest_last_index,
+            "segments are adopted in log order: [{first_index}, ..] after one ending at {}",
+            self.newest_last_index
+        );
+        self.newest_last_index = index.header.last_index;
+        let id = self.next_segment_id;
+        self.next_segment_id += 1;
         let mut live_records = 0;
         let mut live_bytes = 0;
         for (i, entry) in index.entries.iter().enumerate() {
@@ -573,7 +595,7 @@ impl Store {
                 live_records += 1;
                 live_bytes += entry.record_len() as u64;
                 let location = Location {
-                    segment: first_index,
+                    segment: id,
                     record_offset: entry.record_offset,
                     value_len: entry.value_len,
                     version: entry.version,
@@ -609,8 +631,9 @@ impl Store {
         }
         self.cache.evict(&mut self.index);
         self.segments.insert(
-            first_index,
+            id,
             SegmentFile {
+                first_index,
                 last_index: index.header.last_index,
                 path,
                 file_bytes: index.file_bytes,
@@ -648,7 +671,8 @@ impl Store {
         {
             return;
         }
-        let job = self.segments.iter().map(|(first, s)| (*first, s.last_index)).collect();
+        let mut job: Vec<(u64, u64)> = self.segments.values().map(|s| (s.first_index, s.last_index)).collect();
+        job.sort_unstable();
         self.cleaning = true;
         self.to_cleaner
             .as_ref()
@@ -658,56 +682,93 @@ impl Store {
     }
 
     fn absorb_cleaned(&mut self) {
-        while let Ok(merged) = self.from_cleaner.try_recv() {
-            self.adopt_merged(merged);
-        }
-    }
-
-    /// Points every key whose latest record the merge copied at the merged segment, which takes
-    /// the replaced segments' place.
-    fn adopt_merged(&mut self, merged: Merged) {
-        let Merged { replaces, written } = merged;
-        let first_index = written.first_index;
-        let live_before: u64 = replaces.iter().map(|f| self.segments[f].live_records).sum();
-        let mut live_records = 0;
-        let mut live_bytes = 0;
-        for entry in &written.index.entries {
-            if let Some(location) = self.index.get_mut(&entry.key) {
-                if replaces.contains(&location.segment) && location.version == entry.version {
-                    location.segment = first_index;
-                    location.record_offset = entry.record_offset;
-                    live_records += 1;
-                    live_bytes += entry.record_len() as u64;
-                }
+        if self.merge_adoption.is_none() {
+            if let Ok(merged) = self.from_cleaner.try_recv() {
+                self.start_merge_adoption(merged);
             }
         }
-        assert_eq!(
-            live_records, live_before,
-            "a merge keeps every live record of the segments it replaces"
-        );
-        for first in &replaces {
-            let replaced = self.segments.remove(first).expect("merged segments are the store's");
-            self.open_segments.remove(first);
-            self.retired.push((*first, replaced.last_index));
-        }
-        self.stats.merges += 1;
-        self.stats.merged_bytes += written.index.file_bytes;
-        let last_index = written.index.header.last_index;
+        self.continue_merge_adoption(MERGE_ADOPTION_STEP);
+    }
+
+    /// Adds the merged segment beside the ones it replaces; `continue_merge_adoption` then points
+    /// every key whose latest record the merge copied at it, and the replaced segments go.
+    fn start_merge_adoption(&mut self, merged: Merged) {
+        let Merged { replaces, written } = merged;
+        let replaced_ids: Vec<u64> = self
+            .segments
+            .iter()
+            .filter(|(_, s)| replaces.contains(&s.first_index))
+            .map(|(id, _)| *id)
+            .collect();
+        assert_eq!(replaced_ids.len(), replaces.len(), "merged segments are the store's");
+        let merged_id = self.next_segment_id;
+        self.next_segment_id += 1;
         self.segments.insert(
-            first_index,
+            merged_id,
             SegmentFile {
-                last_index,
+                first_index: written.first_index,
+                last_index: written.index.header.last_index,
                 path: written.path,
                 file_bytes: written.index.file_bytes,
-                live_records,
-                live_bytes,
+                live_records: 0,
+                live_bytes: 0,
             },
         );
-        let mut durable = self.shared.durable.lock().expect("not poisoned");
-        for first in &replaces {
-            durable.segments.remove(first);
+        self.stats.merges += 1;
+        self.stats.merged_bytes += written.index.file_bytes;
+        self.merge_adoption = Some(MergeAdoption {
+            merged_id,
+            replaced_ids,
+            entries: written.index.entries,
+            next: 0,
+        });
+    }
+
+    /// Repoints up to `step` index entries of the merge being adopted; the last slice retires the
+    /// replaced segments.
+    fn continue_merge_adoption(&mut self, step: usize) {
+        let Some(adoption) = &mut self.merge_adoption else {
+            return;
+        };
+        let end = (adoption.next + step).min(adoption.entries.len());
+        for entry in &adoption.entries[adoption.next..end] {
+            let Some(location) = self.index.get_mut(&entry.key) else {
+                continue;
+            };
+            if !adoption.replaced_ids.contains(&location.segment) || location.version != entry.version {
+                continue;
+            }
+            let bytes = entry.record_len() as u64;
+            let replaced = self
+                .segments
+                .get_mut(&location.segment)
+                .expect("replaced segments stay until adopted");
+            replaced.live_records -= 1;
+            replaced.live_bytes -= bytes;
+            location.segment = adoption.merged_id;
+            location.record_offset = entry.record_offset;
+            let merged = self.segments.get_mut(&adoption.merged_id).expect("merged segment");
+            merged.live_records += 1;
+            merged.live_bytes += bytes;
         }
-        durable.segments.insert(first_index, last_index);
+        adoption.next = end;
+        if end < adoption.entries.len() {
+            return;
+        }
+        let adoption = self.merge_adoption.take().expect("present");
+        let mut durable = self.shared.durable.lock().expect("not poisoned");
+        for id in &adoption.replaced_ids {
+            let replaced = self.segments.remove(id).expect("replaced segments stay until adopted");
+            assert_eq!(
+                replaced.live_records, 0,
+                "a merge keeps every live record of the segments it replaces"
+            );
+            self.open_segments.remove(id);
+            durable.segments.remove(&replaced.first_index);
+            self.retired.push((replaced.first_index, replaced.last_index));
+        }
+        let merged = &self.segments[&adoption.merged_id];
+        durable.segments.insert(merged.first_index, merged.last_index);
         drop(durable);
         self.cleaning = false;
         self.maybe_clean();
@@ -733,17 +794,17 @@ impl Store {
 fn read_value(
     open_segments: &mut HashMap<u64, File>,
     segment: &SegmentFile,
-    segment_first: u64,
+    segment_id: u64,
     key: &[u8],
     location: &Location,
 ) -> Result<Bytes, StoreError> {
-    if !open_segments.contains_key(&segment_first) {
+    if !open_segments.contains_key(&segment_id) {
         if open_segments.len() >= MAX_OPEN_SEGMENTS {
             let any = *open_segments.keys().next().expect("full");
             open_segments.remove(&any);
         }
         let file = File::open(&segment.path).map_err(io_error(&segment.path))?;
-        open_segments.insert(segment_first, file);
+        open_segments.insert(segment_id, file);
     }
     let entry = IndexEntry {
         key: Bytes::copy_from_slice(key),
@@ -753,7 +814,7 @@ fn read_value(
         value_len: location.value_len,
     };
     let mut buf = vec![0; entry.record_len()];
-    open_segments[&segment_first]
+    open_segments[&segment_id]
         .read_exact_at(&mut buf, location.record_offset)
         .map_err(io_error(&segment.path))?;
     let record = decode_record(&buf, &entry).map_err(in_file(&segment.path))?;
@@ -823,6 +884,47 @@ fn write_until_done(dir: &Path, batch: &ReducedBatch, shared: &Shared) -> Option
     }
 }
 
+/// Merges runs of records, each sorted by key and given oldest first, into one sorted run holding
+/// the newest record of each key (tombstones included).
+fn merge_newest(runs: Vec<Vec<Record>>) -> Vec<Record> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let total = runs.iter().map(Vec::len).sum();
+    let mut runs: Vec<std::vec::IntoIter<Record>> = runs.into_iter().map(Vec::into_iter).collect();
+    // Smallest key first; among equal keys the newest run (highest number) first.
+    let mut heads: BinaryHeap<(Reverse<Bytes>, usize)> = BinaryHeap::with_capacity(runs.len());
+    let mut pending: Vec<Option<Record>> = Vec::with_capacity(runs.len());
+    for (run, records) in runs.iter_mut().enumerate() {
+        let head = records.next();
+        if let Some(record) = &head {
+            heads.push((Reverse(record.key.clone()), run));
+        }
+        pending.push(head);
+    }
+    let mut merged: Vec<Record> = Vec::with_capacity(total);
+    while let Some((_, run)) = heads.pop() {
+        let record = pending[run].take().expect("a queued run has a head");
+        if let Some(next) = runs[run].next() {
+            heads.push((Reverse(next.key.clone()), run));
+            pending[run] = Some(next);
+        }
+        if merged.last().is_some_and(|newest| newest.key == record.key) {
+            continue;
+        }
+        merged.push(record);
+    }
+    merged
+}
+
+/// The cleaner competes with the foreground for the same cores: it runs at the lowest priority.
+fn lower_thread_priority() {
+    // SAFETY: plain system calls on this thread's own id.
+    let result = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+    if result != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "cannot lower the cleaner's priority");
+    }
+}
+
 /// The cleaner thread: merges each job's segments (consecutive, from the oldest) into one holding
 /// the newest record of each key they contain. Tombstones are dropped: no older segment exists
 /// that could still hold their keys. The result depends only on the range of the log merged, so
@@ -834,10 +936,11 @@ fn clean_segments(
     merged: &mpsc::Sender<Merged>,
     shared: &Shared,
 ) {
+    lower_thread_priority();
     while let Ok(ranges) = jobs.recv() {
         let started = Instant::now();
         let mut read_bytes = 0u64;
-        let mut newest: BTreeMap<Bytes, Record> = BTreeMap::new();
+        let mut runs = Vec::with_capacity(ranges.len());
         for (first, last) in &ranges {
             if shared.closing.load(Ordering::Relaxed) {
                 return;
@@ -848,9 +951,7 @@ fn clean_segments(
                 Err(e) => panic!("the cleaner cannot read a durable segment: {e}"),
             };
             read_bytes += std::fs::metadata(&path).map_or(0, |m| m.len());
-            for record in records {
-                newest.insert(record.key.clone(), record);
-            }
+            runs.push(records);
             // Rate limit: never ahead of `read_bytes_per_sec` since the merge began.
             let due = Duration::from_secs_f64(read_bytes as f64 / read_bytes_per_sec.max(1) as f64);
             if let Some(early) = due.checked_sub(started.elapsed()) {
@@ -860,7 +961,7 @@ fn clean_segments(
         let batch = ReducedBatch {
             first_index: ranges.first().expect("a merge has segments").0,
             last_index: ranges.last().expect("a merge has segments").1,
-            records: newest.into_values().filter(|r| r.value.is_some()).collect(),
+            records: merge_newest(runs).into_iter().filter(|r| r.value.is_some()).collect(),
             writes_in: 0,
             bytes_in: 0,
         };
@@ -1116,6 +1217,34 @@ mod tests {
         drop(store);
         let mut store = Store::open(options, Some(&manifest_after)).unwrap();
         check(&mut store);
+    }
+
+    #[test]
+    fn a_merge_keeps_the_newest_record_of_each_key_in_key_order() {
+        let record = |key: &str, value: Option<&str>, version| Record {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            value: value.map(|v| Bytes::copy_from_slice(v.as_bytes())),
+            version,
+        };
+        let runs = vec![
+            vec![
+                record("a", Some("1"), 1),
+                record("b", Some("1"), 2),
+                record("d", Some("1"), 3),
+            ],
+            vec![record("b", None, 5), record("c", Some("2"), 4)],
+            vec![record("a", Some("3"), 7), record("e", Some("3"), 6)],
+        ];
+        assert_eq!(
+            merge_newest(runs),
+            vec![
+                record("a", Some("3"), 7),
+                record("b", None, 5),
+                record("c", Some("2"), 4),
+                record("d", Some("1"), 3),
+                record("e", Some("3"), 6),
+            ]
+        );
     }
 
     #[test]
