@@ -16,6 +16,7 @@ pub struct StorageMetrics {
     cache_hits: Arc<Counter>,
     cache_misses: Arc<Counter>,
     segments: Arc<Gauge>,
+    segment_bytes: Arc<Gauge>,
     live_keys: Arc<Gauge>,
     dead_bytes_percent: Arc<Gauge>,
     cache_bytes: Arc<Gauge>,
@@ -56,6 +57,10 @@ impl StorageMetrics {
                 "Durable values read from a segment file",
             ),
             segments: gauge("chorus_storage_segments", "Segment files making up the state"),
+            segment_bytes: gauge(
+                "chorus_storage_segment_bytes",
+                "Bytes of the segment files making up the state",
+            ),
             live_keys: gauge(
                 "chorus_storage_live_keys",
                 "Keys (hash fields count one each) in segments",
@@ -83,6 +88,7 @@ impl StorageMetrics {
         self.cache_hits.add(delta(now.cache.hits, before.cache.hits));
         self.cache_misses.add(delta(now.cache.misses, before.cache.misses));
         self.segments.set(now.segments as i64);
+        self.segment_bytes.set(now.segment_bytes as i64);
         self.live_keys.set(now.live_keys as i64);
         self.dead_bytes_percent
             .set((store.dirty_ratio() * 100.0).round() as i64);

@@ -10,6 +10,10 @@
 //! Which segments hold the state at an index is a `Manifest`; the raft snapshot carries it, and
 //! start-up opens exactly the segments it lists (deleting any other segment, which a replay of
 //! the raft log past the manifest rewrites).
+//!
+//! A cleaner thread merges all segments into one once enough of their bytes are dead; the store
+//! repoints the index at the merged segment a slice at a time, and deletes the replaced files once
+//! a persisted manifest no longer names them.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
@@ -159,6 +163,8 @@ pub struct StoreStats {
     pub records_out: u64,
     pub bytes_out: u64,
     pub segments: usize,
+    /// Bytes of the segment files the state uses.
+    pub segment_bytes: u64,
     pub live_keys: usize,
     /// Cleaner merges finished, and segment bytes they wrote.
     pub merges: u64,
@@ -474,6 +480,7 @@ impl Store {
     pub fn stats(&self) -> StoreStats {
         StoreStats {
             segments: self.segments.len(),
+            segment_bytes: self.segments.values().map(|s| s.file_bytes).sum(),
             live_keys: self.index.len(),
             unwritten_batches: self.unwritten.len(),
             cache: self.cache.stats(),
@@ -645,11 +652,6 @@ impl Store {
         durable.segments.insert(first_index, index.header.last_index);
         durable.through = durable.through.max(index.header.last_index);
         Ok(())
-    }
-
-    /// Bytes of segment files the state uses.
-    pub fn disk_bytes(&self) -> u64 {
-        self.segments.values().map(|s| s.file_bytes).sum()
     }
 
     /// Share of the segments' bytes that no read can reach any more.
