@@ -54,6 +54,11 @@ pub struct StoreOptions {
     pub cleaner_min_segments: usize,
     /// Most bytes per second the cleaner reads, so it does not starve the foreground.
     pub cleaner_read_bytes_per_sec: u64,
+    /// Records of a written segment indexed, and index entries a finished merge repoints, per
+    /// applied entry: both are spread over entries rather than pausing the raft loop for all of
+    /// a segment at once.
+    pub adoption_step_records: usize,
+    pub merge_adoption_step_records: usize,
 }
 
 impl StoreOptions {
@@ -68,6 +73,8 @@ impl StoreOptions {
             min_cleanable_dirty_ratio: 0.5,
             cleaner_min_segments: 4,
             cleaner_read_bytes_per_sec: 64 << 20,
+            adoption_step_records: 256,
+            merge_adoption_step_records: 1_024,
         }
     }
 }
@@ -110,9 +117,14 @@ struct SegmentFile {
 /// Segment files kept open for value reads; more are opened (and one closed) on demand.
 const MAX_OPEN_SEGMENTS: usize = 64;
 
-/// Index entries a merge repoints per applied entry: the merge's adoption is spread over many
-/// entries rather than pausing the raft loop for all of it at once.
-const MERGE_ADOPTION_STEP: usize = 1_024;
+/// A durable segment whose records are being indexed, a slice at a time.
+struct Adoption {
+    id: u64,
+    entries: Vec<IndexEntry>,
+    /// The batch it holds, while still in memory.
+    batch: Option<Arc<ReducedBatch>>,
+    next: usize,
+}
 
 /// A finished merge whose records are being pointed at, a slice at a time.
 struct MergeAdoption {
@@ -176,8 +188,10 @@ pub struct StoreStats {
 pub struct Store {
     options: StoreOptions,
     building: Reducer,
-    /// Cut batches not yet known durable, oldest first.
+    /// Cut batches not yet indexed, oldest first: the first `adopting.len()` are written and
+    /// being adopted, the rest are with the writer.
     unwritten: VecDeque<Arc<ReducedBatch>>,
+    adopting: VecDeque<Adoption>,
     index: ScanMap<Location>,
     /// By id, which grows with each segment adopted.
     segments: BTreeMap<u64, SegmentFile>,
@@ -269,7 +283,7 @@ impl Store {
                     index.header.last_index
                 )));
             }
-            store.adopt(*first, path, index, None)?;
+            store.adopt(*first, path, index);
         }
         Ok(store)
     }
@@ -302,6 +316,7 @@ impl Store {
             cache: ObjectCache::new(options.cache_bytes),
             building: Reducer::after(applied_index, options.group_of),
             unwritten: VecDeque::new(),
+            adopting: VecDeque::new(),
             index: ScanMap::new(options.group_of),
             options,
             segments: BTreeMap::new(),
@@ -337,7 +352,7 @@ impl Store {
         {
             self.cut();
         }
-        self.absorb_written();
+        self.absorb_written(self.options.adoption_step_records);
         self.absorb_cleaned();
     }
 
@@ -353,7 +368,7 @@ impl Store {
                 .expect("segment writer thread vanished");
         }
         while self.unwritten.len() > self.options.max_unwritten_batches {
-            self.absorb_one_written();
+            self.finish_oldest_unwritten();
         }
     }
 
@@ -522,7 +537,7 @@ impl Store {
         }
         self.cut();
         while !self.unwritten.is_empty() {
-            self.absorb_one_written();
+            self.finish_oldest_unwritten();
         }
         let mut paths = Vec::with_capacity(segments.len());
         for ((first, last), bytes) in manifest.segments.iter().zip(&segments) {
@@ -533,7 +548,7 @@ impl Store {
         *self = Store::empty(options, manifest.applied_index);
         self.stats = stats;
         for (((first, _), path), index) in manifest.segments.iter().zip(paths).zip(indexes) {
-            self.adopt(*first, path, index, None)?;
+            self.adopt(*first, path, index);
         }
         Ok(manifest)
     }
@@ -548,40 +563,71 @@ impl Store {
             .find_map(|batch| batch.get(key).map(|record| record.value.clone()))
     }
 
-    fn absorb_written(&mut self) {
+    /// Starts adopting what the writer finished, and adopts up to `step` records.
+    fn absorb_written(&mut self, step: usize) {
         while let Ok(written) = self.from_writer.try_recv() {
             self.absorb(written);
         }
+        self.continue_adoptions(step);
     }
 
-    fn absorb_one_written(&mut self) {
-        let written = self.from_writer.recv().expect("segment writer thread vanished");
-        self.absorb(written);
+    /// Waits until the oldest unwritten batch is written and adopted.
+    fn finish_oldest_unwritten(&mut self) {
+        if self.adopting.is_empty() {
+            let written = self.from_writer.recv().expect("segment writer thread vanished");
+            self.absorb(written);
+        }
+        let before = self.unwritten.len();
+        while self.unwritten.len() == before {
+            self.continue_adoptions(usize::MAX);
+        }
     }
 
     fn absorb(&mut self, written: Written) {
-        let batch = self
-            .unwritten
-            .pop_front()
-            .expect("the writer writes only batches we cut");
+        let batch = self.unwritten[self.adopting.len()].clone();
         assert_eq!(batch.first_index, written.first_index, "segments are written in order");
-        self.stats.records_out += batch.records.len() as u64;
         self.stats.bytes_out += written.index.file_bytes;
-        if let Err(e) = self.adopt(written.first_index, written.path, written.index, Some(&batch)) {
-            panic!("a segment just written cannot be opened: {e}");
-        }
-        self.maybe_clean();
+        let adoption = self.begin_adoption(written.first_index, written.path, written.index, Some(batch));
+        self.adopting.push_back(adoption);
     }
 
-    /// Makes a durable segment part of the index. `batch` is its content when still in memory,
-    /// whose values then warm the cache.
-    fn adopt(
+    /// Adopts up to `step` records of the segments being adopted, oldest first; a batch leaves
+    /// memory once its segment is fully indexed.
+    fn continue_adoptions(&mut self, mut step: usize) {
+        while let Some(mut adoption) = self.adopting.pop_front() {
+            let before = adoption.next;
+            let done = self.adopt_records(&mut adoption, step);
+            step -= adoption.next - before;
+            if !done {
+                self.adopting.push_front(adoption);
+                return;
+            }
+            let batch = self.unwritten.pop_front().expect("an adopted batch was unwritten");
+            self.stats.records_out += batch.records.len() as u64;
+            if self.adopting.is_empty() {
+                self.maybe_clean();
+            }
+            if step == 0 {
+                return;
+            }
+        }
+    }
+
+    /// Makes a durable segment part of the index at once (opening, installing).
+    fn adopt(&mut self, first_index: u64, path: PathBuf, index: SegmentIndex) {
+        let mut adoption = self.begin_adoption(first_index, path, index, None);
+        self.adopt_records(&mut adoption, usize::MAX);
+    }
+
+    /// Adds a durable segment, none of its records indexed yet. `batch` is its content while it
+    /// is still in memory, whose values then warm the cache.
+    fn begin_adoption(
         &mut self,
         first_index: u64,
         path: PathBuf,
         index: SegmentIndex,
-        batch: Option<&ReducedBatch>,
-    ) -> Result<(), StoreError> {
+        batch: Option<Arc<ReducedBatch>>,
+    ) -> Adoption {
         assert!(
             first_index > self.newest_last_index,
             "segments are adopted in log order: [{first_index}, ..] after one ending at {}",
@@ -590,17 +636,43 @@ impl Store {
         self.newest_last_index = index.header.last_index;
         let id = self.next_segment_id;
         self.next_segment_id += 1;
-        let mut live_records = 0;
-        let mut live_bytes = 0;
-        for (i, entry) in index.entries.iter().enumerate() {
+        self.segments.insert(
+            id,
+            SegmentFile {
+                first_index,
+                last_index: index.header.last_index,
+                path,
+                file_bytes: index.file_bytes,
+                live_records: 0,
+                live_bytes: 0,
+            },
+        );
+        let mut durable = self.shared.durable.lock().expect("not poisoned");
+        durable.segments.insert(first_index, index.header.last_index);
+        durable.through = durable.through.max(index.header.last_index);
+        Adoption {
+            id,
+            entries: index.entries,
+            batch,
+            next: 0,
+        }
+    }
+
+    /// Points the index at up to `step` more records of the segment; whether all are done.
+    fn adopt_records(&mut self, adoption: &mut Adoption, step: usize) -> bool {
+        let end = adoption.next.saturating_add(step).min(adoption.entries.len());
+        let id = adoption.id;
+        for i in adoption.next..end {
+            let entry = &adoption.entries[i];
             let replaced = if entry.is_tombstone {
                 self.index.remove(&entry.key).map(|mut old| {
                     self.cache.forget(&entry.key, &mut old.cached);
                     (old.segment, old.value_len, old.version)
                 })
             } else {
-                live_records += 1;
-                live_bytes += entry.record_len() as u64;
+                let segment = self.segments.get_mut(&id).expect("an adopted segment is the store's");
+                segment.live_records += 1;
+                segment.live_bytes += entry.record_len() as u64;
                 let location = Location {
                     segment: id,
                     record_offset: entry.record_offset,
@@ -622,7 +694,7 @@ impl Store {
                 };
                 // A value still in memory warms the cache; without one, a cached value is stale.
                 let slot = &mut self.index.get_mut(&entry.key).expect("just indexed").cached;
-                match batch.and_then(|b| b.records[i].value.clone()) {
+                match adoption.batch.as_ref().and_then(|b| b.records[i].value.clone()) {
                     Some(value) => self.cache.admit(&entry.key, slot, value),
                     None => self.cache.forget(&entry.key, slot),
                 }
@@ -636,22 +708,9 @@ impl Store {
                 }
             }
         }
+        adoption.next = end;
         self.cache.evict(&mut self.index);
-        self.segments.insert(
-            id,
-            SegmentFile {
-                first_index,
-                last_index: index.header.last_index,
-                path,
-                file_bytes: index.file_bytes,
-                live_records,
-                live_bytes,
-            },
-        );
-        let mut durable = self.shared.durable.lock().expect("not poisoned");
-        durable.segments.insert(first_index, index.header.last_index);
-        durable.through = durable.through.max(index.header.last_index);
-        Ok(())
+        end == adoption.entries.len()
     }
 
     /// Share of the segments' bytes that no read can reach any more.
@@ -668,6 +727,7 @@ impl Store {
     /// Starts a merge of every durable segment when enough of their bytes are dead.
     fn maybe_clean(&mut self) {
         if self.cleaning
+            || !self.adopting.is_empty()
             || self.segments.len() < self.options.cleaner_min_segments.max(2)
             || self.dirty_ratio() < self.options.min_cleanable_dirty_ratio
         {
@@ -689,7 +749,7 @@ impl Store {
                 self.start_merge_adoption(merged);
             }
         }
-        self.continue_merge_adoption(MERGE_ADOPTION_STEP);
+        self.continue_merge_adoption(self.options.merge_adoption_step_records);
     }
 
     /// Adds the merged segment beside the ones it replaces; `continue_merge_adoption` then points
@@ -1084,6 +1144,8 @@ mod tests {
             min_cleanable_dirty_ratio: [0.1, 0.3, 0.5, 2.0][rng.below(4) as usize],
             cleaner_min_segments: 2 + rng.below(4) as usize,
             group_of: by_first_digit,
+            adoption_step_records: 1 + rng.below(4) as usize,
+            merge_adoption_step_records: 1 + rng.below(8) as usize,
             ..StoreOptions::new(dir)
         }
     }
@@ -1332,7 +1394,7 @@ mod tests {
             store.entry_applied(i + 1);
         }
         let _ = store.manifest_later()();
-        store.absorb_written();
+        store.absorb_written(usize::MAX);
         let stats = store.stats();
         assert_eq!(stats.live_keys, 2_000);
         assert!(stats.cache.bytes <= 4_096);
