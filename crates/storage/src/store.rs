@@ -2,10 +2,10 @@
 //! live key's latest record is, and a bounded object cache of values.
 //!
 //! Writes land in the batch being built (a `Reducer`). A cut hands the reduced batch to the
-//! writer thread, which persists it as a segment; until the store learns the segment is durable
-//! the batch stays in memory and answers reads. Reads look at the building batch, then the
-//! batches being written (newest first), then the index, whose values come from the object cache
-//! or a positioned read of the segment.
+//! writer thread, which persists it as a segment; the store then indexes the segment's records a
+//! slice per applied entry, and until all are indexed the batch stays in memory and answers
+//! reads. Reads look at the building batch, then the cut batches (newest first), then the index,
+//! whose values come from the object cache or a positioned read of the segment.
 //!
 //! Which segments hold the state at an index is a `Manifest`; the raft snapshot carries it, and
 //! start-up opens exactly the segments it lists (deleting any other segment, which a replay of
