@@ -361,25 +361,24 @@ async fn follower_behind_the_compacted_log_catches_up_by_snapshot() {
     let installed = metric_value(&cluster.metrics(follower), "chorus_raft_snapshots_installed_total");
     assert!(installed >= 1.0, "follower caught up without a snapshot");
     // Local (stale) reads on the follower now show everything: its own state holds the data.
-    let mut f = cluster.client(follower).await;
-    assert_eq!(f.command(&["READONLY"]).await.unwrap(), ok());
-    for i in (0..400).step_by(7) {
-        assert_eq!(
-            f.command(&["GET", &format!("s{i}")]).await.unwrap(),
-            bulk(&i.to_string())
-        );
-    }
+    let local_reads_show_the_writes = |step: usize| {
+        let cluster = &cluster;
+        async move {
+            let mut f = cluster.client(follower).await;
+            assert_eq!(f.command(&["READONLY"]).await.unwrap(), ok());
+            for i in (0..400).step_by(step) {
+                assert_eq!(
+                    f.command(&["GET", &format!("s{i}")]).await.unwrap(),
+                    bulk(&i.to_string())
+                );
+            }
+        }
+    };
+    local_reads_show_the_writes(7).await;
     // The installed segments are the follower's own now: they survive its restart.
     cluster.kill(follower);
     cluster.restart_stopped();
-    let mut f = cluster.client(follower).await;
-    assert_eq!(f.command(&["READONLY"]).await.unwrap(), ok());
-    for i in (0..400).step_by(11) {
-        assert_eq!(
-            f.command(&["GET", &format!("s{i}")]).await.unwrap(),
-            bulk(&i.to_string())
-        );
-    }
+    local_reads_show_the_writes(11).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

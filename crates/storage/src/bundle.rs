@@ -7,54 +7,32 @@
 //! ```
 
 use crate::manifest::Manifest;
-use crate::segment::SegmentError;
+use crate::segment::{corrupt, open_frame, seal_frame, start_frame, SegmentError, FRAME_HEADER_BYTES};
 
 const MAGIC: &[u8; 4] = b"CHSB";
 const FORMAT_VERSION: u16 = 1;
-
-fn corrupt(offset: usize, reason: impl Into<String>) -> SegmentError {
-    SegmentError::Corrupt {
-        offset: offset as u64,
-        reason: reason.into(),
-    }
-}
 
 pub fn encode(manifest: &Manifest, segments: &[Vec<u8>]) -> Vec<u8> {
     assert_eq!(manifest.segments.len(), segments.len(), "one buffer per listed segment");
     let manifest_bytes = manifest.encode();
     let total: usize = segments.iter().map(|s| s.len() + 8).sum();
-    let mut out = Vec::with_capacity(10 + manifest_bytes.len() + total + 4);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    let mut out = start_frame(MAGIC, FORMAT_VERSION, 4 + manifest_bytes.len() + total);
     out.extend_from_slice(&(manifest_bytes.len() as u32).to_le_bytes());
     out.extend_from_slice(&manifest_bytes);
     for segment in segments {
         out.extend_from_slice(&(segment.len() as u64).to_le_bytes());
         out.extend_from_slice(segment);
     }
-    let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
-    out
+    seal_frame(out)
 }
 
 /// The manifest and each listed segment's bytes. Segment contents are checked by the caller.
 pub fn decode(buf: &[u8]) -> Result<(Manifest, Vec<&[u8]>), SegmentError> {
-    if buf.len() < 14 {
-        return Err(corrupt(buf.len(), "exported state shorter than its fixed fields"));
-    }
-    if &buf[..4] != MAGIC {
-        return Err(corrupt(0, "not an exported state (bad magic)"));
-    }
-    let (body, crc) = buf.split_at(buf.len() - 4);
-    if crc32fast::hash(body) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
-        return Err(corrupt(body.len(), "exported state checksum mismatch"));
-    }
-    let format = u16::from_le_bytes(body[4..6].try_into().expect("2 bytes"));
-    if format != FORMAT_VERSION {
-        return Err(corrupt(4, format!("unknown export format {format}")));
-    }
-    let manifest_len = u32::from_le_bytes(body[6..10].try_into().expect("4 bytes")) as usize;
-    let mut pos: usize = 10;
+    let content = open_frame(buf, MAGIC, FORMAT_VERSION, 4, "an exported state")?;
+    // Offsets below are into `buf`, for error messages; `body` is `buf` without its checksum.
+    let body = &buf[..FRAME_HEADER_BYTES + content.len()];
+    let manifest_len = u32::from_le_bytes(content[..4].try_into().expect("4 bytes")) as usize;
+    let mut pos: usize = FRAME_HEADER_BYTES + 4;
     let manifest_bytes = body
         .get(pos..pos.saturating_add(manifest_len))
         .ok_or_else(|| corrupt(pos, "truncated manifest"))?;

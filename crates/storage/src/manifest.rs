@@ -9,11 +9,12 @@
 //!
 //! Segments are listed in log order and cover consecutive ranges ending at the applied index.
 
-use crate::segment::SegmentError;
+use crate::segment::{corrupt, open_frame, seal_frame, start_frame, SegmentError, FRAME_HEADER_BYTES};
 
 const MAGIC: &[u8; 4] = b"CHMF";
 const FORMAT_VERSION: u16 = 1;
-const FIXED_BYTES: usize = 4 + 2 + 8 + 4 + 4;
+/// Applied index and segment count.
+const FIXED_CONTENT_BYTES: usize = 8 + 4;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Manifest {
@@ -22,51 +23,28 @@ pub struct Manifest {
     pub segments: Vec<(u64, u64)>,
 }
 
-fn corrupt(offset: usize, reason: impl Into<String>) -> SegmentError {
-    SegmentError::Corrupt {
-        offset: offset as u64,
-        reason: reason.into(),
-    }
-}
-
 impl Manifest {
     pub fn encode(&self) -> Vec<u8> {
         self.check().expect("a manifest we build is consistent");
-        let mut out = Vec::with_capacity(FIXED_BYTES + self.segments.len() * 16);
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        let mut out = start_frame(MAGIC, FORMAT_VERSION, FIXED_CONTENT_BYTES + self.segments.len() * 16);
         out.extend_from_slice(&self.applied_index.to_le_bytes());
         out.extend_from_slice(&(self.segments.len() as u32).to_le_bytes());
         for (first, last) in &self.segments {
             out.extend_from_slice(&first.to_le_bytes());
             out.extend_from_slice(&last.to_le_bytes());
         }
-        let crc = crc32fast::hash(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        out
+        seal_frame(out)
     }
 
     pub fn decode(buf: &[u8]) -> Result<Manifest, SegmentError> {
-        if buf.len() < FIXED_BYTES {
-            return Err(corrupt(buf.len(), "manifest shorter than its fixed fields"));
-        }
-        if &buf[..4] != MAGIC {
-            return Err(corrupt(0, "not a manifest (bad magic)"));
-        }
-        let (body, crc) = buf.split_at(buf.len() - 4);
-        if crc32fast::hash(body) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
-            return Err(corrupt(body.len(), "manifest checksum mismatch"));
-        }
-        let format = u16::from_le_bytes(buf[4..6].try_into().expect("2 bytes"));
-        if format != FORMAT_VERSION {
-            return Err(corrupt(4, format!("unknown manifest format {format}")));
-        }
-        let applied_index = u64::from_le_bytes(buf[6..14].try_into().expect("8 bytes"));
-        let count = u32::from_le_bytes(buf[14..18].try_into().expect("4 bytes")) as usize;
-        let ranges = &body[18..];
+        let content = open_frame(buf, MAGIC, FORMAT_VERSION, FIXED_CONTENT_BYTES, "a manifest")?;
+        let applied_index = u64::from_le_bytes(content[..8].try_into().expect("8 bytes"));
+        let count = u32::from_le_bytes(content[8..12].try_into().expect("4 bytes")) as usize;
+        let ranges = &content[FIXED_CONTENT_BYTES..];
+        let ranges_offset = FRAME_HEADER_BYTES + FIXED_CONTENT_BYTES;
         if ranges.len() != count.saturating_mul(16) {
             return Err(corrupt(
-                18,
+                ranges_offset,
                 format!("manifest lists {count} segments in {} bytes", ranges.len()),
             ));
         }
@@ -83,7 +61,7 @@ impl Manifest {
             applied_index,
             segments,
         };
-        manifest.check().map_err(|reason| corrupt(18, reason))?;
+        manifest.check().map_err(|reason| corrupt(ranges_offset, reason))?;
         Ok(manifest)
     }
 

@@ -92,7 +92,52 @@ pub enum SegmentError {
     InFile { path: PathBuf, source: Box<SegmentError> },
 }
 
-fn corrupt(offset: usize, reason: impl Into<String>) -> SegmentError {
+/// Starts a framed buffer: `magic | format u16 | …`, closed by `seal_frame`.
+pub(crate) fn start_frame(magic: &[u8; 4], format: u16, capacity: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capacity + 10);
+    out.extend_from_slice(magic);
+    out.extend_from_slice(&format.to_le_bytes());
+    out
+}
+
+/// Ends a framed buffer with the crc32 of everything before.
+pub(crate) fn seal_frame(mut out: Vec<u8>) -> Vec<u8> {
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Checks a framed buffer's length (at least `min_content` bytes of content), magic, checksum
+/// and format, and returns its content: the bytes between the format and the checksum, which
+/// start at offset `FRAME_HEADER_BYTES` of `buf`.
+pub(crate) fn open_frame<'a>(
+    buf: &'a [u8],
+    magic: &[u8; 4],
+    format: u16,
+    min_content: usize,
+    what: &str,
+) -> Result<&'a [u8], SegmentError> {
+    if buf.len() < FRAME_HEADER_BYTES + min_content + 4 {
+        return Err(corrupt(buf.len(), format!("{what} shorter than its fixed fields")));
+    }
+    if &buf[..4] != magic {
+        return Err(corrupt(0, format!("not {what} (bad magic)")));
+    }
+    let (body, crc) = buf.split_at(buf.len() - 4);
+    if crc32fast::hash(body) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
+        return Err(corrupt(body.len(), format!("{what} checksum mismatch")));
+    }
+    let found = u16::from_le_bytes(buf[4..6].try_into().expect("2 bytes"));
+    if found != format {
+        return Err(corrupt(4, format!("unknown format {found} of {what}")));
+    }
+    Ok(&body[FRAME_HEADER_BYTES..])
+}
+
+/// Magic and format before a framed buffer's content.
+pub(crate) const FRAME_HEADER_BYTES: usize = 6;
+
+pub(crate) fn corrupt(offset: usize, reason: impl Into<String>) -> SegmentError {
     SegmentError::Corrupt {
         offset: offset as u64,
         reason: reason.into(),

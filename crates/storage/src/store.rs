@@ -25,7 +25,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use bytes::Bytes;
-use foldhash::HashMap;
+use foldhash::{HashMap, HashSet};
 
 use crate::cache::{CacheSlots, CacheStats, Cached, ObjectCache};
 use crate::manifest::Manifest;
@@ -129,7 +129,7 @@ struct Adoption {
 /// A finished merge whose records are being pointed at, a slice at a time.
 struct MergeAdoption {
     merged_id: u64,
-    replaced_ids: Vec<u64>,
+    replaced_ids: HashSet<u64>,
     entries: Vec<IndexEntry>,
     next: usize,
 }
@@ -214,8 +214,11 @@ pub struct Store {
     stats: StoreStats,
 }
 
-/// Segment files in `dir`, by first index: `(first, last, path)`.
-fn segment_files(dir: &Path) -> Result<Vec<(u64, u64, PathBuf)>, StoreError> {
+/// A file in the state directory: a segment's `(first, last)` range, or `None` for a temporary
+/// file a crash left behind.
+type StateFile = (Option<(u64, u64)>, PathBuf);
+
+fn segment_files(dir: &Path) -> Result<Vec<StateFile>, StoreError> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
         let path = entry.map_err(io_error(dir))?.path();
@@ -223,7 +226,7 @@ fn segment_files(dir: &Path) -> Result<Vec<(u64, u64, PathBuf)>, StoreError> {
             continue;
         };
         if name.ends_with(".seg.tmp") {
-            found.push((u64::MAX, u64::MAX, path));
+            found.push((None, path));
             continue;
         }
         let Some(stem) = name.strip_suffix(".seg") else {
@@ -233,7 +236,7 @@ fn segment_files(dir: &Path) -> Result<Vec<(u64, u64, PathBuf)>, StoreError> {
             .split_once('-')
             .and_then(|(first, last)| Some((first.parse().ok()?, last.parse().ok()?)));
         match range {
-            Some((first, last)) if segment_file_name(first, last) == name => found.push((first, last, path)),
+            Some((first, last)) if segment_file_name(first, last) == name => found.push((Some((first, last)), path)),
             _ => {
                 return Err(StoreError::Inconsistent(format!(
                     "{}: not a segment name this store writes; move it out of the data directory",
@@ -242,7 +245,6 @@ fn segment_files(dir: &Path) -> Result<Vec<(u64, u64, PathBuf)>, StoreError> {
             }
         }
     }
-    found.sort();
     Ok(found)
 }
 
@@ -256,8 +258,8 @@ impl Store {
         let manifest = manifest.unwrap_or(&empty);
         let listed: BTreeMap<u64, u64> = manifest.segments.iter().copied().collect();
         let mut removed = false;
-        for (first, last, path) in segment_files(&options.dir)? {
-            if listed.get(&first) != Some(&last) {
+        for (range, path) in segment_files(&options.dir)? {
+            if !matches!(range, Some((first, last)) if listed.get(&first) == Some(&last)) {
                 std::fs::remove_file(&path).map_err(io_error(&path))?;
                 removed = true;
             }
@@ -432,25 +434,30 @@ impl Store {
         let durable = durable
             .into_iter()
             .map(|(key, value)| (key, value.expect("an indexed key has a value")));
-        let in_memory =
-            self.building.has_group(group) || self.unwritten.iter().any(|batch| batch.prefix(group).next().is_some());
-        if !in_memory {
+        let mut unindexed = self.unindexed_group_writes(group).peekable();
+        if unindexed.peek().is_none() {
             return Ok(durable.collect());
         }
-        // Oldest layer first, so a newer layer's write of a key replaces an older one.
         let mut merged: BTreeMap<Bytes, Option<Bytes>> = durable.map(|(key, value)| (key, Some(value))).collect();
-        for batch in &self.unwritten {
-            for record in batch.prefix(group) {
-                merged.insert(record.key.clone(), record.value.clone());
-            }
-        }
-        for (key, value) in self.building.group(group) {
+        for (key, value) in unindexed {
             merged.insert(key.clone(), value.cloned());
         }
         Ok(merged
             .into_iter()
             .filter_map(|(key, value)| Some((key, value?)))
             .collect())
+    }
+
+    /// Writes of the group's keys not yet in the index, oldest first (so a later one of a key
+    /// replaces an earlier one): the cut batches, then the building one.
+    fn unindexed_group_writes<'a>(
+        &'a self,
+        group: &'a [u8],
+    ) -> impl Iterator<Item = (&'a Bytes, Option<&'a Bytes>)> + 'a {
+        self.unwritten
+            .iter()
+            .flat_map(move |batch| batch.prefix(group).map(|record| (&record.key, record.value.as_ref())))
+            .chain(self.building.group(group))
     }
 
     /// Whether `key` has a value, without reading it.
@@ -463,14 +470,8 @@ impl Store {
 
     /// Live keys of the group whose prefix is `group`, in key order.
     pub fn group_keys(&self, group: &[u8]) -> Vec<Bytes> {
-        // Oldest layer first, so a newer layer's write of a key replaces an older one.
         let mut merged: BTreeMap<Bytes, bool> = self.index.group(group).map(|(key, _)| (key.clone(), true)).collect();
-        for batch in &self.unwritten {
-            for record in batch.prefix(group) {
-                merged.insert(record.key.clone(), record.value.is_some());
-            }
-        }
-        for (key, value) in self.building.group(group) {
+        for (key, value) in self.unindexed_group_writes(group) {
             merged.insert(key.clone(), value.is_some());
         }
         merged
@@ -613,10 +614,15 @@ impl Store {
         }
     }
 
-    /// Makes a durable segment part of the index at once (opening, installing).
+    /// Makes a durable segment part of the index at once (opening, installing), and part of
+    /// what manifests list (the writer does that for the segments it writes).
     fn adopt(&mut self, first_index: u64, path: PathBuf, index: SegmentIndex) {
+        let last_index = index.header.last_index;
         let mut adoption = self.begin_adoption(first_index, path, index, None);
         self.adopt_records(&mut adoption, usize::MAX);
+        let mut durable = self.shared.durable.lock().expect("not poisoned");
+        durable.segments.insert(first_index, last_index);
+        durable.through = durable.through.max(last_index);
     }
 
     /// Adds a durable segment, none of its records indexed yet. `batch` is its content while it
@@ -647,9 +653,6 @@ impl Store {
                 live_bytes: 0,
             },
         );
-        let mut durable = self.shared.durable.lock().expect("not poisoned");
-        durable.segments.insert(first_index, index.header.last_index);
-        durable.through = durable.through.max(index.header.last_index);
         Adoption {
             id,
             entries: index.entries,
@@ -756,7 +759,7 @@ impl Store {
     /// every key whose latest record the merge copied at it, and the replaced segments go.
     fn start_merge_adoption(&mut self, merged: Merged) {
         let Merged { replaces, written } = merged;
-        let replaced_ids: Vec<u64> = self
+        let replaced_ids: HashSet<u64> = self
             .segments
             .iter()
             .filter(|(_, s)| replaces.contains(&s.first_index))
