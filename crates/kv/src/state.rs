@@ -1,7 +1,8 @@
 //! The key-value state machine: what each command reads and writes. The state itself lives in
 //! `chorus_storage::Store` (reduced segments on disk, an index and an object cache in memory);
-//! this module maps Redis types onto its flat key space and keeps what must be answered without
-//! reading values: which keys are hashes, how many fields each has, how many strings exist.
+//! this module maps Redis types onto its flat key space. What must be answered without reading
+//! values — which keys are hashes, how many fields each has, how many keys exist — the store's
+//! index answers: a hash is a group of keys there.
 //!
 //! Storage keys: a string `k` is `s k`; field `f` of hash `k` is `h len(k) k f` (length as 4
 //! big-endian bytes), so one hash's fields are adjacent and each field is its own record: HSET of
@@ -12,7 +13,6 @@ use bytes::{BufMut, Bytes, BytesMut};
 use chorus_log::StateMachine;
 use chorus_resp::Value;
 use chorus_storage::{Manifest, Store, StoreError, StoreOptions};
-use foldhash::HashMap;
 
 use crate::command::{decode_args, Command, Read, SetCondition, Write};
 use crate::storage_metrics::StorageMetrics;
@@ -47,26 +47,19 @@ fn is_field_key(storage_key: &[u8]) -> bool {
     storage_key.first() == Some(&HASH_TAG)
 }
 
-/// The fields of one hash form a group in the store: kept together, scanned together. The
-/// group is the field key's prefix naming the hash.
+/// The fields of one hash form a group in the store: kept together, scanned together, counted
+/// without a scan. The group is the field key's prefix naming the hash; strings are in no group.
 fn hash_of_field(storage_key: &[u8]) -> Option<usize> {
     if !is_field_key(storage_key) {
         return None;
     }
-    Some(5 + hash_of_field_key(storage_key)?.len())
-}
-
-/// The hash key a field's storage key belongs to, or `None` for a malformed one.
-fn hash_of_field_key(storage_key: &[u8]) -> Option<&[u8]> {
     let len = u32::from_be_bytes(storage_key.get(1..5)?.try_into().ok()?) as usize;
-    storage_key.get(5..5usize.checked_add(len)?)
+    let group_len = 5usize.checked_add(len)?;
+    (storage_key.len() >= group_len).then_some(group_len)
 }
 
 pub struct KvState {
     store: Store,
-    /// Field count of each hash; a key is a hash exactly when it is here.
-    hashes: HashMap<Bytes, u64>,
-    strings: u64,
     metrics: StorageMetrics,
 }
 
@@ -94,42 +87,19 @@ impl KvState {
             ..options
         };
         let store = Store::open(options, manifest.as_ref()).map_err(|e| e.to_string())?;
-        Ok(KvState::over(store))
-    }
-
-    fn over(store: Store) -> KvState {
-        let mut state = KvState {
+        Ok(KvState {
             store,
-            hashes: HashMap::default(),
-            strings: 0,
             metrics: StorageMetrics::new(),
-        };
-        state.rebuild_bookkeeping();
-        state
-    }
-
-    /// Recounts strings and hash fields from the store's keys (no values are read).
-    fn rebuild_bookkeeping(&mut self) {
-        let mut strings = 0;
-        let mut hashes: HashMap<Bytes, u64> = HashMap::default();
-        self.store.for_each_key(|storage_key| {
-            if is_field_key(storage_key) {
-                let key = hash_of_field_key(storage_key).expect("field keys this module wrote parse");
-                *hashes.entry(Bytes::copy_from_slice(key)).or_default() += 1;
-            } else {
-                strings += 1;
-            }
-        });
-        self.strings = strings;
-        self.hashes = hashes;
+        })
     }
 
     pub fn store(&self) -> &Store {
         &self.store
     }
 
+    /// Keys: every string is an ungrouped key of the store, every hash one group.
     pub fn len(&self) -> usize {
-        self.strings as usize + self.hashes.len()
+        self.store.ungrouped_keys() + self.store.groups()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -140,26 +110,35 @@ impl KvState {
         self.store.contains(&string_key(key))
     }
 
-    /// A string's value for a client's read: a storage error is the client's error reply.
+    fn hash_len(&self, key: &[u8]) -> usize {
+        self.store.group_len(&hash_prefix(key))
+    }
+
+    fn is_hash(&self, key: &[u8]) -> bool {
+        self.hash_len(key) > 0
+    }
+
+    /// A string's value for a client's read: a storage error is the client's error reply. (A
+    /// key is a string or a hash, never both: only a missing string needs the hash check.)
     fn string(&mut self, key: &[u8]) -> Result<Option<Bytes>, Value> {
-        if self.hashes.contains_key(key) {
-            return Err(Value::error(WRONGTYPE));
+        match self.store.get(&string_key(key)).map_err(storage_error)? {
+            None if self.is_hash(key) => Err(Value::error(WRONGTYPE)),
+            value => Ok(value),
         }
-        self.store.get(&string_key(key)).map_err(storage_error)
     }
 
     /// A string's value for a write: every replica must compute the same result, so a replica
     /// that cannot read its own storage stops.
     fn string_to_update(&mut self, key: &[u8]) -> Result<Option<Bytes>, Value> {
-        if self.hashes.contains_key(key) {
-            return Err(Value::error(WRONGTYPE));
+        match self.store.get(&string_key(key)).unwrap_or_else(|e| unreadable(e)) {
+            None if self.is_hash(key) => Err(Value::error(WRONGTYPE)),
+            value => Ok(value),
         }
-        Ok(self.store.get(&string_key(key)).unwrap_or_else(|e| unreadable(e)))
     }
 
     /// Errors when `key` holds a string; otherwise whether it is a hash.
     fn hash_check(&self, key: &[u8]) -> Result<bool, Value> {
-        if self.hashes.contains_key(key) {
+        if self.is_hash(key) {
             Ok(true)
         } else if self.is_string(key) {
             Err(Value::error(WRONGTYPE))
@@ -174,14 +153,14 @@ impl KvState {
 
     /// Deletes whatever `key` holds; whether it held anything.
     fn delete(&mut self, index: u64, key: &[u8]) -> bool {
-        if self.hashes.remove(key).is_some() {
-            for field in self.store.group_keys(&hash_prefix(key)) {
+        let fields = self.store.group_keys(&hash_prefix(key));
+        if !fields.is_empty() {
+            for field in fields {
                 self.store.write(index, field, None);
             }
             true
         } else if self.is_string(key) {
             self.store.write(index, string_key(key), None);
-            self.strings -= 1;
             true
         } else {
             false
@@ -189,14 +168,10 @@ impl KvState {
     }
 
     fn set_string(&mut self, index: u64, key: &[u8], value: Bytes) {
-        let storage_key = string_key(key);
-        if self.hashes.contains_key(key) {
+        if self.is_hash(key) {
             self.delete(index, key);
-            self.strings += 1;
-        } else if !self.store.contains(&storage_key) {
-            self.strings += 1;
         }
-        self.store.write(index, storage_key, Some(value));
+        self.store.write(index, string_key(key), Some(value));
     }
 
     /// Applies a write from the entry at `index`.
@@ -210,8 +185,8 @@ impl KvState {
             } => {
                 let allowed = match condition {
                     SetCondition::Always => true,
-                    SetCondition::IfAbsent => !self.hashes.contains_key(&key) && !self.is_string(&key),
-                    SetCondition::IfPresent => self.hashes.contains_key(&key) || self.is_string(&key),
+                    SetCondition::IfAbsent => !self.is_hash(&key) && !self.is_string(&key),
+                    SetCondition::IfPresent => self.is_hash(&key) || self.is_string(&key),
                 };
                 if allowed {
                     self.set_string(index, &key, value);
@@ -267,11 +242,9 @@ impl KvState {
                 }
                 let mut added = 0;
                 for (field, value) in pairs {
-                    let storage_key = field_key(&key, &field);
-                    added += u64::from(!self.store.contains(&storage_key));
-                    self.store.write(index, storage_key, Some(value));
+                    let replaced = self.store.write(index, field_key(&key, &field), Some(value));
+                    added += u64::from(!replaced);
                 }
-                *self.hashes.entry(key).or_default() += added;
                 if reply_ok {
                     Value::ok()
                 } else {
@@ -292,11 +265,6 @@ impl KvState {
                         removed += 1;
                     }
                 }
-                let count = self.hashes.get_mut(&key).expect("checked above");
-                *count -= removed;
-                if *count == 0 {
-                    self.hashes.remove(&key);
-                }
                 Value::Integer(removed as i64)
             }
         }
@@ -311,14 +279,12 @@ impl KvState {
                         .map(|k| Value::Bulk(self.string(k).ok().flatten()))
                         .collect(),
                 ),
-                Read::Exists(keys) => Value::Integer(
-                    keys.iter()
-                        .filter(|k| self.hashes.contains_key(*k) || self.is_string(k))
-                        .count() as i64,
-                ),
+                Read::Exists(keys) => {
+                    Value::Integer(keys.iter().filter(|k| self.is_hash(k) || self.is_string(k)).count() as i64)
+                }
                 Read::StrLen(key) => Value::Integer(self.string(key)?.map_or(0, |s| s.len()) as i64),
                 Read::Type(key) => Value::Simple(
-                    if self.hashes.contains_key(key) {
+                    if self.is_hash(key) {
                         "hash"
                     } else if self.is_string(key) {
                         "string"
@@ -341,9 +307,11 @@ impl KvState {
                     )
                 }
                 Read::HGetAll(key) => {
-                    self.hash_check(key)?;
                     let prefix = hash_prefix(key);
                     let fields = self.store.scan_group(&prefix).map_err(storage_error)?;
+                    if fields.is_empty() {
+                        self.hash_check(key)?;
+                    }
                     let mut items = Vec::with_capacity(2 * fields.len());
                     for (storage_key, value) in fields {
                         items.push(Value::bulk(storage_key.slice(prefix.len()..)));
@@ -353,7 +321,7 @@ impl KvState {
                 }
                 Read::HLen(key) => {
                     self.hash_check(key)?;
-                    Value::Integer(self.hashes.get(key).copied().unwrap_or(0) as i64)
+                    Value::Integer(self.hash_len(key) as i64)
                 }
                 Read::HExists { key, field } => {
                     self.hash_check(key)?;
@@ -416,7 +384,6 @@ impl StateMachine for KvState {
 
     fn install_snapshot(&mut self, exported: &[u8]) -> Result<Vec<u8>, String> {
         let manifest = self.store.install(exported).map_err(|e| e.to_string())?;
-        self.rebuild_bookkeeping();
         Ok(manifest.encode())
     }
 }

@@ -1,15 +1,15 @@
 //! Per-batch reduction: a batch of committed writes becomes the last write of each key it touched.
 
 use bytes::Bytes;
+use foldhash::HashMap;
 
-use crate::scan_map::{no_groups, GroupOf, ScanMap};
 use crate::segment::Record;
 
-/// Collects one batch of committed writes, keeping only the latest per key; answers lookups and
-/// prefix scans over writes not yet in a segment.
+/// Collects one batch of committed writes, keeping only the latest per key. Reads never look
+/// here: the store's index already holds every write's value.
 #[derive(Debug)]
 pub struct Reducer {
-    latest: ScanMap<(u64, Option<Bytes>)>,
+    latest: HashMap<Bytes, (u64, Option<Bytes>)>,
     first_index: Option<u64>,
     last_index: u64,
     writes_in: u64,
@@ -28,27 +28,11 @@ pub struct ReducedBatch {
     pub bytes_in: u64,
 }
 
-impl ReducedBatch {
-    /// The batch's record of `key`, found by binary search.
-    pub fn get(&self, key: &[u8]) -> Option<&Record> {
-        self.records
-            .binary_search_by(|r| r.key.as_ref().cmp(key))
-            .ok()
-            .map(|i| &self.records[i])
-    }
-
-    /// The batch's records of keys starting with `prefix`, in key order.
-    pub fn prefix<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = &'a Record> + 'a {
-        let start = self.records.partition_point(|r| r.key.as_ref() < prefix);
-        self.records[start..]
-            .iter()
-            .take_while(move |r| r.key.starts_with(prefix))
-    }
-}
+impl ReducedBatch {}
 
 impl Default for Reducer {
     fn default() -> Self {
-        Reducer::after(0, no_groups)
+        Reducer::after(0)
     }
 }
 
@@ -57,11 +41,10 @@ impl Reducer {
         Reducer::default()
     }
 
-    /// A reducer whose first entry will come after `index` (the state it extends is at `index`),
-    /// keeping the groups `group_of` defines together.
-    pub fn after(index: u64, group_of: GroupOf) -> Self {
+    /// A reducer whose first entry will come after `index` (the state it extends is at `index`).
+    pub fn after(index: u64) -> Self {
         Reducer {
-            latest: ScanMap::new(group_of),
+            latest: HashMap::default(),
             first_index: None,
             last_index: index,
             writes_in: 0,
@@ -89,21 +72,6 @@ impl Reducer {
         self.latest.insert(key, (index, value));
     }
 
-    /// The batch's latest write of `key`: `Some(None)` is a delete, `None` means not written.
-    pub fn get(&self, key: &[u8]) -> Option<Option<&Bytes>> {
-        self.latest.get(key).map(|(_, value)| value.as_ref())
-    }
-
-    /// The batch's latest writes of the keys of group `group`, in key order.
-    pub fn group<'a>(&'a self, group: &[u8]) -> impl Iterator<Item = (&'a Bytes, Option<&'a Bytes>)> + 'a {
-        self.latest.group(group).map(|(key, (_, value))| (key, value.as_ref()))
-    }
-
-    /// Whether the batch wrote any key of group `group`.
-    pub fn has_group(&self, group: &[u8]) -> bool {
-        self.latest.has_group(group)
-    }
-
     /// Last index noted, in this batch or an earlier one.
     pub fn last_index(&self) -> u64 {
         self.last_index
@@ -129,8 +97,7 @@ impl Reducer {
         let first_index = self.first_index.take()?;
         let mut records: Vec<Record> = self
             .latest
-            .take_all()
-            .into_iter()
+            .drain()
             .map(|(key, (version, value))| Record { key, value, version })
             .collect();
         records.sort_unstable_by(|a, b| a.key.cmp(&b.key));

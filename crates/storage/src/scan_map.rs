@@ -119,28 +119,19 @@ impl<V> ScanMap<V> {
             .flat_map(|members| members.values_mut().map(|(key, value)| (&*key, value)))
     }
 
-    /// Whether any key of the group whose prefix is `group` is present.
-    pub fn has_group(&self, group: &[u8]) -> bool {
-        self.groups.contains_key(group)
+    /// How many keys are in no group.
+    pub fn ungrouped_len(&self) -> usize {
+        self.singles.len()
     }
 
-    /// Every entry, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = (&Bytes, &V)> {
-        self.singles.iter().chain(
-            self.groups
-                .values()
-                .flat_map(|members| members.values().map(|(key, value)| (key, value))),
-        )
+    /// How many groups hold a key.
+    pub fn groups_len(&self) -> usize {
+        self.groups.len()
     }
 
-    /// Empties the map, returning its entries in no particular order.
-    pub fn take_all(&mut self) -> Vec<(Bytes, V)> {
-        self.len = 0;
-        let mut all: Vec<(Bytes, V)> = self.singles.drain().collect();
-        for (_, members) in self.groups.drain() {
-            all.extend(members.into_values());
-        }
-        all
+    /// How many keys the group whose prefix is `group` holds.
+    pub fn group_len(&self, group: &[u8]) -> usize {
+        self.groups.get(group).map_or(0, BTreeMap::len)
     }
 }
 
@@ -168,9 +159,9 @@ mod tests {
         assert_eq!(m.get(b"g2a"), Some(&3));
         assert_eq!(m.len(), 3);
         assert_eq!(m.remove(b"g2a"), Some(3));
-        assert!(!m.has_group(b"g2"), "an emptied group goes");
-        assert_eq!(m.take_all().len(), 2);
-        assert_eq!(m.group(b"g1").count(), 0);
-        assert_eq!(m.len(), 0);
+        assert!(!m.groups.contains_key(b"g2".as_slice()), "an emptied group goes");
+        assert_eq!((m.group_len(b"g1"), m.group_len(b"g2")), (2, 0));
+        assert_eq!((m.ungrouped_len(), m.groups_len()), (0, 1));
+        assert_eq!(m.len(), 2);
     }
 }

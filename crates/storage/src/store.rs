@@ -1,11 +1,12 @@
 //! The store: the key-value state as reduced segments on disk, an in-memory index of where each
 //! live key's latest record is, and a bounded object cache of values.
 //!
-//! Writes land in the batch being built (a `Reducer`). A cut hands the reduced batch to the
-//! writer thread, which persists it as a segment; the store then indexes the segment's records a
-//! slice per applied entry, and until all are indexed the batch stays in memory and answers
-//! reads. Reads look at the building batch, then the cut batches (newest first), then the index,
-//! whose values come from the object cache or a positioned read of the segment.
+//! A write updates the index at once — its value held in the index entry until a segment holds
+//! it — and lands in the batch being built (a `Reducer`). A cut hands the reduced batch to the
+//! writer thread, which persists it as a segment; the store then points the index at the
+//! segment's records a slice per applied entry, and values it points at move into the object
+//! cache. A read is therefore one index lookup, then the value in memory or a positioned read of
+//! the segment.
 //!
 //! Which segments hold the state at an index is a `Manifest`; the raft snapshot carries it, and
 //! start-up opens exactly the segments it lists (deleting any other segment, which a replay of
@@ -33,7 +34,7 @@ use crate::reduce::{ReducedBatch, Reducer};
 use crate::scan_map::{no_groups, GroupOf, ScanMap};
 use crate::segment::{
     decode_record, in_file, io_error, read_segment, read_segment_index, record_len, segment_file_name, sync_dir,
-    verify_segment, write_segment, write_segment_bytes, IndexEntry, Record, SegmentError, SegmentIndex,
+    sync_segment, verify_segment, write_segment, write_segment_bytes, IndexEntry, Record, SegmentError, SegmentIndex,
 };
 
 #[derive(Debug, Clone)]
@@ -87,15 +88,34 @@ pub enum StoreError {
     Inconsistent(String),
 }
 
-/// Where a live key's latest record is, and its value when cached.
+/// Where a live key's latest record is, and its value when in memory.
 #[derive(Debug, Clone)]
 struct Location {
-    /// Id of the segment in `Store::segments`.
+    /// Id of the segment in `Store::segments` holding the latest write, or `UNWRITTEN` while only
+    /// a batch holds it (its value is then in `unwritten`).
     segment: u64,
     record_offset: u64,
     value_len: u32,
+    /// Log index of the latest write.
     version: u64,
     cached: Option<Cached>,
+    unwritten: Option<Bytes>,
+}
+
+/// Segment ids start at 1.
+const UNWRITTEN: u64 = 0;
+
+impl Location {
+    fn unwritten(version: u64, value: Bytes) -> Location {
+        Location {
+            segment: UNWRITTEN,
+            record_offset: 0,
+            value_len: value.len() as u32,
+            version,
+            cached: None,
+            unwritten: Some(value),
+        }
+    }
 }
 
 impl CacheSlots for ScanMap<Location> {
@@ -117,12 +137,11 @@ struct SegmentFile {
 /// Segment files kept open for value reads; more are opened (and one closed) on demand.
 const MAX_OPEN_SEGMENTS: usize = 64;
 
-/// A durable segment whose records are being indexed, a slice at a time.
+/// A segment the writer made durable whose records the index is being pointed at, a slice at a
+/// time.
 struct Adoption {
     id: u64,
     entries: Vec<IndexEntry>,
-    /// The batch it holds, while still in memory.
-    batch: Option<Arc<ReducedBatch>>,
     next: usize,
 }
 
@@ -147,13 +166,16 @@ struct Merged {
     written: Written,
 }
 
-/// What the writer has made durable, for those who wait on it from other threads.
+/// What the writer has written, for those who wait on it from other threads.
 #[derive(Default)]
 struct Durable {
-    /// Every index up to this one is in a durable segment.
+    /// Every index up to this one is in a written segment.
     through: u64,
-    /// `first → last` of the durable segments that make up the state.
+    /// `first → last` of the written segments that make up the state.
     segments: BTreeMap<u64, u64>,
+    /// Those of them not yet synced: a manifest syncs what it lists, so segment writes cost no
+    /// fsync each and the raft log's fsyncs do not queue behind them.
+    unsynced: HashSet<(u64, u64)>,
 }
 
 #[derive(Default)]
@@ -188,9 +210,9 @@ pub struct StoreStats {
 pub struct Store {
     options: StoreOptions,
     building: Reducer,
-    /// Cut batches not yet indexed, oldest first: the first `adopting.len()` are written and
-    /// being adopted, the rest are with the writer.
-    unwritten: VecDeque<Arc<ReducedBatch>>,
+    /// First indices of the cut batches not yet adopted, oldest first: the first
+    /// `adopting.len()` are written and being adopted, the rest are with the writer.
+    unwritten: VecDeque<u64>,
     adopting: VecDeque<Adoption>,
     index: ScanMap<Location>,
     /// By id, which grows with each segment adopted.
@@ -201,7 +223,7 @@ pub struct Store {
     merge_adoption: Option<MergeAdoption>,
     open_segments: HashMap<u64, File>,
     cache: ObjectCache,
-    to_writer: Option<mpsc::Sender<Arc<ReducedBatch>>>,
+    to_writer: Option<mpsc::Sender<ReducedBatch>>,
     from_writer: mpsc::Receiver<Written>,
     writer: Option<std::thread::JoinHandle<()>>,
     to_cleaner: Option<mpsc::Sender<Vec<(u64, u64)>>>,
@@ -293,7 +315,7 @@ impl Store {
     fn empty(options: StoreOptions, applied_index: u64) -> Store {
         let shared = Arc::new(Shared::default());
         shared.durable.lock().expect("not poisoned").through = applied_index;
-        let (to_writer, writer_rx) = mpsc::channel::<Arc<ReducedBatch>>();
+        let (to_writer, writer_rx) = mpsc::channel::<ReducedBatch>();
         let (writer_tx, from_writer) = mpsc::channel();
         let writer = {
             let dir = options.dir.clone();
@@ -316,7 +338,7 @@ impl Store {
         };
         Store {
             cache: ObjectCache::new(options.cache_bytes),
-            building: Reducer::after(applied_index, options.group_of),
+            building: Reducer::after(applied_index),
             unwritten: VecDeque::new(),
             adopting: VecDeque::new(),
             index: ScanMap::new(options.group_of),
@@ -339,11 +361,24 @@ impl Store {
         }
     }
 
-    /// Records that the entry at `index` set `key` to `value`, or deleted it (`None`).
-    pub fn write(&mut self, index: u64, key: Bytes, value: Option<Bytes>) {
+    /// Records that the entry at `index` set `key` to `value`, or deleted it (`None`); whether
+    /// `key` had a value before.
+    pub fn write(&mut self, index: u64, key: Bytes, value: Option<Bytes>) -> bool {
         self.stats.writes_in += 1;
         self.stats.bytes_in += (key.len() + value.as_ref().map_or(0, Bytes::len)) as u64;
+        let replaced = match &value {
+            Some(value) => self
+                .index
+                .insert(key.clone(), Location::unwritten(index, value.clone())),
+            None => self.index.remove(&key),
+        };
+        let had_value = replaced.is_some();
+        if let Some(mut replaced) = replaced {
+            assert!(replaced.version <= index, "a key's versions only grow");
+            supersede(&mut self.segments, &mut self.cache, &key, &mut replaced);
+        }
         self.building.write(index, key, value);
+        had_value
     }
 
     /// Notes that every write of the entry at `index` has been made; cuts the batch when full.
@@ -361,8 +396,7 @@ impl Store {
     /// Hands the building batch to the writer, waiting for it when too many are unwritten.
     pub fn cut(&mut self) {
         if let Some(batch) = self.building.take() {
-            let batch = Arc::new(batch);
-            self.unwritten.push_back(batch.clone());
+            self.unwritten.push_back(batch.first_index);
             self.to_writer
                 .as_ref()
                 .expect("writer runs while the store is open")
@@ -375,41 +409,69 @@ impl Store {
     }
 
     /// Cuts the building batch and returns what waits, on any thread, until everything applied
-    /// so far is durable and then names the segments holding it.
+    /// so far is in written segments, syncs them, and then names them.
+    ///
+    /// A failed sync panics: after a failed fsync the kernel may have dropped the pages, so no
+    /// retry can be trusted, while a restart replays the raft log — not compacted behind these
+    /// segments yet — and rewrites them.
     pub fn manifest_later(&mut self) -> impl FnOnce() -> Manifest + Send + 'static {
         self.cut();
         let through = self.building.last_index();
         let shared = self.shared.clone();
+        let dir = self.options.dir.clone();
         move || {
-            let mut durable = shared.durable.lock().expect("not poisoned");
-            while durable.through < through {
-                durable = shared.changed.wait(durable).expect("not poisoned");
-            }
-            Manifest {
-                applied_index: through,
-                segments: durable
+            let (manifest, to_sync) = {
+                let mut durable = shared.durable.lock().expect("not poisoned");
+                while durable.through < through {
+                    durable = shared.changed.wait(durable).expect("not poisoned");
+                }
+                let segments: Vec<(u64, u64)> = durable
                     .segments
                     .range(..=through)
                     .map(|(first, last)| (*first, *last))
                     .filter(|(_, last)| *last <= through)
-                    .collect(),
+                    .collect();
+                let to_sync: Vec<(u64, u64)> = segments
+                    .iter()
+                    .filter(|range| durable.unsynced.contains(range))
+                    .copied()
+                    .collect();
+                let manifest = Manifest {
+                    applied_index: through,
+                    segments,
+                };
+                (manifest, to_sync)
+            };
+            if to_sync.is_empty() {
+                return manifest;
             }
+            // Listed segments stay on disk at least until a manifest not listing them is
+            // persisted, which cannot happen before this one is: snapshots are taken one at a time.
+            for (first, last) in &to_sync {
+                if let Err(e) = sync_segment(&dir, *first, *last) {
+                    panic!("cannot sync a segment a manifest will list: {e}");
+                }
+            }
+            if let Err(e) = sync_dir(&dir) {
+                panic!("cannot sync the state directory: {e}");
+            }
+            let mut durable = shared.durable.lock().expect("not poisoned");
+            for range in &to_sync {
+                durable.unsynced.remove(range);
+            }
+            manifest
         }
     }
 
-    /// The latest value of `key`, or `None` when it has none.
+    /// The latest value of `key`, or `None` when it has none: from memory, else read from its
+    /// segment and cached.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Bytes>, StoreError> {
-        if let Some(value) = self.get_unwritten(key) {
-            return Ok(value);
-        }
-        self.durable_value(key)
-    }
-
-    /// A durable record's value: from the cache, else read from its segment and cached.
-    fn durable_value(&mut self, key: &[u8]) -> Result<Option<Bytes>, StoreError> {
         let Some(location) = self.index.get_mut(key) else {
             return Ok(None);
         };
+        if let Some(value) = &location.unwritten {
+            return Ok(Some(value.clone()));
+        }
         if let Some(value) = self.cache.get(&mut location.cached) {
             return Ok(Some(value));
         }
@@ -424,73 +486,48 @@ impl Store {
     /// Live keys of the group whose prefix is `group` (see `StoreOptions::group_of`) and their
     /// values, in key order.
     pub fn scan_group(&mut self, group: &[u8]) -> Result<Vec<(Bytes, Bytes)>, StoreError> {
-        let mut durable: Vec<(Bytes, Option<Bytes>)> = Vec::new();
+        let mut values: Vec<(Bytes, Option<Bytes>)> = Vec::with_capacity(self.index.group_len(group));
         for (key, location) in self.index.group_mut(group) {
-            durable.push((key.clone(), self.cache.get(&mut location.cached)));
+            let value = match &location.unwritten {
+                Some(value) => Some(value.clone()),
+                None => self.cache.get(&mut location.cached),
+            };
+            values.push((key.clone(), value));
         }
-        for (key, value) in durable.iter_mut().filter(|(_, value)| value.is_none()) {
-            *value = self.durable_value(key)?;
+        let mut scanned = Vec::with_capacity(values.len());
+        for (key, value) in values {
+            let value = match value {
+                Some(value) => value,
+                None => self.get(&key)?.expect("an indexed key has a value"),
+            };
+            scanned.push((key, value));
         }
-        let durable = durable
-            .into_iter()
-            .map(|(key, value)| (key, value.expect("an indexed key has a value")));
-        let mut unindexed = self.unindexed_group_writes(group).peekable();
-        if unindexed.peek().is_none() {
-            return Ok(durable.collect());
-        }
-        let mut merged: BTreeMap<Bytes, Option<Bytes>> = durable.map(|(key, value)| (key, Some(value))).collect();
-        for (key, value) in unindexed {
-            merged.insert(key.clone(), value.cloned());
-        }
-        Ok(merged
-            .into_iter()
-            .filter_map(|(key, value)| Some((key, value?)))
-            .collect())
-    }
-
-    /// Writes of the group's keys not yet in the index, oldest first (so a later one of a key
-    /// replaces an earlier one): the cut batches, then the building one.
-    fn unindexed_group_writes<'a>(
-        &'a self,
-        group: &'a [u8],
-    ) -> impl Iterator<Item = (&'a Bytes, Option<&'a Bytes>)> + 'a {
-        self.unwritten
-            .iter()
-            .flat_map(move |batch| batch.prefix(group).map(|record| (&record.key, record.value.as_ref())))
-            .chain(self.building.group(group))
+        Ok(scanned)
     }
 
     /// Whether `key` has a value, without reading it.
     pub fn contains(&self, key: &[u8]) -> bool {
-        match self.get_unwritten(key) {
-            Some(value) => value.is_some(),
-            None => self.index.contains_key(key),
-        }
+        self.index.contains_key(key)
     }
 
     /// Live keys of the group whose prefix is `group`, in key order.
     pub fn group_keys(&self, group: &[u8]) -> Vec<Bytes> {
-        let mut merged: BTreeMap<Bytes, bool> = self.index.group(group).map(|(key, _)| (key.clone(), true)).collect();
-        for (key, value) in self.unindexed_group_writes(group) {
-            merged.insert(key.clone(), value.is_some());
-        }
-        merged
-            .into_iter()
-            .filter(|(_, live)| *live)
-            .map(|(key, _)| key)
-            .collect()
+        self.index.group(group).map(|(key, _)| key.clone()).collect()
     }
 
-    /// Calls `f` with every live key, in no particular order. Only for a store with no writes
-    /// since it was opened or installed (every key is then in the index).
-    pub fn for_each_key(&self, mut f: impl FnMut(&Bytes)) {
-        assert!(
-            self.building.is_empty() && self.unwritten.is_empty(),
-            "every key is indexed before a walk of all keys"
-        );
-        for (key, _) in self.index.iter() {
-            f(key);
-        }
+    /// How many live keys the group whose prefix is `group` holds.
+    pub fn group_len(&self, group: &[u8]) -> usize {
+        self.index.group_len(group)
+    }
+
+    /// Live keys in no group.
+    pub fn ungrouped_keys(&self) -> usize {
+        self.index.ungrouped_len()
+    }
+
+    /// Groups with at least one live key.
+    pub fn groups(&self) -> usize {
+        self.index.groups_len()
     }
 
     pub fn stats(&self) -> StoreStats {
@@ -541,6 +578,10 @@ impl Store {
         for ((first, last), bytes) in manifest.segments.iter().zip(&segments) {
             paths.push(write_segment_bytes(&self.options.dir, *first, *last, bytes)?);
         }
+        for (first, last) in &manifest.segments {
+            sync_segment(&self.options.dir, *first, *last)?;
+        }
+        sync_dir(&self.options.dir)?;
         let options = self.options.clone();
         let stats = self.stats;
         *self = Store::empty(options, manifest.applied_index);
@@ -549,16 +590,6 @@ impl Store {
             self.adopt(*first, path, index);
         }
         Ok(manifest)
-    }
-
-    fn get_unwritten(&self, key: &[u8]) -> Option<Option<Bytes>> {
-        if let Some(value) = self.building.get(key) {
-            return Some(value.cloned());
-        }
-        self.unwritten
-            .iter()
-            .rev()
-            .find_map(|batch| batch.get(key).map(|record| record.value.clone()))
     }
 
     /// Starts adopting what the writer finished, and adopts up to `step` records.
@@ -590,10 +621,14 @@ impl Store {
     }
 
     fn absorb(&mut self, written: Written) {
-        let batch = self.unwritten[self.adopting.len()].clone();
-        assert_eq!(batch.first_index, written.first_index, "segments are written in order");
+        assert_eq!(
+            self.unwritten[self.adopting.len()],
+            written.first_index,
+            "segments are written in order"
+        );
         self.stats.bytes_out += written.index.file_bytes;
-        let adoption = self.begin_adoption(written.first_index, written.path, written.index, Some(batch));
+        self.stats.records_out += written.index.entries.len() as u64;
+        let adoption = self.begin_adoption(written.first_index, written.path, written.index);
         self.adopting.push_back(adoption);
     }
 
@@ -602,14 +637,13 @@ impl Store {
     fn continue_adoptions(&mut self, mut step: usize) {
         while let Some(mut adoption) = self.adopting.pop_front() {
             let before = adoption.next;
-            let done = self.adopt_records(&mut adoption, step);
+            let done = self.adopt_written_records(&mut adoption, step);
             step -= adoption.next - before;
             if !done {
                 self.adopting.push_front(adoption);
                 return;
             }
-            let batch = self.unwritten.pop_front().expect("an adopted batch was unwritten");
-            self.stats.records_out += batch.records.len() as u64;
+            self.unwritten.pop_front().expect("an adopted batch was unwritten");
             if self.adopting.is_empty() {
                 self.maybe_clean();
             }
@@ -619,26 +653,43 @@ impl Store {
         }
     }
 
-    /// Makes a durable segment part of the index at once (opening, installing), and part of
-    /// what manifests list (the writer does that for the segments it writes).
+    /// Indexes a whole durable segment at once — opening, installing: the index then holds only
+    /// older segments' records — and makes it part of what manifests list (the writer does that
+    /// for the segments it writes).
     fn adopt(&mut self, first_index: u64, path: PathBuf, index: SegmentIndex) {
         let last_index = index.header.last_index;
-        let mut adoption = self.begin_adoption(first_index, path, index, None);
-        self.adopt_records(&mut adoption, usize::MAX);
+        let adoption = self.begin_adoption(first_index, path, index);
+        for entry in &adoption.entries {
+            let replaced = if entry.is_tombstone {
+                self.index.remove(&entry.key)
+            } else {
+                let location = Location {
+                    segment: adoption.id,
+                    record_offset: entry.record_offset,
+                    value_len: entry.value_len,
+                    version: entry.version,
+                    cached: None,
+                    unwritten: None,
+                };
+                self.index.insert(entry.key.clone(), location)
+            };
+            if let Some(mut replaced) = replaced {
+                assert!(replaced.version < entry.version, "a key's versions only grow");
+                supersede(&mut self.segments, &mut self.cache, &entry.key, &mut replaced);
+            }
+            if !entry.is_tombstone {
+                let segment = self.segments.get_mut(&adoption.id).expect("just added");
+                segment.live_records += 1;
+                segment.live_bytes += entry.record_len() as u64;
+            }
+        }
         let mut durable = self.shared.durable.lock().expect("not poisoned");
         durable.segments.insert(first_index, last_index);
         durable.through = durable.through.max(last_index);
     }
 
-    /// Adds a durable segment, none of its records indexed yet. `batch` is its content while it
-    /// is still in memory, whose values then warm the cache.
-    fn begin_adoption(
-        &mut self,
-        first_index: u64,
-        path: PathBuf,
-        index: SegmentIndex,
-        batch: Option<Arc<ReducedBatch>>,
-    ) -> Adoption {
+    /// Adds a durable segment, none of its records indexed yet.
+    fn begin_adoption(&mut self, first_index: u64, path: PathBuf, index: SegmentIndex) -> Adoption {
         assert!(
             first_index > self.newest_last_index,
             "segments are adopted in log order: [{first_index}, ..] after one ending at {}",
@@ -661,60 +712,43 @@ impl Store {
         Adoption {
             id,
             entries: index.entries,
-            batch,
             next: 0,
         }
     }
 
-    /// Points the index at up to `step` more records of the segment; whether all are done.
-    fn adopt_records(&mut self, adoption: &mut Adoption, step: usize) -> bool {
+    /// Points the index at up to `step` more records of a segment the writer wrote, where they
+    /// are still a key's latest write (the index took every write when it was applied), and
+    /// moves their values from the index entry into the cache; whether all are done.
+    fn adopt_written_records(&mut self, adoption: &mut Adoption, step: usize) -> bool {
         let end = adoption.next.saturating_add(step).min(adoption.entries.len());
-        let id = adoption.id;
-        for i in adoption.next..end {
-            let entry = &adoption.entries[i];
-            let replaced = if entry.is_tombstone {
-                self.index.remove(&entry.key).map(|mut old| {
-                    self.cache.forget(&entry.key, &mut old.cached);
-                    (old.segment, old.value_len, old.version)
-                })
-            } else {
-                let segment = self.segments.get_mut(&id).expect("an adopted segment is the store's");
-                segment.live_records += 1;
-                segment.live_bytes += entry.record_len() as u64;
-                let location = Location {
-                    segment: id,
-                    record_offset: entry.record_offset,
-                    value_len: entry.value_len,
-                    version: entry.version,
-                    cached: None,
-                };
-                let replaced = match self.index.get_mut(&entry.key) {
-                    Some(current) => {
-                        let old = (current.segment, current.value_len, current.version);
-                        let cached = current.cached.take();
-                        *current = Location { cached, ..location };
-                        Some(old)
-                    }
-                    None => {
-                        self.index.insert(entry.key.clone(), location);
-                        None
-                    }
-                };
-                // A value still in memory warms the cache; without one, a cached value is stale.
-                let slot = &mut self.index.get_mut(&entry.key).expect("just indexed").cached;
-                match adoption.batch.as_ref().and_then(|b| b.records[i].value.clone()) {
-                    Some(value) => self.cache.admit(&entry.key, slot, value),
-                    None => self.cache.forget(&entry.key, slot),
-                }
-                replaced
+        let segment = self
+            .segments
+            .get_mut(&adoption.id)
+            .expect("an adopted segment is the store's");
+        for entry in &adoption.entries[adoption.next..end] {
+            // Deleted or overwritten since: the index no longer has this version.
+            let Some(location) = self.index.get_mut(&entry.key) else {
+                continue;
             };
-            if let Some((old_segment, old_value_len, old_version)) = replaced {
-                assert!(old_version < entry.version, "a key's versions only grow");
-                if let Some(segment) = self.segments.get_mut(&old_segment) {
-                    segment.live_records -= 1;
-                    segment.live_bytes -= record_len(entry.key.len(), old_value_len) as u64;
-                }
+            if entry.is_tombstone || location.version != entry.version {
+                assert!(location.version > entry.version, "a key's versions only grow");
+                continue;
             }
+            assert_eq!(location.segment, UNWRITTEN, "a written record is adopted once");
+            let value = location
+                .unwritten
+                .take()
+                .expect("an unwritten location holds its value");
+            assert_eq!(
+                value.len(),
+                entry.value_len as usize,
+                "the segment holds the value written"
+            );
+            location.segment = adoption.id;
+            location.record_offset = entry.record_offset;
+            segment.live_records += 1;
+            segment.live_bytes += entry.record_len() as u64;
+            self.cache.admit(&entry.key, &mut location.cached, value);
         }
         adoption.next = end;
         self.cache.evict(&mut self.index);
@@ -835,10 +869,12 @@ impl Store {
             );
             self.open_segments.remove(id);
             durable.segments.remove(&replaced.first_index);
+            durable.unsynced.remove(&(replaced.first_index, replaced.last_index));
             self.retired.push((replaced.first_index, replaced.last_index));
         }
         let merged = &self.segments[&adoption.merged_id];
         durable.segments.insert(merged.first_index, merged.last_index);
+        durable.unsynced.insert((merged.first_index, merged.last_index));
         drop(durable);
         self.cleaning = false;
         self.maybe_clean();
@@ -858,6 +894,19 @@ impl Store {
         self.retired = keep;
         Ok(())
     }
+}
+
+/// Drops what a newer write or a delete replaces: the superseded record no longer counts as live
+/// in its segment, and its cached value goes.
+fn supersede(segments: &mut BTreeMap<u64, SegmentFile>, cache: &mut ObjectCache, key: &[u8], location: &mut Location) {
+    if location.segment != UNWRITTEN {
+        let segment = segments
+            .get_mut(&location.segment)
+            .expect("a location's segment is the store's");
+        segment.live_records -= 1;
+        segment.live_bytes -= record_len(key.len(), location.value_len) as u64;
+    }
+    cache.forget(key, &mut location.cached);
 }
 
 /// Reads and verifies the record `location` names, opening its segment file if needed.
@@ -906,7 +955,7 @@ impl Drop for Store {
 /// is retried until it succeeds — nothing acknowledged is lost, the node stalls instead.
 fn write_segments(
     dir: &Path,
-    batches: &mpsc::Receiver<Arc<ReducedBatch>>,
+    batches: &mpsc::Receiver<ReducedBatch>,
     written: &mpsc::Sender<Written>,
     shared: &Shared,
 ) {
@@ -917,6 +966,7 @@ fn write_segments(
         {
             let mut durable = shared.durable.lock().expect("not poisoned");
             durable.segments.insert(batch.first_index, batch.last_index);
+            durable.unsynced.insert((batch.first_index, batch.last_index));
             durable.through = durable.through.max(batch.last_index);
         }
         shared.changed.notify_all();
