@@ -62,7 +62,33 @@ pub struct Disk {
 
 /// A mounted `Disk`; dropping it unmounts.
 pub struct Mount {
-    _session: fuser::BackgroundSession,
+    mountpoint: std::path::PathBuf,
+    session: Option<fuser::BackgroundSession>,
+}
+
+impl Drop for Mount {
+    /// A process killed a moment ago may still hold files open (`EBUSY`): retry for a while,
+    /// then detach, so a later mount never stacks over this one.
+    fn drop(&mut self) {
+        let Ok(path) = std::ffi::CString::new(self.mountpoint.as_os_str().as_encoded_bytes()) else {
+            return;
+        };
+        let mut busy_retries = 50;
+        loop {
+            // SAFETY: a valid NUL-terminated path.
+            if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
+                break;
+            }
+            if io::Error::last_os_error().raw_os_error() != Some(libc::EBUSY) || busy_retries == 0 {
+                // SAFETY: as above.
+                unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+                break;
+            }
+            busy_retries -= 1;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        drop(self.session.take());
+    }
 }
 
 impl Default for Disk {
@@ -106,7 +132,10 @@ impl Disk {
             state: self.state.clone(),
         };
         let session = fuser::spawn_mount2(fs, mountpoint, &options)?;
-        Ok(Mount { _session: session })
+        Ok(Mount {
+            mountpoint: mountpoint.to_path_buf(),
+            session: Some(session),
+        })
     }
 
     /// Loses power: every file goes back to its durable bytes and every directory to its durable
