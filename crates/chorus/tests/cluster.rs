@@ -782,16 +782,17 @@ async fn a_torn_tail_is_zeroed_and_a_flipped_bit_inside_the_log_stops_the_node_l
     assert!(log.contains("corrupt") || log.contains("checksum"), "{log}");
 }
 
-/// What the writers of the crash test were told: keys whose SET was acknowledged, and how many
+/// What the writers of the crash tests were told: keys whose SET was acknowledged, and how many
 /// increments were acknowledged and attempted.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Acknowledged {
     sets: Vec<(String, String)>,
     increments_acked: i64,
     increments_attempted: i64,
 }
 
-/// One writer: SETs unique keys and INCRs a shared counter until its connection fails.
+/// One writer of the crash tests: SETs unique keys, INCRs a shared counter, and overwrites a few
+/// hot keys (dead records for the cleaner) until its connection fails.
 async fn write_until_killed(
     addr: SocketAddr,
     writer: usize,
@@ -801,21 +802,60 @@ async fn write_until_killed(
     let Ok(mut c) = Client::connect(addr).await else { return };
     c.set_timeout(Duration::from_secs(2));
     for i in 0.. {
-        if i % 4 == 3 {
-            acked.lock().unwrap().increments_attempted += 1;
-            match c.command(&["INCR", "crash-counter"]).await {
-                Ok(Value::Integer(_)) => acked.lock().unwrap().increments_acked += 1,
-                _ => return,
+        let reply = match i % 4 {
+            0 => {
+                acked.lock().unwrap().increments_attempted += 1;
+                match c.command(&["INCR", "crash-counter"]).await {
+                    Ok(Value::Integer(_)) => {
+                        acked.lock().unwrap().increments_acked += 1;
+                        continue;
+                    }
+                    _ => return,
+                }
             }
-        } else {
-            let key = format!("crash-r{round}-w{writer}-{i}");
-            let value = format!("{key}-{}", "v".repeat(100 + i % 200));
-            if !matches!(c.command(&["SET", &key, &value]).await, Ok(v) if v == ok()) {
-                return;
+            1 => {
+                c.command(&["SET", &format!("hot-{}", (i + writer) % 40), &"h".repeat(200)])
+                    .await
             }
-            acked.lock().unwrap().sets.push((key, value));
+            _ => {
+                let key = format!("crash-r{round}-w{writer}-{i}");
+                let value = format!("{key}-{}", "v".repeat(50 + i % 150));
+                let reply = c.command(&["SET", &key, &value]).await;
+                if matches!(&reply, Ok(v) if *v == ok()) {
+                    acked.lock().unwrap().sets.push((key, value));
+                }
+                reply
+            }
+        };
+        if !matches!(reply, Ok(v) if v == ok()) {
+            return;
         }
     }
+}
+
+/// Asserts that every acknowledged SET from `sets_from` on reads back (MGET in chunks) and that
+/// the counter lies between the acknowledged and the attempted increments; `context` names the
+/// crash in a failure.
+async fn assert_acknowledged_writes_present(c: &mut Client, acked: &Acknowledged, sets_from: usize, context: &str) {
+    for chunk in acked.sets[sets_from..].chunks(500) {
+        let mut mget = vec!["MGET"];
+        mget.extend(chunk.iter().map(|(key, _)| key.as_str()));
+        let Value::Array(Some(values)) = c.command(&mget).await.unwrap() else {
+            panic!("MGET answers an array");
+        };
+        for ((key, value), got) in chunk.iter().zip(values) {
+            assert_eq!(got, bulk(value), "{context}: acknowledged {key} lost");
+        }
+    }
+    let Value::Bulk(Some(counter)) = c.command(&["GET", "crash-counter"]).await.unwrap() else {
+        panic!("{context}: the counter is gone");
+    };
+    let counter: i64 = String::from_utf8(counter.to_vec()).unwrap().parse().unwrap();
+    let (acknowledged, attempted) = (acked.increments_acked, acked.increments_attempted);
+    assert!(
+        (acknowledged..=attempted).contains(&counter),
+        "{context}: counter {counter}, acknowledged {acknowledged} attempted {attempted}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -847,30 +887,13 @@ async fn sigkill_during_heavy_writes_never_loses_an_acknowledged_write() {
         }
         cluster.restart_stopped();
 
-        let (sets, increments_acked, increments_attempted) = {
-            let acked = acked.lock().unwrap();
-            (acked.sets.clone(), acked.increments_acked, acked.increments_attempted)
-        };
+        let acked_now = acked.lock().unwrap().clone();
         let mut c = cluster.client(1).await;
-        for (key, value) in &sets {
-            assert_eq!(
-                c.command(&["GET", key]).await.unwrap(),
-                bulk(value),
-                "round {round}: acknowledged {key} lost"
-            );
-        }
-        let Value::Bulk(Some(counter)) = c.command(&["GET", "crash-counter"]).await.unwrap() else {
-            panic!("round {round}: the counter is gone");
-        };
-        let counter: i64 = String::from_utf8(counter.to_vec()).unwrap().parse().unwrap();
-        assert!(
-            (increments_acked..=increments_attempted).contains(&counter),
-            "round {round}: counter {counter}, acknowledged {increments_acked} attempted {increments_attempted}"
-        );
+        assert_acknowledged_writes_present(&mut c, &acked_now, 0, &format!("round {round}")).await;
         eprintln!(
             "round {round}: killed after {kill_after_ms} ms; {} SETs and {} INCRs acknowledged so far, all present",
-            sets.len(),
-            increments_acked
+            acked_now.sets.len(),
+            acked_now.increments_acked
         );
     }
     let snapshots = std::fs::read_dir(cluster.dir.path().join("node1/data"))
@@ -878,48 +901,6 @@ async fn sigkill_during_heavy_writes_never_loses_an_acknowledged_write() {
         .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains("snap"))
         .count();
     assert!(snapshots > 0, "the test meant to cross snapshots but none was written");
-}
-
-/// One writer for the power-cut test: SETs unique keys, INCRs a shared counter, and overwrites a
-/// few hot keys (dead records for the cleaner) until its connection fails.
-async fn write_until_power_cut(
-    addr: SocketAddr,
-    writer: usize,
-    round: usize,
-    acked: std::sync::Arc<std::sync::Mutex<Acknowledged>>,
-) {
-    let Ok(mut c) = Client::connect(addr).await else { return };
-    c.set_timeout(Duration::from_secs(2));
-    for i in 0.. {
-        let reply = match i % 4 {
-            0 => {
-                acked.lock().unwrap().increments_attempted += 1;
-                match c.command(&["INCR", "crash-counter"]).await {
-                    Ok(Value::Integer(_)) => {
-                        acked.lock().unwrap().increments_acked += 1;
-                        continue;
-                    }
-                    _ => return,
-                }
-            }
-            1 => {
-                c.command(&["SET", &format!("hot-{}", (i + writer) % 40), &"h".repeat(200)])
-                    .await
-            }
-            _ => {
-                let key = format!("cut-r{round}-w{writer}-{i}");
-                let value = format!("{key}-{}", "v".repeat(50 + i % 150));
-                let reply = c.command(&["SET", &key, &value]).await;
-                if matches!(&reply, Ok(v) if *v == ok()) {
-                    acked.lock().unwrap().sets.push((key, value));
-                }
-                reply
-            }
-        };
-        if !matches!(reply, Ok(v) if v == ok()) {
-            return;
-        }
-    }
 }
 
 /// Copies a directory tree into `to` and syncs every file and directory there.
@@ -989,7 +970,7 @@ async fn power_cuts_during_heavy_writes_never_lose_an_acknowledged_write() {
     let mut verified_sets = 0;
     for round in 0..CUTS {
         let writers: Vec<_> = (0..4)
-            .map(|w| tokio::spawn(write_until_power_cut(addr, w, round, acked.clone())))
+            .map(|w| tokio::spawn(write_until_killed(addr, w, round, acked.clone())))
             .collect();
         rng ^= rng << 13;
         rng ^= rng >> 7;
@@ -1010,36 +991,13 @@ async fn power_cuts_during_heavy_writes_never_lose_an_acknowledged_write() {
         mount = disk.mount(&data).expect("remount after a power cut");
         cluster.restart_stopped();
 
-        let (sets, increments_acked, increments_attempted) = {
-            let acked = acked.lock().unwrap();
-            (acked.sets.clone(), acked.increments_acked, acked.increments_attempted)
-        };
+        let acked_now = acked.lock().unwrap().clone();
         // Every acknowledged write since the last cut, and all of them every tenth cut.
         let check_from = if round % 10 == 9 { 0 } else { verified_sets };
-        verified_sets = sets.len();
+        verified_sets = acked_now.sets.len();
         let mut c = cluster.client(1).await;
-        for chunk in sets[check_from..].chunks(500) {
-            let mut mget = vec!["MGET"];
-            mget.extend(chunk.iter().map(|(key, _)| key.as_str()));
-            let Value::Array(Some(values)) = c.command(&mget).await.unwrap() else {
-                panic!("MGET answers an array");
-            };
-            for ((key, value), got) in chunk.iter().zip(values) {
-                assert_eq!(
-                    got,
-                    bulk(value),
-                    "cut {round} (after {cut_after_ms} ms): acknowledged {key} lost"
-                );
-            }
-        }
-        let Value::Bulk(Some(counter)) = c.command(&["GET", "crash-counter"]).await.unwrap() else {
-            panic!("cut {round}: the counter is gone");
-        };
-        let counter: i64 = String::from_utf8(counter.to_vec()).unwrap().parse().unwrap();
-        assert!(
-            (increments_acked..=increments_attempted).contains(&counter),
-            "cut {round}: counter {counter}, acknowledged {increments_acked} attempted {increments_attempted}"
-        );
+        let context = format!("cut {round} (after {cut_after_ms} ms)");
+        assert_acknowledged_writes_present(&mut c, &acked_now, check_from, &context).await;
     }
     let acked = acked.lock().unwrap();
     eprintln!(
