@@ -13,6 +13,7 @@ fuzz_target!(|data: &[u8]| {
             first_index: header.first_index,
             last_index: header.last_index,
             records,
+            log_order: header.log_order,
             writes_in: 0,
             bytes_in: 0,
         };

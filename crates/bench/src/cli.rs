@@ -28,6 +28,9 @@ pub enum BenchCommand {
     /// UniCache off vs on: 100% writes of several value sizes and shares of recurring values,
     /// a fresh cluster per run, on one network profile.
     Unicache(crate::unicache_bench::UniCacheArgs),
+    /// Log reduction vs the standard log, in process: the paper's workloads and batch sizes,
+    /// commands and bytes persisted, throughput, disk after the cleaner, recovery and catch-up.
+    Reduction(crate::reduction_bench::ReductionArgs),
     /// UniCache compression of generated realistic streams (email CSV, news CSV, bus SQL).
     UnicacheStreams(crate::unicache_bench::StreamArgs),
     /// Start or stop a peer system (etcd, or Redis with replicas) for side-by-side runs.
@@ -401,6 +404,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Compare(args) => compare::run(args).await,
         BenchCommand::Unicache(args) => crate::unicache_bench::run(args).await,
         BenchCommand::UnicacheStreams(args) => crate::unicache_bench::run_streams(args),
+        BenchCommand::Reduction(args) => crate::reduction_bench::run(args),
         BenchCommand::Peers { command } => match command {
             PeersCommand::Start { system, dir, net } => {
                 let profile = Some(net.profile()?).filter(|p| !p.is_passthrough());

@@ -13,6 +13,7 @@ pub mod grpc;
 mod http;
 pub mod peers;
 pub mod plot;
+pub mod reduction_bench;
 pub mod report;
 pub mod resp_target;
 pub mod rng;

@@ -79,6 +79,10 @@ server_options! {
     /// Bytes of values the key-value store keeps in memory (its object cache); the rest are read
     /// from segment files when asked for.
     cache_bytes: usize = 256 * 1024 * 1024;
+    /// How the key-value state is persisted: "reduced" (each batch of committed writes keeps only
+    /// the last write of each key; a cleaner merges segments) or "full" (every committed write is
+    /// kept and replayed at start-up, never cleaned: the standard log, a baseline for measuring).
+    storage: String = "reduced".into();
     /// Committed writes reduced into one segment (only the last write of each key is kept).
     reduction_batch_writes: u64 = 1_000;
     /// Key and value bytes of committed writes reduced into one segment.

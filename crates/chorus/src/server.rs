@@ -73,6 +73,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         Box::new(IdentityCodec)
     };
     let store_options = StoreOptions {
+        mode: config.storage.parse().map_err(anyhow::Error::msg)?,
         cache_bytes: config.cache_bytes,
         batch_writes: config.reduction_batch_writes,
         batch_bytes: config.reduction_batch_bytes,

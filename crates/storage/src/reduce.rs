@@ -1,19 +1,33 @@
 //! Per-batch reduction: a batch of committed writes becomes the last write of each key it touched.
+//! Or, for the `full` storage mode (the standard log the reduction is measured against), every
+//! write in log order.
 
 use bytes::Bytes;
 use foldhash::HashMap;
 
 use crate::segment::Record;
 
-/// Collects one batch of committed writes, keeping only the latest per key. Reads never look
-/// here: the store's index already holds every write's value.
+/// Collects one batch of committed writes, keeping only the latest per key (or every write, see
+/// `keeping_every_write`). Reads never look here: the store's index already holds every write's
+/// value.
 #[derive(Debug)]
 pub struct Reducer {
-    latest: HashMap<Bytes, (u64, Option<Bytes>)>,
+    kept: Kept,
     first_index: Option<u64>,
     last_index: u64,
     writes_in: u64,
     bytes_in: u64,
+}
+
+#[derive(Debug)]
+enum Kept {
+    LatestPerKey(HashMap<Bytes, (u64, Option<Bytes>)>),
+    /// Every write in log order, and where the current entry's keys sit in it: one entry's
+    /// writes are one command, and only its resulting value of a key is recorded.
+    EveryWrite {
+        records: Vec<Record>,
+        this_entry: HashMap<Bytes, usize>,
+    },
 }
 
 /// What a batch reduced to, ready to become a segment.
@@ -21,14 +35,14 @@ pub struct Reducer {
 pub struct ReducedBatch {
     pub first_index: u64,
     pub last_index: u64,
-    /// Sorted by key, so equal batches encode to equal bytes on every replica.
+    /// Sorted by key, one per key, so equal batches encode to equal bytes on every replica; or,
+    /// when `log_order`, every write of the batch in log order (at most one per key and entry).
     pub records: Vec<Record>,
+    pub log_order: bool,
     /// Writes the batch received before reduction, and their key and value bytes.
     pub writes_in: u64,
     pub bytes_in: u64,
 }
-
-impl ReducedBatch {}
 
 impl Default for Reducer {
     fn default() -> Self {
@@ -44,11 +58,22 @@ impl Reducer {
     /// A reducer whose first entry will come after `index` (the state it extends is at `index`).
     pub fn after(index: u64) -> Self {
         Reducer {
-            latest: HashMap::default(),
+            kept: Kept::LatestPerKey(HashMap::default()),
             first_index: None,
             last_index: index,
             writes_in: 0,
             bytes_in: 0,
+        }
+    }
+
+    /// A reducer that reduces nothing: the `full` storage mode, the paper's standard log.
+    pub fn keeping_every_write(index: u64) -> Self {
+        Reducer {
+            kept: Kept::EveryWrite {
+                records: Vec::new(),
+                this_entry: HashMap::default(),
+            },
+            ..Reducer::after(index)
         }
     }
 
@@ -69,7 +94,28 @@ impl Reducer {
         self.note_index(index);
         self.writes_in += 1;
         self.bytes_in += (key.len() + value.as_ref().map_or(0, Bytes::len)) as u64;
-        self.latest.insert(key, (index, value));
+        match &mut self.kept {
+            Kept::LatestPerKey(latest) => {
+                latest.insert(key, (index, value));
+            }
+            Kept::EveryWrite { records, this_entry } => {
+                if records.last().is_some_and(|last| last.version != index) {
+                    this_entry.clear();
+                }
+                let record = Record {
+                    key: key.clone(),
+                    value,
+                    version: index,
+                };
+                match this_entry.get(&key) {
+                    Some(position) => records[*position] = record,
+                    None => {
+                        this_entry.insert(key, records.len());
+                        records.push(record);
+                    }
+                }
+            }
+        }
     }
 
     /// Last index noted, in this batch or an earlier one.
@@ -95,15 +141,24 @@ impl Reducer {
     /// The reduced batch, or `None` when no entry was noted; the reducer starts a new batch.
     pub fn take(&mut self) -> Option<ReducedBatch> {
         let first_index = self.first_index.take()?;
-        let mut records: Vec<Record> = self
-            .latest
-            .drain()
-            .map(|(key, (version, value))| Record { key, value, version })
-            .collect();
-        records.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        let (records, log_order) = match &mut self.kept {
+            Kept::EveryWrite { records, this_entry } => {
+                this_entry.clear();
+                (std::mem::take(records), true)
+            }
+            Kept::LatestPerKey(latest) => {
+                let mut records: Vec<Record> = latest
+                    .drain()
+                    .map(|(key, (version, value))| Record { key, value, version })
+                    .collect();
+                records.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+                (records, false)
+            }
+        };
         let batch = ReducedBatch {
             first_index,
             last_index: self.last_index,
+            log_order,
             records,
             writes_in: std::mem::take(&mut self.writes_in),
             bytes_in: std::mem::take(&mut self.bytes_in),
@@ -150,6 +205,34 @@ mod tests {
         );
         assert!(r.is_empty());
         assert_eq!(r.take(), None);
+    }
+
+    #[test]
+    fn keeping_every_write_keeps_them_in_log_order_with_one_per_key_and_entry() {
+        let mut r = Reducer::keeping_every_write(9);
+        r.write(10, "b".into(), Some("1".into()));
+        r.write(11, "a".into(), Some("1".into()));
+        r.write(11, "a".into(), Some("2".into())); // MSET a 1 a 2: the command's result
+        r.write(12, "b".into(), Some("2".into()));
+        r.write(13, "b".into(), None);
+        let batch = r.take().unwrap();
+        assert!(batch.log_order);
+        assert_eq!((batch.first_index, batch.last_index, batch.writes_in), (10, 13, 5));
+        assert_eq!(
+            batch.records,
+            vec![
+                put("b", "1", 10),
+                put("a", "2", 11),
+                put("b", "2", 12),
+                Record {
+                    key: "b".into(),
+                    value: None,
+                    version: 13
+                },
+            ]
+        );
+        r.write(14, "a".into(), Some("3".into()));
+        assert_eq!(r.take().unwrap().records, vec![put("a", "3", 14)]);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Segment files: one reduced batch each, immutable once written.
 //!
 //! ```text
-//! header  (32 B)  "CHSG" | format u16 | flags u16 (0) | first index u64 | last index u64
+//! header  (32 B)  "CHSG" | format u16 | flags u16 | first index u64 | last index u64
 //!                 | record count u32 | crc32 of the preceding 28 bytes
 //! records         crc32 of the rest of the record | kind u8 (1 put, 2 tombstone) | version u64
 //!                 | key length u32 | value length u32 | key | value
@@ -11,6 +11,8 @@
 //!                 | "CHSF"
 //! ```
 //!
+//! Records and index entries are in key order, one per key; with header flag 1 (`log order`, the
+//! `full` storage mode's unreduced batches) they are in log order instead, keys repeating.
 //! All integers are little-endian. A record's version is the log index of the write it keeps.
 //! Start-up reads the header, the footer and the index, never the values; a value is read with one
 //! positioned read of its record, whose checksum is verified.
@@ -35,6 +37,7 @@ const FOOTER_MAGIC: &[u8; 4] = b"CHSF";
 const FORMAT_VERSION: u16 = 1;
 const KIND_PUT: u8 = 1;
 const KIND_TOMBSTONE: u8 = 2;
+const FLAG_LOG_ORDER: u16 = 1;
 
 /// The latest write of one key in a batch: a value, or a tombstone (`None`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +53,8 @@ pub struct SegmentHeader {
     pub first_index: u64,
     pub last_index: u64,
     pub record_count: u32,
+    /// Records in log order, keys repeating (an unreduced batch), rather than one per key.
+    pub log_order: bool,
 }
 
 /// Where one key's record sits in its segment.
@@ -72,6 +77,12 @@ impl IndexEntry {
 /// Bytes on disk of a record with a key and a value of these lengths.
 pub fn record_len(key_len: usize, value_len: u32) -> usize {
     RECORD_OVERHEAD_BYTES + key_len + value_len as usize
+}
+
+/// Bytes a record with a key and a value of these lengths adds to a segment: the record and its
+/// index entry.
+pub fn segment_bytes_per_record(key_len: usize, value_len: u32) -> usize {
+    record_len(key_len, value_len) + INDEX_ENTRY_OVERHEAD_BYTES + key_len
 }
 
 /// What start-up learns about a segment without reading its values.
@@ -212,7 +223,8 @@ pub fn encode_segment_and_index(batch: &ReducedBatch) -> (Vec<u8>, SegmentIndex)
     let mut out = Vec::with_capacity(HEADER_BYTES + payload + FOOTER_BYTES);
     out.extend_from_slice(HEADER_MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    out.extend_from_slice(&0u16.to_le_bytes());
+    let flags = if batch.log_order { FLAG_LOG_ORDER } else { 0 };
+    out.extend_from_slice(&flags.to_le_bytes());
     out.extend_from_slice(&batch.first_index.to_le_bytes());
     out.extend_from_slice(&batch.last_index.to_le_bytes());
     out.extend_from_slice(&record_count.to_le_bytes());
@@ -226,8 +238,13 @@ pub fn encode_segment_and_index(batch: &ReducedBatch) -> (Vec<u8>, SegmentIndex)
             "a record's version lies in its batch"
         );
         assert!(
-            i == 0 || batch.records[i - 1].key < record.key,
-            "records are sorted by key, one per key"
+            i == 0
+                || if batch.log_order {
+                    batch.records[i - 1].version <= record.version
+                } else {
+                    batch.records[i - 1].key < record.key
+                },
+            "records are sorted by key, one per key, or in log order"
         );
         offsets.push(out.len() as u64);
         let start = out.len();
@@ -280,6 +297,7 @@ pub fn encode_segment_and_index(batch: &ReducedBatch) -> (Vec<u8>, SegmentIndex)
             first_index: batch.first_index,
             last_index: batch.last_index,
             record_count,
+            log_order: batch.log_order,
         },
         entries,
         file_bytes: out.len() as u64,
@@ -305,13 +323,14 @@ pub fn decode_header(buf: &[u8]) -> Result<SegmentHeader, SegmentError> {
         first_index: f.u64("header")?,
         last_index: f.u64("header")?,
         record_count: f.u32("header")?,
+        log_order: flags & FLAG_LOG_ORDER != 0,
     };
     let crc_at = f.offset();
     let crc = f.u32("header")?;
     if crc != crc32fast::hash(&buf[..crc_at]) {
         return Err(corrupt(crc_at, "header checksum mismatch"));
     }
-    if flags != 0 {
+    if flags & !FLAG_LOG_ORDER != 0 {
         return Err(corrupt(6, format!("unknown header flags {flags:#x}")));
     }
     if header.first_index > header.last_index {
@@ -356,6 +375,7 @@ pub fn decode_index(
     let mut f = Fields::new(buf, base);
     let mut entries = Vec::with_capacity((header.record_count as usize).min(buf.len() / INDEX_ENTRY_OVERHEAD_BYTES));
     let mut record_end = HEADER_BYTES as u64;
+    let mut this_entry_keys = foldhash::HashSet::default();
     for _ in 0..header.record_count {
         let at = f.offset();
         let kind = f.u8("index entry")?;
@@ -373,7 +393,18 @@ pub fn decode_index(
         if !(header.first_index..=header.last_index).contains(&version) {
             return Err(corrupt(at, format!("version {version} outside the segment's range")));
         }
-        if entries.last().is_some_and(|last: &IndexEntry| last.key >= key) {
+        if header.log_order {
+            // One entry's writes to a key are recorded once, as their result.
+            if entries.last().is_some_and(|last: &IndexEntry| last.version != version) {
+                this_entry_keys.clear();
+            }
+            if entries.last().is_some_and(|last: &IndexEntry| last.version > version) {
+                return Err(corrupt(at, "index versions out of log order"));
+            }
+            if !this_entry_keys.insert(key.clone()) {
+                return Err(corrupt(at, "a key recorded twice for one log entry"));
+            }
+        } else if entries.last().is_some_and(|last: &IndexEntry| last.key >= key) {
             return Err(corrupt(at, "index keys out of order"));
         }
         let entry = IndexEntry {
@@ -620,6 +651,33 @@ mod tests {
         r.take().unwrap()
     }
 
+    /// The same writes unreduced, as the `full` storage mode persists them.
+    fn sample_log_order_batch() -> ReducedBatch {
+        let mut r = Reducer::keeping_every_write(99);
+        r.write(100, "user:1".into(), Some("alice".into()));
+        r.write(101, "user:2".into(), Some(Bytes::from(vec![7u8; 300])));
+        r.write(102, "user:1".into(), Some("alice2".into()));
+        r.write(103, "gone".into(), None);
+        r.note_index(104);
+        r.take().unwrap()
+    }
+
+    #[test]
+    fn a_log_order_segment_keeps_every_write_and_refuses_a_key_twice_in_one_entry() {
+        let batch = sample_log_order_batch();
+        let bytes = encode_segment(&batch);
+        let (header, records) = decode_segment(&bytes).unwrap();
+        assert!(header.log_order);
+        assert_eq!(records, batch.records);
+        assert_eq!(records.len(), 4, "user:1 twice, the delete as a tombstone");
+
+        let mut twice = batch.clone();
+        twice.records[1].key = "user:1".into();
+        twice.records[1].version = 100;
+        let message = decode_segment(&encode_segment(&twice)).unwrap_err().to_string();
+        assert!(message.contains("a key recorded twice for one log entry"), "{message}");
+    }
+
     #[test]
     fn a_written_segment_reads_back_whole_and_by_index() {
         let dir = tempfile::tempdir().unwrap();
@@ -635,7 +693,8 @@ mod tests {
             SegmentHeader {
                 first_index: 100,
                 last_index: 104,
-                record_count: 3
+                record_count: 3,
+                log_order: false,
             }
         );
         assert_eq!(records, batch.records);
@@ -662,10 +721,15 @@ mod tests {
 
     #[test]
     fn every_flipped_bit_and_every_truncation_is_detected() {
-        let bytes = encode_segment(&sample_batch());
+        for batch in [sample_batch(), sample_log_order_batch()] {
+            assert_every_flip_and_truncation_detected(&encode_segment(&batch));
+        }
+    }
+
+    fn assert_every_flip_and_truncation_detected(bytes: &[u8]) {
         for at in 0..bytes.len() {
             for bit in 0..8 {
-                let mut bad = bytes.clone();
+                let mut bad = bytes.to_vec();
                 bad[at] ^= 1 << bit;
                 assert!(
                     decode_segment(&bad).is_err(),

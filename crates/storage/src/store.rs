@@ -37,9 +37,33 @@ use crate::segment::{
     sync_segment, verify_segment, write_segment, write_segment_bytes, IndexEntry, Record, SegmentError, SegmentIndex,
 };
 
+/// What a segment keeps of its batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageMode {
+    /// The last write of each key (the log reduction), merged further by the cleaner; start-up
+    /// reads segment indexes, not values.
+    Reduced,
+    /// Every write in log order, never cleaned, replayed whole at start-up: the standard log the
+    /// reduction is measured against, in the same code.
+    Full,
+}
+
+impl std::str::FromStr for StorageMode {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        match name {
+            "reduced" => Ok(StorageMode::Reduced),
+            "full" => Ok(StorageMode::Full),
+            other => Err(format!("unknown storage mode {other:?}: reduced or full")),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     pub dir: PathBuf,
+    pub mode: StorageMode,
     /// Bytes of values the object cache may hold.
     pub cache_bytes: usize,
     /// A batch is cut once it holds this many writes or this many key and value bytes.
@@ -66,6 +90,7 @@ impl StoreOptions {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         StoreOptions {
             dir: dir.into(),
+            mode: StorageMode::Reduced,
             cache_bytes: 256 << 20,
             batch_writes: 1_000,
             batch_bytes: 4 << 20,
@@ -196,6 +221,8 @@ pub struct StoreStats {
     /// Records persisted in segments, and the segments' bytes.
     pub records_out: u64,
     pub bytes_out: u64,
+    /// Segments the writer wrote (the cleaner's merges not counted).
+    pub segments_out: u64,
     pub segments: usize,
     /// Bytes of the segment files the state uses.
     pub segment_bytes: u64,
@@ -298,7 +325,14 @@ impl Store {
                     path.display()
                 )));
             }
-            let index = read_segment_index(&path)?;
+            let index = match store.options.mode {
+                StorageMode::Reduced => read_segment_index(&path)?,
+                // A standard log is replayed: every record read and checked.
+                StorageMode::Full => {
+                    let bytes = std::fs::read(&path).map_err(io_error(&path))?;
+                    verify_segment(&bytes).map_err(in_file(&path))?
+                }
+            };
             if (index.header.first_index, index.header.last_index) != (*first, *last) {
                 return Err(StoreError::Inconsistent(format!(
                     "{}: header says [{}, {}]",
@@ -338,7 +372,10 @@ impl Store {
         };
         Store {
             cache: ObjectCache::new(options.cache_bytes),
-            building: Reducer::after(applied_index),
+            building: match options.mode {
+                StorageMode::Reduced => Reducer::after(applied_index),
+                StorageMode::Full => Reducer::keeping_every_write(applied_index),
+            },
             unwritten: VecDeque::new(),
             adopting: VecDeque::new(),
             index: ScanMap::new(options.group_of),
@@ -628,6 +665,7 @@ impl Store {
         );
         self.stats.bytes_out += written.index.file_bytes;
         self.stats.records_out += written.index.entries.len() as u64;
+        self.stats.segments_out += 1;
         let adoption = self.begin_adoption(written.first_index, written.path, written.index);
         self.adopting.push_back(adoption);
     }
@@ -755,6 +793,21 @@ impl Store {
         end == adoption.entries.len()
     }
 
+    /// Writes and adopts every cut batch, then lets the cleaner merge until it has nothing left
+    /// to do: the state as it is once the store is idle (what benchmarks and tests measure).
+    pub fn settle(&mut self) {
+        self.finish_unwritten();
+        self.maybe_clean();
+        while self.cleaning {
+            if self.merge_adoption.is_some() {
+                self.continue_merge_adoption(usize::MAX);
+            } else {
+                let merged = self.from_cleaner.recv().expect("segment cleaner thread vanished");
+                self.start_merge_adoption(merged);
+            }
+        }
+    }
+
     /// Share of the segments' bytes that no read can reach any more.
     pub fn dirty_ratio(&self) -> f64 {
         let total: u64 = self.segments.values().map(|s| s.file_bytes).sum();
@@ -769,6 +822,7 @@ impl Store {
     /// Starts a merge of every durable segment when enough of their bytes are dead.
     fn maybe_clean(&mut self) {
         if self.cleaning
+            || self.options.mode == StorageMode::Full
             || !self.adopting.is_empty()
             || self.segments.len() < self.options.cleaner_min_segments.max(2)
             || self.dirty_ratio() < self.options.min_cleanable_dirty_ratio
@@ -1036,6 +1090,18 @@ fn merge_newest(runs: Vec<Vec<Record>>) -> Vec<Record> {
     merged
 }
 
+/// The newest record of each key of a log-order run (a `full` segment the store opened in
+/// `reduced` mode), in key order.
+fn newest_per_key(records: Vec<Record>) -> Vec<Record> {
+    let mut newest: HashMap<Bytes, Record> = HashMap::default();
+    for record in records {
+        newest.insert(record.key.clone(), record);
+    }
+    let mut run: Vec<Record> = newest.into_values().collect();
+    run.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+    run
+}
+
 /// The cleaner competes with the foreground for the same cores: it runs at the lowest priority.
 fn lower_thread_priority() {
     // SAFETY: plain system calls on this thread's own id.
@@ -1066,12 +1132,16 @@ fn clean_segments(
                 return;
             }
             let path = dir.join(segment_file_name(*first, *last));
-            let (_, records) = match read_segment(&path) {
+            let (header, records) = match read_segment(&path) {
                 Ok(read) => read,
                 Err(e) => panic!("the cleaner cannot read a durable segment: {e}"),
             };
             read_bytes += std::fs::metadata(&path).map_or(0, |m| m.len());
-            runs.push(records);
+            runs.push(if header.log_order {
+                newest_per_key(records)
+            } else {
+                records
+            });
             // Rate limit: never ahead of `read_bytes_per_sec` since the merge began.
             let due = Duration::from_secs_f64(read_bytes as f64 / read_bytes_per_sec.max(1) as f64);
             if let Some(early) = due.checked_sub(started.elapsed()) {
@@ -1082,6 +1152,7 @@ fn clean_segments(
             first_index: ranges.first().expect("a merge has segments").0,
             last_index: ranges.last().expect("a merge has segments").1,
             records: merge_newest(runs).into_iter().filter(|r| r.value.is_some()).collect(),
+            log_order: false,
             writes_in: 0,
             bytes_in: 0,
         };
@@ -1193,8 +1264,14 @@ mod tests {
         }
     }
 
+    /// Options drawn at random, the mode too: a restart may switch it.
     fn options(dir: &Path, rng: &mut Rng) -> StoreOptions {
         StoreOptions {
+            mode: if rng.below(4) == 0 {
+                StorageMode::Full
+            } else {
+                StorageMode::Reduced
+            },
             cache_bytes: [0, 2_000, 1 << 20][rng.below(3) as usize],
             batch_writes: 1 + rng.below(20),
             batch_bytes: 1 + rng.below(4_000),
@@ -1300,20 +1377,7 @@ mod tests {
                 store.entry_applied(index);
             }
         }
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            store.absorb_cleaned();
-            store.maybe_clean();
-            if !store.cleaning {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "merge unfinished: dirty ratio {}",
-                store.dirty_ratio()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        store.settle();
         assert!(store.stats().merges > 0);
         let manifest_after = snapshot(&mut store);
         assert!(
@@ -1430,6 +1494,30 @@ mod tests {
     }
 
     const HEADER_BYTES_FOR_TEST: usize = crate::segment::HEADER_BYTES + 30;
+
+    #[test]
+    fn full_mode_persists_every_write_and_reduced_mode_the_last_of_each_key() {
+        for (mode, records_out) in [(StorageMode::Full, 100), (StorageMode::Reduced, 2)] {
+            let dir = tempfile::tempdir().unwrap();
+            let options = StoreOptions {
+                mode,
+                ..StoreOptions::new(dir.path())
+            };
+            let mut store = Store::open(options.clone(), None).unwrap();
+            for index in 1..=100u64 {
+                let key = if index % 2 == 0 { "even" } else { "odd" };
+                store.write(index, key.into(), Some(Bytes::from(index.to_string())));
+                store.entry_applied(index);
+            }
+            let manifest = snapshot(&mut store);
+            store.finish_unwritten();
+            assert_eq!(store.stats().records_out, records_out, "{mode:?}");
+            drop(store);
+            let mut store = Store::open(options, Some(&manifest)).unwrap();
+            assert_eq!(store.get(b"even").unwrap(), Some(Bytes::from("100")), "{mode:?}");
+            assert_eq!(store.get(b"odd").unwrap(), Some(Bytes::from("99")), "{mode:?}");
+        }
+    }
 
     #[test]
     fn values_beyond_the_cache_come_from_disk() {

@@ -1,0 +1,445 @@
+//! `chorus bench reduction`: the log-reduction paper's experiment (§5) on this machine, in
+//! process as the paper's prototype ran it (no network, no raft: the cost measured is applying
+//! commands and persisting them). For every workload and batch size one operation stream runs
+//! against a fresh store in `reduced` mode and then in `full` mode (every write kept: the
+//! standard log in the same code), and the table compares commands and bytes persisted,
+//! throughput and CPU per operation, disk used once the cleaner is idle, the time to reopen the
+//! store from cold files (recovery) and the time to export the state and install it in an empty
+//! store (catch-up of a wiped follower, without the network).
+//!
+//! Reads never enter Chorus's log (they are served by the leader after a ReadIndex), so `full`
+//! persists only writes. The paper's standard log also logs each read; its size is given as
+//! `full`'s bytes plus one key-only record per read, so the reduction is shown against both.
+
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use chorus_storage::{segment_bytes_per_record, Manifest, StorageMode, Store, StoreOptions};
+use serde::Serialize;
+
+use crate::cpu::process_times;
+use crate::generator::Distribution;
+use crate::plot::{self, BarGroup};
+use crate::report;
+use crate::workload::{record_key, KeySpace, Op, OpStream, Workload};
+
+#[derive(clap::Args)]
+pub struct ReductionArgs {
+    /// Workloads as the paper defines them: A (50% reads), B (95% reads) and C (100% reads)
+    /// uniform; D (95% reads, 5% inserts) latest; AW (100% writes) uniform; AWL (100% writes)
+    /// latest.
+    #[arg(long, value_delimiter = ',', default_value = "A,B,C,D,AW,AWL")]
+    pub workloads: Vec<String>,
+    /// Commands per batch (reads included, as in the paper).
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000")]
+    pub batches: Vec<u64>,
+    /// Distinct keys the workload draws from.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub records: u64,
+    /// Commands per run.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub operations: u64,
+    #[arg(long, default_value_t = 100)]
+    pub value_bytes: usize,
+    /// Writes between manifests (the state's part of a raft snapshot), as a node snapshots.
+    #[arg(long, default_value_t = 20_000)]
+    pub snapshot_every_writes: u64,
+    /// Where the stores live (default: a temporary directory, removed afterwards). Put it on
+    /// the device under test.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
+}
+
+/// One workload, batch size and mode.
+#[derive(Debug, Clone, Serialize)]
+struct ModeRun {
+    mode: &'static str,
+    reads: u64,
+    writes: u64,
+    /// Records and bytes the segment writer persisted (before any cleaning).
+    records_persisted: u64,
+    bytes_persisted: u64,
+    segments_written: u64,
+    run_secs: f64,
+    ops_per_sec: f64,
+    /// CPU of the whole process (applying, the writer, the cleaner) per command.
+    cpu_us_per_op: f64,
+    merges: u64,
+    /// Segment bytes once the cleaner is idle.
+    disk_bytes_after_cleaner: u64,
+    recovery_secs: f64,
+    catch_up_secs: f64,
+    catch_up_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    workload: String,
+    batch_commands: u64,
+    /// The paper's standard log: every command, a read as a key-only record.
+    standard_log_commands: u64,
+    standard_log_bytes: u64,
+    reduced: ModeRun,
+    full: ModeRun,
+}
+
+impl Row {
+    fn fewer(reduced: u64, baseline: u64) -> f64 {
+        if baseline == 0 {
+            0.0
+        } else {
+            100.0 * (1.0 - reduced as f64 / baseline as f64)
+        }
+    }
+
+    fn fewer_commands(&self) -> f64 {
+        Row::fewer(self.reduced.records_persisted, self.standard_log_commands)
+    }
+
+    fn fewer_bytes(&self) -> f64 {
+        Row::fewer(self.reduced.bytes_persisted, self.standard_log_bytes)
+    }
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    git_revision: String,
+    machine: report::Machine,
+    records: u64,
+    operations: u64,
+    value_bytes: usize,
+    snapshot_every_writes: u64,
+    rows: &'a [Row],
+}
+
+/// The paper's workloads: its A, B and C are uniform (YCSB's default is zipfian).
+fn paper_workload(name: &str) -> anyhow::Result<Workload> {
+    let workload = Workload::named(name)?;
+    Ok(match workload.name.as_str() {
+        "A" | "B" | "C" => workload.with_distribution(Distribution::Uniform),
+        "D" | "AW" | "AWL" => workload,
+        other => bail!("workload {other} is not one of the paper's (A, B, C, D, AW, AWL)"),
+    })
+}
+
+/// Drops the files' pages from the page cache, so a reopen reads the device. The files were
+/// synced, so their pages are clean and the kernel can drop them.
+fn evict_from_page_cache(dir: &Path) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let file = std::fs::File::open(entry?.path())?;
+        // SAFETY: a valid descriptor; advice changes no memory of ours.
+        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+    Ok(())
+}
+
+fn cpu_secs() -> anyhow::Result<f64> {
+    Ok(process_times(std::process::id())?.total_secs())
+}
+
+/// Runs `args.operations` commands of `workload` against a fresh store in `dir`.
+fn run_mode(
+    args: &ReductionArgs,
+    workload: &Workload,
+    batch_commands: u64,
+    mode: StorageMode,
+    dir: &Path,
+) -> anyhow::Result<ModeRun> {
+    let _ = std::fs::remove_dir_all(dir);
+    let options = StoreOptions {
+        mode,
+        // The benchmark cuts batches itself, every `batch_commands` commands.
+        batch_writes: u64::MAX,
+        batch_bytes: u64::MAX,
+        ..StoreOptions::new(dir.join("state"))
+    };
+    let mut store = Store::open(options.clone(), None)?;
+    let keys = KeySpace::new(args.records);
+    let mut stream = OpStream::new(workload, args.records, 1, keys.clone(), 0x5eed);
+    let mut value = vec![b'v'; args.value_bytes];
+    let (mut reads, mut writes, mut index) = (0u64, 0u64, 0u64);
+    let mut snapshot: Option<std::thread::JoinHandle<Manifest>> = None;
+    let mut writes_at_snapshot = 0;
+    let cpu_before = cpu_secs()?;
+    let started = Instant::now();
+    let mut progress_at = started + Duration::from_secs(10);
+    for done in 1..=args.operations {
+        let key = match stream.next_op() {
+            Op::Read { key } => {
+                reads += 1;
+                store.get(record_key(key).as_bytes())?;
+                None
+            }
+            Op::Update { key, .. } | Op::ReadModifyWrite { key, .. } => Some(key),
+            Op::Insert { key } => {
+                keys.acknowledge();
+                Some(key)
+            }
+            Op::Scan { .. } => bail!("workload {} scans; the paper's workloads do not", workload.name),
+        };
+        if let Some(key) = key {
+            writes += 1;
+            index += 1;
+            // Distinct values, as a real workload writes.
+            let stamp = 8.min(value.len());
+            value[..stamp].copy_from_slice(&index.to_le_bytes()[..stamp]);
+            store.write(
+                index,
+                Bytes::from(record_key(key)),
+                Some(Bytes::copy_from_slice(&value)),
+            );
+            store.entry_applied(index);
+        }
+        if done % batch_commands == 0 {
+            store.cut();
+        }
+        if snapshot.as_ref().is_some_and(|s| s.is_finished()) {
+            let manifest = snapshot.take().expect("present").join().expect("snapshot thread");
+            store.manifest_persisted(&manifest)?;
+        }
+        if snapshot.is_none() && writes - writes_at_snapshot >= args.snapshot_every_writes {
+            writes_at_snapshot = writes;
+            snapshot = Some(std::thread::spawn(store.manifest_later()));
+        }
+        if Instant::now() >= progress_at {
+            progress_at += Duration::from_secs(10);
+            println!(
+                "     … {done} of {} commands, {:.0} /s",
+                args.operations,
+                done as f64 / started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    if let Some(in_flight) = snapshot.take() {
+        let manifest = in_flight.join().expect("snapshot thread");
+        store.manifest_persisted(&manifest)?;
+    }
+    let manifest = store.manifest_later()();
+    store.manifest_persisted(&manifest)?;
+    let run_secs = started.elapsed().as_secs_f64();
+    let cpu_secs_used = cpu_secs()? - cpu_before;
+
+    store.settle();
+    let manifest = store.manifest_later()();
+    store.manifest_persisted(&manifest)?;
+    let stats = store.stats();
+
+    let catch_up_started = Instant::now();
+    let exported = store.export(&manifest)?;
+    let follower_dir = dir.join("follower");
+    let mut follower = Store::open(StoreOptions::new(&follower_dir), None)?;
+    follower.install(&exported)?;
+    let catch_up_secs = catch_up_started.elapsed().as_secs_f64();
+    drop(follower);
+    drop(store);
+
+    evict_from_page_cache(&options.dir)?;
+    let recovery_started = Instant::now();
+    let recovered = Store::open(options, Some(&manifest))?;
+    let recovery_secs = recovery_started.elapsed().as_secs_f64();
+    if recovered.stats().live_keys != stats.live_keys {
+        bail!(
+            "recovered {} keys, the store had {}",
+            recovered.stats().live_keys,
+            stats.live_keys
+        );
+    }
+    drop(recovered);
+    std::fs::remove_dir_all(dir).with_context(|| format!("cannot remove {}", dir.display()))?;
+
+    Ok(ModeRun {
+        mode: match mode {
+            StorageMode::Reduced => "reduced",
+            StorageMode::Full => "full",
+        },
+        reads,
+        writes,
+        records_persisted: stats.records_out,
+        bytes_persisted: stats.bytes_out,
+        segments_written: stats.segments_out,
+        run_secs,
+        ops_per_sec: args.operations as f64 / run_secs,
+        cpu_us_per_op: cpu_secs_used * 1e6 / args.operations as f64,
+        merges: stats.merges,
+        disk_bytes_after_cleaner: stats.segment_bytes,
+        recovery_secs,
+        catch_up_secs,
+        catch_up_bytes: exported.len() as u64,
+    })
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
+fn print_row(row: &Row) {
+    let (r, f) = (&row.reduced, &row.full);
+    println!(
+        "   {} batch {}: {:.1}% fewer commands, {:.1}% fewer bytes than the standard log \
+         ({} vs {} records, {:.1} vs {:.1} MiB; full mode {} records); {:.0} vs {:.0} ops/s ({:.2}x), \
+         {:.1} vs {:.1} µs CPU/op; disk after cleaner {:.1} vs {:.1} MiB; recovery {:.3} vs {:.3} s; \
+         catch-up {:.3} vs {:.3} s",
+        row.workload,
+        row.batch_commands,
+        row.fewer_commands(),
+        row.fewer_bytes(),
+        r.records_persisted,
+        row.standard_log_commands,
+        mib(r.bytes_persisted),
+        mib(row.standard_log_bytes),
+        f.records_persisted,
+        r.ops_per_sec,
+        f.ops_per_sec,
+        r.ops_per_sec / f.ops_per_sec,
+        r.cpu_us_per_op,
+        f.cpu_us_per_op,
+        mib(r.disk_bytes_after_cleaner),
+        mib(f.disk_bytes_after_cleaner),
+        r.recovery_secs,
+        f.recovery_secs,
+        r.catch_up_secs,
+        f.catch_up_secs
+    );
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "| workload | batch | fewer commands vs standard log | fewer bytes vs standard log | fewer bytes vs full | \
+         reduced/full ops/s | CPU µs/op reduced / full | disk after cleaner MiB reduced / full | \
+         recovery s reduced / full | catch-up s reduced / full |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for row in rows {
+        let (r, f) = (&row.reduced, &row.full);
+        out.push_str(&format!(
+            "| {} | {} | {:.1}% | {:.1}% | {:.1}% | {:.2}× | {:.1} / {:.1} | {:.1} / {:.1} | {:.3} / {:.3} ({:.1}×) | {:.3} / {:.3} ({:.1}×) |\n",
+            row.workload,
+            row.batch_commands,
+            row.fewer_commands(),
+            row.fewer_bytes(),
+            Row::fewer(r.bytes_persisted, f.bytes_persisted),
+            r.ops_per_sec / f.ops_per_sec,
+            r.cpu_us_per_op,
+            f.cpu_us_per_op,
+            mib(r.disk_bytes_after_cleaner),
+            mib(f.disk_bytes_after_cleaner),
+            r.recovery_secs,
+            f.recovery_secs,
+            f.recovery_secs / r.recovery_secs.max(1e-9),
+            r.catch_up_secs,
+            f.catch_up_secs,
+            f.catch_up_secs / r.catch_up_secs.max(1e-9),
+        ));
+    }
+    out
+}
+
+pub fn run(args: ReductionArgs) -> anyhow::Result<()> {
+    if args.batches.contains(&0) {
+        bail!("a batch holds at least one command");
+    }
+    let workloads: Vec<Workload> = args
+        .workloads
+        .iter()
+        .map(|w| paper_workload(w))
+        .collect::<anyhow::Result<_>>()?;
+    let work = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("chorus-reduction-bench-{}", std::process::id())));
+    println!(
+        "log reduction: {} commands over {} keys, {} B values, in {}",
+        args.operations,
+        args.records,
+        args.value_bytes,
+        work.display()
+    );
+    let key_bytes = record_key(0).len();
+    let read_record_bytes = segment_bytes_per_record(key_bytes, 0) as u64;
+    let mut rows = Vec::new();
+    for workload in &workloads {
+        for &batch_commands in &args.batches {
+            let reduced = run_mode(&args, workload, batch_commands, StorageMode::Reduced, &work)?;
+            let full = run_mode(&args, workload, batch_commands, StorageMode::Full, &work)?;
+            let row = Row {
+                workload: workload.name.clone(),
+                batch_commands,
+                standard_log_commands: args.operations,
+                standard_log_bytes: full.bytes_persisted + full.reads * read_record_bytes,
+                reduced,
+                full,
+            };
+            print_row(&row);
+            rows.push(row);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&work);
+
+    println!("\n{}", table(&rows));
+    let json = report::output_path(&args.out, "reduction", "json")?;
+    report::write_json(
+        &json,
+        &Report {
+            git_revision: report::git_revision(),
+            machine: report::Machine::current(),
+            records: args.records,
+            operations: args.operations,
+            value_bytes: args.value_bytes,
+            snapshot_every_writes: args.snapshot_every_writes,
+            rows: &rows,
+        },
+    )?;
+    let stem = json.with_extension("");
+    let bars = |value: &dyn Fn(&Row) -> Vec<f64>| -> Vec<BarGroup> {
+        rows.iter()
+            .map(|row| BarGroup {
+                label: format!("{} b{}", row.workload, row.batch_commands),
+                values: value(row).into_iter().map(Some).collect(),
+            })
+            .collect()
+    };
+    plot::try_plot(
+        "the reduction",
+        Path::new(&format!("{}-fewer.png", stem.display())),
+        |path| {
+            plot::plot_bars(
+                "Reduced log vs the standard log (every command)",
+                "% fewer than the standard log",
+                &["fewer commands %".into(), "fewer bytes %".into()],
+                &bars(&|row| vec![row.fewer_commands(), row.fewer_bytes()]),
+                path,
+            )
+        },
+    );
+    plot::try_plot(
+        "the ratios",
+        Path::new(&format!("{}-ratios.png", stem.display())),
+        |path| {
+            plot::plot_bars(
+                "Reduced vs full (above 1: reduced is better)",
+                "ratio",
+                &[
+                    "throughput reduced/full".into(),
+                    "recovery speed-up".into(),
+                    "catch-up speed-up".into(),
+                ],
+                &bars(&|row| {
+                    let (r, f) = (&row.reduced, &row.full);
+                    vec![
+                        r.ops_per_sec / f.ops_per_sec,
+                        f.recovery_secs / r.recovery_secs.max(1e-9),
+                        f.catch_up_secs / r.catch_up_secs.max(1e-9),
+                    ]
+                }),
+                path,
+            )
+        },
+    );
+    println!("results: {} (and -fewer.png, -ratios.png)", json.display());
+    Ok(())
+}
