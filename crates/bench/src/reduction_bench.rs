@@ -47,6 +47,10 @@ pub struct ReductionArgs {
     /// Writes between manifests (the state's part of a raft snapshot), as a node snapshots.
     #[arg(long, default_value_t = 20_000)]
     pub snapshot_every_writes: u64,
+    /// Runs of each mode per workload and batch size, alternating; the table shows the run of
+    /// median throughput.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
     /// Where the stores live (default: a temporary directory, removed afterwards). Put it on
     /// the device under test.
     #[arg(long)]
@@ -86,6 +90,9 @@ struct Row {
     standard_log_bytes: u64,
     reduced: ModeRun,
     full: ModeRun,
+    /// Every run's throughput, so the spread the ratio sits in shows.
+    reduced_runs_ops_per_sec: Vec<f64>,
+    full_runs_ops_per_sec: Vec<f64>,
 }
 
 impl Row {
@@ -273,6 +280,11 @@ fn run_mode(
     })
 }
 
+fn median_run(mut runs: Vec<ModeRun>) -> ModeRun {
+    runs.sort_by(|a, b| a.ops_per_sec.total_cmp(&b.ops_per_sec));
+    runs.swap_remove(runs.len() / 2)
+}
+
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1 << 20) as f64
 }
@@ -364,8 +376,14 @@ pub fn run(args: ReductionArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for workload in &workloads {
         for &batch_commands in &args.batches {
-            let reduced = run_mode(&args, workload, batch_commands, StorageMode::Reduced, &work)?;
-            let full = run_mode(&args, workload, batch_commands, StorageMode::Full, &work)?;
+            let (mut reduced, mut full) = (Vec::new(), Vec::new());
+            for _ in 0..args.repeat.max(1) {
+                reduced.push(run_mode(&args, workload, batch_commands, StorageMode::Reduced, &work)?);
+                full.push(run_mode(&args, workload, batch_commands, StorageMode::Full, &work)?);
+            }
+            let reduced_runs_ops_per_sec = reduced.iter().map(|r| r.ops_per_sec).collect();
+            let full_runs_ops_per_sec = full.iter().map(|r| r.ops_per_sec).collect();
+            let (reduced, full) = (median_run(reduced), median_run(full));
             let row = Row {
                 workload: workload.name.clone(),
                 batch_commands,
@@ -373,6 +391,8 @@ pub fn run(args: ReductionArgs) -> anyhow::Result<()> {
                 standard_log_bytes: full.bytes_persisted + full.reads * read_record_bytes,
                 reduced,
                 full,
+                reduced_runs_ops_per_sec,
+                full_runs_ops_per_sec,
             };
             print_row(&row);
             rows.push(row);

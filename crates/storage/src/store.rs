@@ -159,6 +159,121 @@ struct SegmentFile {
     live_bytes: u64,
 }
 
+/// The segments that make up the state, by id (which grows with each one added), and their
+/// byte totals, kept as they change so the dirty ratio costs the same however many segments
+/// there are.
+#[derive(Default)]
+struct SegmentSet {
+    by_id: BTreeMap<u64, SegmentFile>,
+    file_bytes: u64,
+    live_bytes: u64,
+}
+
+impl SegmentSet {
+    fn insert(&mut self, id: u64, segment: SegmentFile) {
+        assert_eq!(
+            segment.live_records, 0,
+            "a segment is added before its records are live"
+        );
+        self.file_bytes += segment.file_bytes;
+        assert!(self.by_id.insert(id, segment).is_none(), "segment ids are not reused");
+    }
+
+    fn remove(&mut self, id: u64) -> SegmentFile {
+        let segment = self.by_id.remove(&id).expect("a removed segment is the store's");
+        self.file_bytes -= segment.file_bytes;
+        self.live_bytes -= segment.live_bytes;
+        segment
+    }
+
+    /// A record of segment `id`, `bytes` long, became the latest of its key.
+    fn record_live(&mut self, id: u64, bytes: u64) {
+        let segment = self.by_id.get_mut(&id).expect("a live record's segment is the store's");
+        segment.live_records += 1;
+        segment.live_bytes += bytes;
+        self.live_bytes += bytes;
+    }
+
+    /// A record of segment `id`, `bytes` long, stopped being the latest of its key.
+    fn record_dead(&mut self, id: u64, bytes: u64) {
+        let segment = self.by_id.get_mut(&id).expect("a dead record's segment is the store's");
+        segment.live_records -= 1;
+        segment.live_bytes -= bytes;
+        self.live_bytes -= bytes;
+    }
+
+    fn get(&self, id: u64) -> &SegmentFile {
+        &self.by_id[&id]
+    }
+
+    fn len(&self) -> usize {
+        self.by_id.len()
+    }
+}
+
+/// Start-up reads this many listed segments at once, then indexes them in log order. Reading is
+/// bound by the device's latency (an open and a few reads per file), which reads in flight
+/// together overlap.
+const OPEN_WINDOW_SEGMENTS: usize = 256;
+const OPEN_READER_THREADS: usize = 8;
+
+/// A segment read at start-up: its path and index.
+type LoadedSegment = (PathBuf, SegmentIndex);
+
+/// Reads the segments `window` lists, in parallel; their paths and indexes in the same order.
+fn load_segments(dir: &Path, mode: StorageMode, window: &[(u64, u64)]) -> Result<Vec<LoadedSegment>, StoreError> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let loaded: Vec<Mutex<Option<Result<LoadedSegment, StoreError>>>> =
+        window.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..OPEN_READER_THREADS.min(window.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some((first, last)) = window.get(i) else {
+                    return;
+                };
+                *loaded[i].lock().expect("not poisoned") = Some(load_segment(dir, mode, *first, *last));
+            });
+        }
+    });
+    loaded
+        .into_iter()
+        .map(|slot| {
+            slot.into_inner()
+                .expect("not poisoned")
+                .expect("every segment was read")
+        })
+        .collect()
+}
+
+/// Reads a segment a manifest lists: its index, or in `full` mode every record (a standard log is
+/// replayed whole, every record read and checked).
+fn load_segment(dir: &Path, mode: StorageMode, first: u64, last: u64) -> Result<LoadedSegment, StoreError> {
+    let path = dir.join(segment_file_name(first, last));
+    if !path.exists() {
+        return Err(StoreError::Inconsistent(format!(
+            "{}: listed in the snapshot's manifest but missing",
+            path.display()
+        )));
+    }
+    let index = match mode {
+        StorageMode::Reduced => read_segment_index(&path)?,
+        StorageMode::Full => {
+            let bytes = std::fs::read(&path).map_err(io_error(&path))?;
+            verify_segment(&bytes).map_err(in_file(&path))?
+        }
+    };
+    if (index.header.first_index, index.header.last_index) != (first, last) {
+        return Err(StoreError::Inconsistent(format!(
+            "{}: header says [{}, {}]",
+            path.display(),
+            index.header.first_index,
+            index.header.last_index
+        )));
+    }
+    Ok((path, index))
+}
+
 /// Segment files kept open for value reads; more are opened (and one closed) on demand.
 const MAX_OPEN_SEGMENTS: usize = 64;
 
@@ -242,8 +357,7 @@ pub struct Store {
     unwritten: VecDeque<u64>,
     adopting: VecDeque<Adoption>,
     index: ScanMap<Location>,
-    /// By id, which grows with each segment adopted.
-    segments: BTreeMap<u64, SegmentFile>,
+    segments: SegmentSet,
     next_segment_id: u64,
     /// Last log index of the newest segment adopted from the writer.
     newest_last_index: u64,
@@ -317,31 +431,11 @@ impl Store {
             sync_dir(&options.dir)?;
         }
         let mut store = Store::empty(options, manifest.applied_index);
-        for (first, last) in &manifest.segments {
-            let path = store.options.dir.join(segment_file_name(*first, *last));
-            if !path.exists() {
-                return Err(StoreError::Inconsistent(format!(
-                    "{}: listed in the snapshot's manifest but missing",
-                    path.display()
-                )));
+        for window in manifest.segments.chunks(OPEN_WINDOW_SEGMENTS) {
+            let loaded = load_segments(&store.options.dir, store.options.mode, window)?;
+            for ((first, _), (path, index)) in window.iter().zip(loaded) {
+                store.adopt(*first, path, index);
             }
-            let index = match store.options.mode {
-                StorageMode::Reduced => read_segment_index(&path)?,
-                // A standard log is replayed: every record read and checked.
-                StorageMode::Full => {
-                    let bytes = std::fs::read(&path).map_err(io_error(&path))?;
-                    verify_segment(&bytes).map_err(in_file(&path))?
-                }
-            };
-            if (index.header.first_index, index.header.last_index) != (*first, *last) {
-                return Err(StoreError::Inconsistent(format!(
-                    "{}: header says [{}, {}]",
-                    path.display(),
-                    index.header.first_index,
-                    index.header.last_index
-                )));
-            }
-            store.adopt(*first, path, index);
         }
         Ok(store)
     }
@@ -380,7 +474,7 @@ impl Store {
             adopting: VecDeque::new(),
             index: ScanMap::new(options.group_of),
             options,
-            segments: BTreeMap::new(),
+            segments: SegmentSet::default(),
             next_segment_id: 1,
             newest_last_index: 0,
             merge_adoption: None,
@@ -512,7 +606,7 @@ impl Store {
         if let Some(value) = self.cache.get(&mut location.cached) {
             return Ok(Some(value));
         }
-        let segment = &self.segments[&location.segment];
+        let segment = self.segments.get(location.segment);
         let value = read_value(&mut self.open_segments, segment, location.segment, key, location)?;
         self.cache
             .admit(&Bytes::copy_from_slice(key), &mut location.cached, value.clone());
@@ -570,7 +664,7 @@ impl Store {
     pub fn stats(&self) -> StoreStats {
         StoreStats {
             segments: self.segments.len(),
-            segment_bytes: self.segments.values().map(|s| s.file_bytes).sum(),
+            segment_bytes: self.segments.file_bytes,
             live_keys: self.index.len(),
             unwritten_batches: self.unwritten.len(),
             cache: self.cache.stats(),
@@ -716,9 +810,7 @@ impl Store {
                 supersede(&mut self.segments, &mut self.cache, &entry.key, &mut replaced);
             }
             if !entry.is_tombstone {
-                let segment = self.segments.get_mut(&adoption.id).expect("just added");
-                segment.live_records += 1;
-                segment.live_bytes += entry.record_len() as u64;
+                self.segments.record_live(adoption.id, entry.record_len() as u64);
             }
         }
         let mut durable = self.shared.durable.lock().expect("not poisoned");
@@ -759,10 +851,6 @@ impl Store {
     /// moves their values from the index entry into the cache; whether all are done.
     fn adopt_written_records(&mut self, adoption: &mut Adoption, step: usize) -> bool {
         let end = adoption.next.saturating_add(step).min(adoption.entries.len());
-        let segment = self
-            .segments
-            .get_mut(&adoption.id)
-            .expect("an adopted segment is the store's");
         for entry in &adoption.entries[adoption.next..end] {
             // Deleted or overwritten since: the index no longer has this version.
             let Some(location) = self.index.get_mut(&entry.key) else {
@@ -784,8 +872,7 @@ impl Store {
             );
             location.segment = adoption.id;
             location.record_offset = entry.record_offset;
-            segment.live_records += 1;
-            segment.live_bytes += entry.record_len() as u64;
+            self.segments.record_live(adoption.id, entry.record_len() as u64);
             self.cache.admit(&entry.key, &mut location.cached, value);
         }
         adoption.next = end;
@@ -810,12 +897,10 @@ impl Store {
 
     /// Share of the segments' bytes that no read can reach any more.
     pub fn dirty_ratio(&self) -> f64 {
-        let total: u64 = self.segments.values().map(|s| s.file_bytes).sum();
-        let live: u64 = self.segments.values().map(|s| s.live_bytes).sum();
-        if total == 0 {
+        if self.segments.file_bytes == 0 {
             0.0
         } else {
-            1.0 - live as f64 / total as f64
+            1.0 - self.segments.live_bytes as f64 / self.segments.file_bytes as f64
         }
     }
 
@@ -829,7 +914,12 @@ impl Store {
         {
             return;
         }
-        let mut job: Vec<(u64, u64)> = self.segments.values().map(|s| (s.first_index, s.last_index)).collect();
+        let mut job: Vec<(u64, u64)> = self
+            .segments
+            .by_id
+            .values()
+            .map(|s| (s.first_index, s.last_index))
+            .collect();
         job.sort_unstable();
         self.cleaning = true;
         self.to_cleaner
@@ -852,8 +942,10 @@ impl Store {
     /// every key whose latest record the merge copied at it, and the replaced segments go.
     fn start_merge_adoption(&mut self, merged: Merged) {
         let Merged { replaces, written } = merged;
+        let replaces: HashSet<u64> = replaces.into_iter().collect();
         let replaced_ids: HashSet<u64> = self
             .segments
+            .by_id
             .iter()
             .filter(|(_, s)| replaces.contains(&s.first_index))
             .map(|(id, _)| *id)
@@ -897,17 +989,10 @@ impl Store {
                 continue;
             }
             let bytes = entry.record_len() as u64;
-            let replaced = self
-                .segments
-                .get_mut(&location.segment)
-                .expect("replaced segments stay until adopted");
-            replaced.live_records -= 1;
-            replaced.live_bytes -= bytes;
+            self.segments.record_dead(location.segment, bytes);
             location.segment = adoption.merged_id;
             location.record_offset = entry.record_offset;
-            let merged = self.segments.get_mut(&adoption.merged_id).expect("merged segment");
-            merged.live_records += 1;
-            merged.live_bytes += bytes;
+            self.segments.record_live(adoption.merged_id, bytes);
         }
         adoption.next = end;
         if end < adoption.entries.len() {
@@ -916,7 +1001,7 @@ impl Store {
         let adoption = self.merge_adoption.take().expect("present");
         let mut durable = self.shared.durable.lock().expect("not poisoned");
         for id in &adoption.replaced_ids {
-            let replaced = self.segments.remove(id).expect("replaced segments stay until adopted");
+            let replaced = self.segments.remove(*id);
             assert_eq!(
                 replaced.live_records, 0,
                 "a merge keeps every live record of the segments it replaces"
@@ -926,7 +1011,7 @@ impl Store {
             durable.unsynced.remove(&(replaced.first_index, replaced.last_index));
             self.retired.push((replaced.first_index, replaced.last_index));
         }
-        let merged = &self.segments[&adoption.merged_id];
+        let merged = self.segments.get(adoption.merged_id);
         durable.segments.insert(merged.first_index, merged.last_index);
         durable.unsynced.insert((merged.first_index, merged.last_index));
         drop(durable);
@@ -937,7 +1022,8 @@ impl Store {
     /// A manifest is now the durable description of the state: segments a merge replaced that it
     /// does not list are deleted.
     pub fn manifest_persisted(&mut self, manifest: &Manifest) -> Result<(), StoreError> {
-        let (keep, delete): (Vec<_>, Vec<_>) = self.retired.iter().partition(|range| manifest.segments.contains(range));
+        let listed: HashSet<&(u64, u64)> = manifest.segments.iter().collect();
+        let (keep, delete): (Vec<_>, Vec<_>) = self.retired.iter().partition(|range| listed.contains(range));
         for (first, last) in &delete {
             let path = self.options.dir.join(segment_file_name(*first, *last));
             std::fs::remove_file(&path).map_err(io_error(&path))?;
@@ -952,13 +1038,9 @@ impl Store {
 
 /// Drops what a newer write or a delete replaces: the superseded record no longer counts as live
 /// in its segment, and its cached value goes.
-fn supersede(segments: &mut BTreeMap<u64, SegmentFile>, cache: &mut ObjectCache, key: &[u8], location: &mut Location) {
+fn supersede(segments: &mut SegmentSet, cache: &mut ObjectCache, key: &[u8], location: &mut Location) {
     if location.segment != UNWRITTEN {
-        let segment = segments
-            .get_mut(&location.segment)
-            .expect("a location's segment is the store's");
-        segment.live_records -= 1;
-        segment.live_bytes -= record_len(key.len(), location.value_len) as u64;
+        segments.record_dead(location.segment, record_len(key.len(), location.value_len) as u64);
     }
     cache.forget(key, &mut location.cached);
 }
@@ -1233,6 +1315,14 @@ mod tests {
     }
 
     fn assert_matches(store: &mut Store, model: &HashMap<Bytes, Bytes>, keys: u64, context: &str) {
+        let segments = &store.segments;
+        let live: u64 = segments.by_id.values().map(|s| s.live_bytes).sum();
+        let file: u64 = segments.by_id.values().map(|s| s.file_bytes).sum();
+        assert_eq!(
+            (segments.live_bytes, segments.file_bytes),
+            (live, file),
+            "{context}: byte totals"
+        );
         for k in 0..keys {
             let key = Bytes::from(format!("k{k:03}"));
             assert_eq!(
