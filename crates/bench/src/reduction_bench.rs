@@ -289,24 +289,19 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1 << 20) as f64
 }
 
-fn print_row(row: &Row) {
+const TABLE_HEADER: &str = "| workload | batch | fewer commands vs standard log | fewer bytes vs standard log | \
+    fewer bytes vs full | reduced/full ops/s | CPU µs/op reduced / full | disk after cleaner MiB reduced / full | \
+    recovery s reduced / full | catch-up s reduced / full |\n|---|---|---|---|---|---|---|---|---|---|\n";
+
+fn table_row(row: &Row) -> String {
     let (r, f) = (&row.reduced, &row.full);
-    println!(
-        "   {} batch {}: {:.1}% fewer commands, {:.1}% fewer bytes than the standard log \
-         ({} vs {} records, {:.1} vs {:.1} MiB; full mode {} records); {:.0} vs {:.0} ops/s ({:.2}x), \
-         {:.1} vs {:.1} µs CPU/op; disk after cleaner {:.1} vs {:.1} MiB; recovery {:.3} vs {:.3} s; \
-         catch-up {:.3} vs {:.3} s",
+    format!(
+        "| {} | {} | {:.1}% | {:.1}% | {:.1}% | {:.2}× | {:.1} / {:.1} | {:.1} / {:.1} | {:.3} / {:.3} ({:.1}×) | {:.3} / {:.3} ({:.1}×) |\n",
         row.workload,
         row.batch_commands,
         row.fewer_commands(),
         row.fewer_bytes(),
-        r.records_persisted,
-        row.standard_log_commands,
-        mib(r.bytes_persisted),
-        mib(row.standard_log_bytes),
-        f.records_persisted,
-        r.ops_per_sec,
-        f.ops_per_sec,
+        Row::fewer(r.bytes_persisted, f.bytes_persisted),
         r.ops_per_sec / f.ops_per_sec,
         r.cpu_us_per_op,
         f.cpu_us_per_op,
@@ -314,41 +309,11 @@ fn print_row(row: &Row) {
         mib(f.disk_bytes_after_cleaner),
         r.recovery_secs,
         f.recovery_secs,
+        f.recovery_secs / r.recovery_secs.max(1e-9),
         r.catch_up_secs,
-        f.catch_up_secs
-    );
-}
-
-fn table(rows: &[Row]) -> String {
-    let mut out = String::from(
-        "| workload | batch | fewer commands vs standard log | fewer bytes vs standard log | fewer bytes vs full | \
-         reduced/full ops/s | CPU µs/op reduced / full | disk after cleaner MiB reduced / full | \
-         recovery s reduced / full | catch-up s reduced / full |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
-    );
-    for row in rows {
-        let (r, f) = (&row.reduced, &row.full);
-        out.push_str(&format!(
-            "| {} | {} | {:.1}% | {:.1}% | {:.1}% | {:.2}× | {:.1} / {:.1} | {:.1} / {:.1} | {:.3} / {:.3} ({:.1}×) | {:.3} / {:.3} ({:.1}×) |\n",
-            row.workload,
-            row.batch_commands,
-            row.fewer_commands(),
-            row.fewer_bytes(),
-            Row::fewer(r.bytes_persisted, f.bytes_persisted),
-            r.ops_per_sec / f.ops_per_sec,
-            r.cpu_us_per_op,
-            f.cpu_us_per_op,
-            mib(r.disk_bytes_after_cleaner),
-            mib(f.disk_bytes_after_cleaner),
-            r.recovery_secs,
-            f.recovery_secs,
-            f.recovery_secs / r.recovery_secs.max(1e-9),
-            r.catch_up_secs,
-            f.catch_up_secs,
-            f.catch_up_secs / r.catch_up_secs.max(1e-9),
-        ));
-    }
-    out
+        f.catch_up_secs,
+        f.catch_up_secs / r.catch_up_secs.max(1e-9),
+    )
 }
 
 pub fn run(args: ReductionArgs) -> anyhow::Result<()> {
@@ -374,6 +339,7 @@ pub fn run(args: ReductionArgs) -> anyhow::Result<()> {
     let key_bytes = record_key(0).len();
     let read_record_bytes = segment_bytes_per_record(key_bytes, 0) as u64;
     let mut rows = Vec::new();
+    print!("{TABLE_HEADER}");
     for workload in &workloads {
         for &batch_commands in &args.batches {
             let (mut reduced, mut full) = (Vec::new(), Vec::new());
@@ -394,13 +360,13 @@ pub fn run(args: ReductionArgs) -> anyhow::Result<()> {
                 reduced_runs_ops_per_sec,
                 full_runs_ops_per_sec,
             };
-            print_row(&row);
+            print!("{}", table_row(&row));
             rows.push(row);
         }
     }
     let _ = std::fs::remove_dir_all(&work);
 
-    println!("\n{}", table(&rows));
+    println!("\n{TABLE_HEADER}{}", rows.iter().map(table_row).collect::<String>());
     let json = report::output_path(&args.out, "reduction", "json")?;
     report::write_json(
         &json,

@@ -179,6 +179,14 @@ mod tests {
         }
     }
 
+    fn tombstone(key: &str, version: u64) -> Record {
+        Record {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            value: None,
+            version,
+        }
+    }
+
     #[test]
     fn only_the_last_write_of_each_key_survives_and_deletes_leave_tombstones() {
         let mut r = Reducer::new();
@@ -193,15 +201,7 @@ mod tests {
         assert_eq!(batch.writes_in, 5);
         assert_eq!(
             batch.records,
-            vec![
-                put("a", "1", 11),
-                put("b", "2", 13),
-                Record {
-                    key: "c".into(),
-                    value: None,
-                    version: 15
-                },
-            ]
+            vec![put("a", "1", 11), put("b", "2", 13), tombstone("c", 15),]
         );
         assert!(r.is_empty());
         assert_eq!(r.take(), None);
@@ -224,11 +224,7 @@ mod tests {
                 put("b", "1", 10),
                 put("a", "2", 11),
                 put("b", "2", 12),
-                Record {
-                    key: "b".into(),
-                    value: None,
-                    version: 13
-                },
+                tombstone("b", 13),
             ]
         );
         r.write(14, "a".into(), Some("3".into()));

@@ -641,8 +641,7 @@ mod tests {
     use super::*;
     use crate::reduce::Reducer;
 
-    fn sample_batch() -> ReducedBatch {
-        let mut r = Reducer::new();
+    fn sample_writes(mut r: Reducer) -> ReducedBatch {
         r.write(100, "user:1".into(), Some("alice".into()));
         r.write(101, "user:2".into(), Some(Bytes::from(vec![7u8; 300])));
         r.write(102, "user:1".into(), Some("alice2".into()));
@@ -651,15 +650,13 @@ mod tests {
         r.take().unwrap()
     }
 
+    fn sample_batch() -> ReducedBatch {
+        sample_writes(Reducer::new())
+    }
+
     /// The same writes unreduced, as the `full` storage mode persists them.
     fn sample_log_order_batch() -> ReducedBatch {
-        let mut r = Reducer::keeping_every_write(99);
-        r.write(100, "user:1".into(), Some("alice".into()));
-        r.write(101, "user:2".into(), Some(Bytes::from(vec![7u8; 300])));
-        r.write(102, "user:1".into(), Some("alice2".into()));
-        r.write(103, "gone".into(), None);
-        r.note_index(104);
-        r.take().unwrap()
+        sample_writes(Reducer::keeping_every_write(99))
     }
 
     #[test]
