@@ -1,8 +1,9 @@
-//! What a peer connection reads: frame headers, checksums, hello/ping/pong payloads and the raft
-//! messages inside frames.
+//! What a peer connection reads: frame headers, checksums, hello/ping/pong payloads, the raft
+//! messages inside frames, and a snapshot shipment's offer, resume and chunk payloads.
 #![no_main]
 
 use chorus_log::frame::{decode_header, decode_hello, decode_probe, verify_payload, FrameKind, FRAME_HEADER_BYTES};
+use chorus_log::shipment::{decode_chunk, decode_offer, decode_resume, encode_offer};
 use libfuzzer_sys::fuzz_target;
 use protobuf::Message as _;
 use raft::eraftpb::Message;
@@ -24,6 +25,18 @@ fuzz_target!(|data: &[u8]| {
             FrameKind::Hello => drop(decode_hello(payload)),
             FrameKind::Ping | FrameKind::Pong => drop(decode_probe(payload)),
             FrameKind::Raft => drop(Message::parse_from_bytes(payload)),
+            FrameKind::ShipOffer => {
+                if let Ok(offer) = decode_offer(payload) {
+                    assert_eq!(
+                        encode_offer(&offer),
+                        payload,
+                        "a decoded offer encodes back to the same bytes"
+                    );
+                }
+            }
+            FrameKind::ShipResume => drop(decode_resume(payload)),
+            FrameKind::ShipChunk => drop(decode_chunk(payload)),
+            FrameKind::ShipDone => {}
         }
         rest = &body[header.payload_len..];
     }

@@ -99,7 +99,8 @@ server_options! {
     /// Append to the raft log with direct I/O and O_DSYNC (one system call per durable append,
     /// no page-cache copy) where the file system allows it; off, buffered writes and fdatasync.
     wal_direct_io: bool = true;
-    /// Largest peer frame accepted (a whole snapshot travels in one frame).
+    /// Largest peer frame accepted: a raft message (its entries and, for a snapshot, the entry
+    /// codec's state) or one chunk of a shipped snapshot file (at most 1 MiB).
     max_frame_bytes: usize = 512 * 1024 * 1024;
     /// Outgoing messages queued per peer before new ones are dropped.
     peer_queue_messages: usize = 4096;

@@ -116,7 +116,7 @@ async fn call(client: &mut Option<Client>, w: &Workload, node: &mut usize, args:
 
 async fn run_client(id: usize, w: Arc<Workload>) -> anyhow::Result<Ledger> {
     let mut ledger = Ledger::default();
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((id as u64 + 1) * 0x2545_F491_4F6C_DD1D));
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D));
     let mut node = id;
     let mut client = None;
     let counter_key = format!("demo:{id}:counter");

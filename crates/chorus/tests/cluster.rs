@@ -339,11 +339,10 @@ async fn follower_behind_the_compacted_log_catches_up_by_snapshot() {
     assert_eq!(c.command(&["SET", "seed", "1"]).await.unwrap(), ok());
     let follower_last = cluster.info_u64(follower, "raft_last_index").await;
     cluster.kill(follower);
+    // 4 KiB values: the state (about 1.6 MB) ships as several chunks.
+    let value = |i: usize| format!("{i:04096}");
     for i in 0..400 {
-        assert_eq!(
-            c.command(&["SET", &format!("s{i}"), &format!("{i}")]).await.unwrap(),
-            ok()
-        );
+        assert_eq!(c.command(&["SET", &format!("s{i}"), &value(i)]).await.unwrap(), ok());
     }
     let first = cluster.info_u64(leader, "raft_first_index").await;
     assert!(
@@ -360,6 +359,12 @@ async fn follower_behind_the_compacted_log_catches_up_by_snapshot() {
     }
     let installed = metric_value(&cluster.metrics(follower), "chorus_raft_snapshots_installed_total");
     assert!(installed >= 1.0, "follower caught up without a snapshot");
+    let received = metric_value(&cluster.metrics(follower), "chorus_snapshot_bytes_received_total");
+    let sent = metric_value(&cluster.metrics(leader), "chorus_snapshot_bytes_sent_total");
+    assert!(
+        received >= 1.6e6 && sent >= received,
+        "the segments were shipped: {received} bytes received, {sent} sent"
+    );
     // Local (stale) reads on the follower now show everything: its own state holds the data.
     let local_reads_show_the_writes = |step: usize| {
         let cluster = &cluster;
@@ -367,10 +372,7 @@ async fn follower_behind_the_compacted_log_catches_up_by_snapshot() {
             let mut f = cluster.client(follower).await;
             assert_eq!(f.command(&["READONLY"]).await.unwrap(), ok());
             for i in (0..400).step_by(step) {
-                assert_eq!(
-                    f.command(&["GET", &format!("s{i}")]).await.unwrap(),
-                    bulk(&i.to_string())
-                );
+                assert_eq!(f.command(&["GET", &format!("s{i}")]).await.unwrap(), bulk(&value(i)));
             }
         }
     };

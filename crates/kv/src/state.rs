@@ -9,8 +9,10 @@
 //! one field in a 10,000-field hash writes one record, and a reduced batch keeps only the fields
 //! it touched. A non-idempotent command (INCR, APPEND, …) is recorded as the value it produced.
 
+use std::path::Path;
+
 use bytes::{BufMut, Bytes, BytesMut};
-use chorus_log::StateMachine;
+use chorus_log::{SnapshotFiles, StateMachine};
 use chorus_resp::Value;
 use chorus_storage::{Manifest, Store, StoreError, StoreOptions};
 
@@ -368,9 +370,13 @@ impl StateMachine for KvState {
         Box::new(move || manifest().encode())
     }
 
-    fn export_snapshot(&self, snapshot: &[u8]) -> Result<Vec<u8>, String> {
+    fn snapshot_files(&mut self, snapshot: &[u8]) -> Result<SnapshotFiles, String> {
         let manifest = Manifest::decode(snapshot).map_err(|e| format!("snapshot manifest: {e}"))?;
-        self.store.export(&manifest).map_err(|e| e.to_string())
+        let mut pinned = self.store.pin_segments(&manifest).map_err(|e| e.to_string())?;
+        Ok(SnapshotFiles {
+            files: std::mem::take(&mut pinned.files),
+            pin: Box::new(pinned),
+        })
     }
 
     /// Segments the cleaner replaced are deleted once no durable manifest lists them; a failure
@@ -382,9 +388,9 @@ impl StateMachine for KvState {
         }
     }
 
-    fn install_snapshot(&mut self, exported: &[u8]) -> Result<Vec<u8>, String> {
-        let manifest = self.store.install(exported).map_err(|e| e.to_string())?;
-        Ok(manifest.encode())
+    fn install_snapshot(&mut self, snapshot: &[u8], files_dir: &Path) -> Result<(), String> {
+        let manifest = Manifest::decode(snapshot).map_err(|e| format!("snapshot manifest: {e}"))?;
+        self.store.install(&manifest, files_dir).map_err(|e| e.to_string())
     }
 }
 
@@ -544,7 +550,7 @@ mod tests {
     }
 
     #[test]
-    fn an_exported_state_installs_on_another_replica() {
+    fn a_shipped_state_installs_on_another_replica() {
         let mut leader = Replica::new();
         for i in 0..40 {
             leader.run(&format!("SET s{} {i}", i % 9));
@@ -552,18 +558,22 @@ mod tests {
         }
         leader.run("DEL s1 h2");
         let snapshot = leader.state.snapshot_later()();
-        let exported = leader.state.export_snapshot(&snapshot).unwrap();
+        let shipped = leader.state.snapshot_files(&snapshot).unwrap();
+        let staged = tempfile::tempdir().unwrap();
+        for (name, path) in &shipped.files {
+            std::fs::copy(path, staged.path().join(name)).unwrap();
+        }
         let mut follower = Replica::new();
         follower.run("SET stale 1");
-        let local = follower.state.install_snapshot(&exported).unwrap();
-        assert_eq!(local, snapshot, "the follower's snapshot describes the same segments");
+        let empty = tempfile::tempdir().unwrap();
+        assert!(
+            follower.state.install_snapshot(&snapshot, empty.path()).is_err(),
+            "a shipment without its files is refused"
+        );
+        follower.state.install_snapshot(&snapshot, staged.path()).unwrap();
         follower.index = leader.index;
         let keys = ["s0", "s1", "s8", "h0", "h1", "h2", "stale"];
         assert_eq!(follower.observe(&keys), leader.observe(&keys));
-        assert!(follower
-            .state
-            .install_snapshot(&exported[..exported.len() - 1])
-            .is_err());
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //!
 //! The first frame on a connection is a hello naming the sending node; every later frame carries
 //! one protobuf-encoded raft message, or a ping (an opaque u64 the peer echoes in a pong, to time
-//! the link's round trip). Oversized lengths are rejected before any allocation.
+//! the link's round trip). A connection whose second frame is a shipment offer carries a
+//! snapshot's files instead (see `shipment`). Oversized lengths are rejected before any
+//! allocation.
 
 use crate::error::DecodeError;
 use crate::wire::Reader;
@@ -17,6 +19,10 @@ pub enum FrameKind {
     Raft = 2,
     Ping = 3,
     Pong = 4,
+    ShipOffer = 5,
+    ShipResume = 6,
+    ShipChunk = 7,
+    ShipDone = 8,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +42,10 @@ pub fn decode_header(buf: &[u8; FRAME_HEADER_BYTES], max_payload_bytes: usize) -
         2 => FrameKind::Raft,
         3 => FrameKind::Ping,
         4 => FrameKind::Pong,
+        5 => FrameKind::ShipOffer,
+        6 => FrameKind::ShipResume,
+        7 => FrameKind::ShipChunk,
+        8 => FrameKind::ShipDone,
         _ => return Err(DecodeError::Invalid("frame kind")),
     };
     let payload_len = r.u32()? as usize;

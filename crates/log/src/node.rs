@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::batch::{self, Origin, BATCH_HEADER_BYTES, COMMAND_OVERHEAD_BYTES};
 use crate::codec::{EntryCodec, Prepared, Preparer, RaftLogView, CODEC_ENTRY};
 use crate::error::{NodeError, StorageError};
+use crate::shipment::{self, Shipper, SnapshotFiles};
 use crate::storage::{write_snapshot_file, DiskStorage, StorageOptions};
 use crate::transport::{self, LinkRtts, PeerEvent, TransportConfig};
 use crate::wire::{put_blob, Reader};
@@ -48,11 +49,12 @@ pub trait StateMachine: Send + 'static {
     /// waits until that state is durable and returns the snapshot data describing it. The raft
     /// log up to that entry is compacted once the data is written.
     fn snapshot_later(&mut self) -> Box<dyn FnOnce() -> Vec<u8> + Send>;
-    /// Turns local snapshot data into what a follower behind the compacted log installs.
-    fn export_snapshot(&self, snapshot: &[u8]) -> Result<Vec<u8>, String>;
-    /// Replaces the state with one the leader exported; returns the local snapshot data that now
-    /// describes it. An error means the export is corrupt.
-    fn install_snapshot(&mut self, exported: &[u8]) -> Result<Vec<u8>, String>;
+    /// The files a follower behind the compacted log needs besides the snapshot data, pinned so
+    /// they outlive their shipment.
+    fn snapshot_files(&mut self, snapshot: &[u8]) -> Result<SnapshotFiles, String>;
+    /// Replaces the state with the one the leader's snapshot data describes, its files received
+    /// into `files_dir`. An error means they are corrupt.
+    fn install_snapshot(&mut self, snapshot: &[u8], files_dir: &Path) -> Result<(), String>;
     /// This local snapshot data is now durable in the raft storage: what only older snapshots
     /// needed may go.
     fn snapshot_persisted(&mut self, snapshot: &[u8]);
@@ -407,6 +409,9 @@ struct RaftLoop<SM: StateMachine> {
     origin: Origin,
     codec: Box<dyn EntryCodec>,
     peers: HashMap<u64, mpsc::Sender<Message>>,
+    shipper: Shipper,
+    /// Where shipped snapshot files land (`TransportConfig::incoming_dir`).
+    incoming_dir: PathBuf,
     link_rtts: LinkRtts,
     status: watch::Sender<NodeStatus>,
     metrics: LogMetrics,
@@ -498,6 +503,25 @@ pub async fn start<SM: StateMachine>(
 
     let (peer_tx, peer_rx) = mpsc::channel(config.peer_queue_messages);
     let (event_tx, event_rx) = mpsc::unbounded_channel();
+    // Partial shipments from before a restart are not trusted: their bytes may not have survived.
+    let incoming_dir = config.data_dir.join("incoming");
+    if incoming_dir.exists() {
+        std::fs::remove_dir_all(&incoming_dir).map_err(|source| StorageError::Io {
+            path: incoming_dir.clone(),
+            source,
+        })?;
+    }
+    let shipper = Shipper::new(
+        config.id,
+        config
+            .peers
+            .iter()
+            .filter(|(id, _)| *id != config.id)
+            .cloned()
+            .collect(),
+        config.max_frame_bytes,
+        event_tx.clone(),
+    );
     let transport_config = TransportConfig {
         node_id: config.id,
         listen_addr,
@@ -509,6 +533,7 @@ pub async fn start<SM: StateMachine>(
             .collect(),
         max_frame_bytes: config.max_frame_bytes,
         queue_messages: config.peer_queue_messages,
+        incoming_dir: incoming_dir.clone(),
     };
     let (peers, link_rtts) = transport::start(transport_config, peer_tx, event_tx)
         .await
@@ -535,6 +560,8 @@ pub async fn start<SM: StateMachine>(
         sm,
         codec,
         peers,
+        shipper,
+        incoming_dir,
         link_rtts,
         status: status_tx,
         metrics: LogMetrics::new(),
@@ -1035,24 +1062,21 @@ impl<SM: StateMachine> RaftLoop<SM> {
         }
     }
 
-    /// Queues a message for its peer as it is (a snapshot exported for installing); a full queue
-    /// drops it (raft retransmits).
-    fn send_unencoded(&mut self, mut msg: Message) {
+    /// Queues a message for its peer as it is; a full queue drops it (raft retransmits). A
+    /// snapshot goes to the shipper with the files it names instead.
+    fn send_unencoded(&mut self, msg: Message) {
         let to = msg.to;
-        let is_snapshot = msg.get_msg_type() == MessageType::MsgSnapshot;
-        if is_snapshot {
-            let snapshot = msg.mut_snapshot();
-            let exported = split_snapshot(&snapshot.data).and_then(|(sm_state, codec_state)| {
-                Ok(join_snapshot(&self.sm.export_snapshot(sm_state)?, codec_state))
-            });
-            match exported {
-                Ok(data) => snapshot.data = Bytes::from(data),
+        if msg.get_msg_type() == MessageType::MsgSnapshot {
+            let files =
+                split_snapshot(&msg.get_snapshot().data).and_then(|(sm_state, _)| self.sm.snapshot_files(sm_state));
+            match files {
+                Ok(files) => self.shipper.ship(to, msg, files),
                 Err(e) => {
-                    tracing::error!(to, error = %e, "cannot export the snapshot for a lagging follower");
+                    tracing::error!(to, error = %e, "cannot ship the snapshot to a lagging follower");
                     self.raw.report_snapshot(to, SnapshotStatus::Failure);
-                    return;
                 }
             }
+            return;
         }
         let Some(queue) = self.peers.get(&to) else {
             tracing::warn!(to, "message for an unknown peer dropped");
@@ -1060,9 +1084,6 @@ impl<SM: StateMachine> RaftLoop<SM> {
         };
         if queue.try_send(msg).is_err() {
             self.metrics.messages_dropped.inc();
-            if is_snapshot {
-                self.raw.report_snapshot(to, SnapshotStatus::Failure);
-            }
         }
     }
 
@@ -1075,16 +1096,18 @@ impl<SM: StateMachine> RaftLoop<SM> {
         // Leader messages may go out before our own fsync: raft counts our ack only after persist.
         self.send(ready.take_messages());
         if !ready.snapshot().is_empty() {
-            let mut snapshot = ready.snapshot().clone();
-            let index = snapshot.get_metadata().index;
-            let installed = split_snapshot(&snapshot.data).and_then(|(exported, codec_state)| {
-                let local = self.sm.install_snapshot(exported)?;
-                self.codec.restore(codec_state, index)?;
-                Ok(join_snapshot(&local, codec_state))
+            let snapshot = ready.snapshot().clone();
+            let (term, index) = (snapshot.get_metadata().term, snapshot.get_metadata().index);
+            let files_dir = shipment::staging_dir(&self.incoming_dir, term, index);
+            let installed = split_snapshot(&snapshot.data).and_then(|(sm_state, codec_state)| {
+                self.sm.install_snapshot(sm_state, &files_dir)?;
+                self.codec.restore(codec_state, index)
             });
-            match installed {
-                Ok(local) => snapshot.data = Bytes::from(local),
-                Err(e) => panic!("snapshot at index {index} from the leader is corrupt: {e}"),
+            if let Err(e) = installed {
+                panic!("snapshot at index {index} from the leader is corrupt: {e}");
+            }
+            if let Err(e) = std::fs::remove_dir_all(&files_dir) {
+                tracing::warn!(dir = %files_dir.display(), error = %e, "cannot remove an installed shipment");
             }
             let data = snapshot.data.clone();
             self.raw.mut_store().apply_snapshot(snapshot)?;

@@ -1,5 +1,6 @@
 //! Peer transport over TCP. Each node dials every peer for its outgoing messages and accepts
-//! connections for incoming ones, so a connection carries traffic one way only.
+//! connections for incoming ones, so a connection carries traffic one way only — except a
+//! snapshot shipment, which a leader's sender thread opens for itself (see `shipment`).
 //!
 //! Outgoing messages go through a bounded queue per peer: the raft loop never blocks on a slow or
 //! dead peer; when a queue is full the message is dropped and counted (raft retransmits). While a
@@ -25,6 +26,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use crate::frame::{self, FrameKind, FRAME_HEADER_BYTES};
+use crate::shipment::Receiver;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -46,7 +48,7 @@ fn probe_clock() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_micros() as u64
 }
 
-/// Something the raft loop must hear about from the transport.
+/// Something the raft loop must hear about from the transport or a snapshot shipment.
 #[derive(Debug)]
 pub enum PeerEvent {
     Unreachable(u64),
@@ -61,6 +63,8 @@ pub struct TransportConfig {
     pub peers: Vec<(u64, SocketAddr)>,
     pub max_frame_bytes: usize,
     pub queue_messages: usize,
+    /// Where snapshot files shipped by a leader land (see `shipment`).
+    pub incoming_dir: std::path::PathBuf,
 }
 
 struct PeerMetrics {
@@ -155,7 +159,13 @@ pub async fn start(
         pongs,
         rtts: rtts.clone(),
     });
-    tokio::spawn(accept_loop(listener, config.clone(), shared.clone(), inbound));
+    let receiver = Arc::new(Receiver::new(
+        config.node_id,
+        config.incoming_dir.clone(),
+        config.max_frame_bytes,
+        inbound.clone(),
+    ));
+    tokio::spawn(accept_loop(listener, config.clone(), shared.clone(), inbound, receiver));
     let mut queues = HashMap::new();
     for (peer, addr) in &config.peers {
         let (tx, rx) = mpsc::channel(config.queue_messages);
@@ -186,6 +196,7 @@ async fn accept_loop(
     config: TransportConfig,
     peers: Arc<Peers>,
     inbound: mpsc::Sender<Message>,
+    receiver: Arc<Receiver>,
 ) {
     loop {
         let (stream, remote) = match listener.accept().await {
@@ -197,9 +208,9 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        let (config, peers, inbound) = (config.clone(), peers.clone(), inbound.clone());
+        let (config, peers, inbound, receiver) = (config.clone(), peers.clone(), inbound.clone(), receiver.clone());
         tokio::spawn(async move {
-            if let Err(reason) = receive_from(stream, &config, &peers, &inbound).await {
+            if let Err(reason) = receive_from(stream, &config, &peers, &inbound, receiver).await {
                 rejected_frames().inc();
                 tracing::warn!(%remote, %reason, "closed inbound peer connection");
             }
@@ -238,6 +249,7 @@ async fn receive_from(
     config: &TransportConfig,
     peers: &Peers,
     inbound: &mpsc::Sender<Message>,
+    receiver: Arc<Receiver>,
 ) -> Result<(), String> {
     let mut stream = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
     let hello = tokio::time::timeout(HELLO_TIMEOUT, read_frame(&mut stream, 64))
@@ -252,9 +264,18 @@ async fn receive_from(
         .metrics
         .get(&from)
         .ok_or_else(|| format!("hello from unknown node {from}"))?;
+    let mut first_after_hello = true;
     while let Some((kind, payload)) = read_frame(&mut stream, config.max_frame_bytes).await? {
+        let opens_the_connection = std::mem::replace(&mut first_after_hello, false);
         match kind {
             FrameKind::Raft => {}
+            FrameKind::ShipOffer if opens_the_connection => {
+                receive_shipment(stream, from, payload, receiver).await;
+                return Ok(());
+            }
+            FrameKind::ShipOffer | FrameKind::ShipResume | FrameKind::ShipChunk | FrameKind::ShipDone => {
+                return Err(format!("{kind:?} frame outside a shipment"))
+            }
             FrameKind::Ping => {
                 let stamp = frame::decode_probe(&payload).map_err(|e| format!("bad ping: {e}"))?;
                 // Answer on our own connection to the peer; a full queue skips this one.
@@ -274,6 +295,9 @@ async fn receive_from(
             FrameKind::Hello => return Err("a second hello".into()),
         }
         let msg = Message::parse_from_bytes(&payload).map_err(|e| format!("bad raft message: {e}"))?;
+        if msg.get_msg_type() == MessageType::MsgSnapshot {
+            return Err("a snapshot outside a shipment of its files".into());
+        }
         if msg.from != from || msg.to != config.node_id {
             return Err(format!(
                 "message from {} to {} on the connection of node {from} to {}",
@@ -288,6 +312,31 @@ async fn receive_from(
         }
     }
     Ok(())
+}
+
+/// Hands a connection that opened with a shipment offer to a blocking receiver (file writes and
+/// fsyncs stay off the runtime); a failed shipment is logged, and the next one resumes it.
+async fn receive_shipment(stream: BufReader<TcpStream>, from: u64, offer: Vec<u8>, receiver: Arc<Receiver>) {
+    let outcome = async {
+        if !stream.buffer().is_empty() {
+            return Err("bytes after a shipment offer, before its resume".to_string());
+        }
+        let tcp = stream.into_inner().into_std().map_err(|e| e.to_string())?;
+        tcp.set_nonblocking(false).map_err(|e| e.to_string())?;
+        tokio::task::spawn_blocking(move || receiver.receive(tcp, from, &offer))
+            .await
+            .map_err(|e| format!("receiver thread: {e}"))?
+    }
+    .await;
+    match outcome {
+        Ok(stats) => tracing::info!(
+            from,
+            bytes_received = stats.bytes_sent,
+            bytes_resumed = stats.bytes_resumed,
+            "snapshot files received"
+        ),
+        Err(reason) => tracing::warn!(from, %reason, "snapshot shipment broken off; the next one resumes it"),
+    }
 }
 
 async fn sender_loop(
@@ -311,7 +360,7 @@ async fn sender_loop(
                     tracing::info!(peer, %addr, "peer reachable again");
                     reported_down = false;
                 }
-                send_to(stream, node_id, &mut queues, &events, metrics).await
+                send_to(stream, node_id, &mut queues, metrics).await
             }
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err("connect timed out".into()),
@@ -332,12 +381,8 @@ async fn sender_loop(
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => break,
                 _ = queues.pongs.recv() => {}
-                msg = queues.raft.recv() => match msg {
-                    None => return,
-                    Some(msg) if msg.get_msg_type() == MessageType::MsgSnapshot => {
-                        let _ = events.send(PeerEvent::SnapshotSent { to: peer, delivered: false });
-                    }
-                    Some(_) => {}
+                msg = queues.raft.recv() => if msg.is_none() {
+                    return;
                 },
             }
         }
@@ -351,7 +396,6 @@ async fn send_to(
     mut stream: TcpStream,
     node_id: u64,
     queues: &mut Queues,
-    events: &mpsc::UnboundedSender<PeerEvent>,
     metrics: &PeerMetrics,
 ) -> Result<(), String> {
     stream
@@ -359,7 +403,6 @@ async fn send_to(
         .await
         .map_err(|e| e.to_string())?;
     let mut buf = Vec::with_capacity(64 * 1024);
-    let mut snapshots = Vec::new();
     let mut ping = tokio::time::interval(PING_INTERVAL);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -381,9 +424,6 @@ async fn send_to(
         };
         let mut next = first;
         while let Some(msg) = next.take() {
-            if msg.get_msg_type() == MessageType::MsgSnapshot {
-                snapshots.push(msg.to);
-            }
             metrics.messages_sent.inc();
             metrics.entries_sent.add(msg.entries.len() as u64);
             let payload = msg.write_to_bytes().expect("encoding a raft message cannot fail");
@@ -395,10 +435,6 @@ async fn send_to(
         let written = stream.write_all(&buf).await;
         metrics.bytes_sent.add(buf.len() as u64);
         buf.clear();
-        let delivered = written.is_ok();
-        for to in snapshots.drain(..) {
-            let _ = events.send(PeerEvent::SnapshotSent { to, delivered });
-        }
         written.map_err(|e| e.to_string())?;
     }
 }

@@ -7,7 +7,6 @@
 //! writes (a non-idempotent command is recorded as its resulting value) and how a hash maps onto
 //! keys, and it must not know raft.
 
-pub mod bundle;
 mod cache;
 mod manifest;
 mod reduce;
@@ -22,6 +21,6 @@ pub use scan_map::{no_groups, GroupOf};
 pub use segment::{
     decode_footer, decode_header, decode_index, decode_record, decode_segment, encode_segment, read_segment,
     read_segment_index, segment_bytes_per_record, segment_file_name, sync_segment, verify_segment, write_segment,
-    write_segment_bytes, IndexEntry, Record, SegmentError, SegmentHeader, SegmentIndex, FOOTER_BYTES, HEADER_BYTES,
+    IndexEntry, Record, SegmentError, SegmentHeader, SegmentIndex, FOOTER_BYTES, HEADER_BYTES,
 };
-pub use store::{StorageMode, Store, StoreError, StoreOptions, StoreStats};
+pub use store::{PinnedSegments, StorageMode, Store, StoreError, StoreOptions, StoreStats};

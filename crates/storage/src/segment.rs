@@ -561,12 +561,7 @@ pub fn write_segment(dir: &Path, batch: &ReducedBatch) -> Result<(PathBuf, Segme
 /// log holds what the segment holds until a manifest lists it, and a manifest lists only
 /// segments `sync_segment` and `sync_dir` made durable. A segment already there is replaced: a
 /// segment's content is fixed by its range of the committed log, so both copies are equal.
-pub fn write_segment_bytes(
-    dir: &Path,
-    first_index: u64,
-    last_index: u64,
-    bytes: &[u8],
-) -> Result<PathBuf, SegmentError> {
+fn write_segment_bytes(dir: &Path, first_index: u64, last_index: u64, bytes: &[u8]) -> Result<PathBuf, SegmentError> {
     let path = dir.join(segment_file_name(first_index, last_index));
     let temporary = path.with_extension("seg.tmp");
     let mut file = OpenOptions::new()

@@ -34,7 +34,7 @@ use crate::reduce::{ReducedBatch, Reducer};
 use crate::scan_map::{no_groups, GroupOf, ScanMap};
 use crate::segment::{
     decode_record, in_file, io_error, read_segment, read_segment_index, record_len, segment_file_name, sync_dir,
-    sync_segment, verify_segment, write_segment, write_segment_bytes, IndexEntry, Record, SegmentError, SegmentIndex,
+    sync_segment, verify_segment, write_segment, IndexEntry, Record, SegmentError, SegmentIndex,
 };
 
 /// What a segment keeps of its batch.
@@ -327,6 +327,31 @@ struct Shared {
     closing: AtomicBool,
 }
 
+/// How many shipments read each segment, by `(first, last)`.
+type Pins = Arc<Mutex<HashMap<(u64, u64), usize>>>;
+
+/// Segments being shipped to a follower (see `Store::pin_segments`); dropping it unpins them,
+/// and the next persisted manifest deletes those a merge replaced.
+pub struct PinnedSegments {
+    pins: Pins,
+    ranges: Vec<(u64, u64)>,
+    /// Each segment's file name and path, in log order.
+    pub files: Vec<(String, PathBuf)>,
+}
+
+impl Drop for PinnedSegments {
+    fn drop(&mut self) {
+        let mut pins = self.pins.lock().expect("not poisoned");
+        for range in &self.ranges {
+            let count = pins.get_mut(range).expect("a pinned segment is counted");
+            *count -= 1;
+            if *count == 0 {
+                pins.remove(range);
+            }
+        }
+    }
+}
+
 /// Counters of what reduction did, since the store was opened.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StoreStats {
@@ -371,8 +396,10 @@ pub struct Store {
     from_cleaner: mpsc::Receiver<Merged>,
     cleaner: Option<std::thread::JoinHandle<()>>,
     cleaning: bool,
-    /// Segments a merge replaced, deleted once a persisted manifest no longer lists them.
+    /// Segments a merge replaced, deleted once a persisted manifest no longer lists them and no
+    /// shipment reads them.
     retired: Vec<(u64, u64)>,
+    pins: Pins,
     shared: Arc<Shared>,
     stats: StoreStats,
 }
@@ -487,6 +514,7 @@ impl Store {
             cleaner: Some(cleaner),
             cleaning: false,
             retired: Vec::new(),
+            pins: Pins::default(),
             shared,
             stats: StoreStats::default(),
         }
@@ -677,50 +705,58 @@ impl Store {
         self.building.last_index()
     }
 
-    /// What a follower needs to install the state `manifest` describes: the manifest and the bytes
-    /// of each segment it lists.
-    pub fn export(&self, manifest: &Manifest) -> Result<Vec<u8>, StoreError> {
-        let mut segments = Vec::with_capacity(manifest.segments.len());
+    /// Pins the segments `manifest` lists for shipping to a follower: none of them is deleted
+    /// while the returned value lives, even once a merge replaced it. Returns each file's name and
+    /// path with the pin.
+    pub fn pin_segments(&self, manifest: &Manifest) -> Result<PinnedSegments, StoreError> {
+        let mut files = Vec::with_capacity(manifest.segments.len());
         for (first, last) in &manifest.segments {
-            let path = self.options.dir.join(segment_file_name(*first, *last));
-            segments.push(std::fs::read(&path).map_err(io_error(&path))?);
-        }
-        Ok(crate::bundle::encode(manifest, &segments))
-    }
-
-    /// Replaces the state with an exported one: verifies every segment, writes them, and opens
-    /// them as `open` would. Files of the old state stay until the next `open`, because the
-    /// caller's record of the old manifest is replaced only after this returns.
-    pub fn install(&mut self, exported: &[u8]) -> Result<Manifest, StoreError> {
-        let (manifest, segments) = crate::bundle::decode(exported)?;
-        let mut indexes = Vec::with_capacity(segments.len());
-        for ((first, last), bytes) in manifest.segments.iter().zip(&segments) {
-            let index = verify_segment(bytes)?;
-            if (index.header.first_index, index.header.last_index) != (*first, *last) {
+            let name = segment_file_name(*first, *last);
+            let path = self.options.dir.join(&name);
+            if !path.exists() {
                 return Err(StoreError::Inconsistent(format!(
-                    "shipped segment [{}, {}] is listed as [{first}, {last}]",
-                    index.header.first_index, index.header.last_index
+                    "{}: listed in the manifest to ship but missing",
+                    path.display()
                 )));
             }
-            indexes.push(index);
+            files.push((name, path));
+        }
+        let mut pins = self.pins.lock().expect("not poisoned");
+        for range in &manifest.segments {
+            *pins.entry(*range).or_default() += 1;
+        }
+        Ok(PinnedSegments {
+            pins: self.pins.clone(),
+            ranges: manifest.segments.clone(),
+            files,
+        })
+    }
+
+    /// Replaces the state with the one `manifest` describes, whose segments were received into
+    /// `from_dir` and synced there: checks each as start-up would, moves them into the store's
+    /// directory and opens them. Files of the old state stay until the next `open`, because the
+    /// caller's record of the old manifest is replaced only after this returns.
+    pub fn install(&mut self, manifest: &Manifest, from_dir: &Path) -> Result<(), StoreError> {
+        let mut loaded = Vec::with_capacity(manifest.segments.len());
+        for window in manifest.segments.chunks(OPEN_WINDOW_SEGMENTS) {
+            loaded.extend(load_segments(from_dir, self.options.mode, window)?);
         }
         self.finish_unwritten();
-        let mut paths = Vec::with_capacity(segments.len());
-        for ((first, last), bytes) in manifest.segments.iter().zip(&segments) {
-            paths.push(write_segment_bytes(&self.options.dir, *first, *last, bytes)?);
-        }
         for (first, last) in &manifest.segments {
-            sync_segment(&self.options.dir, *first, *last)?;
+            let name = segment_file_name(*first, *last);
+            let (from, to) = (from_dir.join(&name), self.options.dir.join(&name));
+            std::fs::rename(&from, &to).map_err(io_error(&from))?;
         }
         sync_dir(&self.options.dir)?;
         let options = self.options.clone();
         let stats = self.stats;
         *self = Store::empty(options, manifest.applied_index);
         self.stats = stats;
-        for (((first, _), path), index) in manifest.segments.iter().zip(paths).zip(indexes) {
+        for ((first, last), (_, index)) in manifest.segments.iter().zip(loaded) {
+            let path = self.options.dir.join(segment_file_name(*first, *last));
             self.adopt(*first, path, index);
         }
-        Ok(manifest)
+        Ok(())
     }
 
     /// Starts adopting what the writer finished, and adopts up to `step` records.
@@ -1023,7 +1059,12 @@ impl Store {
     /// does not list are deleted.
     pub fn manifest_persisted(&mut self, manifest: &Manifest) -> Result<(), StoreError> {
         let listed: HashSet<&(u64, u64)> = manifest.segments.iter().collect();
-        let (keep, delete): (Vec<_>, Vec<_>) = self.retired.iter().partition(|range| listed.contains(range));
+        let pins = self.pins.lock().expect("not poisoned");
+        let (keep, delete): (Vec<_>, Vec<_>) = self
+            .retired
+            .iter()
+            .partition(|range| listed.contains(range) || pins.contains_key(range));
+        drop(pins);
         for (first, last) in &delete {
             let path = self.options.dir.join(segment_file_name(*first, *last));
             std::fs::remove_file(&path).map_err(io_error(&path))?;
@@ -1523,36 +1564,98 @@ mod tests {
         );
     }
 
+    /// What a shipment does with pinned segments: copies each into the follower's staging
+    /// directory.
+    fn ship(pinned: &PinnedSegments, to: &Path) {
+        for (name, path) in &pinned.files {
+            std::fs::copy(path, to.join(name)).unwrap();
+        }
+    }
+
     #[test]
-    fn an_exported_state_installs_elsewhere_and_survives_a_restart() {
+    fn shipped_segments_install_elsewhere_survive_a_restart_and_outlive_a_merge_while_pinned() {
         let mut rng = Rng(7);
         let leader_dir = tempfile::tempdir().unwrap();
-        let mut leader = Store::open(options(leader_dir.path(), &mut rng), None).unwrap();
+        let leader_options = StoreOptions {
+            batch_writes: 20,
+            cleaner_min_segments: 2,
+            ..StoreOptions::new(leader_dir.path())
+        };
+        let mut leader = Store::open(leader_options, None).unwrap();
         let mut log = Vec::new();
         for index in 1..=300 {
             log.push(random_entry(&mut rng, 50));
             apply(&mut leader, index, &log[index as usize - 1]);
         }
-        let manifest = leader.manifest_later()();
+        let manifest = snapshot(&mut leader);
         assert_eq!(manifest.applied_index, 300);
-        let exported = leader.export(&manifest).unwrap();
+        let pinned = leader.pin_segments(&manifest).unwrap();
+        assert_eq!(pinned.files.len(), manifest.segments.len());
+
+        // While the shipment runs the cleaner replaces the pinned segments and a manifest that
+        // does not list them is persisted: they stay until the shipment ends.
+        let merges_before = leader.stats().merges;
+        for index in 301..=600 {
+            log.push(random_entry(&mut rng, 50));
+            apply(&mut leader, index, &log[index as usize - 1]);
+        }
+        leader.settle();
+        let newer = snapshot(&mut leader);
+        assert!(leader.stats().merges > merges_before, "the test meant to merge");
+        let replaced: Vec<&PathBuf> = pinned
+            .files
+            .iter()
+            .filter(|(name, _)| !newer.segments.iter().any(|(f, l)| segment_file_name(*f, *l) == *name))
+            .map(|(_, path)| path)
+            .collect();
+        assert!(!replaced.is_empty(), "the merge replaced shipped segments");
+        let staged = tempfile::tempdir().unwrap();
+        ship(&pinned, staged.path());
+        let replaced: Vec<PathBuf> = replaced.into_iter().cloned().collect();
+        drop(pinned);
+        snapshot(&mut leader);
+        assert!(replaced.iter().all(|path| !path.exists()), "unpinned segments go");
 
         let follower_dir = tempfile::tempdir().unwrap();
         let mut follower = Store::open(options(follower_dir.path(), &mut rng), None).unwrap();
         apply(&mut follower, 1, &log[0]);
-        assert_eq!(follower.install(&exported).unwrap(), manifest);
+        follower.install(&manifest, staged.path()).unwrap();
         assert_matches(&mut follower, &model_at(&log, 300), 50, "installed");
-        log.push(random_entry(&mut rng, 50));
         apply(&mut follower, 301, &log[300]);
         drop(follower);
         let mut follower = Store::open(options(follower_dir.path(), &mut rng), Some(&manifest)).unwrap();
         assert_matches(&mut follower, &model_at(&log, 300), 50, "reopened");
+    }
 
-        let mut damaged = exported.clone();
-        let at = damaged.len() / 2;
-        damaged[at] ^= 1;
-        let mut other = Store::open(options(tempfile::tempdir().unwrap().path(), &mut rng), None).unwrap();
-        assert!(other.install(&damaged).is_err());
+    #[test]
+    fn a_damaged_shipment_is_refused_naming_the_file_and_changes_nothing() {
+        let mut rng = Rng(11);
+        let leader_dir = tempfile::tempdir().unwrap();
+        let mut leader = Store::open(options(leader_dir.path(), &mut rng), None).unwrap();
+        let mut log = Vec::new();
+        for index in 1..=100 {
+            log.push(random_entry(&mut rng, 50));
+            apply(&mut leader, index, &log[index as usize - 1]);
+        }
+        let manifest = snapshot(&mut leader);
+        let pinned = leader.pin_segments(&manifest).unwrap();
+        let staged = tempfile::tempdir().unwrap();
+        ship(&pinned, staged.path());
+        let (name, _) = pinned.files.last().unwrap();
+        let damaged = staged.path().join(name);
+        let mut bytes = std::fs::read(&damaged).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&damaged, &bytes).unwrap();
+
+        let follower_dir = tempfile::tempdir().unwrap();
+        let mut follower = Store::open(options(follower_dir.path(), &mut rng), None).unwrap();
+        for index in 1..=10 {
+            apply(&mut follower, index, &log[index as usize - 1]);
+        }
+        let message = follower.install(&manifest, staged.path()).unwrap_err().to_string();
+        assert!(message.contains(name.as_str()), "{message}");
+        assert_matches(&mut follower, &model_at(&log, 10), 50, "after a refused install");
     }
 
     #[test]

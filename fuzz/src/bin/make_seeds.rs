@@ -1,7 +1,7 @@
 //! Writes a seed corpus for every fuzz target: bytes as the real code paths produce them (RESP
 //! traffic, peer frames around real raft messages, a write-ahead-log segment and a snapshot
-//! written by the storage, batches, state-machine snapshots, UniCache encodings, reduced segments,
-//! manifests and exported states).
+//! written by the storage, a snapshot shipment's frames, batches, state-machine snapshots, UniCache
+//! encodings, reduced segments and manifests).
 //!
 //!     cargo run --manifest-path fuzz/Cargo.toml --bin make-seeds -- fuzz/corpus
 
@@ -14,9 +14,10 @@ use chorus_kv::unicache::KvPreprocessor;
 use chorus_kv::KvState;
 use chorus_log::batch::{self, Origin};
 use chorus_log::frame::{encode_frame, encode_hello, FrameKind};
+use chorus_log::shipment::{encode_offer, Offer};
 use chorus_log::storage::{write_snapshot_file, DiskStorage, StorageOptions};
 use chorus_log::{EntryCodec, StateMachine};
-use chorus_storage::{encode_segment, Reducer, StoreOptions};
+use chorus_storage::{encode_segment, segment_file_name, Reducer, StoreOptions};
 use chorus_unicache::{
     absorb_command, encode_command, CsvPreprocessor, ItemCache, Preprocessor, SqlParams, SqlPreprocessor,
 };
@@ -103,6 +104,23 @@ fn main() {
     encode_frame(FrameKind::Ping, &7u64.to_le_bytes(), &mut frames);
     encode_frame(FrameKind::Pong, &7u64.to_le_bytes(), &mut frames);
     write(&out, "peer_frame", "connection", &frames);
+    let mut shipment = Vec::new();
+    let offer = Offer {
+        term: 3,
+        index: 40,
+        files: vec![(segment_file_name(1, 20), 4_096), (segment_file_name(21, 40), 512)],
+    };
+    encode_frame(FrameKind::ShipOffer, &encode_offer(&offer), &mut shipment);
+    let mut resume = 2u32.to_le_bytes().to_vec();
+    resume.extend_from_slice(&1_024u64.to_le_bytes());
+    resume.extend_from_slice(&0u64.to_le_bytes());
+    encode_frame(FrameKind::ShipResume, &resume, &mut shipment);
+    let mut chunk = 0u32.to_le_bytes().to_vec();
+    chunk.extend_from_slice(&1_024u64.to_le_bytes());
+    chunk.extend_from_slice(&[7; 64]);
+    encode_frame(FrameKind::ShipChunk, &chunk, &mut shipment);
+    encode_frame(FrameKind::ShipDone, &[], &mut shipment);
+    write(&out, "peer_frame", "shipment", &shipment);
 
     // A segment and a snapshot written by the storage itself.
     let dir = tempfile::tempdir().expect("temp dir");
@@ -179,10 +197,7 @@ fn main() {
     for (i, c) in commands.iter().enumerate() {
         write(&out, "kv", &format!("command-{i}"), c);
     }
-    let exported = kv.export_snapshot(&manifest).expect("export");
-    write(&out, "kv", "exported-state", &exported);
     write(&out, "segment", "manifest", &manifest);
-    write(&out, "segment", "exported-state", &exported);
 
     // UniCache: encoded commands for each preprocessor, an encoded append entry, cache state.
     let preprocessors: [(&str, &dyn Preprocessor, Bytes); 3] = [
