@@ -57,6 +57,10 @@ pub struct ReductionArgs {
     /// the device under test.
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Further directories the stores spread their segments over, one writer thread each (the
+    /// paper's parallel logging: put each on its own device).
+    #[arg(long, value_delimiter = ',')]
+    pub more_dirs: Vec<PathBuf>,
     #[arg(long, default_value = "bench-results")]
     pub out: PathBuf,
 }
@@ -177,14 +181,18 @@ fn run_mode(
     mode: StorageMode,
     dir: &Path,
 ) -> anyhow::Result<ModeRun> {
-    let _ = std::fs::remove_dir_all(dir);
     let options = StoreOptions {
         mode,
         // The benchmark cuts batches itself, every `batch_commands` commands.
         batch_writes: u64::MAX,
         batch_bytes: u64::MAX,
+        more_dirs: args.more_dirs.iter().map(|more| more.join("state")).collect(),
         ..StoreOptions::new(dir.join("state"))
     };
+    let _ = std::fs::remove_dir_all(dir);
+    for more in &options.more_dirs {
+        let _ = std::fs::remove_dir_all(more);
+    }
     let mut store = Store::open(options.clone(), None)?;
     let keys = KeySpace::new(args.records);
     let mut stream = OpStream::new(workload, args.records, 1, keys.clone(), 0x5eed);
@@ -266,9 +274,11 @@ fn run_mode(
     drop(follower);
     drop(store);
 
-    evict_from_page_cache(&options.dir)?;
+    for state_dir in options.all_dirs() {
+        evict_from_page_cache(state_dir)?;
+    }
     let recovery_started = Instant::now();
-    let recovered = Store::open(options, Some(&manifest))?;
+    let recovered = Store::open(options.clone(), Some(&manifest))?;
     let recovery_secs = recovery_started.elapsed().as_secs_f64();
     if recovered.stats().live_keys != stats.live_keys {
         bail!(
@@ -278,7 +288,9 @@ fn run_mode(
         );
     }
     drop(recovered);
-    std::fs::remove_dir_all(dir).with_context(|| format!("cannot remove {}", dir.display()))?;
+    for state_dir in std::iter::once(dir).chain(options.more_dirs.iter().map(PathBuf::as_path)) {
+        std::fs::remove_dir_all(state_dir).with_context(|| format!("cannot remove {}", state_dir.display()))?;
+    }
 
     Ok(ModeRun {
         mode: match mode {

@@ -83,6 +83,11 @@ server_options! {
     /// the last write of each key; a cleaner merges segments) or "full" (every committed write is
     /// kept and replayed at start-up, never cleaned: the standard log, a baseline for measuring).
     storage: String = "reduced".into();
+    /// Directories, comma-separated, the key-value segments are spread over, each with its own
+    /// writer thread — on separate devices the writes run in parallel (default: `data_dir/state`
+    /// alone). The first also takes the cleaner's merges and installed segments. A directory may
+    /// be added between runs, never taken away or reordered.
+    data_dirs: String = String::new();
     /// Committed writes reduced into one segment (only the last write of each key is kept).
     reduction_batch_writes: u64 = 1_000;
     /// Key and value bytes of committed writes reduced into one segment.

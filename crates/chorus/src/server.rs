@@ -1,5 +1,6 @@
 //! `chorus server`: wires storage, raft, transport, the RESP front end and metrics together.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -72,6 +73,16 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     } else {
         Box::new(IdentityCodec)
     };
+    let mut state_dirs: Vec<PathBuf> = config
+        .data_dirs
+        .split(',')
+        .map(str::trim)
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    if state_dirs.is_empty() {
+        state_dirs.push(config.data_dir.join("state"));
+    }
     let store_options = StoreOptions {
         mode: config.storage.parse().map_err(anyhow::Error::msg)?,
         cache_bytes: config.cache_bytes,
@@ -79,7 +90,8 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         batch_bytes: config.reduction_batch_bytes,
         min_cleanable_dirty_ratio: config.min_cleanable_dirty_ratio,
         cleaner_read_bytes_per_sec: config.cleaner_read_bytes_per_sec,
-        ..StoreOptions::new(config.data_dir.join("state"))
+        more_dirs: state_dirs.split_off(1),
+        ..StoreOptions::new(state_dirs.remove(0))
     };
     let node = chorus_log::start(node_config, |snapshot| KvState::open(store_options, snapshot), codec)
         .await

@@ -559,7 +559,7 @@ pub fn write_segment(dir: &Path, batch: &ReducedBatch) -> Result<(PathBuf, Segme
 /// Writes a segment's bytes to a temporary file with one write and renames it into place, so
 /// the name never shows a partial segment while the machine runs. Nothing is synced: the raft
 /// log holds what the segment holds until a manifest lists it, and a manifest lists only
-/// segments `sync_segment` and `sync_dir` made durable. A segment already there is replaced: a
+/// segments whose files and directory were synced. A segment already there is replaced: a
 /// segment's content is fixed by its range of the committed log, so both copies are equal.
 fn write_segment_bytes(dir: &Path, first_index: u64, last_index: u64, bytes: &[u8]) -> Result<PathBuf, SegmentError> {
     let path = dir.join(segment_file_name(first_index, last_index));
@@ -574,14 +574,6 @@ fn write_segment_bytes(dir: &Path, first_index: u64, last_index: u64, bytes: &[u
     file.write_all(bytes).map_err(io_error(&temporary))?;
     std::fs::rename(&temporary, &path).map_err(io_error(&path))?;
     Ok(path)
-}
-
-/// Makes a written segment's bytes durable (its name needs `sync_dir` too).
-pub fn sync_segment(dir: &Path, first_index: u64, last_index: u64) -> Result<(), SegmentError> {
-    let path = dir.join(segment_file_name(first_index, last_index));
-    File::open(&path)
-        .and_then(|file| file.sync_data())
-        .map_err(io_error(&path))
 }
 
 /// Makes creations, renames and removals in `dir` durable.

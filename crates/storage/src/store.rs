@@ -34,7 +34,7 @@ use crate::reduce::{ReducedBatch, Reducer};
 use crate::scan_map::{no_groups, GroupOf, ScanMap};
 use crate::segment::{
     decode_record, in_file, io_error, read_segment, read_segment_index, record_len, segment_file_name, sync_dir,
-    sync_segment, verify_segment, write_segment, IndexEntry, Record, SegmentError, SegmentIndex,
+    verify_segment, write_segment, IndexEntry, Record, SegmentError, SegmentIndex,
 };
 
 /// What a segment keeps of its batch.
@@ -62,7 +62,12 @@ impl std::str::FromStr for StorageMode {
 
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
+    /// Where segments are written, merged and installed.
     pub dir: PathBuf,
+    /// Further directories (ideally on other devices) the writer's segments are spread over, one
+    /// writer thread each: the paper's parallel logging. A directory may be added between runs,
+    /// never taken away.
+    pub more_dirs: Vec<PathBuf>,
     pub mode: StorageMode,
     /// Bytes of values the object cache may hold.
     pub cache_bytes: usize,
@@ -87,9 +92,15 @@ pub struct StoreOptions {
 }
 
 impl StoreOptions {
+    /// `dir`, then `more_dirs`.
+    pub fn all_dirs(&self) -> impl Iterator<Item = &PathBuf> {
+        std::iter::once(&self.dir).chain(&self.more_dirs)
+    }
+
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         StoreOptions {
             dir: dir.into(),
+            more_dirs: Vec::new(),
             mode: StorageMode::Reduced,
             cache_bytes: 256 << 20,
             batch_writes: 1_000,
@@ -221,7 +232,25 @@ const OPEN_READER_THREADS: usize = 8;
 type LoadedSegment = (PathBuf, SegmentIndex);
 
 /// Reads the segments `window` lists, in parallel; their paths and indexes in the same order.
-fn load_segments(dir: &Path, mode: StorageMode, window: &[(u64, u64)]) -> Result<Vec<LoadedSegment>, StoreError> {
+/// Each listed range with where its segment is (`dir` when it was not found, which loading then
+/// reports as missing).
+fn locate(dir: &Path, ranges: &[(u64, u64)], found: &HashMap<(u64, u64), PathBuf>) -> Vec<LocatedSegment> {
+    ranges
+        .iter()
+        .map(|range| {
+            let path = found
+                .get(range)
+                .cloned()
+                .unwrap_or_else(|| dir.join(segment_file_name(range.0, range.1)));
+            (*range, path)
+        })
+        .collect()
+}
+
+/// A listed segment's range and path.
+type LocatedSegment = ((u64, u64), PathBuf);
+
+fn load_segments(mode: StorageMode, window: &[LocatedSegment]) -> Result<Vec<LoadedSegment>, StoreError> {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let loaded: Vec<Mutex<Option<Result<LoadedSegment, StoreError>>>> =
         window.iter().map(|_| Mutex::new(None)).collect();
@@ -229,10 +258,10 @@ fn load_segments(dir: &Path, mode: StorageMode, window: &[(u64, u64)]) -> Result
         for _ in 0..OPEN_READER_THREADS.min(window.len()) {
             scope.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some((first, last)) = window.get(i) else {
+                let Some((range, path)) = window.get(i) else {
                     return;
                 };
-                *loaded[i].lock().expect("not poisoned") = Some(load_segment(dir, mode, *first, *last));
+                *loaded[i].lock().expect("not poisoned") = Some(load_segment(mode, *range, path));
             });
         }
     });
@@ -248,8 +277,7 @@ fn load_segments(dir: &Path, mode: StorageMode, window: &[(u64, u64)]) -> Result
 
 /// Reads a segment a manifest lists: its index, or in `full` mode every record (a standard log is
 /// replayed whole, every record read and checked).
-fn load_segment(dir: &Path, mode: StorageMode, first: u64, last: u64) -> Result<LoadedSegment, StoreError> {
-    let path = dir.join(segment_file_name(first, last));
+fn load_segment(mode: StorageMode, (first, last): (u64, u64), path: &Path) -> Result<LoadedSegment, StoreError> {
     if !path.exists() {
         return Err(StoreError::Inconsistent(format!(
             "{}: listed in the snapshot's manifest but missing",
@@ -257,10 +285,10 @@ fn load_segment(dir: &Path, mode: StorageMode, first: u64, last: u64) -> Result<
         )));
     }
     let index = match mode {
-        StorageMode::Reduced => read_segment_index(&path)?,
+        StorageMode::Reduced => read_segment_index(path)?,
         StorageMode::Full => {
-            let bytes = std::fs::read(&path).map_err(io_error(&path))?;
-            verify_segment(&bytes).map_err(in_file(&path))?
+            let bytes = std::fs::read(path).map_err(io_error(path))?;
+            verify_segment(&bytes).map_err(in_file(path))?
         }
     };
     if (index.header.first_index, index.header.last_index) != (first, last) {
@@ -271,7 +299,7 @@ fn load_segment(dir: &Path, mode: StorageMode, first: u64, last: u64) -> Result<
             index.header.last_index
         )));
     }
-    Ok((path, index))
+    Ok((path.to_path_buf(), index))
 }
 
 /// Segment files kept open for value reads; more are opened (and one closed) on demand.
@@ -309,13 +337,25 @@ struct Merged {
 /// What the writer has written, for those who wait on it from other threads.
 #[derive(Default)]
 struct Durable {
-    /// Every index up to this one is in a written segment.
-    through: u64,
+    /// Last index of the newest written segment.
+    written_through: u64,
+    /// First indices of the batches cut and not yet written: writers run in parallel, so one may
+    /// finish a later batch before an earlier one.
+    in_flight: std::collections::BTreeSet<u64>,
     /// `first → last` of the written segments that make up the state.
     segments: BTreeMap<u64, u64>,
-    /// Those of them not yet synced: a manifest syncs what it lists, so segment writes cost no
-    /// fsync each and the raft log's fsyncs do not queue behind them.
-    unsynced: HashSet<(u64, u64)>,
+    /// Those of them not yet synced, and where they are: a manifest syncs what it lists, so
+    /// segment writes cost no fsync each and the raft log's fsyncs do not queue behind them.
+    unsynced: HashMap<(u64, u64), PathBuf>,
+}
+
+impl Durable {
+    /// Every index up to this one is in a written segment.
+    fn through(&self) -> u64 {
+        self.in_flight
+            .first()
+            .map_or(self.written_through, |first| self.written_through.min(first - 1))
+    }
 }
 
 #[derive(Default)]
@@ -389,16 +429,20 @@ pub struct Store {
     merge_adoption: Option<MergeAdoption>,
     open_segments: HashMap<u64, File>,
     cache: ObjectCache,
-    to_writer: Option<mpsc::Sender<ReducedBatch>>,
-    from_writer: mpsc::Receiver<Written>,
-    writer: Option<std::thread::JoinHandle<()>>,
-    to_cleaner: Option<mpsc::Sender<Vec<(u64, u64)>>>,
+    /// One writer per directory, handed cut batches in turn.
+    to_writers: Vec<mpsc::Sender<ReducedBatch>>,
+    next_writer: usize,
+    from_writers: mpsc::Receiver<Written>,
+    /// Segments written ahead of an older batch still being written, by first index.
+    arrived: BTreeMap<u64, Written>,
+    writers: Vec<std::thread::JoinHandle<()>>,
+    to_cleaner: Option<mpsc::Sender<Vec<LocatedSegment>>>,
     from_cleaner: mpsc::Receiver<Merged>,
     cleaner: Option<std::thread::JoinHandle<()>>,
     cleaning: bool,
     /// Segments a merge replaced, deleted once a persisted manifest no longer lists them and no
     /// shipment reads them.
-    retired: Vec<(u64, u64)>,
+    retired: Vec<((u64, u64), PathBuf)>,
     pins: Pins,
     shared: Arc<Shared>,
     stats: StoreStats,
@@ -443,24 +487,36 @@ impl Store {
     /// Segments the manifest does not list — written after it, or torn by a crash — are deleted;
     /// a listed segment that is missing or corrupt is an error.
     pub fn open(options: StoreOptions, manifest: Option<&Manifest>) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(&options.dir).map_err(io_error(&options.dir))?;
         let empty = Manifest::default();
         let manifest = manifest.unwrap_or(&empty);
-        let listed: BTreeMap<u64, u64> = manifest.segments.iter().copied().collect();
-        let mut removed = false;
-        for (range, path) in segment_files(&options.dir)? {
-            if !matches!(range, Some((first, last)) if listed.get(&first) == Some(&last)) {
-                std::fs::remove_file(&path).map_err(io_error(&path))?;
-                removed = true;
+        let listed: HashSet<(u64, u64)> = manifest.segments.iter().copied().collect();
+        // Where each listed segment is. A copy in a later directory of one in an earlier
+        // directory is what an install interrupted by a crash leaves: the same log range, so the
+        // same state; the earlier one stays.
+        let mut found: HashMap<(u64, u64), PathBuf> = HashMap::default();
+        for dir in options.all_dirs() {
+            std::fs::create_dir_all(dir).map_err(io_error(dir))?;
+            let mut removed = false;
+            for (range, path) in segment_files(dir)? {
+                match range {
+                    Some(range) if listed.contains(&range) && !found.contains_key(&range) => {
+                        found.insert(range, path);
+                    }
+                    _ => {
+                        std::fs::remove_file(&path).map_err(io_error(&path))?;
+                        removed = true;
+                    }
+                }
+            }
+            if removed {
+                sync_dir(dir)?;
             }
         }
-        if removed {
-            sync_dir(&options.dir)?;
-        }
+        let located = locate(&options.dir, &manifest.segments, &found);
         let mut store = Store::empty(options, manifest.applied_index);
-        for window in manifest.segments.chunks(OPEN_WINDOW_SEGMENTS) {
-            let loaded = load_segments(&store.options.dir, store.options.mode, window)?;
-            for ((first, _), (path, index)) in window.iter().zip(loaded) {
+        for window in located.chunks(OPEN_WINDOW_SEGMENTS) {
+            let loaded = load_segments(store.options.mode, window)?;
+            for (((first, _), _), (path, index)) in window.iter().zip(loaded) {
                 store.adopt(*first, path, index);
             }
         }
@@ -469,17 +525,20 @@ impl Store {
 
     fn empty(options: StoreOptions, applied_index: u64) -> Store {
         let shared = Arc::new(Shared::default());
-        shared.durable.lock().expect("not poisoned").through = applied_index;
-        let (to_writer, writer_rx) = mpsc::channel::<ReducedBatch>();
-        let (writer_tx, from_writer) = mpsc::channel();
-        let writer = {
-            let dir = options.dir.clone();
-            let shared = shared.clone();
-            std::thread::Builder::new()
+        shared.durable.lock().expect("not poisoned").written_through = applied_index;
+        let (writer_tx, from_writers) = mpsc::channel();
+        let mut to_writers = Vec::new();
+        let mut writers = Vec::new();
+        for dir in options.all_dirs() {
+            let (to_writer, writer_rx) = mpsc::channel::<ReducedBatch>();
+            let (dir, shared, writer_tx) = (dir.clone(), shared.clone(), writer_tx.clone());
+            let writer = std::thread::Builder::new()
                 .name("segment-writer".into())
                 .spawn(move || write_segments(&dir, &writer_rx, &writer_tx, &shared))
-                .expect("spawn segment writer")
-        };
+                .expect("spawn segment writer");
+            to_writers.push(to_writer);
+            writers.push(writer);
+        }
         let (to_cleaner, cleaner_rx) = mpsc::channel();
         let (cleaner_tx, from_cleaner) = mpsc::channel();
         let cleaner = {
@@ -506,9 +565,11 @@ impl Store {
             newest_last_index: 0,
             merge_adoption: None,
             open_segments: HashMap::default(),
-            to_writer: Some(to_writer),
-            from_writer,
-            writer: Some(writer),
+            to_writers,
+            next_writer: 0,
+            from_writers,
+            arrived: BTreeMap::new(),
+            writers,
             to_cleaner: Some(to_cleaner),
             from_cleaner,
             cleaner: Some(cleaner),
@@ -556,11 +617,16 @@ impl Store {
     pub fn cut(&mut self) {
         if let Some(batch) = self.building.take() {
             self.unwritten.push_back(batch.first_index);
-            self.to_writer
-                .as_ref()
-                .expect("writer runs while the store is open")
+            self.shared
+                .durable
+                .lock()
+                .expect("not poisoned")
+                .in_flight
+                .insert(batch.first_index);
+            self.to_writers[self.next_writer % self.to_writers.len()]
                 .send(batch)
                 .expect("segment writer thread vanished");
+            self.next_writer += 1;
         }
         while self.unwritten.len() > self.options.max_unwritten_batches {
             self.finish_oldest_unwritten();
@@ -577,11 +643,10 @@ impl Store {
         self.cut();
         let through = self.building.last_index();
         let shared = self.shared.clone();
-        let dir = self.options.dir.clone();
         move || {
             let (manifest, to_sync) = {
                 let mut durable = shared.durable.lock().expect("not poisoned");
-                while durable.through < through {
+                while durable.through() < through {
                     durable = shared.changed.wait(durable).expect("not poisoned");
                 }
                 let segments: Vec<(u64, u64)> = durable
@@ -590,10 +655,9 @@ impl Store {
                     .map(|(first, last)| (*first, *last))
                     .filter(|(_, last)| *last <= through)
                     .collect();
-                let to_sync: Vec<(u64, u64)> = segments
+                let to_sync: Vec<((u64, u64), PathBuf)> = segments
                     .iter()
-                    .filter(|range| durable.unsynced.contains(range))
-                    .copied()
+                    .filter_map(|range| Some((*range, durable.unsynced.get(range)?.clone())))
                     .collect();
                 let manifest = Manifest {
                     applied_index: through,
@@ -606,16 +670,20 @@ impl Store {
             }
             // Listed segments stay on disk at least until a manifest not listing them is
             // persisted, which cannot happen before this one is: snapshots are taken one at a time.
-            for (first, last) in &to_sync {
-                if let Err(e) = sync_segment(&dir, *first, *last) {
-                    panic!("cannot sync a segment a manifest will list: {e}");
+            let mut dirs = HashSet::default();
+            for (_, path) in &to_sync {
+                if let Err(e) = File::open(path).and_then(|file| file.sync_data()) {
+                    panic!("cannot sync {}, which a manifest will list: {e}", path.display());
+                }
+                dirs.insert(path.parent().expect("a segment is in a directory"));
+            }
+            for dir in dirs {
+                if let Err(e) = sync_dir(dir) {
+                    panic!("cannot sync the state directory: {e}");
                 }
             }
-            if let Err(e) = sync_dir(&dir) {
-                panic!("cannot sync the state directory: {e}");
-            }
             let mut durable = shared.durable.lock().expect("not poisoned");
-            for range in &to_sync {
+            for (range, _) in &to_sync {
                 durable.unsynced.remove(range);
             }
             manifest
@@ -709,16 +777,28 @@ impl Store {
     /// while the returned value lives, even once a merge replaced it. Returns each file's name and
     /// path with the pin.
     pub fn pin_segments(&self, manifest: &Manifest) -> Result<PinnedSegments, StoreError> {
+        let known: HashMap<(u64, u64), &PathBuf> = self
+            .segments
+            .by_id
+            .values()
+            .map(|s| ((s.first_index, s.last_index), &s.path))
+            .chain(self.retired.iter().map(|(range, path)| (*range, path)))
+            .collect();
         let mut files = Vec::with_capacity(manifest.segments.len());
-        for (first, last) in &manifest.segments {
-            let name = segment_file_name(*first, *last);
-            let path = self.options.dir.join(&name);
-            if !path.exists() {
+        for range in &manifest.segments {
+            let name = segment_file_name(range.0, range.1);
+            // Written but not yet adopted: the writers' directories hold it.
+            let path = known.get(range).map(|path| path.to_path_buf()).or_else(|| {
+                self.options
+                    .all_dirs()
+                    .map(|dir| dir.join(&name))
+                    .find(|path| path.exists())
+            });
+            let Some(path) = path.filter(|path| path.exists()) else {
                 return Err(StoreError::Inconsistent(format!(
-                    "{}: listed in the manifest to ship but missing",
-                    path.display()
+                    "{name}: listed in the manifest to ship but not in the store"
                 )));
-            }
+            };
             files.push((name, path));
         }
         let mut pins = self.pins.lock().expect("not poisoned");
@@ -737,17 +817,32 @@ impl Store {
     /// directory and opens them. Files of the old state stay until the next `open`, because the
     /// caller's record of the old manifest is replaced only after this returns.
     pub fn install(&mut self, manifest: &Manifest, from_dir: &Path) -> Result<(), StoreError> {
+        let received = locate(from_dir, &manifest.segments, &HashMap::default());
         let mut loaded = Vec::with_capacity(manifest.segments.len());
-        for window in manifest.segments.chunks(OPEN_WINDOW_SEGMENTS) {
-            loaded.extend(load_segments(from_dir, self.options.mode, window)?);
+        for window in received.chunks(OPEN_WINDOW_SEGMENTS) {
+            loaded.extend(load_segments(self.options.mode, window)?);
         }
         self.finish_unwritten();
         for (first, last) in &manifest.segments {
             let name = segment_file_name(*first, *last);
-            let (from, to) = (from_dir.join(&name), self.options.dir.join(&name));
-            std::fs::rename(&from, &to).map_err(io_error(&from))?;
+            move_file(&from_dir.join(&name), &self.options.dir.join(&name))?;
         }
         sync_dir(&self.options.dir)?;
+        // A copy of an installed segment a writer left in another directory is the same log
+        // range; only one may stay (see `open`).
+        for dir in &self.options.more_dirs {
+            let mut removed = false;
+            for (first, last) in &manifest.segments {
+                let copy = dir.join(segment_file_name(*first, *last));
+                if copy.exists() {
+                    std::fs::remove_file(&copy).map_err(io_error(&copy))?;
+                    removed = true;
+                }
+            }
+            if removed {
+                sync_dir(dir)?;
+            }
+        }
         let options = self.options.clone();
         let stats = self.stats;
         *self = Store::empty(options, manifest.applied_index);
@@ -761,10 +856,21 @@ impl Store {
 
     /// Starts adopting what the writer finished, and adopts up to `step` records.
     fn absorb_written(&mut self, step: usize) {
-        while let Ok(written) = self.from_writer.try_recv() {
+        while let Ok(written) = self.from_writers.try_recv() {
+            self.arrived.insert(written.first_index, written);
+        }
+        self.absorb_in_order();
+        self.continue_adoptions(step);
+    }
+
+    /// Starts adopting the arrived segments that are next in log order.
+    fn absorb_in_order(&mut self) {
+        while let Some(next) = self.unwritten.get(self.adopting.len()) {
+            let Some(written) = self.arrived.remove(next) else {
+                return;
+            };
             self.absorb(written);
         }
-        self.continue_adoptions(step);
     }
 
     /// Cuts the building batch and waits until every batch is written and adopted.
@@ -777,9 +883,10 @@ impl Store {
 
     /// Waits until the oldest unwritten batch is written and adopted.
     fn finish_oldest_unwritten(&mut self) {
-        if self.adopting.is_empty() {
-            let written = self.from_writer.recv().expect("segment writer thread vanished");
-            self.absorb(written);
+        while self.adopting.is_empty() {
+            let written = self.from_writers.recv().expect("segment writer thread vanished");
+            self.arrived.insert(written.first_index, written);
+            self.absorb_in_order();
         }
         let before = self.unwritten.len();
         while self.unwritten.len() == before {
@@ -851,7 +958,7 @@ impl Store {
         }
         let mut durable = self.shared.durable.lock().expect("not poisoned");
         durable.segments.insert(first_index, last_index);
-        durable.through = durable.through.max(last_index);
+        durable.written_through = durable.written_through.max(last_index);
     }
 
     /// Adds a durable segment, none of its records indexed yet.
@@ -950,11 +1057,11 @@ impl Store {
         {
             return;
         }
-        let mut job: Vec<(u64, u64)> = self
+        let mut job: Vec<LocatedSegment> = self
             .segments
             .by_id
             .values()
-            .map(|s| (s.first_index, s.last_index))
+            .map(|s| ((s.first_index, s.last_index), s.path.clone()))
             .collect();
         job.sort_unstable();
         self.cleaning = true;
@@ -1045,11 +1152,14 @@ impl Store {
             self.open_segments.remove(id);
             durable.segments.remove(&replaced.first_index);
             durable.unsynced.remove(&(replaced.first_index, replaced.last_index));
-            self.retired.push((replaced.first_index, replaced.last_index));
+            self.retired
+                .push(((replaced.first_index, replaced.last_index), replaced.path));
         }
         let merged = self.segments.get(adoption.merged_id);
         durable.segments.insert(merged.first_index, merged.last_index);
-        durable.unsynced.insert((merged.first_index, merged.last_index));
+        durable
+            .unsynced
+            .insert((merged.first_index, merged.last_index), merged.path.clone());
         drop(durable);
         self.cleaning = false;
         self.maybe_clean();
@@ -1060,20 +1170,36 @@ impl Store {
     pub fn manifest_persisted(&mut self, manifest: &Manifest) -> Result<(), StoreError> {
         let listed: HashSet<&(u64, u64)> = manifest.segments.iter().collect();
         let pins = self.pins.lock().expect("not poisoned");
-        let (keep, delete): (Vec<_>, Vec<_>) = self
-            .retired
-            .iter()
-            .partition(|range| listed.contains(range) || pins.contains_key(range));
+        let (keep, delete): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retired)
+            .into_iter()
+            .partition(|(range, _)| listed.contains(range) || pins.contains_key(range));
         drop(pins);
-        for (first, last) in &delete {
-            let path = self.options.dir.join(segment_file_name(*first, *last));
-            std::fs::remove_file(&path).map_err(io_error(&path))?;
-        }
-        if !delete.is_empty() {
-            sync_dir(&self.options.dir)?;
-        }
         self.retired = keep;
+        let mut dirs = HashSet::default();
+        for (_, path) in &delete {
+            std::fs::remove_file(path).map_err(io_error(path))?;
+            dirs.insert(path.parent().expect("a segment is in a directory"));
+        }
+        for dir in dirs {
+            sync_dir(dir)?;
+        }
         Ok(())
+    }
+}
+
+/// Moves a received segment into place: a rename, or where `to` is on another file system than
+/// `from` a copy made durable before the original goes.
+fn move_file(from: &Path, to: &Path) -> Result<(), StoreError> {
+    match std::fs::rename(from, to) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::CrossesDevices => {
+            std::fs::copy(from, to)
+                .and_then(|_| File::open(to)?.sync_data())
+                .map_err(io_error(to))?;
+            std::fs::remove_file(from).map_err(io_error(from))?;
+            Ok(())
+        }
+        Err(e) => Err(io_error(from)(e).into()),
     }
 }
 
@@ -1120,9 +1246,9 @@ fn read_value(
 impl Drop for Store {
     fn drop(&mut self) {
         self.shared.closing.store(true, Ordering::Relaxed);
-        self.to_writer = None;
+        self.to_writers.clear();
         self.to_cleaner = None;
-        for thread in [self.writer.take(), self.cleaner.take()].into_iter().flatten() {
+        for thread in self.writers.drain(..).chain(self.cleaner.take()) {
             let _ = thread.join();
         }
     }
@@ -1143,8 +1269,11 @@ fn write_segments(
         {
             let mut durable = shared.durable.lock().expect("not poisoned");
             durable.segments.insert(batch.first_index, batch.last_index);
-            durable.unsynced.insert((batch.first_index, batch.last_index));
-            durable.through = durable.through.max(batch.last_index);
+            durable
+                .unsynced
+                .insert((batch.first_index, batch.last_index), path.clone());
+            durable.in_flight.remove(&batch.first_index);
+            durable.written_through = durable.written_through.max(batch.last_index);
         }
         shared.changed.notify_all();
         let done = Written {
@@ -1241,7 +1370,7 @@ fn lower_thread_priority() {
 fn clean_segments(
     dir: &Path,
     read_bytes_per_sec: u64,
-    jobs: &mpsc::Receiver<Vec<(u64, u64)>>,
+    jobs: &mpsc::Receiver<Vec<LocatedSegment>>,
     merged: &mpsc::Sender<Merged>,
     shared: &Shared,
 ) {
@@ -1250,16 +1379,15 @@ fn clean_segments(
         let started = Instant::now();
         let mut read_bytes = 0u64;
         let mut runs = Vec::with_capacity(ranges.len());
-        for (first, last) in &ranges {
+        for (_, path) in &ranges {
             if shared.closing.load(Ordering::Relaxed) {
                 return;
             }
-            let path = dir.join(segment_file_name(*first, *last));
-            let (header, records) = match read_segment(&path) {
+            let (header, records) = match read_segment(path) {
                 Ok(read) => read,
                 Err(e) => panic!("the cleaner cannot read a durable segment: {e}"),
             };
-            read_bytes += std::fs::metadata(&path).map_or(0, |m| m.len());
+            read_bytes += std::fs::metadata(path).map_or(0, |m| m.len());
             runs.push(if header.log_order {
                 newest_per_key(records)
             } else {
@@ -1272,8 +1400,8 @@ fn clean_segments(
             }
         }
         let batch = ReducedBatch {
-            first_index: ranges.first().expect("a merge has segments").0,
-            last_index: ranges.last().expect("a merge has segments").1,
+            first_index: ranges.first().expect("a merge has segments").0 .0,
+            last_index: ranges.last().expect("a merge has segments").0 .1,
             records: merge_newest(runs).into_iter().filter(|r| r.value.is_some()).collect(),
             log_order: false,
             writes_in: 0,
@@ -1283,7 +1411,7 @@ fn clean_segments(
             return;
         };
         let done = Merged {
-            replaces: ranges.iter().map(|(first, _)| *first).collect(),
+            replaces: ranges.iter().map(|((first, _), _)| *first).collect(),
             written: Written {
                 first_index: batch.first_index,
                 path,
@@ -1395,9 +1523,24 @@ mod tests {
         }
     }
 
+    const SECOND_DIR: &str = "second";
+
+    /// Half the stores spread their segments over a second directory, chosen when the store is
+    /// first opened (a directory may be added between runs, never taken away).
+    fn more_dirs(dir: &Path, rng: &mut Rng) -> Vec<PathBuf> {
+        let second = dir.join(SECOND_DIR);
+        let fresh = std::fs::read_dir(dir).map_or(true, |mut entries| entries.next().is_none());
+        if second.exists() || (fresh && rng.below(2) == 0) {
+            vec![second]
+        } else {
+            Vec::new()
+        }
+    }
+
     /// Options drawn at random, the mode too: a restart may switch it.
     fn options(dir: &Path, rng: &mut Rng) -> StoreOptions {
         StoreOptions {
+            more_dirs: more_dirs(dir, rng),
             mode: if rng.below(4) == 0 {
                 StorageMode::Full
             } else {
@@ -1423,20 +1566,26 @@ mod tests {
         manifest
     }
 
-    /// Files past the last manifest may be torn anywhere: cut each at a random length.
+    /// Files past the last manifest may be torn anywhere, in either directory: cut each at a
+    /// random length.
     fn tear_unlisted(dir: &Path, manifest: &Manifest, rng: &mut Rng) {
         let listed: Vec<String> = manifest
             .segments
             .iter()
             .map(|(f, l)| segment_file_name(*f, *l))
             .collect();
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            let name = path.file_name().unwrap().to_str().unwrap().to_string();
-            if !listed.contains(&name) {
-                let len = std::fs::metadata(&path).unwrap().len();
-                let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-                file.set_len(rng.below(len + 1)).unwrap();
+        for dir in [dir.to_path_buf(), dir.join(SECOND_DIR)] {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries {
+                let path = entry.unwrap().path();
+                let name = path.file_name().unwrap().to_str().unwrap().to_string();
+                if path.is_file() && !listed.contains(&name) {
+                    let len = std::fs::metadata(&path).unwrap().len();
+                    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                    file.set_len(rng.below(len + 1)).unwrap();
+                }
             }
         }
     }
@@ -1625,6 +1774,45 @@ mod tests {
         drop(follower);
         let mut follower = Store::open(options(follower_dir.path(), &mut rng), Some(&manifest)).unwrap();
         assert_matches(&mut follower, &model_at(&log, 300), 50, "reopened");
+    }
+
+    #[test]
+    fn segments_spread_over_two_directories_reopen_in_log_order() {
+        let mut rng = Rng(5);
+        let dir = tempfile::tempdir().unwrap();
+        let second = tempfile::tempdir().unwrap();
+        let two_dirs = || StoreOptions {
+            batch_writes: 5,
+            min_cleanable_dirty_ratio: 2.0,
+            group_of: by_first_digit,
+            more_dirs: vec![second.path().to_path_buf()],
+            ..StoreOptions::new(dir.path())
+        };
+        let mut store = Store::open(two_dirs(), None).unwrap();
+        let mut log = Vec::new();
+        for index in 1..=200 {
+            log.push(random_entry(&mut rng, 50));
+            apply(&mut store, index, &log[index as usize - 1]);
+        }
+        let manifest = snapshot(&mut store);
+        assert_eq!(manifest.applied_index, 200);
+        let segments_in = |dir: &Path| {
+            std::fs::read_dir(dir)
+                .unwrap()
+                .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "seg"))
+                .count()
+        };
+        let (first, other) = (segments_in(dir.path()), segments_in(second.path()));
+        assert!(
+            first > 5 && other > 5,
+            "both directories hold segments: {first} and {other}"
+        );
+        assert_eq!(first + other, manifest.segments.len());
+        drop(store);
+        let mut store = Store::open(two_dirs(), Some(&manifest)).unwrap();
+        assert_matches(&mut store, &model_at(&log, 200), 50, "reopened over two directories");
+        let alone = Store::open(StoreOptions::new(dir.path()), Some(&manifest));
+        assert!(alone.is_err(), "a directory taken away is noticed, not ignored");
     }
 
     #[test]
