@@ -376,10 +376,13 @@ impl Receiver {
     /// describes. Blocking: run it off the async runtime.
     pub fn receive(&self, mut stream: TcpStream, from: u64, offer: &[u8]) -> Result<ShipStats, String> {
         let offer = decode_offer(offer).map_err(|e| format!("bad offer: {e}"))?;
-        let _busy = self
-            .busy
-            .try_lock()
-            .map_err(|_| "another snapshot is being received".to_string())?;
+        // A receiver that failed (even by panicking) leaves nothing half-done that the next
+        // offer does not check, so a poisoned lock is simply taken.
+        let _busy = match self.busy.try_lock() {
+            Ok(busy) => busy,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Err("another snapshot is being received".into()),
+        };
         stream
             .set_read_timeout(Some(IO_TIMEOUT))
             .and_then(|_| stream.set_write_timeout(Some(IO_TIMEOUT)))

@@ -2,10 +2,10 @@
 //! live key's latest record is, and a bounded object cache of values.
 //!
 //! A write updates the index at once — its value held in the index entry until a segment holds
-//! it — and lands in the batch being built (a `Reducer`). A cut hands the reduced batch to the
-//! writer thread, which persists it as a segment; the store then points the index at the
-//! segment's records a slice per applied entry, and values it points at move into the object
-//! cache. A read is therefore one index lookup, then the value in memory or a positioned read of
+//! it — and lands in the batch being built (a `Reducer`). A cut hands the reduced batch to a
+//! writer thread (one per data directory, taking batches in turn), which persists it as a
+//! segment; the store then points the index at the segments' records in log order, a slice per
+//! applied entry, and values it points at move into the object cache. A read is therefore one index lookup, then the value in memory or a positioned read of
 //! the segment.
 //!
 //! Which segments hold the state at an index is a `Manifest`; the raft snapshot carries it, and
@@ -14,7 +14,7 @@
 //!
 //! A cleaner thread merges all segments into one once enough of their bytes are dead; the store
 //! repoints the index at the merged segment a slice at a time, and deletes the replaced files once
-//! a persisted manifest no longer names them.
+//! a persisted manifest no longer names them and no shipment to a lagging follower reads them.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
