@@ -107,6 +107,9 @@ server_options! {
     /// Largest peer frame accepted: a raft message (its entries and, for a snapshot, the entry
     /// codec's state) or one chunk of a shipped snapshot file (at most 1 MiB).
     max_frame_bytes: usize = 512 * 1024 * 1024;
+    /// Most bytes per second a leader ships to one follower behind the compacted log (0: no
+    /// cap), so a catch-up over a shared link leaves room for the raft traffic beside it.
+    snapshot_ship_bytes_per_sec: u64 = 0;
     /// Outgoing messages queued per peer before new ones are dropped.
     peer_queue_messages: usize = 4096;
     /// Largest RESP bulk string accepted from a client.

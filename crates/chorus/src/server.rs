@@ -54,6 +54,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         segment_size_bytes: config.segment_size_bytes,
         wal_direct_io: config.wal_direct_io,
         max_frame_bytes: config.max_frame_bytes,
+        snapshot_ship_bytes_per_sec: config.snapshot_ship_bytes_per_sec,
         peer_queue_messages: config.peer_queue_messages,
     };
     let codec: Box<dyn EntryCodec> = if config.unicache {

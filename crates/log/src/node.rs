@@ -90,6 +90,8 @@ pub struct NodeConfig {
     /// Append to the raft log with direct I/O where the file system allows it.
     pub wal_direct_io: bool,
     pub max_frame_bytes: usize,
+    /// Most bytes per second shipped to one lagging follower (0: no cap).
+    pub snapshot_ship_bytes_per_sec: u64,
     pub peer_queue_messages: usize,
 }
 
@@ -520,6 +522,7 @@ pub async fn start<SM: StateMachine>(
             .cloned()
             .collect(),
         config.max_frame_bytes,
+        config.snapshot_ship_bytes_per_sec,
         event_tx.clone(),
     );
     let transport_config = TransportConfig {

@@ -194,17 +194,29 @@ pub struct ShipStats {
     pub bytes_resumed: u64,
 }
 
+/// How a shipment is sent.
+#[derive(Debug, Clone, Copy)]
+pub struct ShipLimits {
+    pub max_frame_bytes: usize,
+    /// Most file bytes sent per second (0: no cap).
+    pub bytes_per_sec: u64,
+}
+
 /// Ships `msg` (a MsgSnapshot) and its files to the node at `addr`, returning once the receiver
 /// has the files durably and has handed the message to its raft loop. Stops early, with an
 /// error, once `cancel` is set.
 pub fn send_snapshot(
     node_id: u64,
     addr: SocketAddr,
-    max_frame_bytes: usize,
+    limits: ShipLimits,
     msg: &Message,
     files: &[(String, PathBuf)],
     cancel: &AtomicBool,
 ) -> Result<ShipStats, String> {
+    let ShipLimits {
+        max_frame_bytes,
+        bytes_per_sec,
+    } = limits;
     let mut offered = Vec::with_capacity(files.len());
     for (name, path) in files {
         let size = std::fs::metadata(path)
@@ -244,6 +256,7 @@ pub fn send_snapshot(
         ..ShipStats::default()
     };
     let mut payload = Vec::with_capacity(CHUNK_HEADER_BYTES + chunk_bytes);
+    let started = std::time::Instant::now();
     for (number, ((_, path), (_, size))) in files.iter().zip(&offer.files).enumerate() {
         let mut offset = held[number];
         if offset == *size {
@@ -264,6 +277,13 @@ pub fn send_snapshot(
             write_frame(&mut stream, FrameKind::ShipChunk, &payload, &mut buf)?;
             offset += len as u64;
             stats.bytes_sent += len as u64;
+            if bytes_per_sec > 0 {
+                // Never ahead of the cap since the shipment began.
+                let due = Duration::from_secs_f64(stats.bytes_sent as f64 / bytes_per_sec as f64);
+                if let Some(early) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(early);
+                }
+            }
         }
     }
     let raft = msg.write_to_bytes().expect("encoding a raft message cannot fail");
@@ -278,7 +298,7 @@ pub fn send_snapshot(
 pub struct Shipper {
     node_id: u64,
     peers: HashMap<u64, SocketAddr>,
-    max_frame_bytes: usize,
+    limits: ShipLimits,
     events: mpsc::UnboundedSender<PeerEvent>,
     running: HashMap<u64, Arc<AtomicBool>>,
 }
@@ -288,12 +308,16 @@ impl Shipper {
         node_id: u64,
         peers: HashMap<u64, SocketAddr>,
         max_frame_bytes: usize,
+        bytes_per_sec: u64,
         events: mpsc::UnboundedSender<PeerEvent>,
     ) -> Shipper {
         Shipper {
             node_id,
             peers,
-            max_frame_bytes,
+            limits: ShipLimits {
+                max_frame_bytes,
+                bytes_per_sec,
+            },
             events,
             running: HashMap::new(),
         }
@@ -311,13 +335,13 @@ impl Shipper {
         if let Some(previous) = self.running.insert(to, cancel.clone()) {
             previous.store(true, Ordering::Relaxed);
         }
-        let (node_id, max_frame_bytes, events) = (self.node_id, self.max_frame_bytes, self.events.clone());
+        let (node_id, limits, events) = (self.node_id, self.limits, self.events.clone());
         let spawned = std::thread::Builder::new()
             .name("snapshot-sender".into())
             .spawn(move || {
                 let metrics = ShipMetrics::get();
                 let index = msg.get_snapshot().get_metadata().index;
-                let outcome = send_snapshot(node_id, addr, max_frame_bytes, &msg, &files.files, &cancel);
+                let outcome = send_snapshot(node_id, addr, limits, &msg, &files.files, &cancel);
                 drop(files);
                 match &outcome {
                     Ok(stats) => {
@@ -645,13 +669,25 @@ mod tests {
             "nothing reaches raft before every file has"
         );
 
-        // Second attempt, by the real sender: only the rest travels.
+        // Second attempt, by the real sender under a cap of 1 MB/s: only the rest travels, and
+        // no faster than the cap.
+        let limits = ShipLimits {
+            max_frame_bytes: MAX_FRAME_BYTES,
+            bytes_per_sec: 1_000_000,
+        };
+        let started = std::time::Instant::now();
         let (sent, received) = std::thread::scope(|scope| {
             let receiving = scope.spawn(|| accept_one(&listener, &receiver));
-            let sent = send_snapshot(1, addr, MAX_FRAME_BYTES, &msg, &files, &AtomicBool::new(false));
+            let sent = send_snapshot(1, addr, limits, &msg, &files, &AtomicBool::new(false));
             (sent, receiving.join().unwrap())
         });
         let total: u64 = sizes.iter().map(|s| *s as u64).sum();
+        assert!(
+            started.elapsed() >= Duration::from_secs_f64((total - 100_000) as f64 / 1e6),
+            "{:?} for {} bytes at 1 MB/s",
+            started.elapsed(),
+            total - 100_000
+        );
         let expected = ShipStats {
             bytes_sent: total - 100_000,
             bytes_resumed: 100_000,
