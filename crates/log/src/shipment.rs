@@ -39,6 +39,7 @@ use tokio::sync::mpsc;
 
 use crate::error::DecodeError;
 use crate::frame::{self, FrameKind, FRAME_HEADER_BYTES};
+use crate::storage::sync_dir;
 use crate::transport::PeerEvent;
 use crate::wire::{put_blob, put_u32, put_u64, Reader};
 
@@ -107,7 +108,7 @@ pub fn decode_offer(payload: &[u8]) -> Result<Offer, DecodeError> {
     Ok(Offer { term, index, files })
 }
 
-fn encode_resume(held: &[u64]) -> Vec<u8> {
+pub fn encode_resume(held: &[u64]) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + held.len() * 8);
     put_u32(&mut out, held.len() as u32);
     for bytes in held {
@@ -126,6 +127,19 @@ pub fn decode_resume(payload: &[u8]) -> Result<Vec<u64>, DecodeError> {
     }
     r.finish()?;
     Ok(held)
+}
+
+/// Starts a chunk's payload in `out`: which file, at which offset; its bytes follow.
+fn put_chunk_header(out: &mut Vec<u8>, file: usize, offset: u64) {
+    put_u32(out, u32::try_from(file).expect("fewer than 2^32 files"));
+    put_u64(out, offset);
+}
+
+pub fn encode_chunk(file: usize, offset: u64, bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(CHUNK_HEADER_BYTES + bytes.len());
+    put_chunk_header(&mut out, file, offset);
+    out.extend_from_slice(bytes);
+    out
 }
 
 /// A chunk: which file, at which offset, and its bytes.
@@ -189,7 +203,8 @@ fn read_frame(stream: &mut impl Read, max_frame_bytes: usize) -> Result<(FrameKi
 /// What one shipment moved.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ShipStats {
-    pub bytes_sent: u64,
+    /// File bytes this shipment carried.
+    pub bytes_shipped: u64,
     /// Bytes the receiver already held from an earlier, broken shipment of the same snapshot.
     pub bytes_resumed: u64,
 }
@@ -268,18 +283,18 @@ pub fn send_snapshot(
                 return Err("superseded by a newer shipment".into());
             }
             let len = chunk_bytes.min((*size - offset) as usize);
+            // Read straight into the payload rather than `encode_chunk` a copy.
             payload.clear();
-            put_u32(&mut payload, number as u32);
-            put_u64(&mut payload, offset);
+            put_chunk_header(&mut payload, number, offset);
             payload.resize(CHUNK_HEADER_BYTES + len, 0);
             file.read_exact_at(&mut payload[CHUNK_HEADER_BYTES..], offset)
                 .map_err(|e| format!("{}: {e}", path.display()))?;
             write_frame(&mut stream, FrameKind::ShipChunk, &payload, &mut buf)?;
             offset += len as u64;
-            stats.bytes_sent += len as u64;
+            stats.bytes_shipped += len as u64;
             if bytes_per_sec > 0 {
                 // Never ahead of the cap since the shipment began.
-                let due = Duration::from_secs_f64(stats.bytes_sent as f64 / bytes_per_sec as f64);
+                let due = Duration::from_secs_f64(stats.bytes_shipped as f64 / bytes_per_sec as f64);
                 if let Some(early) = due.checked_sub(started.elapsed()) {
                     std::thread::sleep(early);
                 }
@@ -345,11 +360,11 @@ impl Shipper {
                 drop(files);
                 match &outcome {
                     Ok(stats) => {
-                        metrics.bytes_sent.add(stats.bytes_sent);
+                        metrics.bytes_sent.add(stats.bytes_shipped);
                         tracing::info!(
                             to,
                             index,
-                            bytes_sent = stats.bytes_sent,
+                            bytes_shipped = stats.bytes_shipped,
                             bytes_resumed = stats.bytes_resumed,
                             "snapshot shipped"
                         );
@@ -456,7 +471,7 @@ impl Receiver {
                     };
                     file.write_all_at(bytes, offset).map_err(io)?;
                     held[number] += bytes.len() as u64;
-                    stats.bytes_sent += bytes.len() as u64;
+                    stats.bytes_shipped += bytes.len() as u64;
                     metrics.bytes_received.add(bytes.len() as u64);
                     if held[number] == *size {
                         open.remove(&number).expect("opened above").sync_data().map_err(io)?;
@@ -489,7 +504,9 @@ impl Receiver {
                             offer.index
                         ));
                     }
-                    sync_dir(&dir).and_then(|_| sync_dir(&self.incoming))?;
+                    sync_dir(&dir)
+                        .and_then(|_| sync_dir(&self.incoming))
+                        .map_err(|e| e.to_string())?;
                     *self.handed_over.lock().expect("not poisoned") = Some(dir.clone());
                     self.inbound
                         .blocking_send(msg)
@@ -538,12 +555,6 @@ impl Receiver {
     }
 }
 
-fn sync_dir(dir: &Path) -> Result<(), String> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| format!("{}: {e}", dir.display()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -574,10 +585,7 @@ mod tests {
         }
         assert_eq!(decode_resume(&encode_resume(&[4, 0])).unwrap(), vec![4, 0]);
         assert!(decode_resume(&encode_resume(&[4, 0])[..11]).is_err());
-        let mut chunk = Vec::new();
-        put_u32(&mut chunk, 2);
-        put_u64(&mut chunk, 7);
-        chunk.extend_from_slice(b"xyz");
+        let chunk = encode_chunk(2, 7, b"xyz");
         assert_eq!(decode_chunk(&chunk).unwrap(), (2, 7, &b"xyz"[..]));
         assert!(decode_chunk(&chunk[..5]).is_err());
     }
@@ -653,10 +661,7 @@ mod tests {
             );
             let content = std::fs::read(&files[0].1).unwrap();
             for offset in (0..100_000).step_by(50_000) {
-                let mut payload = Vec::new();
-                put_u32(&mut payload, 0);
-                put_u64(&mut payload, offset as u64);
-                payload.extend_from_slice(&content[offset..offset + 50_000]);
+                let payload = encode_chunk(0, offset as u64, &content[offset..offset + 50_000]);
                 write_frame(&mut stream, FrameKind::ShipChunk, &payload, &mut buf).unwrap();
             }
             drop(stream);
@@ -689,7 +694,7 @@ mod tests {
             total - 100_000
         );
         let expected = ShipStats {
-            bytes_sent: total - 100_000,
+            bytes_shipped: total - 100_000,
             bytes_resumed: 100_000,
         };
         assert_eq!(sent.unwrap(), expected);
@@ -716,13 +721,7 @@ mod tests {
             index: 40,
             files: vec![("a".into(), 10)],
         };
-        let chunk_at = |offset: u64, bytes: &[u8]| {
-            let mut payload = Vec::new();
-            put_u32(&mut payload, 0);
-            put_u64(&mut payload, offset);
-            payload.extend_from_slice(bytes);
-            (FrameKind::ShipChunk, payload)
-        };
+        let chunk_at = |offset: u64, bytes: &[u8]| (FrameKind::ShipChunk, encode_chunk(0, offset, bytes));
         let wrong_snapshot = (FrameKind::Raft, snapshot_message(3, 41).write_to_bytes().unwrap());
         let cases = [
             vec![chunk_at(5, b"12345")],

@@ -224,7 +224,7 @@ fn parse_numbered(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
     name.strip_prefix(prefix)?.strip_suffix(suffix)?.parse().ok()
 }
 
-fn sync_dir(dir: &Path) -> Result<(), StorageError> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), StorageError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
 }
 

@@ -331,7 +331,7 @@ async fn receive_shipment(stream: BufReader<TcpStream>, from: u64, offer: Vec<u8
     match outcome {
         Ok(stats) => tracing::info!(
             from,
-            bytes_received = stats.bytes_sent,
+            bytes_received = stats.bytes_shipped,
             bytes_resumed = stats.bytes_resumed,
             "snapshot files received"
         ),

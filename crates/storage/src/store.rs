@@ -494,24 +494,19 @@ impl Store {
         // directory is what an install interrupted by a crash leaves: the same log range, so the
         // same state; the earlier one stays.
         let mut found: HashMap<(u64, u64), PathBuf> = HashMap::default();
+        let mut unlisted = Vec::new();
         for dir in options.all_dirs() {
             std::fs::create_dir_all(dir).map_err(io_error(dir))?;
-            let mut removed = false;
             for (range, path) in segment_files(dir)? {
                 match range {
                     Some(range) if listed.contains(&range) && !found.contains_key(&range) => {
                         found.insert(range, path);
                     }
-                    _ => {
-                        std::fs::remove_file(&path).map_err(io_error(&path))?;
-                        removed = true;
-                    }
+                    _ => unlisted.push(path),
                 }
             }
-            if removed {
-                sync_dir(dir)?;
-            }
         }
+        remove_durably(&unlisted)?;
         let located = locate(&options.dir, &manifest.segments, &found);
         let mut store = Store::empty(options, manifest.applied_index);
         for window in located.chunks(OPEN_WINDOW_SEGMENTS) {
@@ -830,19 +825,19 @@ impl Store {
         sync_dir(&self.options.dir)?;
         // A copy of an installed segment a writer left in another directory is the same log
         // range; only one may stay (see `open`).
-        for dir in &self.options.more_dirs {
-            let mut removed = false;
-            for (first, last) in &manifest.segments {
-                let copy = dir.join(segment_file_name(*first, *last));
-                if copy.exists() {
-                    std::fs::remove_file(&copy).map_err(io_error(&copy))?;
-                    removed = true;
-                }
-            }
-            if removed {
-                sync_dir(dir)?;
-            }
-        }
+        let copies: Vec<PathBuf> = self
+            .options
+            .more_dirs
+            .iter()
+            .flat_map(|dir| {
+                manifest
+                    .segments
+                    .iter()
+                    .map(|(first, last)| dir.join(segment_file_name(*first, *last)))
+            })
+            .filter(|copy| copy.exists())
+            .collect();
+        remove_durably(&copies)?;
         let options = self.options.clone();
         let stats = self.stats;
         *self = Store::empty(options, manifest.applied_index);
@@ -1170,21 +1165,30 @@ impl Store {
     pub fn manifest_persisted(&mut self, manifest: &Manifest) -> Result<(), StoreError> {
         let listed: HashSet<&(u64, u64)> = manifest.segments.iter().collect();
         let pins = self.pins.lock().expect("not poisoned");
-        let (keep, delete): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retired)
-            .into_iter()
+        let (keep, delete): (Vec<_>, Vec<_>) = self
+            .retired
+            .iter()
+            .cloned()
             .partition(|(range, _)| listed.contains(range) || pins.contains_key(range));
         drop(pins);
+        let delete: Vec<PathBuf> = delete.into_iter().map(|(_, path)| path).collect();
+        remove_durably(&delete)?;
         self.retired = keep;
-        let mut dirs = HashSet::default();
-        for (_, path) in &delete {
-            std::fs::remove_file(path).map_err(io_error(path))?;
-            dirs.insert(path.parent().expect("a segment is in a directory"));
-        }
-        for dir in dirs {
-            sync_dir(dir)?;
-        }
         Ok(())
     }
+}
+
+/// Removes segment files and makes the removals durable, syncing each directory once.
+fn remove_durably(paths: &[PathBuf]) -> Result<(), StoreError> {
+    let mut dirs = HashSet::default();
+    for path in paths {
+        std::fs::remove_file(path).map_err(io_error(path))?;
+        dirs.insert(path.parent().expect("a segment is in a directory"));
+    }
+    for dir in dirs {
+        sync_dir(dir)?;
+    }
+    Ok(())
 }
 
 /// Moves a received segment into place: a rename, or where `to` is on another file system than
@@ -1456,6 +1460,14 @@ mod tests {
                 (key, value)
             })
             .collect()
+    }
+
+    /// Appends `entries` random entries over 50 keys to `log`, applying each to `store`.
+    fn apply_random(store: &mut Store, log: &mut Vec<Entry>, rng: &mut Rng, entries: usize) {
+        for _ in 0..entries {
+            log.push(random_entry(rng, 50));
+            apply(store, log.len() as u64, log.last().expect("just pushed"));
+        }
     }
 
     fn apply(store: &mut Store, index: u64, entry: &Entry) {
@@ -1732,10 +1744,7 @@ mod tests {
         };
         let mut leader = Store::open(leader_options, None).unwrap();
         let mut log = Vec::new();
-        for index in 1..=300 {
-            log.push(random_entry(&mut rng, 50));
-            apply(&mut leader, index, &log[index as usize - 1]);
-        }
+        apply_random(&mut leader, &mut log, &mut rng, 300);
         let manifest = snapshot(&mut leader);
         assert_eq!(manifest.applied_index, 300);
         let pinned = leader.pin_segments(&manifest).unwrap();
@@ -1744,10 +1753,7 @@ mod tests {
         // While the shipment runs the cleaner replaces the pinned segments and a manifest that
         // does not list them is persisted: they stay until the shipment ends.
         let merges_before = leader.stats().merges;
-        for index in 301..=600 {
-            log.push(random_entry(&mut rng, 50));
-            apply(&mut leader, index, &log[index as usize - 1]);
-        }
+        apply_random(&mut leader, &mut log, &mut rng, 300);
         leader.settle();
         let newer = snapshot(&mut leader);
         assert!(leader.stats().merges > merges_before, "the test meant to merge");
@@ -1790,10 +1796,7 @@ mod tests {
         };
         let mut store = Store::open(two_dirs(), None).unwrap();
         let mut log = Vec::new();
-        for index in 1..=200 {
-            log.push(random_entry(&mut rng, 50));
-            apply(&mut store, index, &log[index as usize - 1]);
-        }
+        apply_random(&mut store, &mut log, &mut rng, 200);
         let manifest = snapshot(&mut store);
         assert_eq!(manifest.applied_index, 200);
         let segments_in = |dir: &Path| {
@@ -1821,10 +1824,7 @@ mod tests {
         let leader_dir = tempfile::tempdir().unwrap();
         let mut leader = Store::open(options(leader_dir.path(), &mut rng), None).unwrap();
         let mut log = Vec::new();
-        for index in 1..=100 {
-            log.push(random_entry(&mut rng, 50));
-            apply(&mut leader, index, &log[index as usize - 1]);
-        }
+        apply_random(&mut leader, &mut log, &mut rng, 100);
         let manifest = snapshot(&mut leader);
         let pinned = leader.pin_segments(&manifest).unwrap();
         let staged = tempfile::tempdir().unwrap();

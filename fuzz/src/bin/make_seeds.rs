@@ -14,7 +14,7 @@ use chorus_kv::unicache::KvPreprocessor;
 use chorus_kv::KvState;
 use chorus_log::batch::{self, Origin};
 use chorus_log::frame::{encode_frame, encode_hello, FrameKind};
-use chorus_log::shipment::{encode_offer, Offer};
+use chorus_log::shipment::{encode_chunk, encode_offer, encode_resume, Offer};
 use chorus_log::storage::{write_snapshot_file, DiskStorage, StorageOptions};
 use chorus_log::{EntryCodec, StateMachine};
 use chorus_storage::{encode_segment, segment_file_name, Reducer, StoreOptions};
@@ -111,14 +111,8 @@ fn main() {
         files: vec![(segment_file_name(1, 20), 4_096), (segment_file_name(21, 40), 512)],
     };
     encode_frame(FrameKind::ShipOffer, &encode_offer(&offer), &mut shipment);
-    let mut resume = 2u32.to_le_bytes().to_vec();
-    resume.extend_from_slice(&1_024u64.to_le_bytes());
-    resume.extend_from_slice(&0u64.to_le_bytes());
-    encode_frame(FrameKind::ShipResume, &resume, &mut shipment);
-    let mut chunk = 0u32.to_le_bytes().to_vec();
-    chunk.extend_from_slice(&1_024u64.to_le_bytes());
-    chunk.extend_from_slice(&[7; 64]);
-    encode_frame(FrameKind::ShipChunk, &chunk, &mut shipment);
+    encode_frame(FrameKind::ShipResume, &encode_resume(&[1_024, 0]), &mut shipment);
+    encode_frame(FrameKind::ShipChunk, &encode_chunk(0, 1_024, &[7; 64]), &mut shipment);
     encode_frame(FrameKind::ShipDone, &[], &mut shipment);
     write(&out, "peer_frame", "shipment", &shipment);
 
