@@ -72,6 +72,11 @@ impl IndexEntry {
     pub fn record_len(&self) -> usize {
         record_len(self.key.len(), self.value_len)
     }
+
+    /// Bytes the record and this entry take in a segment: what keeping the record costs a merge.
+    pub fn segment_bytes(&self) -> usize {
+        segment_bytes_per_record(self.key.len(), self.value_len)
+    }
 }
 
 /// Bytes on disk of a record with a key and a value of these lengths.

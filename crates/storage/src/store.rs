@@ -12,12 +12,14 @@
 //! start-up opens exactly the segments it lists (deleting any other segment, which a replay of
 //! the raft log past the manifest rewrites).
 //!
-//! A cleaner thread merges all segments into one once enough of their bytes are dead; the store
-//! repoints the index at the merged segment a slice at a time, and deletes the replaced files once
+//! A cleaner thread merges a run of consecutive segments into one once enough of their bytes are
+//! dead — the run that frees the most per byte it moves, so mostly-live segments are not
+//! rewritten by every merge; the store repoints the index at the merged segment a slice at a time, and deletes the replaced files once
 //! a persisted manifest no longer names them and no shipment to a lagging follower reads them.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,8 +35,9 @@ use crate::manifest::Manifest;
 use crate::reduce::{ReducedBatch, Reducer};
 use crate::scan_map::{no_groups, GroupOf, ScanMap};
 use crate::segment::{
-    decode_record, in_file, io_error, read_segment, read_segment_index, record_len, segment_file_name, sync_dir,
-    verify_segment, write_segment, IndexEntry, Record, SegmentError, SegmentIndex,
+    decode_record, in_file, io_error, read_segment, read_segment_index, segment_bytes_per_record, segment_file_name,
+    sync_dir, verify_segment, write_segment, IndexEntry, Record, SegmentError, SegmentIndex, FOOTER_BYTES,
+    HEADER_BYTES,
 };
 
 /// What a segment keeps of its batch.
@@ -165,9 +168,16 @@ struct SegmentFile {
     last_index: u64,
     path: PathBuf,
     file_bytes: u64,
-    /// Records in the segment that are still the latest of their key, and their bytes.
+    /// Records in the segment that are still the latest of their key, and the bytes they and
+    /// their index entries take.
     live_records: u64,
     live_bytes: u64,
+    /// Bytes the segment's tombstones take: a merge keeps them unless it starts at the oldest
+    /// segment (an older one could still hold their keys).
+    tombstone_bytes: u64,
+    /// Bytes of its index block: what a merge of older segments reads to learn which of their
+    /// records this one supersedes.
+    index_bytes: u64,
 }
 
 /// The segments that make up the state, by id (which grows with each one added), and their
@@ -436,7 +446,7 @@ pub struct Store {
     /// Segments written ahead of an older batch still being written, by first index.
     arrived: BTreeMap<u64, Written>,
     writers: Vec<std::thread::JoinHandle<()>>,
-    to_cleaner: Option<mpsc::Sender<Vec<LocatedSegment>>>,
+    to_cleaner: Option<mpsc::Sender<MergeJob>>,
     from_cleaner: mpsc::Receiver<Merged>,
     cleaner: Option<std::thread::JoinHandle<()>>,
     cleaning: bool,
@@ -948,7 +958,7 @@ impl Store {
                 supersede(&mut self.segments, &mut self.cache, &entry.key, &mut replaced);
             }
             if !entry.is_tombstone {
-                self.segments.record_live(adoption.id, entry.record_len() as u64);
+                self.segments.record_live(adoption.id, entry.segment_bytes() as u64);
             }
         }
         let mut durable = self.shared.durable.lock().expect("not poisoned");
@@ -975,6 +985,8 @@ impl Store {
                 file_bytes: index.file_bytes,
                 live_records: 0,
                 live_bytes: 0,
+                tombstone_bytes: tombstone_bytes(&index.entries),
+                index_bytes: index_bytes(&index.entries),
             },
         );
         Adoption {
@@ -1010,7 +1022,7 @@ impl Store {
             );
             location.segment = adoption.id;
             location.record_offset = entry.record_offset;
-            self.segments.record_live(adoption.id, entry.record_len() as u64);
+            self.segments.record_live(adoption.id, entry.segment_bytes() as u64);
             self.cache.admit(&entry.key, &mut location.cached, value);
         }
         adoption.next = end;
@@ -1042,7 +1054,8 @@ impl Store {
         }
     }
 
-    /// Starts a merge of every durable segment when enough of their bytes are dead.
+    /// Starts a merge when enough of the segments' bytes are dead: of the run of consecutive
+    /// segments that frees the most bytes per byte the merge moves (see `merge_window`).
     fn maybe_clean(&mut self) {
         if self.cleaning
             || self.options.mode == StorageMode::Full
@@ -1052,13 +1065,36 @@ impl Store {
         {
             return;
         }
-        let mut job: Vec<LocatedSegment> = self
-            .segments
-            .by_id
-            .values()
-            .map(|s| ((s.first_index, s.last_index), s.path.clone()))
+        let mut in_log_order: Vec<&SegmentFile> = self.segments.by_id.values().collect();
+        in_log_order.sort_unstable_by_key(|s| s.first_index);
+        let costs: Vec<MergeCost> = in_log_order
+            .iter()
+            .map(|s| MergeCost {
+                file_bytes: s.file_bytes,
+                live_bytes: s.live_bytes,
+                tombstone_bytes: s.tombstone_bytes,
+                index_bytes: s.index_bytes,
+            })
             .collect();
-        job.sort_unstable();
+        let Some(window) = merge_window(&costs) else {
+            return;
+        };
+        tracing::debug!(
+            segments = costs.len(),
+            window = ?window,
+            dirty_ratio = self.dirty_ratio(),
+            read_bytes = costs[window.clone()].iter().map(|c| c.file_bytes).sum::<u64>(),
+            live_bytes = costs[window.clone()].iter().map(|c| c.live_bytes).sum::<u64>(),
+            "merging segments"
+        );
+        let job = MergeJob {
+            drop_tombstones: window.start == 0,
+            newer: in_log_order[window.end..].iter().map(|s| s.path.clone()).collect(),
+            segments: in_log_order[window]
+                .iter()
+                .map(|s| ((s.first_index, s.last_index), s.path.clone()))
+                .collect(),
+        };
         self.cleaning = true;
         self.to_cleaner
             .as_ref()
@@ -1100,6 +1136,8 @@ impl Store {
                 file_bytes: written.index.file_bytes,
                 live_records: 0,
                 live_bytes: 0,
+                tombstone_bytes: tombstone_bytes(&written.index.entries),
+                index_bytes: index_bytes(&written.index.entries),
             },
         );
         self.stats.merges += 1;
@@ -1126,7 +1164,7 @@ impl Store {
             if !adoption.replaced_ids.contains(&location.segment) || location.version != entry.version {
                 continue;
             }
-            let bytes = entry.record_len() as u64;
+            let bytes = entry.segment_bytes() as u64;
             self.segments.record_dead(location.segment, bytes);
             location.segment = adoption.merged_id;
             location.record_offset = entry.record_offset;
@@ -1211,7 +1249,10 @@ fn move_file(from: &Path, to: &Path) -> Result<(), StoreError> {
 /// in its segment, and its cached value goes.
 fn supersede(segments: &mut SegmentSet, cache: &mut ObjectCache, key: &[u8], location: &mut Location) {
     if location.segment != UNWRITTEN {
-        segments.record_dead(location.segment, record_len(key.len(), location.value_len) as u64);
+        segments.record_dead(
+            location.segment,
+            segment_bytes_per_record(key.len(), location.value_len) as u64,
+        );
     }
     cache.forget(key, &mut location.cached);
 }
@@ -1367,19 +1408,128 @@ fn lower_thread_priority() {
     }
 }
 
-/// The cleaner thread: merges each job's segments (consecutive, from the oldest) into one holding
-/// the newest record of each key they contain. Tombstones are dropped: no older segment exists
-/// that could still hold their keys. The result depends only on the range of the log merged, so
-/// it may replace a same-named segment on any replica.
+/// What merging one segment reads, keeps and frees, for choosing what the cleaner merges.
+#[derive(Debug, Clone, Copy)]
+struct MergeCost {
+    file_bytes: u64,
+    live_bytes: u64,
+    tombstone_bytes: u64,
+    index_bytes: u64,
+}
+
+/// Bytes the tombstones among `entries` take in their segment.
+fn tombstone_bytes(entries: &[IndexEntry]) -> u64 {
+    entries
+        .iter()
+        .filter(|e| e.is_tombstone)
+        .map(|e| e.segment_bytes() as u64)
+        .sum()
+}
+
+/// Bytes the index block listing `entries` takes.
+fn index_bytes(entries: &[IndexEntry]) -> u64 {
+    entries
+        .iter()
+        .map(|e| (e.segment_bytes() - e.record_len()) as u64)
+        .sum()
+}
+
+/// A merge window may start or end at every segment when there are at most this many, at evenly
+/// spaced ones otherwise: choosing then costs the same however many segments there are.
+const MERGE_WINDOW_BOUNDARIES: usize = 128;
+
+/// The run of consecutive segments (in log order) the cleaner merges next: among runs of two or
+/// more that free at least half of what merging every segment would, the one that frees the most
+/// bytes per byte it reads and writes. This is the cost-benefit choice of log-structured file
+/// systems: segments that are still mostly live — the newest ones, or cold data under a skewed
+/// workload — are left alone instead of being rewritten by every merge. A run that starts at the
+/// oldest segment drops its tombstones, so they free bytes there; any other run keeps them. A run
+/// before the newest segment also reads the index blocks of the segments after it, to leave out
+/// the records they supersede. `None` when no merge frees anything.
+fn merge_window(segments: &[MergeCost]) -> Option<Range<usize>> {
+    let count = segments.len();
+    if count < 2 {
+        return None;
+    }
+    let prefix = |bytes: fn(&MergeCost) -> u64| -> Vec<u64> {
+        std::iter::once(0)
+            .chain(segments.iter().scan(0, |sum, s| {
+                *sum += bytes(s);
+                Some(*sum)
+            }))
+            .collect()
+    };
+    let (file, live, tombstones, indexes) = (
+        prefix(|s| s.file_bytes),
+        prefix(|s| s.live_bytes),
+        prefix(|s| s.tombstone_bytes),
+        prefix(|s| s.index_bytes),
+    );
+    let kept = |run: &Range<usize>| {
+        let tombstones_kept = if run.start == 0 {
+            0
+        } else {
+            tombstones[run.end] - tombstones[run.start]
+        };
+        live[run.end] - live[run.start] + tombstones_kept + (HEADER_BYTES + FOOTER_BYTES) as u64
+    };
+    let read = |run: &Range<usize>| file[run.end] - file[run.start] + indexes[count] - indexes[run.end];
+    let freed = |run: &Range<usize>| (file[run.end] - file[run.start]).saturating_sub(kept(run));
+    let freed_by_all = freed(&(0..count));
+    if freed_by_all == 0 {
+        return None;
+    }
+    let stride = count.div_ceil(MERGE_WINDOW_BOUNDARIES);
+    let boundaries: Vec<usize> = (0..count).step_by(stride).chain(std::iter::once(count)).collect();
+    let mut best: Option<(f64, Range<usize>)> = None;
+    for (at, &start) in boundaries.iter().enumerate() {
+        for &end in &boundaries[at + 1..] {
+            let run = start..end;
+            if run.len() < 2 || 2 * freed(&run) < freed_by_all {
+                continue;
+            }
+            let gain = freed(&run) as f64 / (read(&run) + kept(&run)) as f64;
+            if !matches!(&best, Some((best_gain, _)) if *best_gain >= gain) {
+                best = Some((gain, run));
+            }
+        }
+    }
+    best.map(|(_, run)| run)
+}
+
+/// Consecutive segments, in log order, for the cleaner to merge into one.
+struct MergeJob {
+    segments: Vec<LocatedSegment>,
+    /// The segments after them: a record whose key one of these holds is superseded.
+    newer: Vec<PathBuf>,
+    /// The run starts at the oldest segment: no older one can still hold a tombstone's key.
+    drop_tombstones: bool,
+}
+
+/// The cleaner thread: merges each job's segments into one holding the newest record of each key
+/// they contain that no newer segment supersedes (tombstones included unless the job drops
+/// them).
 fn clean_segments(
     dir: &Path,
     read_bytes_per_sec: u64,
-    jobs: &mpsc::Receiver<Vec<LocatedSegment>>,
+    jobs: &mpsc::Receiver<MergeJob>,
     merged: &mpsc::Sender<Merged>,
     shared: &Shared,
 ) {
     lower_thread_priority();
-    while let Ok(ranges) = jobs.recv() {
+    while let Ok(MergeJob {
+        segments: ranges,
+        newer,
+        drop_tombstones,
+    }) = jobs.recv()
+    {
+        let mut superseded: HashSet<Bytes> = HashSet::default();
+        for path in &newer {
+            match read_segment_index(path) {
+                Ok(index) => superseded.extend(index.entries.into_iter().map(|e| e.key)),
+                Err(e) => panic!("the cleaner cannot read a durable segment's index: {e}"),
+            }
+        }
         let started = Instant::now();
         let mut read_bytes = 0u64;
         let mut runs = Vec::with_capacity(ranges.len());
@@ -1406,7 +1556,10 @@ fn clean_segments(
         let batch = ReducedBatch {
             first_index: ranges.first().expect("a merge has segments").0 .0,
             last_index: ranges.last().expect("a merge has segments").0 .1,
-            records: merge_newest(runs).into_iter().filter(|r| r.value.is_some()).collect(),
+            records: merge_newest(runs)
+                .into_iter()
+                .filter(|r| (r.value.is_some() || !drop_tombstones) && !superseded.contains(&r.key))
+                .collect(),
             log_order: false,
             writes_in: 0,
             bytes_in: 0,
@@ -1695,6 +1848,149 @@ mod tests {
         drop(store);
         let mut store = Store::open(options, Some(&manifest_after)).unwrap();
         check(&mut store);
+    }
+
+    #[test]
+    fn the_cleaner_merges_the_run_that_frees_most_per_byte_moved() {
+        let cost = |file_bytes, live_bytes, tombstone_bytes| MergeCost {
+            file_bytes,
+            live_bytes,
+            tombstone_bytes,
+            index_bytes: file_bytes / 10,
+        };
+        // An old segment a third live, four half dead, four newest nearly all live: the newest
+        // are left alone.
+        let mut segments = vec![cost(3_000, 1_000, 0)];
+        segments.extend((0..4).map(|_| cost(1_000, 500, 0)));
+        segments.extend((0..4).map(|_| cost(1_000, 950, 0)));
+        let run = merge_window(&segments).expect("dead bytes to free");
+        assert!(run.start == 0 && run.end <= 5, "{run:?}");
+        // A live cold segment first, then dead ones: the cold one is not rewritten.
+        let segments = [
+            cost(10_000, 9_900, 0),
+            cost(1_000, 100, 0),
+            cost(1_000, 100, 0),
+            cost(1_000, 200, 0),
+        ];
+        assert_eq!(merge_window(&segments).map(|run| run.start), Some(1));
+        // Tombstones free bytes only in a run from the oldest segment.
+        let segments = [cost(1_000, 900, 0), cost(1_000, 0, 900), cost(1_000, 0, 900)];
+        assert_eq!(merge_window(&segments), Some(0..3));
+        // Nothing to merge with.
+        assert_eq!(merge_window(&[cost(1_000, 0, 0)]), None);
+        // Many segments cost no more to choose from than a few, and a run is still found.
+        let many: Vec<MergeCost> = (0..10_000).map(|i| cost(1_000, (i % 1_000) as u64, 0)).collect();
+        let run = merge_window(&many).expect("dead bytes to free");
+        assert!(run.len() >= 2 && run.end <= many.len(), "{run:?}");
+    }
+
+    #[test]
+    fn cold_segments_are_left_alone_and_deleted_keys_stay_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = StoreOptions {
+            batch_writes: 100,
+            cleaner_min_segments: 2,
+            min_cleanable_dirty_ratio: 0.2,
+            ..StoreOptions::new(dir.path())
+        };
+        let mut store = Store::open(options.clone(), None).unwrap();
+        let mut index = 0;
+        let mut write = |store: &mut Store, key: String, value: Option<String>| {
+            index += 1;
+            store.write(index, Bytes::from(key), value.map(Bytes::from));
+            store.entry_applied(index);
+        };
+        for k in 0..1_000 {
+            write(&mut store, format!("cold{k:04}"), Some(format!("cold value {k:0200}")));
+        }
+        store.settle();
+        // Hot keys rewritten over and over, cold keys deleted among them.
+        for round in 0..500 {
+            for k in 0..10 {
+                write(&mut store, format!("hot{k}"), Some(format!("{round:0200}")));
+            }
+            if round % 50 == 0 {
+                write(&mut store, format!("cold{:04}", round / 50), None);
+            }
+        }
+        store.settle();
+        assert!(store.stats().merges > 0, "the cleaner merged");
+        assert!(
+            dir.path().join(segment_file_name(1, 100)).exists(),
+            "the oldest segment, nearly all live, was not rewritten"
+        );
+        let manifest = snapshot(&mut store);
+        let check = |store: &mut Store| {
+            for k in 0..10 {
+                assert_eq!(
+                    store.get(format!("cold{k:04}").as_bytes()).unwrap(),
+                    None,
+                    "cold{k} deleted"
+                );
+            }
+            assert_eq!(
+                store.get(b"cold0010").unwrap(),
+                Some(Bytes::from(format!("cold value {:0200}", 10)))
+            );
+            assert_eq!(store.get(b"hot3").unwrap(), Some(Bytes::from(format!("{:0200}", 499))));
+        };
+        check(&mut store);
+        drop(store);
+        let mut store = Store::open(options, Some(&manifest)).unwrap();
+        check(&mut store);
+    }
+
+    /// Runs one job through the cleaner thread's loop and reads back what it merged.
+    fn merge_once(dir: &Path, job: MergeJob) -> Vec<Record> {
+        let (to_cleaner, jobs) = mpsc::channel();
+        let (merged_tx, merged_rx) = mpsc::channel();
+        to_cleaner.send(job).unwrap();
+        drop(to_cleaner);
+        clean_segments(dir, u64::MAX, &jobs, &merged_tx, &Shared::default());
+        let merged = merged_rx.recv().expect("the cleaner merged");
+        read_segment(&merged.written.path).unwrap().1
+    }
+
+    #[test]
+    fn a_merge_leaves_out_superseded_records_and_keeps_tombstones_unless_it_starts_at_the_oldest() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = Shared::default();
+        let record = |key: &str, value: Option<&str>, version| Record {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            value: value.map(|v| Bytes::copy_from_slice(v.as_bytes())),
+            version,
+        };
+        let mut written = Vec::new();
+        for (first, records) in [
+            (1, vec![record("a", Some("1"), 1), record("b", Some("1"), 1)]),
+            (2, vec![record("a", None, 2), record("c", Some("2"), 2)]),
+            (3, vec![record("c", Some("3"), 3)]),
+        ] {
+            let batch = ReducedBatch {
+                first_index: first,
+                last_index: first,
+                records,
+                log_order: false,
+                writes_in: 2,
+                bytes_in: 0,
+            };
+            let (path, _) = write_until_done(dir.path(), &batch, &shared).unwrap();
+            written.push(((first, first), path));
+        }
+        let newer = vec![written[2].1.clone()];
+        let job = |drop_tombstones| MergeJob {
+            segments: written[..2].to_vec(),
+            newer: newer.clone(),
+            drop_tombstones,
+        };
+        // "c" is superseded by the newer segment; the tombstone of "a" stays unless the run
+        // starts the state.
+        assert_eq!(
+            merge_once(dir.path(), job(false)),
+            vec![record("a", None, 2), record("b", Some("1"), 1)]
+        );
+        std::fs::remove_file(dir.path().join(segment_file_name(1, 2))).unwrap();
+        assert_eq!(merge_once(dir.path(), job(true)), vec![record("b", Some("1"), 1)]);
     }
 
     #[test]
