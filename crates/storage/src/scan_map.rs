@@ -119,6 +119,16 @@ impl<V> ScanMap<V> {
             .flat_map(|members| members.values_mut().map(|(key, value)| (&*key, value)))
     }
 
+    /// Every entry, in no particular order (tests recount what the store tracks from it).
+    #[cfg(test)]
+    pub fn iter(&self) -> impl Iterator<Item = (&Bytes, &V)> + '_ {
+        self.singles.iter().chain(
+            self.groups
+                .values()
+                .flat_map(|members| members.values().map(|(key, value)| (key, value))),
+        )
+    }
+
     /// How many keys are in no group.
     pub fn ungrouped_len(&self) -> usize {
         self.singles.len()

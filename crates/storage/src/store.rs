@@ -1657,6 +1657,23 @@ mod tests {
             (live, file),
             "{context}: byte totals"
         );
+        // Each segment's live records and bytes are exactly what the index points at in it: the
+        // cleaner's choice of what to merge rests on them.
+        let mut pointed: HashMap<u64, (u64, u64)> = HashMap::new();
+        for (key, location) in store.index.iter() {
+            if location.segment != UNWRITTEN {
+                let counts = pointed.entry(location.segment).or_default();
+                counts.0 += 1;
+                counts.1 += segment_bytes_per_record(key.len(), location.value_len) as u64;
+            }
+        }
+        for (id, segment) in &segments.by_id {
+            assert_eq!(
+                (segment.live_records, segment.live_bytes),
+                pointed.get(id).copied().unwrap_or_default(),
+                "{context}: live records and bytes of segment {id}"
+            );
+        }
         for k in 0..keys {
             let key = Bytes::from(format!("k{k:03}"));
             assert_eq!(
