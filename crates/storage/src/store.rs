@@ -453,6 +453,8 @@ pub struct Store {
     /// Segments a merge replaced, deleted once a persisted manifest no longer lists them and no
     /// shipment reads them.
     retired: Vec<((u64, u64), PathBuf)>,
+    /// Local segments an install set aside, with the installed manifest's applied index.
+    set_aside: Vec<(u64, PathBuf)>,
     pins: Pins,
     shared: Arc<Shared>,
     stats: StoreStats,
@@ -492,6 +494,60 @@ fn segment_files(dir: &Path) -> Result<Vec<StateFile>, StoreError> {
     Ok(found)
 }
 
+/// The name a local segment is set aside under while an install at `install_index` is not yet
+/// persisted.
+fn set_aside_name(segment_name: &str, install_index: u64) -> String {
+    format!("{segment_name}.before-install-{install_index}")
+}
+
+/// The segment name and install index of a set-aside file's name.
+fn parse_set_aside_name(name: &str) -> Option<(&str, u64)> {
+    let (segment_name, index) = name.split_once(".before-install-")?;
+    Some((segment_name, index.parse().ok()?))
+}
+
+/// Finishes what an interrupted install left, before a start-up at `applied_index` reads the
+/// segments: if the install's manifest was persisted (`applied_index` reached it), the segments
+/// it set aside go; if not, the segments it moved into their names go and the set-aside ones
+/// come back, so the old manifest finds the files it lists.
+fn settle_set_aside(options: &StoreOptions, applied_index: u64) -> Result<(), StoreError> {
+    let mut restore = Vec::new();
+    let mut obsolete = Vec::new();
+    for dir in options.all_dirs() {
+        if !dir.exists() {
+            continue;
+        }
+        for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
+            let path = entry.map_err(io_error(dir))?.path();
+            let Some((segment_name, install_index)) =
+                path.file_name().and_then(|n| n.to_str()).and_then(parse_set_aside_name)
+            else {
+                continue;
+            };
+            if install_index <= applied_index {
+                obsolete.push(path);
+            } else {
+                restore.push((dir.join(segment_name), path));
+            }
+        }
+    }
+    let installed: HashSet<PathBuf> = restore
+        .iter()
+        .flat_map(|(segment, _)| {
+            let name = segment.file_name().expect("a segment path names a file").to_owned();
+            options.all_dirs().map(move |dir| dir.join(&name))
+        })
+        .filter(|path| path.exists())
+        .collect();
+    let installed: Vec<PathBuf> = installed.into_iter().collect();
+    remove_durably(&installed)?;
+    for (segment, aside) in &restore {
+        std::fs::rename(aside, segment).map_err(io_error(aside))?;
+        sync_dir(segment.parent().expect("a segment is in a directory"))?;
+    }
+    remove_durably(&obsolete)
+}
+
 impl Store {
     /// Opens the store in `options.dir` at the state `manifest` describes (empty when `None`).
     /// Segments the manifest does not list — written after it, or torn by a crash — are deleted;
@@ -499,6 +555,7 @@ impl Store {
     pub fn open(options: StoreOptions, manifest: Option<&Manifest>) -> Result<Store, StoreError> {
         let empty = Manifest::default();
         let manifest = manifest.unwrap_or(&empty);
+        settle_set_aside(&options, manifest.applied_index)?;
         let listed: HashSet<(u64, u64)> = manifest.segments.iter().copied().collect();
         // Where each listed segment is. A copy in a later directory of one in an earlier
         // directory is what an install interrupted by a crash leaves: the same log range, so the
@@ -580,6 +637,7 @@ impl Store {
             cleaner: Some(cleaner),
             cleaning: false,
             retired: Vec::new(),
+            set_aside: Vec::new(),
             pins: Pins::default(),
             shared,
             stats: StoreStats::default(),
@@ -828,30 +886,36 @@ impl Store {
             loaded.extend(load_segments(self.options.mode, window)?);
         }
         self.finish_unwritten();
+        // A local segment with a received one's name covers the same log range but need not hold
+        // the same records (what a merge keeps depends on the segments after it). Until the
+        // installed manifest is persisted the old one may be the state a restart reopens, so the
+        // local file is set aside rather than replaced, and deleted once that manifest is
+        // persisted (`manifest_persisted`) or put back by `open`.
+        let mut set_aside = std::mem::take(&mut self.set_aside);
+        for (first, last) in &manifest.segments {
+            let name = segment_file_name(*first, *last);
+            for dir in self.options.all_dirs() {
+                let local = dir.join(&name);
+                if local.exists() {
+                    let aside = dir.join(set_aside_name(&name, manifest.applied_index));
+                    std::fs::rename(&local, &aside).map_err(io_error(&local))?;
+                    set_aside.push((manifest.applied_index, aside));
+                }
+            }
+        }
+        for dir in self.options.all_dirs() {
+            sync_dir(dir)?;
+        }
         for (first, last) in &manifest.segments {
             let name = segment_file_name(*first, *last);
             move_file(&from_dir.join(&name), &self.options.dir.join(&name))?;
         }
         sync_dir(&self.options.dir)?;
-        // A copy of an installed segment a writer left in another directory is the same log
-        // range; only one may stay (see `open`).
-        let copies: Vec<PathBuf> = self
-            .options
-            .more_dirs
-            .iter()
-            .flat_map(|dir| {
-                manifest
-                    .segments
-                    .iter()
-                    .map(|(first, last)| dir.join(segment_file_name(*first, *last)))
-            })
-            .filter(|copy| copy.exists())
-            .collect();
-        remove_durably(&copies)?;
         let options = self.options.clone();
         let stats = self.stats;
         *self = Store::empty(options, manifest.applied_index);
         self.stats = stats;
+        self.set_aside = set_aside;
         for ((first, last), (_, index)) in manifest.segments.iter().zip(loaded) {
             let path = self.options.dir.join(segment_file_name(*first, *last));
             self.adopt(*first, path, index);
@@ -1212,6 +1276,11 @@ impl Store {
         let delete: Vec<PathBuf> = delete.into_iter().map(|(_, path)| path).collect();
         remove_durably(&delete)?;
         self.retired = keep;
+        let (done, pending): (Vec<_>, Vec<_>) = std::mem::take(&mut self.set_aside)
+            .into_iter()
+            .partition(|(install_index, _)| *install_index <= manifest.applied_index);
+        self.set_aside = pending;
+        remove_durably(&done.into_iter().map(|(_, path)| path).collect::<Vec<_>>())?;
         Ok(())
     }
 }
@@ -2093,6 +2162,83 @@ mod tests {
         drop(follower);
         let mut follower = Store::open(options(follower_dir.path(), &mut rng), Some(&manifest)).unwrap();
         assert_matches(&mut follower, &model_at(&log, 300), 50, "reopened");
+    }
+
+    #[test]
+    fn an_install_that_was_not_persisted_leaves_the_old_state_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = StoreOptions {
+            batch_writes: 10,
+            ..StoreOptions::new(dir.path().join("state"))
+        };
+        let mut store = Store::open(options.clone(), None).unwrap();
+        for index in 1..=30u64 {
+            store.write(index, Bytes::from(format!("k{index}")), Some(Bytes::from("old")));
+            store.entry_applied(index);
+        }
+        let old = snapshot(&mut store);
+        assert_eq!(old.segments, vec![(1, 10), (11, 20), (21, 30)]);
+        // What a leader ships: segments of the same names holding other records, and one more.
+        let shared = Shared::default();
+        let ship = |to: &Path| {
+            std::fs::create_dir(to).unwrap();
+            for (first, last) in [(1, 10), (11, 20), (21, 30), (31, 40)] {
+                let batch = ReducedBatch {
+                    first_index: first,
+                    last_index: last,
+                    records: vec![Record {
+                        key: Bytes::from(format!("new{first}")),
+                        value: Some(Bytes::from("new")),
+                        version: last,
+                    }],
+                    log_order: false,
+                    writes_in: 1,
+                    bytes_in: 0,
+                };
+                write_until_done(to, &batch, &shared).unwrap();
+            }
+        };
+        let received = dir.path().join("received");
+        ship(&received);
+        let new = Manifest {
+            applied_index: 40,
+            segments: vec![(1, 10), (11, 20), (21, 30), (31, 40)],
+        };
+        store.install(&new, &received).unwrap();
+        assert_eq!(store.get(b"new31").unwrap(), Some(Bytes::from("new")));
+        assert_eq!(store.get(b"k5").unwrap(), None);
+        // A crash before the installed manifest is persisted: the old manifest reopens the old
+        // state, not the received files that took its segments' names.
+        drop(store);
+        let mut store = Store::open(options.clone(), Some(&old)).unwrap();
+        for index in 1..=30u64 {
+            assert_eq!(
+                store.get(format!("k{index}").as_bytes()).unwrap(),
+                Some(Bytes::from("old"))
+            );
+        }
+        assert_eq!(store.get(b"new1").unwrap(), None);
+        // The same install, persisted this time: the set-aside files go.
+        let received_again = dir.path().join("received-again");
+        ship(&received_again);
+        drop(store);
+        let mut store = Store::open(options.clone(), Some(&old)).unwrap();
+        store.install(&new, &received_again).unwrap();
+        store.manifest_persisted(&new).unwrap();
+        let mut names: Vec<String> = std::fs::read_dir(&options.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        let expected: Vec<String> = new.segments.iter().map(|(f, l)| segment_file_name(*f, *l)).collect();
+        assert_eq!(
+            names, expected,
+            "nothing set aside is left once the manifest is persisted"
+        );
+        drop(store);
+        let mut store = Store::open(options, Some(&new)).unwrap();
+        assert_eq!(store.get(b"new1").unwrap(), Some(Bytes::from("new")));
+        assert_eq!(store.get(b"k5").unwrap(), None);
     }
 
     #[test]
