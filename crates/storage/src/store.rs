@@ -557,9 +557,9 @@ impl Store {
         let manifest = manifest.unwrap_or(&empty);
         settle_set_aside(&options, manifest.applied_index)?;
         let listed: HashSet<(u64, u64)> = manifest.segments.iter().copied().collect();
-        // Where each listed segment is. A copy in a later directory of one in an earlier
-        // directory is what an install interrupted by a crash leaves: the same log range, so the
-        // same state; the earlier one stays.
+        // Where each listed segment is. Two copies of one range in two directories are what an
+        // install by an earlier version, interrupted by a crash, could leave (installs now set
+        // local copies aside first); the earlier directory's stays.
         let mut found: HashMap<(u64, u64), PathBuf> = HashMap::default();
         let mut unlisted = Vec::new();
         for dir in options.all_dirs() {
