@@ -14,8 +14,9 @@
 //!
 //! A cleaner thread merges a run of consecutive segments into one once enough of their bytes are
 //! dead — the run that frees the most per byte it moves, so mostly-live segments are not
-//! rewritten by every merge; the store repoints the index at the merged segment a slice at a time, and deletes the replaced files once
-//! a persisted manifest no longer names them and no shipment to a lagging follower reads them.
+//! rewritten by every merge; the store repoints the index at the merged segment a slice at a
+//! time, and deletes the replaced files once a persisted manifest no longer names them and no
+//! shipment to a lagging follower reads them.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
@@ -331,11 +332,50 @@ struct MergeAdoption {
     next: usize,
 }
 
-/// A segment the writer made durable.
+/// A segment made durable (by the writer, the cleaner, or before start-up), with its tombstone
+/// and index-block bytes summed where it was written, off the raft loop.
 struct Written {
     first_index: u64,
     path: PathBuf,
     index: SegmentIndex,
+    tombstone_bytes: u64,
+    index_bytes: u64,
+}
+
+impl Written {
+    fn new(first_index: u64, path: PathBuf, index: SegmentIndex) -> Written {
+        let (mut tombstone_bytes, mut index_bytes) = (0, 0);
+        for entry in &index.entries {
+            if entry.is_tombstone {
+                tombstone_bytes += entry.segment_bytes() as u64;
+            }
+            index_bytes += (entry.segment_bytes() - entry.record_len()) as u64;
+        }
+        Written {
+            first_index,
+            path,
+            index,
+            tombstone_bytes,
+            index_bytes,
+        }
+    }
+}
+
+impl SegmentFile {
+    /// A segment none of whose records is live yet; its entries go to the adoption.
+    fn new(written: Written) -> (SegmentFile, Vec<IndexEntry>) {
+        let segment = SegmentFile {
+            first_index: written.first_index,
+            last_index: written.index.header.last_index,
+            path: written.path,
+            file_bytes: written.index.file_bytes,
+            live_records: 0,
+            live_bytes: 0,
+            tombstone_bytes: written.tombstone_bytes,
+            index_bytes: written.index_bytes,
+        };
+        (segment, written.index.entries)
+    }
 }
 
 /// A segment the cleaner made durable from the segments starting at `replaces`.
@@ -972,7 +1012,7 @@ impl Store {
         self.stats.bytes_out += written.index.file_bytes;
         self.stats.records_out += written.index.entries.len() as u64;
         self.stats.segments_out += 1;
-        let adoption = self.begin_adoption(written.first_index, written.path, written.index);
+        let adoption = self.begin_adoption(written);
         self.adopting.push_back(adoption);
     }
 
@@ -1002,7 +1042,7 @@ impl Store {
     /// for the segments it writes).
     fn adopt(&mut self, first_index: u64, path: PathBuf, index: SegmentIndex) {
         let last_index = index.header.last_index;
-        let adoption = self.begin_adoption(first_index, path, index);
+        let adoption = self.begin_adoption(Written::new(first_index, path, index));
         for entry in &adoption.entries {
             let replaced = if entry.is_tombstone {
                 self.index.remove(&entry.key)
@@ -1031,33 +1071,19 @@ impl Store {
     }
 
     /// Adds a durable segment, none of its records indexed yet.
-    fn begin_adoption(&mut self, first_index: u64, path: PathBuf, index: SegmentIndex) -> Adoption {
+    fn begin_adoption(&mut self, written: Written) -> Adoption {
         assert!(
-            first_index > self.newest_last_index,
-            "segments are adopted in log order: [{first_index}, ..] after one ending at {}",
+            written.first_index > self.newest_last_index,
+            "segments are adopted in log order: [{}, ..] after one ending at {}",
+            written.first_index,
             self.newest_last_index
         );
-        self.newest_last_index = index.header.last_index;
+        self.newest_last_index = written.index.header.last_index;
         let id = self.next_segment_id;
         self.next_segment_id += 1;
-        self.segments.insert(
-            id,
-            SegmentFile {
-                first_index,
-                last_index: index.header.last_index,
-                path,
-                file_bytes: index.file_bytes,
-                live_records: 0,
-                live_bytes: 0,
-                tombstone_bytes: tombstone_bytes(&index.entries),
-                index_bytes: index_bytes(&index.entries),
-            },
-        );
-        Adoption {
-            id,
-            entries: index.entries,
-            next: 0,
-        }
+        let (segment, entries) = SegmentFile::new(written);
+        self.segments.insert(id, segment);
+        Adoption { id, entries, next: 0 }
     }
 
     /// Points the index at up to `step` more records of a segment the writer wrote, where they
@@ -1191,25 +1217,14 @@ impl Store {
         assert_eq!(replaced_ids.len(), replaces.len(), "merged segments are the store's");
         let merged_id = self.next_segment_id;
         self.next_segment_id += 1;
-        self.segments.insert(
-            merged_id,
-            SegmentFile {
-                first_index: written.first_index,
-                last_index: written.index.header.last_index,
-                path: written.path,
-                file_bytes: written.index.file_bytes,
-                live_records: 0,
-                live_bytes: 0,
-                tombstone_bytes: tombstone_bytes(&written.index.entries),
-                index_bytes: index_bytes(&written.index.entries),
-            },
-        );
         self.stats.merges += 1;
         self.stats.merged_bytes += written.index.file_bytes;
+        let (segment, entries) = SegmentFile::new(written);
+        self.segments.insert(merged_id, segment);
         self.merge_adoption = Some(MergeAdoption {
             merged_id,
             replaced_ids,
-            entries: written.index.entries,
+            entries,
             next: 0,
         });
     }
@@ -1390,11 +1405,7 @@ fn write_segments(
             durable.written_through = durable.written_through.max(batch.last_index);
         }
         shared.changed.notify_all();
-        let done = Written {
-            first_index: batch.first_index,
-            path,
-            index,
-        };
+        let done = Written::new(batch.first_index, path, index);
         if written.send(done).is_err() {
             return;
         }
@@ -1484,23 +1495,6 @@ struct MergeCost {
     live_bytes: u64,
     tombstone_bytes: u64,
     index_bytes: u64,
-}
-
-/// Bytes the tombstones among `entries` take in their segment.
-fn tombstone_bytes(entries: &[IndexEntry]) -> u64 {
-    entries
-        .iter()
-        .filter(|e| e.is_tombstone)
-        .map(|e| e.segment_bytes() as u64)
-        .sum()
-}
-
-/// Bytes the index block listing `entries` takes.
-fn index_bytes(entries: &[IndexEntry]) -> u64 {
-    entries
-        .iter()
-        .map(|e| (e.segment_bytes() - e.record_len()) as u64)
-        .sum()
 }
 
 /// A merge window may start or end at every segment when there are at most this many, at evenly
@@ -1638,11 +1632,7 @@ fn clean_segments(
         };
         let done = Merged {
             replaces: ranges.iter().map(|((first, _), _)| *first).collect(),
-            written: Written {
-                first_index: batch.first_index,
-                path,
-                index,
-            },
+            written: Written::new(batch.first_index, path, index),
         };
         if merged.send(done).is_err() {
             return;
