@@ -697,7 +697,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             self.propose_pending();
             self.propose_codec_entries();
             self.issue_reads();
-            if let Err(e) = self.on_ready() {
+            if let Err(e) = self.on_ready().await {
                 // Raft state on disk can no longer be trusted to match memory: stop loudly.
                 panic!("raft storage failed: {e}");
             }
@@ -1090,14 +1090,21 @@ impl<SM: StateMachine> RaftLoop<SM> {
         }
     }
 
-    fn on_ready(&mut self) -> Result<(), StorageError> {
+    async fn on_ready(&mut self) -> Result<(), StorageError> {
         if !self.raw.has_ready() {
             return Ok(());
         }
         let started = Instant::now();
         let mut ready = self.raw.ready();
         // Leader messages may go out before our own fsync: raft counts our ack only after persist.
-        self.send(ready.take_messages());
+        // The peer links are tasks on this thread, so they write only when the loop yields: yield
+        // before a blocking fsync, and the followers' fsyncs overlap ours instead of following it.
+        let messages = ready.take_messages();
+        let overlap_fsync = ready.must_sync() && !messages.is_empty();
+        self.send(messages);
+        if overlap_fsync {
+            tokio::task::yield_now().await;
+        }
         if !ready.snapshot().is_empty() {
             let snapshot = ready.snapshot().clone();
             let (term, index) = (snapshot.get_metadata().term, snapshot.get_metadata().index);
