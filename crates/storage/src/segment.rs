@@ -550,14 +550,21 @@ pub(crate) fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> SegmentErr
 }
 
 /// Writes `batch` as a segment in `dir` (see `write_segment_bytes`) and returns its path and index.
-pub fn write_segment(dir: &Path, batch: &ReducedBatch) -> Result<(PathBuf, SegmentIndex), SegmentError> {
+/// `spare`, a file in `dir` that no manifest lists any more, is overwritten instead of creating a
+/// file: on ext4 without a journal, creating an inode scans past every inode deleted in the last
+/// minutes, which a cleaner deleting segments keeps plentiful.
+pub fn write_segment(
+    dir: &Path,
+    batch: &ReducedBatch,
+    spare: Option<PathBuf>,
+) -> Result<(PathBuf, SegmentIndex), SegmentError> {
     let (bytes, index) = encode_segment_and_index(batch);
     debug_assert_eq!(
         decode_segment_index(&bytes).expect("a segment just encoded decodes"),
         index,
         "a segment decodes to what was encoded"
     );
-    let path = write_segment_bytes(dir, batch.first_index, batch.last_index, &bytes)?;
+    let path = write_segment_bytes(dir, batch.first_index, batch.last_index, &bytes, spare)?;
     Ok((path, index))
 }
 
@@ -566,19 +573,37 @@ pub fn write_segment(dir: &Path, batch: &ReducedBatch) -> Result<(PathBuf, Segme
 /// log holds what the segment holds until a manifest lists it, and a manifest lists only
 /// segments whose files and directory were synced. A segment already there is replaced: a
 /// segment's content is fixed by its range of the committed log, so both copies are equal.
-fn write_segment_bytes(dir: &Path, first_index: u64, last_index: u64, bytes: &[u8]) -> Result<PathBuf, SegmentError> {
+/// A spare file is renamed to the temporary name and overwritten, then cut to length (not
+/// truncated to zero first: ext4 flushes a file truncated to zero and rewritten when it closes).
+fn write_segment_bytes(
+    dir: &Path,
+    first_index: u64,
+    last_index: u64,
+    bytes: &[u8],
+    spare: Option<PathBuf>,
+) -> Result<PathBuf, SegmentError> {
     let path = dir.join(segment_file_name(first_index, last_index));
     let temporary = path.with_extension("seg.tmp");
+    let reused = spare.is_some_and(|spare| std::fs::rename(&spare, &temporary).is_ok());
     let mut file = OpenOptions::new()
         .write(true)
         .create(true)
-        .truncate(true)
+        .truncate(!reused)
         .mode(0o644)
         .open(&temporary)
         .map_err(io_error(&temporary))?;
     file.write_all(bytes).map_err(io_error(&temporary))?;
+    if reused {
+        file.set_len(bytes.len() as u64).map_err(io_error(&temporary))?;
+    }
     std::fs::rename(&temporary, &path).map_err(io_error(&path))?;
     Ok(path)
+}
+
+/// The name of the `number`th spare file: a retired segment's file kept to be overwritten by a
+/// later segment. Start-up deletes spares.
+pub(crate) fn spare_file_name(number: u64) -> String {
+    format!("{number:020}.spare")
 }
 
 /// Makes creations, renames and removals in `dir` durable.
@@ -668,10 +693,29 @@ mod tests {
     }
 
     #[test]
+    fn a_segment_written_over_a_longer_spare_is_exactly_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let spare = dir.path().join(spare_file_name(7));
+        std::fs::write(&spare, vec![0xAB; 64 * 1024]).unwrap();
+        let batch = sample_batch();
+        let (path, index) = write_segment(dir.path(), &batch, Some(spare.clone())).unwrap();
+        assert!(!spare.exists(), "the spare became the segment");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            encode_segment(&batch).len() as u64
+        );
+        assert_eq!(read_segment(&path).unwrap().1, batch.records);
+        assert_eq!(read_segment_index(&path).unwrap(), index);
+        // A spare that vanished meanwhile: the segment is created instead.
+        let (path, _) = write_segment(dir.path(), &sample_log_order_batch(), Some(spare)).unwrap();
+        assert_eq!(read_segment(&path).unwrap().1, sample_log_order_batch().records);
+    }
+
+    #[test]
     fn a_written_segment_reads_back_whole_and_by_index() {
         let dir = tempfile::tempdir().unwrap();
         let batch = sample_batch();
-        let (path, index) = write_segment(dir.path(), &batch).unwrap();
+        let (path, index) = write_segment(dir.path(), &batch, None).unwrap();
         assert_eq!(
             path.file_name().unwrap(),
             "00000000000000000100-00000000000000000104.seg"
@@ -695,7 +739,7 @@ mod tests {
             file.read_exact_at(&mut buf, entry.record_offset).unwrap();
             assert_eq!(&decode_record(&buf, entry).unwrap(), expected);
         }
-        let (again, _) = write_segment(dir.path(), &batch).unwrap();
+        let (again, _) = write_segment(dir.path(), &batch, None).unwrap();
         assert_eq!(
             std::fs::read(&again).unwrap(),
             encode_segment(&batch),
@@ -737,7 +781,7 @@ mod tests {
     #[test]
     fn errors_name_the_file_and_the_offset() {
         let dir = tempfile::tempdir().unwrap();
-        let (path, index) = write_segment(dir.path(), &sample_batch()).unwrap();
+        let (path, index) = write_segment(dir.path(), &sample_batch(), None).unwrap();
         let mut bytes = std::fs::read(&path).unwrap();
         let victim = index.entries[1].record_offset as usize;
         bytes[victim + RECORD_OVERHEAD_BYTES] ^= 0x20;

@@ -37,8 +37,8 @@ use crate::reduce::{ReducedBatch, Reducer};
 use crate::scan_map::{no_groups, GroupOf, ScanMap};
 use crate::segment::{
     decode_record, in_file, io_error, read_segment, read_segment_index, segment_bytes_per_record, segment_file_name,
-    sync_dir, verify_segment, write_segment, IndexEntry, Record, SegmentError, SegmentIndex, FOOTER_BYTES,
-    HEADER_BYTES,
+    spare_file_name, sync_dir, verify_segment, write_segment, IndexEntry, Record, SegmentError, SegmentIndex,
+    FOOTER_BYTES, HEADER_BYTES,
 };
 
 /// What a segment keeps of its batch.
@@ -415,6 +415,50 @@ struct Shared {
     /// Set when the store closes: the writer stops retrying a failing write (what it has not
     /// written is past every manifest, so the raft log replays it) and the cleaner stops.
     closing: AtomicBool,
+    spares: Mutex<Spares>,
+}
+
+/// Files of retired segments, kept for new segments to overwrite (see `write_segment`).
+#[derive(Default)]
+struct Spares {
+    files: Vec<PathBuf>,
+    next_number: u64,
+}
+
+/// Spare files kept at most; past that a retired segment's file is deleted.
+const MAX_SPARE_FILES: usize = 64;
+
+impl Shared {
+    /// A spare file in `dir`, if there is one.
+    fn take_spare(&self, dir: &Path) -> Option<PathBuf> {
+        let mut spares = self.spares.lock().expect("not poisoned");
+        let position = spares.files.iter().position(|path| path.parent() == Some(dir))?;
+        Some(spares.files.swap_remove(position))
+    }
+
+    /// Retires segment files no manifest lists: renamed to spares while there is room, deleted
+    /// past it; durable once each directory is synced.
+    fn retire_files(&self, paths: &[PathBuf]) -> Result<(), StoreError> {
+        let mut dirs = HashSet::default();
+        for path in paths {
+            let dir = path.parent().expect("a segment is in a directory");
+            let mut spares = self.spares.lock().expect("not poisoned");
+            if spares.files.len() < MAX_SPARE_FILES {
+                let spare = dir.join(spare_file_name(spares.next_number));
+                spares.next_number += 1;
+                std::fs::rename(path, &spare).map_err(io_error(path))?;
+                spares.files.push(spare);
+            } else {
+                drop(spares);
+                std::fs::remove_file(path).map_err(io_error(path))?;
+            }
+            dirs.insert(dir);
+        }
+        for dir in dirs {
+            sync_dir(dir)?;
+        }
+        Ok(())
+    }
 }
 
 /// How many shipments read each segment, by `(first, last)`.
@@ -501,7 +545,7 @@ pub struct Store {
 }
 
 /// A file in the state directory: a segment's `(first, last)` range, or `None` for a temporary
-/// file a crash left behind.
+/// file a crash left behind or a spare (both deleted at start-up).
 type StateFile = (Option<(u64, u64)>, PathBuf);
 
 fn segment_files(dir: &Path) -> Result<Vec<StateFile>, StoreError> {
@@ -511,7 +555,7 @@ fn segment_files(dir: &Path) -> Result<Vec<StateFile>, StoreError> {
         let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
             continue;
         };
-        if name.ends_with(".seg.tmp") {
+        if name.ends_with(".seg.tmp") || name.ends_with(".spare") {
             found.push((None, path));
             continue;
         }
@@ -1289,7 +1333,7 @@ impl Store {
             .partition(|(range, _)| listed.contains(range) || pins.contains_key(range));
         drop(pins);
         let delete: Vec<PathBuf> = delete.into_iter().map(|(_, path)| path).collect();
-        remove_durably(&delete)?;
+        self.shared.retire_files(&delete)?;
         self.retired = keep;
         let (done, pending): (Vec<_>, Vec<_>) = std::mem::take(&mut self.set_aside)
             .into_iter()
@@ -1419,7 +1463,7 @@ fn write_until_done(dir: &Path, batch: &ReducedBatch, shared: &Shared) -> Option
     const RETRY_MAX: Duration = Duration::from_secs(5);
     let mut retry = RETRY_START;
     loop {
-        match write_segment(dir, batch) {
+        match write_segment(dir, batch, shared.take_spare(dir)) {
             Ok(done) => return Some(done),
             Err(_) if shared.closing.load(Ordering::Relaxed) => return None,
             Err(e) => {
@@ -1880,7 +1924,7 @@ mod tests {
     }
 
     #[test]
-    fn the_cleaner_merges_dead_bytes_away_and_deletes_what_it_replaced_once_a_manifest_is_persisted() {
+    fn the_cleaner_merges_dead_bytes_away_and_retires_what_it_replaced_once_a_manifest_is_persisted() {
         let dir = tempfile::tempdir().unwrap();
         let options = StoreOptions {
             batch_writes: 50,
@@ -1906,8 +1950,23 @@ mod tests {
             "{} segments",
             manifest_after.segments.len()
         );
-        let files = std::fs::read_dir(dir.path()).unwrap().count();
-        assert_eq!(files, manifest_after.segments.len(), "replaced segments are deleted");
+        let names = |dir: &Path, suffix: &str| {
+            std::fs::read_dir(dir)
+                .unwrap()
+                .filter(|entry| entry.as_ref().unwrap().file_name().to_str().unwrap().ends_with(suffix))
+                .count()
+        };
+        assert_eq!(
+            names(dir.path(), ".seg"),
+            manifest_after.segments.len(),
+            "replaced segments are retired"
+        );
+        let spares = names(dir.path(), ".spare");
+        assert!((1..=MAX_SPARE_FILES).contains(&spares), "{spares} spare files");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            manifest_after.segments.len() + spares
+        );
         assert!(
             store.dirty_ratio() < 0.5 || store.segments.len() < 4,
             "idle with dirty ratio {} over {} segments",
@@ -1924,6 +1983,7 @@ mod tests {
         drop(store);
         let mut store = Store::open(options, Some(&manifest_after)).unwrap();
         check(&mut store);
+        assert_eq!(names(dir.path(), ".spare"), 0, "start-up deletes spares");
     }
 
     #[test]
