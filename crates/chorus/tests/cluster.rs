@@ -1019,3 +1019,144 @@ async fn power_cuts_during_heavy_writes_never_lose_an_acknowledged_write() {
         "cuts were meant to fall among snapshots and merges"
     );
 }
+
+/// A node whose disk fills up refuses writes with a clear error, keeps serving reads, loses no
+/// acknowledged write, and takes writes again by itself once space returns. The disk is the
+/// power-cut file system with a capacity. With the key-value segments on it too, their writer
+/// tends to run out first; with them elsewhere, the raft log's next segment cannot be
+/// preallocated and the log's own room check refuses the writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_writes_clearly_and_they_resume_when_space_returns() {
+    full_disk_refuses_writes_until_space_returns(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_raft_log_disk_refuses_writes_clearly_and_they_resume_when_space_returns() {
+    full_disk_refuses_writes_until_space_returns(false).await;
+}
+
+async fn full_disk_refuses_writes_until_space_returns(state_on_full_disk: bool) {
+    let outside = tempfile::tempdir().unwrap();
+    let state_dir = outside.path().join("state");
+    let state_dir = state_dir.to_str().unwrap();
+    let mut flags = vec![
+        "--segment-size-bytes",
+        "1048576",
+        "--snapshot-interval-entries",
+        "200",
+        "--log-keep-entries",
+        "50",
+        "--reduction-batch-writes",
+        "64",
+        "--tick-ms",
+        "20",
+    ];
+    if !state_on_full_disk {
+        flags.extend(["--data-dirs", state_dir]);
+    }
+    let cluster = Cluster::start(1, &flags);
+    cluster.kill(1);
+    let data = cluster.dir.path().join("node1/data");
+    let first_start = cluster.dir.path().join("node1/data-first-start");
+    std::fs::rename(&data, &first_start).unwrap();
+    std::fs::create_dir(&data).unwrap();
+    let disk = chorus_powercut::Disk::new();
+    let Ok(_mount) = chorus_powercut::mount_for_test(&disk, &data) else {
+        return;
+    };
+    copy_tree_durably(&first_start, &data);
+    cluster.restart_stopped();
+
+    let mut c = cluster.client(1).await;
+    c.set_timeout(Duration::from_secs(10));
+    let value = |i: usize| format!("{i}-{}", "v".repeat(1000));
+    let mut acked = Vec::new();
+    // A few writes first: the log leaves its first plain segment for a preallocated one.
+    for i in 0..50 {
+        assert_eq!(
+            c.command(&["SET", &format!("full-{i}"), &value(i)]).await.unwrap(),
+            ok()
+        );
+        acked.push(i);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    disk.set_capacity_bytes(Some(disk.used_bytes() + 4 * 1024 * 1024));
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let refusal = loop {
+        assert!(Instant::now() < deadline, "60 s of writes never filled the disk");
+        let i = acked.len();
+        match c.command(&["SET", &format!("full-{i}"), &value(i)]).await.unwrap() {
+            reply if reply == ok() => acked.push(i),
+            Value::Error(message) => break message,
+            other => panic!("unexpected reply {other:?}"),
+        }
+    };
+    assert!(
+        refusal.starts_with("NOSPACE") && refusal.contains("disk on node 1 is full"),
+        "{refusal}"
+    );
+    assert!(acked.len() > 100, "only {} writes before the disk filled", acked.len());
+    // Still full: refused again, at once; reads still answered.
+    let started = Instant::now();
+    let again = c.command(&["SET", "refused", &value(0)]).await.unwrap();
+    assert!(
+        matches!(&again, Value::Error(m) if m.starts_with("NOSPACE")),
+        "{again:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "a refusal took {:?}",
+        started.elapsed()
+    );
+    let last = *acked.last().unwrap();
+    assert_eq!(
+        c.command(&["GET", &format!("full-{last}")]).await.unwrap(),
+        bulk(&value(last))
+    );
+    let log = std::fs::read_to_string(cluster.dir.path().join("node1/server.log")).unwrap();
+    assert!(log.contains("refusing writes: the disk is full"), "{log}");
+    if !state_on_full_disk {
+        assert!(log.contains("preallocating a raft log segment failed"), "{log}");
+    }
+    let refusals = metric_value(&cluster.metrics(1), "chorus_raft_disk_full_refusals_total");
+    assert!(refusals >= 2.0, "{refusals} refusals counted");
+
+    disk.set_capacity_bytes(None);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let i = acked.len();
+        match c.command(&["SET", &format!("full-{i}"), &value(i)]).await.unwrap() {
+            reply if reply == ok() => break,
+            Value::Error(message) if message.starts_with("NOSPACE") => {
+                assert!(
+                    Instant::now() < deadline,
+                    "writes did not resume within 30 s of space returning"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => panic!("unexpected reply {other:?}"),
+        }
+    }
+    for _ in 0..200 {
+        let i = acked.len();
+        assert_eq!(
+            c.command(&["SET", &format!("full-{i}"), &value(i)]).await.unwrap(),
+            ok()
+        );
+        acked.push(i);
+    }
+    let check = |mut c: Client, acked: Vec<usize>| async move {
+        for i in acked {
+            assert_eq!(
+                c.command(&["GET", &format!("full-{i}")]).await.unwrap(),
+                bulk(&value(i)),
+                "acknowledged full-{i} lost"
+            );
+        }
+    };
+    check(c, acked.clone()).await;
+    cluster.kill(1);
+    cluster.restart_stopped();
+    check(cluster.client(1).await, acked).await;
+}

@@ -201,6 +201,7 @@ fn node_error(e: NodeError) -> Value {
         NodeError::NoLeader { .. } | NodeError::Overloaded => "TRYAGAIN",
         NodeError::Timeout { .. } => "TIMEOUT",
         NodeError::LeaderChanged => "UNCERTAIN",
+        NodeError::DiskFull { .. } => "NOSPACE",
         NodeError::ShuttingDown | NodeError::NotAVoter(_) => "ERR",
     };
     Value::error(format!("{prefix} {e}"))

@@ -363,6 +363,10 @@ impl StateMachine for KvState {
         self.execute_read(query)
     }
 
+    fn out_of_space(&self) -> bool {
+        self.store.out_of_space()
+    }
+
     /// The snapshot is the manifest of the segments holding the state; waiting for them is the
     /// only work, and it happens on the caller's thread.
     fn snapshot_later(&mut self) -> Box<dyn FnOnce() -> Vec<u8> + Send> {

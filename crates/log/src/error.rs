@@ -38,6 +38,8 @@ pub enum StorageError {
     },
     #[error("inconsistent log: {0}")]
     Inconsistent(String),
+    #[error("no space left on the device holding {path}; nothing was appended")]
+    NoSpace { path: PathBuf },
 }
 
 /// Wraps an I/O error with the path it concerns; the path is copied only if there is an error.
@@ -64,4 +66,9 @@ pub enum NodeError {
     ShuttingDown,
     #[error("node {0} is not a voter of this cluster")]
     NotAVoter(u64),
+    #[error(
+        "the disk on node {node_id} is full; the write was not applied. Free space on it (writes \
+         resume by themselves) or make another node the leader"
+    )]
+    DiskFull { node_id: u64 },
 }

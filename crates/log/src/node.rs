@@ -58,6 +58,11 @@ pub trait StateMachine: Send + 'static {
     /// This local snapshot data is now durable in the raft storage: what only older snapshots
     /// needed may go.
     fn snapshot_persisted(&mut self, snapshot: &[u8]);
+    /// Whether the state's own storage is out of space: the node takes no more writes until
+    /// it is not (what was applied meanwhile waits in memory and in the raft log).
+    fn out_of_space(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -297,6 +302,7 @@ struct LogMetrics {
     commands_proposed: Arc<Counter>,
     entries_proposed: Arc<Counter>,
     proposals_dropped: Arc<Counter>,
+    disk_full_refusals: Arc<Counter>,
     leader_changes: Arc<Counter>,
     fsync_seconds: Arc<Histogram>,
     ready_seconds: Arc<Histogram>,
@@ -333,6 +339,10 @@ impl LogMetrics {
             proposals_dropped: counter(
                 "chorus_raft_proposals_dropped_total",
                 "Proposals raft refused (no leader, transfer, too much uncommitted)",
+            ),
+            disk_full_refusals: counter(
+                "chorus_raft_disk_full_refusals_total",
+                "Writes refused and appends from the leader dropped because the raft log's disk is full",
             ),
             leader_changes: counter(
                 "chorus_raft_leader_changes_total",
@@ -425,6 +435,8 @@ struct RaftLoop<SM: StateMachine> {
     /// Raft refused the last proposal (e.g. during a leadership transfer); retried at the next
     /// tick rather than at once.
     proposal_refused: bool,
+    /// When a full disk was last logged (see `warn_disk_full`).
+    disk_full_warned_at: Option<Instant>,
     /// Writes handed to raft, by request id.
     proposed: HashMap<u64, Waiter<SM::Output>>,
     reads_unissued: Vec<ReadWaiter<SM>>,
@@ -572,6 +584,7 @@ pub async fn start<SM: StateMachine>(
         unproposed: VecDeque::new(),
         unproposed_bytes: 0,
         proposal_refused: false,
+        disk_full_warned_at: None,
         proposed: HashMap::new(),
         reads_unissued: Vec::new(),
         reads_issued: HashMap::new(),
@@ -623,6 +636,12 @@ fn split_snapshot(data: &[u8]) -> Result<(&[u8], &[u8]), String> {
 
 /// Upper bound on messages taken from one channel per iteration, so no source starves the others.
 const DRAIN_LIMIT: usize = 4096;
+
+/// More than an entry's index, term and framing take in the raft log beside its data.
+const ENTRY_OVERHEAD_BYTES: usize = 64;
+
+/// Longest wait between attempts to append to a raft log whose disk is full.
+const NO_SPACE_RETRY_MAX: Duration = Duration::from_secs(1);
 
 impl<SM: StateMachine> RaftLoop<SM> {
     async fn run(
@@ -782,6 +801,17 @@ impl<SM: StateMachine> RaftLoop<SM> {
                     }
                     return;
                 }
+                // Not acknowledged, the append is sent again once the leader hears this node lags.
+                let bytes: u64 = msg
+                    .entries
+                    .iter()
+                    .map(|e| (e.data.len() + ENTRY_OVERHEAD_BYTES) as u64)
+                    .sum();
+                if !self.has_room_for(bytes) {
+                    self.metrics.disk_full_refusals.inc();
+                    self.warn_disk_full("dropping the leader's appends: the disk is full");
+                    return;
+                }
             }
             MessageType::MsgAppendResponse => {
                 self.codec.observe_response(&msg);
@@ -888,6 +918,11 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 bytes += size;
                 take += 1;
             }
+            // A leader's proposals are what fills its log; a follower's go to the leader.
+            if self.raw.raft.state == StateRole::Leader && !self.has_room_for(bytes as u64) {
+                self.refuse_unproposed_writes();
+                return;
+            }
             let commands = self.unproposed.iter().take(take).map(|w| (w.id, w.command.as_ref()));
             let data = batch::encode_commands(self.origin, commands);
             match self.raw.propose(Vec::new(), data) {
@@ -911,6 +946,49 @@ impl<SM: StateMachine> RaftLoop<SM> {
                     return;
                 }
             }
+        }
+    }
+
+    /// Whether this node can take `bytes` more of the log: the raft log has room for them without
+    /// its disk allocating space (see `DiskStorage::has_room_for`), and the state machine's
+    /// storage is not out of space.
+    fn has_room_for(&mut self, bytes: u64) -> bool {
+        if self.sm.out_of_space() {
+            return false;
+        }
+        match self.raw.mut_store().has_room_for(bytes) {
+            Ok(room) => room,
+            Err(e) => panic!("raft storage failed: {e}"),
+        }
+    }
+
+    /// Answers every queued write with `DiskFull`: none of them was proposed.
+    fn refuse_unproposed_writes(&mut self) {
+        let refused = self.unproposed.len();
+        for write in self.unproposed.drain(..) {
+            let _ = write.waiter.reply.send(Err(NodeError::DiskFull {
+                node_id: self.config.id,
+            }));
+        }
+        self.unproposed_bytes = 0;
+        self.metrics.disk_full_refusals.add(refused as u64);
+        self.metrics.requests_failed.add(refused as u64);
+        self.warn_disk_full("refusing writes: the disk is full");
+    }
+
+    /// Logs a disk-full condition at most once a second.
+    fn warn_disk_full(&mut self, what: &str) {
+        let now = Instant::now();
+        if self
+            .disk_full_warned_at
+            .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1))
+        {
+            self.disk_full_warned_at = Some(now);
+            tracing::warn!(
+                node = self.config.id,
+                "{what}; free space on the device holding {} and writes resume by themselves",
+                self.raw.store().dir().display()
+            );
         }
     }
 
@@ -1137,7 +1215,17 @@ impl<SM: StateMachine> RaftLoop<SM> {
         if ready.must_sync() || self.raw.store().has_pending() {
             let fsync_started = Instant::now();
             let sync = ready.must_sync();
-            self.raw.mut_store().persist(sync)?;
+            let mut retry = Duration::from_millis(10);
+            // Refusing writes keeps room in the log (`has_room_for`); should an append hit a full
+            // disk all the same, it changed nothing and is tried again until space returns.
+            while let Err(e) = self.raw.mut_store().persist(sync) {
+                let StorageError::NoSpace { .. } = e else {
+                    return Err(e);
+                };
+                self.warn_disk_full("an append to the raft log found the disk full; retrying");
+                tokio::time::sleep(retry).await;
+                retry = (retry * 2).min(NO_SPACE_RETRY_MAX);
+            }
             if sync {
                 self.metrics.fsync_seconds.observe(fsync_started.elapsed());
             }

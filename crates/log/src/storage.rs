@@ -33,6 +33,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use protobuf::{Message as _, ProtobufEnum};
@@ -134,6 +135,27 @@ enum Spare {
     None,
     Preparing(JoinHandle<std::io::Result<()>>),
     Ready,
+    /// Preparing it failed (a full disk); tried again from this time on.
+    Failed {
+        retry_at: Instant,
+    },
+}
+
+/// How long after a failed preallocation the next one starts.
+const SPARE_RETRY: Duration = Duration::from_secs(1);
+
+/// Room kept in the active segment beyond what a write needs, for what raft appends on its own
+/// (hard states, a new leader's empty entry, configuration changes) while the disk is full.
+const RESERVED_ROOM_BYTES: u64 = 64 * 1024;
+
+/// An append's failure: `NoSpace` when the file system is full, which the caller may retry.
+fn append_error(path: &Path) -> impl FnOnce(std::io::Error) -> StorageError + '_ {
+    move |source| match source.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT) => StorageError::NoSpace {
+            path: path.to_path_buf(),
+        },
+        _ => io_error(path)(source),
+    }
 }
 
 /// Writes `wal-spare.tmp` full of zeros, makes it durable, and renames it to `wal-spare.prealloc`.
@@ -719,7 +741,12 @@ impl DiskStorage {
     }
 
     fn prepare_spare_if_missing(&mut self) {
-        if !self.options.preallocate || !matches!(self.spare, Spare::None) {
+        let due = match self.spare {
+            Spare::None => true,
+            Spare::Failed { retry_at } => Instant::now() >= retry_at,
+            Spare::Preparing(_) | Spare::Ready => false,
+        };
+        if !self.options.preallocate || !due {
             return;
         }
         let (dir, size_bytes) = (self.dir.clone(), self.options.segment_size_bytes);
@@ -744,11 +771,44 @@ impl DiskStorage {
             };
             match handle.join() {
                 Ok(Ok(())) => self.spare = Spare::Ready,
-                Ok(Err(e)) => tracing::warn!(error = %e, "preallocating a raft log segment failed"),
+                Ok(Err(e)) => {
+                    tracing::warn!(
+                        error = %e, retry_ms = SPARE_RETRY.as_millis() as u64,
+                        "preallocating a raft log segment failed; writes stop when the active segment is full"
+                    );
+                    // Give back whatever the attempt took: a full disk is the likely cause.
+                    let _ = fs::remove_file(self.dir.join(SPARE_TMP_NAME));
+                    self.spare = Spare::Failed {
+                        retry_at: Instant::now() + SPARE_RETRY,
+                    };
+                }
                 Err(_) => tracing::warn!("the segment preallocation thread panicked"),
             }
         }
+        self.prepare_spare_if_missing();
         matches!(self.spare, Spare::Ready)
+    }
+
+    /// Whether `bytes` more of records can be appended without the file system allocating
+    /// space: they fit in the rest of the preallocated active segment with room to spare, after
+    /// rolling to a ready spare if they do not. A node stops taking writes when this says no,
+    /// rather than fail an append half-way when the disk is full. Always yes for a plain
+    /// segment, which grows as it is written, and for writes too big for any one segment.
+    pub fn has_room_for(&mut self, bytes: u64) -> Result<bool, StorageError> {
+        let segment_bytes = self.options.segment_size_bytes;
+        let needed = bytes.saturating_add(RESERVED_ROOM_BYTES);
+        if !self.active_preallocated || needed > segment_bytes / 2 {
+            return Ok(true);
+        }
+        let used = self.active_len + self.pending.len() as u64;
+        if used + needed <= segment_bytes {
+            return Ok(true);
+        }
+        if !self.pending.is_empty() || !self.spare_ready() {
+            return Ok(false);
+        }
+        self.roll_segment()?;
+        Ok(self.active_len + needed <= segment_bytes)
     }
 
     fn create_fresh(dir: &Path, options: StorageOptions, conf_state: ConfState) -> Result<DiskStorage, StorageError> {
@@ -921,7 +981,8 @@ impl DiskStorage {
         Ok(())
     }
 
-    /// Appends `pending` to the active segment. In a preallocated segment the write covers whole
+    /// Appends `pending` to the active segment; nothing changes in memory unless it succeeds, so
+    /// a `NoSpace` failure may be retried. In a preallocated segment the write covers whole
     /// blocks: it starts with the tail block's bytes (from memory) and ends with the zeros already
     /// on disk. A write ending mid-block would make the kernel read that block first whenever it
     /// has left the page cache, a synchronous disk read inside every append.
@@ -950,13 +1011,15 @@ impl DiskStorage {
             tail.copy_from_slice(&self.tail_block);
             records.copy_from_slice(&self.pending);
             padding.fill(0);
-            self.active.write_all_at(buf, first_block).map_err(io_error(path))?;
+            self.active.write_all_at(buf, first_block).map_err(append_error(path))?;
             let tail_from = (block_start(end) - first_block) as usize;
             self.tail_block.clear();
             self.tail_block
                 .extend_from_slice(&buf[tail_from..(end - first_block) as usize]);
         } else {
-            self.active.write_all_at(&self.pending, start).map_err(io_error(path))?;
+            self.active
+                .write_all_at(&self.pending, start)
+                .map_err(append_error(path))?;
             let tail_from = block_start(end).max(start);
             if tail_from > start {
                 self.tail_block.clear();
@@ -1416,6 +1479,64 @@ mod tests {
         let works = open_for_writing(&probe, true, true).unwrap().1;
         fs::remove_file(probe).unwrap();
         works
+    }
+
+    #[test]
+    fn room_runs_out_without_a_spare_and_returns_with_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = 256 * 1024;
+        let (mut s, _) = open_preallocated(dir.path(), size, false);
+        let data = "x".repeat(1000);
+        let append = |s: &mut DiskStorage| {
+            let index = s.last_entry_index() + 1;
+            s.append(&[entry(index, 1, &data)]).unwrap();
+            s.persist(true).unwrap();
+        };
+        // With a spare at hand the log rolls before a write would grow a segment.
+        for _ in 0..600 {
+            while !s.spare_ready() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            assert!(s.has_room_for(1100).unwrap());
+            append(&mut s);
+        }
+        assert!(s.segment_count() > 2);
+        for segment in &s.segments[1..] {
+            assert_eq!(
+                fs::metadata(&segment.path).unwrap().len(),
+                size,
+                "a preallocated segment grew"
+            );
+        }
+        // No spare (as when preallocating fails on a full disk): room runs out with the segment.
+        fs::remove_file(dir.path().join(SPARE_NAME)).unwrap();
+        s.spare = Spare::Failed {
+            retry_at: Instant::now() + Duration::from_secs(3600),
+        };
+        let segments = s.segment_count();
+        while s.has_room_for(1100).unwrap() {
+            append(&mut s);
+        }
+        assert_eq!(s.segment_count(), segments, "no roll without a spare");
+        assert!(s.active_len + 1100 + RESERVED_ROOM_BYTES > size);
+        assert!(s.active_len + RESERVED_ROOM_BYTES / 2 < size, "the reserve is left");
+        assert_eq!(fs::metadata(&s.segments.last().unwrap().path).unwrap().len(), size);
+        // The next attempt to preallocate succeeds: room again, in a new segment.
+        s.spare = Spare::Failed {
+            retry_at: Instant::now(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !s.has_room_for(1100).unwrap() {
+            assert!(Instant::now() < deadline, "room never came back");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(s.segment_count(), segments + 1);
+        let last = s.last_entry_index();
+        append(&mut s);
+        drop(s);
+        let (s, report) = open_preallocated(dir.path(), size, false);
+        assert_eq!(report.torn_tail_bytes, 0);
+        assert_eq!(s.last_entry_index(), last + 1);
     }
 
     #[test]

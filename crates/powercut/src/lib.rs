@@ -52,6 +52,8 @@ struct State {
     /// Open file handles, and whether each writes synchronously (`O_SYNC` / `O_DSYNC`).
     handles: HashMap<u64, bool>,
     next_fh: u64,
+    /// Most bytes of file data the disk holds; a write past it fails with `ENOSPC`.
+    capacity_bytes: Option<u64>,
 }
 
 /// The device: its contents survive mounts and lose what was never synced on `cut_power`.
@@ -138,6 +140,17 @@ impl Disk {
         })
     }
 
+    /// Limits the data the disk holds to `capacity_bytes` (`None`: no limit). Writes that would
+    /// pass it fail with `ENOSPC`, as on a full disk; raising it is freeing space.
+    pub fn set_capacity_bytes(&self, capacity_bytes: Option<u64>) {
+        self.state.lock().expect("not poisoned").capacity_bytes = capacity_bytes;
+    }
+
+    /// Bytes of data in all files now (synced or not).
+    pub fn used_bytes(&self) -> u64 {
+        self.state.lock().expect("not poisoned").used_bytes()
+    }
+
     /// Loses power: every file goes back to its durable bytes and every directory to its durable
     /// entries; whatever is then unreachable is gone. Unmount first — a mounted kernel cache
     /// would still show what was lost.
@@ -220,6 +233,32 @@ impl State {
         self.entries_mut(parent)?.get(name).copied().ok_or(libc::ENOENT)
     }
 
+    /// Bytes of data in every file.
+    fn used_bytes(&self) -> u64 {
+        self.inodes
+            .values()
+            .map(|inode| match &inode.content {
+                Content::File { data, .. } => data.len() as u64,
+                Content::Dir { .. } => 0,
+            })
+            .sum()
+    }
+
+    /// `ENOSPC` if file `ino` growing to `len` bytes would pass the disk's capacity.
+    fn reserve(&self, ino: u64, len: u64) -> Result<(), i32> {
+        let Some(capacity) = self.capacity_bytes else {
+            return Ok(());
+        };
+        let current = match self.inodes.get(&ino).map(|i| &i.content) {
+            Some(Content::File { data, .. }) => data.len() as u64,
+            _ => return Ok(()),
+        };
+        if len > current && self.used_bytes() + (len - current) > capacity {
+            return Err(libc::ENOSPC);
+        }
+        Ok(())
+    }
+
     fn file_mut(&mut self, ino: u64) -> Result<(&mut Vec<u8>, &mut Vec<u8>), i32> {
         match self.inodes.get_mut(&ino).map(|i| &mut i.content) {
             Some(Content::File { data, durable }) => Ok((data, durable)),
@@ -293,6 +332,9 @@ impl Filesystem for PowerCutFs {
     ) {
         let mut state = self.state();
         if let Some(size) = size {
+            if let Err(e) = state.reserve(ino, size) {
+                return reply.error(e);
+            }
             match state.file_mut(ino) {
                 Ok((data, _)) => data.resize(size as usize, 0),
                 Err(e) => return reply.error(e),
@@ -445,6 +487,9 @@ impl Filesystem for PowerCutFs {
     ) {
         let mut state = self.state();
         let synchronous = state.handles.get(&fh).copied().unwrap_or(false);
+        if let Err(e) = state.reserve(ino, offset.max(0) as u64 + bytes.len() as u64) {
+            return reply.error(e);
+        }
         match state.file_mut(ino) {
             Ok((data, durable)) => {
                 let start = offset.max(0) as usize;
@@ -500,6 +545,11 @@ impl Filesystem for PowerCutFs {
         reply: ReplyEmpty,
     ) {
         let mut state = self.state();
+        if mode & libc::FALLOC_FL_KEEP_SIZE == 0 {
+            if let Err(e) = state.reserve(ino, (offset + length).max(0) as u64) {
+                return reply.error(e);
+            }
+        }
         match state.file_mut(ino) {
             Ok((data, _)) => {
                 let end = (offset + length).max(0) as usize;
@@ -632,5 +682,32 @@ mod tests {
         assert_eq!(std::fs::read(m.join("d/log")).unwrap(), b"dsync");
         assert!(!m.join("d/orphan").exists());
         assert!(!m.join("d/renamed").exists());
+    }
+
+    #[test]
+    fn a_full_disk_refuses_growth_and_takes_writes_again_once_space_returns() {
+        let mountpoint = tempfile::tempdir().unwrap();
+        let m = mountpoint.path();
+        let disk = Disk::new();
+        let Ok(_mount) = mount_for_test(&disk, m) else {
+            return;
+        };
+        std::fs::write(m.join("a"), vec![1u8; 6000]).unwrap();
+        disk.set_capacity_bytes(Some(10_000));
+        let mut b = File::create(m.join("b")).unwrap();
+        let error = b.write_all(&[2u8; 8000]).unwrap_err();
+        assert_eq!(error.raw_os_error(), Some(libc::ENOSPC), "{error}");
+        assert!(disk.used_bytes() <= 10_000);
+        assert!(b.set_len(20_000).is_err(), "growing by truncate is refused too");
+        // Overwriting in place needs no space.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(m.join("a"))
+            .unwrap()
+            .write_all(&[3u8; 6000])
+            .unwrap();
+        disk.set_capacity_bytes(None);
+        b.write_all(&[2u8; 8000]).unwrap();
+        assert_eq!(disk.used_bytes(), 6000 + std::fs::metadata(m.join("b")).unwrap().len());
     }
 }

@@ -108,6 +108,17 @@ pub enum SegmentError {
     InFile { path: PathBuf, source: Box<SegmentError> },
 }
 
+impl SegmentError {
+    /// Whether the file system is full (or the user's quota spent): a write may succeed later.
+    pub fn is_out_of_space(&self) -> bool {
+        match self {
+            SegmentError::Io { source, .. } => matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)),
+            SegmentError::InFile { source, .. } => source.is_out_of_space(),
+            SegmentError::Corrupt { .. } => false,
+        }
+    }
+}
+
 /// Starts a framed buffer: `magic | format u16 | …`, closed by `seal_frame`.
 pub(crate) fn start_frame(magic: &[u8; 4], format: u16, capacity: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(capacity + 10);

@@ -415,6 +415,8 @@ struct Shared {
     /// Set when the store closes: the writer stops retrying a failing write (what it has not
     /// written is past every manifest, so the raft log replays it) and the cleaner stops.
     closing: AtomicBool,
+    /// A segment write is failing for want of space (see `Store::out_of_space`).
+    out_of_space: AtomicBool,
     spares: Mutex<Spares>,
 }
 
@@ -775,9 +777,20 @@ impl Store {
                 .expect("segment writer thread vanished");
             self.next_writer += 1;
         }
+        // Bounded memory: wait for the writers to catch up — unless they are out of space, when
+        // waiting would stop the node; the node refuses writes then (`out_of_space`), which
+        // bounds what piles up.
         while self.unwritten.len() > self.options.max_unwritten_batches {
-            self.finish_oldest_unwritten();
+            if !self.finish_oldest_unwritten(true) {
+                break;
+            }
         }
+    }
+
+    /// Whether segment writes are failing for want of space: what is applied meanwhile waits in
+    /// memory (and in the raft log), and the node should take no more writes until it clears.
+    pub fn out_of_space(&self) -> bool {
+        self.shared.out_of_space.load(Ordering::Relaxed)
     }
 
     /// Cuts the building batch and returns what waits, on any thread, until everything applied
@@ -1030,14 +1043,23 @@ impl Store {
     fn finish_unwritten(&mut self) {
         self.cut();
         while !self.unwritten.is_empty() {
-            self.finish_oldest_unwritten();
+            self.finish_oldest_unwritten(false);
         }
     }
 
-    /// Waits until the oldest unwritten batch is written and adopted.
-    fn finish_oldest_unwritten(&mut self) {
+    /// Waits until the oldest unwritten batch is written and adopted; with `unless_out_of_space`,
+    /// returns `false` instead of waiting while the writers are out of space.
+    fn finish_oldest_unwritten(&mut self, unless_out_of_space: bool) -> bool {
+        const OUT_OF_SPACE_CHECK: Duration = Duration::from_millis(50);
         while self.adopting.is_empty() {
-            let written = self.from_writers.recv().expect("segment writer thread vanished");
+            if unless_out_of_space && self.out_of_space() {
+                return false;
+            }
+            let written = match self.from_writers.recv_timeout(OUT_OF_SPACE_CHECK) {
+                Ok(written) => written,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => panic!("segment writer thread vanished"),
+            };
             self.arrived.insert(written.first_index, written);
             self.absorb_in_order();
         }
@@ -1045,6 +1067,7 @@ impl Store {
         while self.unwritten.len() == before {
             self.continue_adoptions(usize::MAX);
         }
+        true
     }
 
     fn absorb(&mut self, written: Written) {
@@ -1464,9 +1487,15 @@ fn write_until_done(dir: &Path, batch: &ReducedBatch, shared: &Shared) -> Option
     let mut retry = RETRY_START;
     loop {
         match write_segment(dir, batch, shared.take_spare(dir)) {
-            Ok(done) => return Some(done),
+            Ok(done) => {
+                shared.out_of_space.store(false, Ordering::Relaxed);
+                return Some(done);
+            }
             Err(_) if shared.closing.load(Ordering::Relaxed) => return None,
             Err(e) => {
+                if e.is_out_of_space() {
+                    shared.out_of_space.store(true, Ordering::Relaxed);
+                }
                 tracing::error!(
                     error = %e, first = batch.first_index, last = batch.last_index,
                     retry_ms = retry.as_millis() as u64,
