@@ -1160,3 +1160,103 @@ async fn full_disk_refuses_writes_until_space_returns(state_on_full_disk: bool) 
     cluster.restart_stopped();
     check(cluster.client(1).await, acked).await;
 }
+
+/// The leader's disk fills up: it refuses writes with NOSPACE and hands leadership to a
+/// follower, the cluster takes writes again, the full node falls behind, and it catches up by
+/// itself once space returns — no acknowledged write lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_with_a_full_disk_hands_over_and_catches_up_when_space_returns() {
+    let cluster = Cluster::start(
+        3,
+        &[
+            "--segment-size-bytes",
+            "1048576",
+            "--snapshot-interval-entries",
+            "200",
+            "--log-keep-entries",
+            "50",
+            "--reduction-batch-writes",
+            "64",
+            "--tick-ms",
+            "20",
+        ],
+    );
+    let full = 1;
+    cluster.kill(full);
+    let data = cluster.dir.path().join("node1/data");
+    let first_start = cluster.dir.path().join("node1/data-first-start");
+    std::fs::rename(&data, &first_start).unwrap();
+    std::fs::create_dir(&data).unwrap();
+    let disk = chorus_powercut::Disk::new();
+    let Ok(_mount) = chorus_powercut::mount_for_test(&disk, &data) else {
+        return;
+    };
+    copy_tree_durably(&first_start, &data);
+    cluster.restart_stopped();
+    let mut c = cluster.client(full).await;
+    c.set_timeout(Duration::from_secs(10));
+    assert_eq!(c.command(&["CLUSTER", "FAILOVER"]).await.unwrap(), ok());
+    assert_eq!(cluster.wait_for_leader(&[full], Duration::from_secs(10)).await, full);
+
+    let value = |i: usize| format!("{i}-{}", "v".repeat(1000));
+    let mut acked = Vec::new();
+    for i in 0..50 {
+        assert_eq!(
+            c.command(&["SET", &format!("full-{i}"), &value(i)]).await.unwrap(),
+            ok()
+        );
+        acked.push(i);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    disk.set_capacity_bytes(Some(disk.used_bytes() + 4 * 1024 * 1024));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "60 s of writes never filled the leader's disk"
+        );
+        let i = acked.len();
+        match c.command(&["SET", &format!("full-{i}"), &value(i)]).await.unwrap() {
+            reply if reply == ok() => acked.push(i),
+            Value::Error(message) if message.starts_with("NOSPACE") => break,
+            other => panic!("unexpected reply {other:?}"),
+        }
+    }
+    let leader = cluster.wait_for_leader(&[2, 3], Duration::from_secs(10)).await;
+    let mut c = cluster.client(leader).await;
+    c.set_timeout(Duration::from_secs(10));
+    for _ in 0..300 {
+        let i = acked.len();
+        assert_eq!(
+            c.command(&["SET", &format!("full-{i}"), &value(i)]).await.unwrap(),
+            ok()
+        );
+        acked.push(i);
+    }
+    let target = cluster.info_u64(leader, "raft_commit_index").await;
+    assert!(
+        cluster.info_u64(full, "raft_applied_index").await < target,
+        "the node with the full disk kept up"
+    );
+    assert!(metric_value(&cluster.metrics(full), "chorus_raft_disk_full_refusals_total") >= 1.0);
+
+    disk.set_capacity_bytes(None);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.info_u64(full, "raft_applied_index").await < target {
+        assert!(
+            Instant::now() < deadline,
+            "the node did not catch up within 30 s of space returning"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for id in [full, leader] {
+        let mut c = cluster.client(id).await;
+        for &i in &acked {
+            assert_eq!(
+                c.command(&["GET", &format!("full-{i}")]).await.unwrap(),
+                bulk(&value(i)),
+                "acknowledged full-{i} lost on node {id}"
+            );
+        }
+    }
+}

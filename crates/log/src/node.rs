@@ -437,6 +437,8 @@ struct RaftLoop<SM: StateMachine> {
     proposal_refused: bool,
     /// When a full disk was last logged (see `warn_disk_full`).
     disk_full_warned_at: Option<Instant>,
+    /// When a full disk last made this leader hand leadership over.
+    hand_off_tried_at: Option<Instant>,
     /// Writes handed to raft, by request id.
     proposed: HashMap<u64, Waiter<SM::Output>>,
     reads_unissued: Vec<ReadWaiter<SM>>,
@@ -585,6 +587,7 @@ pub async fn start<SM: StateMachine>(
         unproposed_bytes: 0,
         proposal_refused: false,
         disk_full_warned_at: None,
+        hand_off_tried_at: None,
         proposed: HashMap::new(),
         reads_unissued: Vec::new(),
         reads_issued: HashMap::new(),
@@ -813,6 +816,21 @@ impl<SM: StateMachine> RaftLoop<SM> {
                     return;
                 }
             }
+            MessageType::MsgPropose if self.raw.raft.state == StateRole::Leader => {
+                // A follower's clients' writes: refused like this node's own when it is full.
+                // The follower cannot be told, so its clients see their writes time out.
+                let bytes: u64 = msg
+                    .entries
+                    .iter()
+                    .map(|e| (e.data.len() + ENTRY_OVERHEAD_BYTES) as u64)
+                    .sum();
+                if !self.has_room_for(bytes) {
+                    self.metrics.disk_full_refusals.inc();
+                    self.warn_disk_full("dropping writes forwarded by a follower: the disk is full");
+                    self.hand_off_leadership();
+                    return;
+                }
+            }
             MessageType::MsgAppendResponse => {
                 self.codec.observe_response(&msg);
                 // When this response commits an entry, raft tells the followers with an empty
@@ -974,6 +992,36 @@ impl<SM: StateMachine> RaftLoop<SM> {
         self.metrics.disk_full_refusals.add(refused as u64);
         self.metrics.requests_failed.add(refused as u64);
         self.warn_disk_full("refusing writes: the disk is full");
+        self.hand_off_leadership();
+    }
+
+    /// A leader that cannot write hands leadership to the follower furthest along, so the
+    /// cluster takes writes again while this node's disk is full; at most once an election
+    /// timeout, as raft abandons a transfer that does not finish within one.
+    fn hand_off_leadership(&mut self) {
+        let now = Instant::now();
+        let election_timeout = Duration::from_millis(self.config.tick_ms * self.config.election_ticks as u64);
+        if self.raw.raft.state != StateRole::Leader
+            || self
+                .hand_off_tried_at
+                .is_some_and(|at| now.duration_since(at) < election_timeout)
+        {
+            return;
+        }
+        let me = self.config.id;
+        let furthest = self
+            .raw
+            .raft
+            .prs()
+            .iter()
+            .filter(|(id, _)| **id != me && self.raw.store().conf_state().voters.contains(id))
+            .max_by_key(|(_, progress)| progress.matched)
+            .map(|(id, _)| *id);
+        if let Some(to) = furthest {
+            self.hand_off_tried_at = Some(now);
+            tracing::warn!(node = me, to, "handing leadership over: this node's disk is full");
+            self.raw.transfer_leader(to);
+        }
     }
 
     /// Logs a disk-full condition at most once a second.
