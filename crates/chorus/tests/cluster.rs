@@ -946,17 +946,10 @@ async fn power_cuts_during_heavy_writes_never_lose_an_acknowledged_write() {
             "20",
         ],
     );
-    cluster.kill(1);
-    let data = cluster.dir.path().join("node1/data");
-    let first_start = cluster.dir.path().join("node1/data-first-start");
-    std::fs::rename(&data, &first_start).unwrap();
-    std::fs::create_dir(&data).unwrap();
-    let disk = chorus_powercut::Disk::new();
-    let Ok(mut mount) = chorus_powercut::mount_for_test(&disk, &data) else {
+    let Some((disk, mut mount)) = move_node1_onto_powercut_disk(&cluster) else {
         return;
     };
-    copy_tree_durably(&first_start, &data);
-    cluster.restart_stopped();
+    let data = cluster.dir.path().join("node1/data");
 
     let addr = cluster.node(1).resp_addr;
     let acked = std::sync::Arc::new(std::sync::Mutex::new(Acknowledged::default()));
@@ -1039,59 +1032,20 @@ async fn full_disk_refuses_writes_until_space_returns(state_on_full_disk: bool) 
     let outside = tempfile::tempdir().unwrap();
     let state_dir = outside.path().join("state");
     let state_dir = state_dir.to_str().unwrap();
-    let mut flags = vec![
-        "--segment-size-bytes",
-        "1048576",
-        "--snapshot-interval-entries",
-        "200",
-        "--log-keep-entries",
-        "50",
-        "--reduction-batch-writes",
-        "64",
-        "--tick-ms",
-        "20",
-    ];
+    let mut flags = FULL_DISK_FLAGS.to_vec();
     if !state_on_full_disk {
         flags.extend(["--data-dirs", state_dir]);
     }
     let cluster = Cluster::start(1, &flags);
-    cluster.kill(1);
-    let data = cluster.dir.path().join("node1/data");
-    let first_start = cluster.dir.path().join("node1/data-first-start");
-    std::fs::rename(&data, &first_start).unwrap();
-    std::fs::create_dir(&data).unwrap();
-    let disk = chorus_powercut::Disk::new();
-    let Ok(_mount) = chorus_powercut::mount_for_test(&disk, &data) else {
+    let Some((disk, _mount)) = move_node1_onto_powercut_disk(&cluster) else {
         return;
     };
-    copy_tree_durably(&first_start, &data);
-    cluster.restart_stopped();
 
     let mut c = cluster.client(1).await;
     c.set_timeout(Duration::from_secs(10));
-    let value = |i: usize| format!("{i}-{}", "v".repeat(1000));
+    let value = full_disk_value;
     let mut acked = Vec::new();
-    // A few writes first: the log leaves its first plain segment for a preallocated one.
-    for i in 0..50 {
-        assert_eq!(
-            c.command(&["SET", &format!("full-{i}"), &value(i)]).await.unwrap(),
-            ok()
-        );
-        acked.push(i);
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    disk.set_capacity_bytes(Some(disk.used_bytes() + 4 * 1024 * 1024));
-
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let refusal = loop {
-        assert!(Instant::now() < deadline, "60 s of writes never filled the disk");
-        let i = acked.len();
-        match c.command(&["SET", &format!("full-{i}"), &value(i)]).await.unwrap() {
-            reply if reply == ok() => acked.push(i),
-            Value::Error(message) => break message,
-            other => panic!("unexpected reply {other:?}"),
-        }
-    };
+    let refusal = write_until_the_disk_fills(&mut c, &disk, &mut acked).await;
     assert!(
         refusal.starts_with("NOSPACE") && refusal.contains("disk on node 1 is full"),
         "{refusal}"
@@ -1166,62 +1120,20 @@ async fn full_disk_refuses_writes_until_space_returns(state_on_full_disk: bool) 
 /// itself once space returns — no acknowledged write lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_with_a_full_disk_hands_over_and_catches_up_when_space_returns() {
-    let cluster = Cluster::start(
-        3,
-        &[
-            "--segment-size-bytes",
-            "1048576",
-            "--snapshot-interval-entries",
-            "200",
-            "--log-keep-entries",
-            "50",
-            "--reduction-batch-writes",
-            "64",
-            "--tick-ms",
-            "20",
-        ],
-    );
+    let cluster = Cluster::start(3, FULL_DISK_FLAGS);
     let full = 1;
-    cluster.kill(full);
-    let data = cluster.dir.path().join("node1/data");
-    let first_start = cluster.dir.path().join("node1/data-first-start");
-    std::fs::rename(&data, &first_start).unwrap();
-    std::fs::create_dir(&data).unwrap();
-    let disk = chorus_powercut::Disk::new();
-    let Ok(_mount) = chorus_powercut::mount_for_test(&disk, &data) else {
+    let Some((disk, _mount)) = move_node1_onto_powercut_disk(&cluster) else {
         return;
     };
-    copy_tree_durably(&first_start, &data);
-    cluster.restart_stopped();
     let mut c = cluster.client(full).await;
     c.set_timeout(Duration::from_secs(10));
     assert_eq!(c.command(&["CLUSTER", "FAILOVER"]).await.unwrap(), ok());
     assert_eq!(cluster.wait_for_leader(&[full], Duration::from_secs(10)).await, full);
 
-    let value = |i: usize| format!("{i}-{}", "v".repeat(1000));
+    let value = full_disk_value;
     let mut acked = Vec::new();
-    for i in 0..50 {
-        assert_eq!(
-            c.command(&["SET", &format!("full-{i}"), &value(i)]).await.unwrap(),
-            ok()
-        );
-        acked.push(i);
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    disk.set_capacity_bytes(Some(disk.used_bytes() + 4 * 1024 * 1024));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        assert!(
-            Instant::now() < deadline,
-            "60 s of writes never filled the leader's disk"
-        );
-        let i = acked.len();
-        match c.command(&["SET", &format!("full-{i}"), &value(i)]).await.unwrap() {
-            reply if reply == ok() => acked.push(i),
-            Value::Error(message) if message.starts_with("NOSPACE") => break,
-            other => panic!("unexpected reply {other:?}"),
-        }
-    }
+    let refusal = write_until_the_disk_fills(&mut c, &disk, &mut acked).await;
+    assert!(refusal.starts_with("NOSPACE"), "{refusal}");
     let leader = cluster.wait_for_leader(&[2, 3], Duration::from_secs(10)).await;
     let mut c = cluster.client(leader).await;
     c.set_timeout(Duration::from_secs(10));
@@ -1257,6 +1169,68 @@ async fn a_leader_with_a_full_disk_hands_over_and_catches_up_when_space_returns(
                 bulk(&value(i)),
                 "acknowledged full-{i} lost on node {id}"
             );
+        }
+    }
+}
+
+/// Server flags for the full-disk tests: small raft log segments (the log's preallocation runs
+/// out early), frequent snapshots and small reduction batches (segments written all the time).
+const FULL_DISK_FLAGS: &[&str] = &[
+    "--segment-size-bytes",
+    "1048576",
+    "--snapshot-interval-entries",
+    "200",
+    "--log-keep-entries",
+    "50",
+    "--reduction-batch-writes",
+    "64",
+    "--tick-ms",
+    "20",
+];
+
+/// Moves node 1's data directory onto a fresh power-cut disk and restarts it there; `None` (the
+/// test is skipped) where FUSE cannot be mounted.
+fn move_node1_onto_powercut_disk(cluster: &Cluster) -> Option<(chorus_powercut::Disk, chorus_powercut::Mount)> {
+    cluster.kill(1);
+    let data = cluster.dir.path().join("node1/data");
+    let first_start = cluster.dir.path().join("node1/data-first-start");
+    std::fs::rename(&data, &first_start).unwrap();
+    std::fs::create_dir(&data).unwrap();
+    let disk = chorus_powercut::Disk::new();
+    let mount = chorus_powercut::mount_for_test(&disk, &data).ok()?;
+    copy_tree_durably(&first_start, &data);
+    cluster.restart_stopped();
+    Some((disk, mount))
+}
+
+fn full_disk_value(i: usize) -> String {
+    format!("{i}-{}", "v".repeat(1000))
+}
+
+/// Writes 1 KiB values as `full-<i>` through `c`, recording each acknowledged `i` in `acked`:
+/// 50 first (so the raft log leaves its first plain segment for a preallocated one), then with
+/// 4 MiB left on `disk` until a write is refused; returns the refusal.
+async fn write_until_the_disk_fills(c: &mut Client, disk: &chorus_powercut::Disk, acked: &mut Vec<usize>) -> String {
+    for _ in 0..50 {
+        let i = acked.len();
+        let key = format!("full-{i}");
+        assert_eq!(c.command(&["SET", &key, &full_disk_value(i)]).await.unwrap(), ok());
+        acked.push(i);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    disk.set_capacity_bytes(Some(disk.used_bytes() + 4 * 1024 * 1024));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(Instant::now() < deadline, "60 s of writes never filled the disk");
+        let i = acked.len();
+        match c
+            .command(&["SET", &format!("full-{i}"), &full_disk_value(i)])
+            .await
+            .unwrap()
+        {
+            reply if reply == ok() => acked.push(i),
+            Value::Error(message) => return message,
+            other => panic!("unexpected reply {other:?}"),
         }
     }
 }

@@ -805,28 +805,15 @@ impl<SM: StateMachine> RaftLoop<SM> {
                     return;
                 }
                 // Not acknowledged, the append is sent again once the leader hears this node lags.
-                let bytes: u64 = msg
-                    .entries
-                    .iter()
-                    .map(|e| (e.data.len() + ENTRY_OVERHEAD_BYTES) as u64)
-                    .sum();
-                if !self.has_room_for(bytes) {
-                    self.metrics.disk_full_refusals.inc();
-                    self.warn_disk_full("dropping the leader's appends: the disk is full");
+                if !self.has_room_for_entries(&msg.entries, "dropping the leader's appends") {
                     return;
                 }
             }
             MessageType::MsgPropose if self.raw.raft.state == StateRole::Leader => {
                 // A follower's clients' writes: refused like this node's own when it is full.
                 // The follower cannot be told, so its clients see their writes time out.
-                let bytes: u64 = msg
-                    .entries
-                    .iter()
-                    .map(|e| (e.data.len() + ENTRY_OVERHEAD_BYTES) as u64)
-                    .sum();
-                if !self.has_room_for(bytes) {
-                    self.metrics.disk_full_refusals.inc();
-                    self.warn_disk_full("dropping writes forwarded by a follower: the disk is full");
+                let room = self.has_room_for_entries(&msg.entries, "dropping writes forwarded by a follower");
+                if !room {
                     self.hand_off_leadership();
                     return;
                 }
@@ -978,6 +965,21 @@ impl<SM: StateMachine> RaftLoop<SM> {
             Ok(room) => room,
             Err(e) => panic!("raft storage failed: {e}"),
         }
+    }
+
+    /// `has_room_for` the entries of a peer's message; when not, counts the refusal and logs
+    /// `what` is being dropped.
+    fn has_room_for_entries(&mut self, entries: &[Entry], what: &str) -> bool {
+        let bytes = entries
+            .iter()
+            .map(|e| (e.data.len() + ENTRY_OVERHEAD_BYTES) as u64)
+            .sum();
+        if self.has_room_for(bytes) {
+            return true;
+        }
+        self.metrics.disk_full_refusals.inc();
+        self.warn_disk_full(&format!("{what}: the disk is full"));
+        false
     }
 
     /// Answers every queued write with `DiskFull`: none of them was proposed.

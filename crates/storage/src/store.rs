@@ -441,25 +441,19 @@ impl Shared {
     /// Retires segment files no manifest lists: renamed to spares while there is room, deleted
     /// past it; durable once each directory is synced.
     fn retire_files(&self, paths: &[PathBuf]) -> Result<(), StoreError> {
-        let mut dirs = HashSet::default();
+        let mut spares = self.spares.lock().expect("not poisoned");
         for path in paths {
-            let dir = path.parent().expect("a segment is in a directory");
-            let mut spares = self.spares.lock().expect("not poisoned");
             if spares.files.len() < MAX_SPARE_FILES {
-                let spare = dir.join(spare_file_name(spares.next_number));
+                let spare = path.with_file_name(spare_file_name(spares.next_number));
                 spares.next_number += 1;
                 std::fs::rename(path, &spare).map_err(io_error(path))?;
                 spares.files.push(spare);
             } else {
-                drop(spares);
                 std::fs::remove_file(path).map_err(io_error(path))?;
             }
-            dirs.insert(dir);
         }
-        for dir in dirs {
-            sync_dir(dir)?;
-        }
-        Ok(())
+        drop(spares);
+        sync_parent_dirs(paths)
     }
 }
 
@@ -1369,11 +1363,19 @@ impl Store {
 
 /// Removes segment files and makes the removals durable, syncing each directory once.
 fn remove_durably(paths: &[PathBuf]) -> Result<(), StoreError> {
-    let mut dirs = HashSet::default();
     for path in paths {
         std::fs::remove_file(path).map_err(io_error(path))?;
-        dirs.insert(path.parent().expect("a segment is in a directory"));
     }
+    sync_parent_dirs(paths)
+}
+
+/// Syncs each directory holding one of `paths` once, making creations, renames and removals in
+/// them durable.
+fn sync_parent_dirs(paths: &[PathBuf]) -> Result<(), StoreError> {
+    let dirs: HashSet<&Path> = paths
+        .iter()
+        .map(|path| path.parent().expect("a segment is in a directory"))
+        .collect();
     for dir in dirs {
         sync_dir(dir)?;
     }
