@@ -95,6 +95,10 @@ server_options! {
     /// The cleaner merges the key-value segments once this share of their bytes is dead
     /// (overwritten or deleted records).
     min_cleanable_dirty_ratio: f64 = 0.5;
+    /// The cleaner also merges runs of key-value segments smaller than half this into one of
+    /// about this size, so start-up, catch-up and the directory deal with few files rather than
+    /// one per batch (0: never).
+    consolidated_segment_bytes: u64 = 8 * 1024 * 1024;
     /// Most bytes per second the cleaner reads while merging segments.
     cleaner_read_bytes_per_sec: u64 = 64 * 1024 * 1024;
     /// Entries kept behind a snapshot for followers that lag a little.

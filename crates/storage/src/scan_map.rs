@@ -51,6 +51,16 @@ impl<V> ScanMap<V> {
         }
     }
 
+    /// Makes room for `keys` more keys outside groups at once, rather than by repeated doubling
+    /// (each a rehash of every key) as they arrive.
+    pub fn reserve_ungrouped(&mut self, keys: usize) {
+        self.singles.reserve(keys);
+    }
+
+    pub fn group_of(&self, key: &[u8]) -> Option<usize> {
+        (self.group_of)(key)
+    }
+
     pub fn contains_key(&self, key: &[u8]) -> bool {
         self.get(key).is_some()
     }

@@ -399,7 +399,8 @@ pub fn decode_index(
         let record_offset = f.u64("index entry")?;
         let key_len = f.u32("index entry")? as usize;
         let value_len = f.u32("index entry")?;
-        let key = Bytes::copy_from_slice(f.take(key_len, "index key")?);
+        let key_slice = f.take(key_len, "index key")?;
+        let key = Bytes::copy_from_slice(key_slice);
         let is_tombstone = match (kind, value_len) {
             (KIND_PUT, _) => false,
             (KIND_TOMBSTONE, 0) => true,
@@ -417,7 +418,7 @@ pub fn decode_index(
             if entries.last().is_some_and(|last: &IndexEntry| last.version > version) {
                 return Err(corrupt(at, "index versions out of log order"));
             }
-            if !this_entry_keys.insert(key.clone()) {
+            if !this_entry_keys.insert(key_slice) {
                 return Err(corrupt(at, "a key recorded twice for one log entry"));
             }
         } else if entries.last().is_some_and(|last: &IndexEntry| last.key >= key) {

@@ -86,6 +86,10 @@ pub struct StoreOptions {
     /// deleted records, tombstones) and there are at least `cleaner_min_segments` of them.
     pub min_cleanable_dirty_ratio: f64,
     pub cleaner_min_segments: usize,
+    /// The cleaner also merges runs of consecutive segments smaller than half this into one of
+    /// about this size, dead bytes or not, so that start-up, catch-up and the directory deal
+    /// with few files instead of one per batch (0: never).
+    pub consolidated_segment_bytes: u64,
     /// Most bytes per second the cleaner reads, so it does not starve the foreground.
     pub cleaner_read_bytes_per_sec: u64,
     /// Records of a written segment indexed, and index entries a finished merge repoints, per
@@ -113,6 +117,7 @@ impl StoreOptions {
             group_of: no_groups,
             min_cleanable_dirty_ratio: 0.5,
             cleaner_min_segments: 4,
+            consolidated_segment_bytes: 8 << 20,
             cleaner_read_bytes_per_sec: 64 << 20,
             adoption_step_records: 256,
             merge_adoption_step_records: 1_024,
@@ -658,9 +663,13 @@ impl Store {
         let mut store = Store::empty(options, manifest.applied_index);
         for window in located.chunks(OPEN_WINDOW_SEGMENTS) {
             let loaded = load_segments(store.options.mode, window)?;
-            for (((first, _), _), (path, index)) in window.iter().zip(loaded) {
-                store.adopt(*first, path, index);
-            }
+            store.adopt_all(
+                window
+                    .iter()
+                    .zip(loaded)
+                    .map(|(((first, _), _), (path, index))| (*first, path, index))
+                    .collect(),
+            );
         }
         Ok(store)
     }
@@ -1007,10 +1016,13 @@ impl Store {
         *self = Store::empty(options, manifest.applied_index);
         self.stats = stats;
         self.set_aside = set_aside;
-        for ((first, last), (_, index)) in manifest.segments.iter().zip(loaded) {
-            let path = self.options.dir.join(segment_file_name(*first, *last));
-            self.adopt(*first, path, index);
-        }
+        let loaded = manifest
+            .segments
+            .iter()
+            .zip(loaded)
+            .map(|((first, last), (_, index))| (*first, self.options.dir.join(segment_file_name(*first, *last)), index))
+            .collect();
+        self.adopt_all(loaded);
         Ok(())
     }
 
@@ -1098,13 +1110,27 @@ impl Store {
         }
     }
 
-    /// Indexes a whole durable segment at once — opening, installing: the index then holds only
-    /// older segments' records — and makes it part of what manifests list (the writer does that
-    /// for the segments it writes).
+    /// Indexes whole durable segments at once, in log order — opening, installing: the index
+    /// then holds only older segments' records and the cache nothing — and makes them part of
+    /// what manifests list (the writer does that for the segments it writes).
+    fn adopt_all(&mut self, loaded: Vec<(u64, PathBuf, SegmentIndex)>) {
+        let ungrouped = loaded
+            .iter()
+            .flat_map(|(_, _, index)| &index.entries)
+            .filter(|entry| self.index.group_of(&entry.key).is_none())
+            .count();
+        self.index.reserve_ungrouped(ungrouped);
+        for (first_index, path, index) in loaded {
+            self.adopt(first_index, path, index);
+        }
+    }
+
     fn adopt(&mut self, first_index: u64, path: PathBuf, index: SegmentIndex) {
         let last_index = index.header.last_index;
         let adoption = self.begin_adoption(Written::new(first_index, path, index));
-        for entry in &adoption.entries {
+        for entry in adoption.entries {
+            let (key_len, version, segment_bytes) = (entry.key.len(), entry.version, entry.segment_bytes() as u64);
+            // The key moves into the index: a clone would cost an allocation per key.
             let replaced = if entry.is_tombstone {
                 self.index.remove(&entry.key)
             } else {
@@ -1112,18 +1138,29 @@ impl Store {
                     segment: adoption.id,
                     record_offset: entry.record_offset,
                     value_len: entry.value_len,
-                    version: entry.version,
+                    version,
                     cached: None,
                     unwritten: None,
                 };
-                self.index.insert(entry.key.clone(), location)
+                self.index.insert(entry.key, location)
             };
-            if let Some(mut replaced) = replaced {
-                assert!(replaced.version < entry.version, "a key's versions only grow");
-                supersede(&mut self.segments, &mut self.cache, &entry.key, &mut replaced);
+            if let Some(replaced) = replaced {
+                assert!(replaced.version < version, "a key's versions only grow");
+                assert!(
+                    replaced.cached.is_none(),
+                    "nothing is cached while segments are adopted whole"
+                );
+                assert_ne!(
+                    replaced.segment, UNWRITTEN,
+                    "nothing is unwritten while segments are adopted whole"
+                );
+                self.segments.record_dead(
+                    replaced.segment,
+                    segment_bytes_per_record(key_len, replaced.value_len) as u64,
+                );
             }
             if !entry.is_tombstone {
-                self.segments.record_live(adoption.id, entry.segment_bytes() as u64);
+                self.segments.record_live(adoption.id, segment_bytes);
             }
         }
         let mut durable = self.shared.durable.lock().expect("not poisoned");
@@ -1205,42 +1242,57 @@ impl Store {
         }
     }
 
-    /// Starts a merge when enough of the segments' bytes are dead: of the run of consecutive
-    /// segments that frees the most bytes per byte the merge moves (see `merge_window`).
+    /// Starts a merge when enough of the segments' bytes are dead — of the run of consecutive
+    /// segments that frees the most bytes per byte the merge moves (see `merge_window`) — or
+    /// else when enough small segments follow one another (see `consolidation_window`).
     fn maybe_clean(&mut self) {
-        if self.cleaning
-            || self.options.mode == StorageMode::Full
-            || !self.adopting.is_empty()
-            || self.segments.len() < self.options.cleaner_min_segments.max(2)
-            || self.dirty_ratio() < self.options.min_cleanable_dirty_ratio
-        {
+        if self.cleaning || self.options.mode == StorageMode::Full || !self.adopting.is_empty() {
             return;
         }
         let mut in_log_order: Vec<&SegmentFile> = self.segments.by_id.values().collect();
         in_log_order.sort_unstable_by_key(|s| s.first_index);
-        let costs: Vec<MergeCost> = in_log_order
-            .iter()
-            .map(|s| MergeCost {
-                file_bytes: s.file_bytes,
-                live_bytes: s.live_bytes,
-                tombstone_bytes: s.tombstone_bytes,
-                index_bytes: s.index_bytes,
-            })
-            .collect();
-        let Some(window) = merge_window(&costs) else {
-            return;
+        let dirty = in_log_order.len() >= self.options.cleaner_min_segments.max(2)
+            && self.dirty_ratio() >= self.options.min_cleanable_dirty_ratio;
+        let dirt_window = if dirty {
+            let costs: Vec<MergeCost> = in_log_order
+                .iter()
+                .map(|s| MergeCost {
+                    file_bytes: s.file_bytes,
+                    live_bytes: s.live_bytes,
+                    tombstone_bytes: s.tombstone_bytes,
+                    index_bytes: s.index_bytes,
+                })
+                .collect();
+            merge_window(&costs)
+        } else {
+            None
+        };
+        let (window, newer) = match dirt_window {
+            Some(window) => {
+                let newer = in_log_order[window.end..].iter().map(|s| s.path.clone()).collect();
+                (window, newer)
+            }
+            None => {
+                let file_bytes: Vec<u64> = in_log_order.iter().map(|s| s.file_bytes).collect();
+                let Some(window) = consolidation_window(&file_bytes, self.options.consolidated_segment_bytes) else {
+                    return;
+                };
+                // Records newer segments supersede are only dead bytes in the merged one; leaving
+                // them keeps a consolidation's cost to its own run.
+                (window, Vec::new())
+            }
         };
         tracing::debug!(
-            segments = costs.len(),
+            segments = in_log_order.len(),
             window = ?window,
             dirty_ratio = self.dirty_ratio(),
-            read_bytes = costs[window.clone()].iter().map(|c| c.file_bytes).sum::<u64>(),
-            live_bytes = costs[window.clone()].iter().map(|c| c.live_bytes).sum::<u64>(),
+            read_bytes = in_log_order[window.clone()].iter().map(|s| s.file_bytes).sum::<u64>(),
+            live_bytes = in_log_order[window.clone()].iter().map(|s| s.live_bytes).sum::<u64>(),
             "merging segments"
         );
         let job = MergeJob {
             drop_tombstones: window.start == 0,
-            newer: in_log_order[window.end..].iter().map(|s| s.path.clone()).collect(),
+            newer,
             segments: in_log_order[window]
                 .iter()
                 .map(|s| ((s.first_index, s.last_index), s.path.clone()))
@@ -1635,6 +1687,43 @@ fn merge_window(segments: &[MergeCost]) -> Option<Range<usize>> {
     best.map(|(_, run)| run)
 }
 
+/// Most segments one consolidation merges: with batches far smaller than the target, outputs are
+/// themselves consolidated later, so each record is rewritten about log_64(target / batch) times.
+const MAX_CONSOLIDATED_SEGMENTS: usize = 64;
+
+/// The oldest run of consecutive segments, each smaller than half of `target_bytes`, that holds
+/// `target_bytes` between them or `MAX_CONSOLIDATED_SEGMENTS` segments: merged into one, they
+/// make one file of about the target instead of many. A shorter run waits for more segments, so
+/// the newest ones are not rewritten again and again. `None` when there is no such run or the
+/// target is 0.
+fn consolidation_window(file_bytes: &[u64], target_bytes: u64) -> Option<Range<usize>> {
+    if target_bytes == 0 {
+        return None;
+    }
+    let small = |bytes: u64| bytes < target_bytes / 2;
+    let mut start = 0;
+    while start < file_bytes.len() {
+        if !small(file_bytes[start]) {
+            start += 1;
+            continue;
+        }
+        let (mut end, mut run_bytes) = (start, 0);
+        while end < file_bytes.len()
+            && small(file_bytes[end])
+            && run_bytes < target_bytes
+            && end - start < MAX_CONSOLIDATED_SEGMENTS
+        {
+            run_bytes += file_bytes[end];
+            end += 1;
+        }
+        if end - start >= 2 && (run_bytes >= target_bytes || end - start == MAX_CONSOLIDATED_SEGMENTS) {
+            return Some(start..end);
+        }
+        start = end;
+    }
+    None
+}
+
 /// Consecutive segments, in log order, for the cleaner to merge into one.
 struct MergeJob {
     segments: Vec<LocatedSegment>,
@@ -1868,6 +1957,7 @@ mod tests {
             max_unwritten_batches: 1 + rng.below(3) as usize,
             min_cleanable_dirty_ratio: [0.1, 0.3, 0.5, 2.0][rng.below(4) as usize],
             cleaner_min_segments: 2 + rng.below(4) as usize,
+            consolidated_segment_bytes: [0, 2_000, 30_000, 8 << 20][rng.below(4) as usize],
             group_of: by_first_digit,
             adoption_step_records: 1 + rng.below(4) as usize,
             merge_adoption_step_records: 1 + rng.below(8) as usize,
@@ -2015,6 +2105,71 @@ mod tests {
         let mut store = Store::open(options, Some(&manifest_after)).unwrap();
         check(&mut store);
         assert_eq!(names(dir.path(), ".spare"), 0, "start-up deletes spares");
+    }
+
+    #[test]
+    fn small_segments_are_consolidated_once_a_run_of_them_reaches_the_target() {
+        let window = |sizes: &[u64], target| consolidation_window(sizes, target);
+        assert_eq!(window(&[10, 10, 10], 100), None, "a short run waits for more segments");
+        assert_eq!(window(&[30, 30, 30, 30, 30], 100), Some(0..4));
+        assert_eq!(
+            window(&[30, 30, 60, 30, 40, 40], 100),
+            Some(3..6),
+            "a segment of half the target or more breaks a run"
+        );
+        assert_eq!(window(&[1; 100], 1 << 20), Some(0..MAX_CONSOLIDATED_SEGMENTS));
+        assert_eq!(window(&[30; 10], 0), None, "a target of 0 turns consolidation off");
+        assert_eq!(window(&[200, 300], 100), None);
+    }
+
+    #[test]
+    fn a_store_of_many_small_segments_becomes_a_few_and_reopens_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = StoreOptions {
+            batch_writes: 20,
+            consolidated_segment_bytes: 16 << 10,
+            // No dead bytes here: only consolidation merges.
+            min_cleanable_dirty_ratio: 2.0,
+            ..StoreOptions::new(dir.path())
+        };
+        const KEYS: u64 = 4_000;
+        let value = |k: u64| (k % 7 != 0).then(|| Bytes::from(format!("value of {k}")));
+        let mut store = Store::open(options.clone(), None).unwrap();
+        for k in 0..KEYS {
+            store.write(k + 1, Bytes::from(format!("k{k:05}")), Some(Bytes::from("first")));
+            store.entry_applied(k + 1);
+        }
+        for k in 0..KEYS {
+            store.write(KEYS + k + 1, Bytes::from(format!("k{k:05}")), value(k));
+            store.entry_applied(KEYS + k + 1);
+        }
+        store.settle();
+        let manifest = snapshot(&mut store);
+        assert!(
+            store.stats().segments_out >= 400,
+            "{} segments written",
+            store.stats().segments_out
+        );
+        assert!(
+            manifest.segments.len() * 10 <= store.stats().segments_out as usize,
+            "{} segments of {} after consolidation",
+            manifest.segments.len(),
+            store.stats().segments_out
+        );
+        assert!(
+            manifest.segments.windows(2).all(|pair| pair[0].1 < pair[1].0),
+            "consolidated segments cover disjoint ranges in log order: {:?}",
+            manifest.segments
+        );
+        let check = |store: &mut Store| {
+            for k in 0..KEYS {
+                assert_eq!(store.get(format!("k{k:05}").as_bytes()).unwrap(), value(k), "k{k}");
+            }
+        };
+        check(&mut store);
+        drop(store);
+        let mut store = Store::open(options, Some(&manifest)).unwrap();
+        check(&mut store);
     }
 
     #[test]
