@@ -229,6 +229,22 @@ impl SegmentSet {
         self.live_bytes -= bytes;
     }
 
+    /// `records` live records of segment `from`, `bytes` long in all, are now in segment `to`.
+    fn move_live(&mut self, from: u64, to: u64, records: u64, bytes: u64) {
+        let from = self
+            .by_id
+            .get_mut(&from)
+            .expect("a moved record's segment is the store's");
+        from.live_records -= records;
+        from.live_bytes -= bytes;
+        let to = self
+            .by_id
+            .get_mut(&to)
+            .expect("a moved record's segment is the store's");
+        to.live_records += records;
+        to.live_bytes += bytes;
+    }
+
     fn get(&self, id: u64) -> &SegmentFile {
         &self.by_id[&id]
     }
@@ -332,7 +348,11 @@ struct Adoption {
 /// A finished merge whose records are being pointed at, a slice at a time.
 struct MergeAdoption {
     merged_id: u64,
-    replaced_ids: HashSet<u64>,
+    /// Each replaced segment's id → its slot in `moved`.
+    replaced: HashMap<u64, usize>,
+    /// Live records and bytes moved so far from each replaced segment to the merged one, settled
+    /// into the segment totals per slice rather than per record.
+    moved: Vec<(u64, u64)>,
     entries: Vec<IndexEntry>,
     next: usize,
 }
@@ -1320,14 +1340,15 @@ impl Store {
     fn start_merge_adoption(&mut self, merged: Merged) {
         let Merged { replaces, written } = merged;
         let replaces: HashSet<u64> = replaces.into_iter().collect();
-        let replaced_ids: HashSet<u64> = self
+        let replaced: HashMap<u64, usize> = self
             .segments
             .by_id
             .iter()
             .filter(|(_, s)| replaces.contains(&s.first_index))
-            .map(|(id, _)| *id)
+            .enumerate()
+            .map(|(slot, (id, _))| (*id, slot))
             .collect();
-        assert_eq!(replaced_ids.len(), replaces.len(), "merged segments are the store's");
+        assert_eq!(replaced.len(), replaces.len(), "merged segments are the store's");
         let merged_id = self.next_segment_id;
         self.next_segment_id += 1;
         self.stats.merges += 1;
@@ -1336,7 +1357,8 @@ impl Store {
         self.segments.insert(merged_id, segment);
         self.merge_adoption = Some(MergeAdoption {
             merged_id,
-            replaced_ids,
+            moved: vec![(0, 0); replaced.len()],
+            replaced,
             entries,
             next: 0,
         });
@@ -1353,22 +1375,29 @@ impl Store {
             let Some(location) = self.index.get_mut(&entry.key) else {
                 continue;
             };
-            if !adoption.replaced_ids.contains(&location.segment) || location.version != entry.version {
+            let Some(&slot) = adoption.replaced.get(&location.segment) else {
+                continue;
+            };
+            if location.version != entry.version {
                 continue;
             }
-            let bytes = entry.segment_bytes() as u64;
-            self.segments.record_dead(location.segment, bytes);
+            let moved = &mut adoption.moved[slot];
+            moved.0 += 1;
+            moved.1 += entry.segment_bytes() as u64;
             location.segment = adoption.merged_id;
             location.record_offset = entry.record_offset;
-            self.segments.record_live(adoption.merged_id, bytes);
         }
         adoption.next = end;
+        for (&id, &slot) in &adoption.replaced {
+            let (records, bytes) = std::mem::take(&mut adoption.moved[slot]);
+            self.segments.move_live(id, adoption.merged_id, records, bytes);
+        }
         if end < adoption.entries.len() {
             return;
         }
         let adoption = self.merge_adoption.take().expect("present");
         let mut durable = self.shared.durable.lock().expect("not poisoned");
-        for id in &adoption.replaced_ids {
+        for id in adoption.replaced.keys() {
             let replaced = self.segments.remove(*id);
             assert_eq!(
                 replaced.live_records, 0,
