@@ -330,19 +330,21 @@ fn mib(bytes: u64) -> f64 {
 }
 
 const TABLE_HEADER: &str = "| workload | batch | fewer commands vs standard log | fewer bytes vs standard log | \
-    fewer bytes vs full | reduced/full ops/s | CPU µs/op reduced / full | disk after cleaner MiB reduced / full | \
-    recovery s reduced / full | catch-up s reduced / full |\n|---|---|---|---|---|---|---|---|---|---|\n";
+    fewer bytes vs full | reduced/full ops/s | cleaner after the run s | CPU µs/op reduced / full | \
+    disk after cleaner MiB reduced / full | recovery s reduced / full | catch-up s reduced / full |\n\
+    |---|---|---|---|---|---|---|---|---|---|---|\n";
 
 fn table_row(row: &Row) -> String {
     let (r, f) = (&row.reduced, &row.full);
     format!(
-        "| {} | {} | {:.1}% | {:.1}% | {:.1}% | {:.2}× | {:.1} / {:.1} | {:.1} / {:.1} | {:.3} / {:.3} ({:.1}×) | {:.3} / {:.3} ({:.1}×) |\n",
+        "| {} | {} | {:.1}% | {:.1}% | {:.1}% | {:.2}× | {:.2} | {:.1} / {:.1} | {:.1} / {:.1} | {:.3} / {:.3} ({:.1}×) | {:.3} / {:.3} ({:.1}×) |\n",
         row.workload,
         row.batch_commands,
         row.fewer_commands(),
         row.fewer_bytes(),
         Row::fewer(r.bytes_persisted, f.bytes_persisted),
         r.ops_per_sec / f.ops_per_sec,
+        r.settle_secs,
         r.cpu_us_per_op,
         f.cpu_us_per_op,
         mib(r.disk_bytes_after_cleaner),

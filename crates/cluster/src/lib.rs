@@ -340,6 +340,12 @@ pub async fn start(
                 dir.display()
             );
         }
+        let node_ports: Vec<u16> = file
+            .nodes
+            .iter()
+            .flat_map(|n| [n.resp_addr.port(), n.peer_addr.port(), n.metrics_addr.port()])
+            .collect();
+        ports::renew(&node_ports);
         ensure_network(dir, &file)?;
         file
     } else {
@@ -369,11 +375,22 @@ async fn first_exit(dir: &Path, spawned: &[(u64, u32)]) -> (u64, String) {
     loop {
         if let Some((id, _)) = spawned.iter().find(|(_, pid)| !process::alive(*pid)) {
             let log = std::fs::read_to_string(node_dir(dir, *id).join("server.log")).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(8).collect();
-            return (*id, tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+            return (*id, why_it_stopped(&log));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The lines of a node's log that say why it stopped: from its last panic or error on (a
+/// backtrace after it would bury the message), or else its last lines.
+fn why_it_stopped(log: &str) -> String {
+    const LINES: usize = 8;
+    let lines: Vec<&str> = log.lines().collect();
+    let from = lines
+        .iter()
+        .rposition(|line| line.contains("panicked at") || line.starts_with("Error:"))
+        .unwrap_or(lines.len().saturating_sub(LINES));
+    lines[from..lines.len().min(from + LINES)].join("\n")
 }
 
 /// Hands leadership to node `to` (CLUSTER FAILOVER on that node) and waits until it leads.
@@ -526,4 +543,21 @@ pub fn stop(dir: &Path) -> anyhow::Result<()> {
     }
     println!("stopped {} node(s) in {}", pids.len(), dir.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::why_it_stopped;
+
+    #[test]
+    fn a_stopped_nodes_panic_message_is_shown_not_its_backtrace() {
+        let mut log = String::from("INFO started\nthread 'main' panicked at src/store.rs:1:1:\nsegment 7 missing\n");
+        for frame in 0..40 {
+            log.push_str(&format!("  {frame}: some::frame\n"));
+        }
+        let shown = why_it_stopped(&log);
+        assert!(shown.starts_with("thread 'main' panicked at"), "{shown}");
+        assert!(shown.contains("segment 7 missing"), "{shown}");
+        assert_eq!(why_it_stopped("a\nb\nc"), "a\nb\nc", "without a panic, the last lines");
+    }
 }

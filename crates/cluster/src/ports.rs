@@ -4,15 +4,33 @@ use std::net::TcpListener;
 
 use anyhow::bail;
 
-/// How long a picked port stays reserved for its owner against other processes picking ports.
-const RESERVATION_SECS: u64 = 60;
+/// How long a picked port stays reserved for its owner against other processes picking ports;
+/// a cluster that restarts a node renews its ports' reservations (`renew`), since a stopped
+/// node's port is free to bind for anyone picking.
+const RESERVATION_SECS: u64 = 600;
+
+fn reservations_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join("chorus-port-reservations")
+}
+
+/// Renews the reservations of ports an existing cluster owns, before it starts nodes on them
+/// again.
+pub fn renew(ports: &[u16]) {
+    let dir = reservations_dir();
+    if std::fs::create_dir_all(&dir).is_err() {
+        return;
+    }
+    for port in ports {
+        let _ = std::fs::write(dir.join(port.to_string()), b"");
+    }
+}
 
 /// Reserves `port` for this pick across processes: a port is free to bind between our pick and
 /// its owner's bind (a node or proxy starting up), and clusters started at the same moment (tests
 /// run in parallel) would otherwise be handed the same one. Reservations are files named after
 /// the port; one older than RESERVATION_SECS is stale and taken over.
 fn reserve(port: u16) -> bool {
-    let dir = std::env::temp_dir().join("chorus-port-reservations");
+    let dir = reservations_dir();
     if std::fs::create_dir_all(&dir).is_err() {
         return true;
     }

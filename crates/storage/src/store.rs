@@ -2162,7 +2162,7 @@ mod tests {
             ..StoreOptions::new(dir.path())
         };
         const KEYS: u64 = 4_000;
-        let value = |k: u64| (k % 7 != 0).then(|| Bytes::from(format!("value of {k}")));
+        let value = |k: u64| (!k.is_multiple_of(7)).then(|| Bytes::from(format!("value of {k}")));
         let mut store = Store::open(options.clone(), None).unwrap();
         for k in 0..KEYS {
             store.write(k + 1, Bytes::from(format!("k{k:05}")), Some(Bytes::from("first")));
