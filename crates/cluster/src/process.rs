@@ -14,13 +14,22 @@ pub fn stat_fields(stat: &str) -> Option<Vec<&str>> {
     stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect())
 }
 
-/// Whether `pid` is a live (not zombie) process.
+/// Whether `pid` is a live process: one of its threads is not a zombie. The main thread of a
+/// killed process can be a zombie while another is still finishing a system call (a write to a
+/// FUSE file system, say), and until that one exits the process keeps its files and the ports
+/// it listens on.
 pub fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat_fields(&stat)
-            .and_then(|fields| fields.first().copied())
-            .is_some_and(|state| state != "Z" && state != "X")
-    })
+    let live = |stat_path: &Path| {
+        std::fs::read_to_string(stat_path).is_ok_and(|stat| {
+            stat_fields(&stat)
+                .and_then(|fields| fields.first().copied())
+                .is_some_and(|state| state != "Z" && state != "X")
+        })
+    };
+    match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(threads) => threads.flatten().any(|thread| live(&thread.path().join("stat"))),
+        Err(_) => false,
+    }
 }
 
 /// Sends `sig` to `pid` and reaps it if it is our child, so it does not linger as a zombie.
@@ -164,4 +173,20 @@ pub fn drop_root(command: &mut Command, base: &Path, dirs: &[&Path]) -> anyhow::
     // std also drops root's supplementary groups when it switches the user of a root process.
     command.uid(NOBODY).gid(NOBODY);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_is_alive_until_killed_and_reaped() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        assert!(alive(pid));
+        signal(pid, libc::SIGKILL);
+        child.wait().unwrap();
+        assert!(!alive(pid), "a killed child is gone once reaped");
+        assert!(!alive(u32::MAX), "no such process");
+    }
 }
