@@ -95,10 +95,13 @@ server_options! {
     /// The cleaner merges the key-value segments once this share of their bytes is dead
     /// (overwritten or deleted records).
     min_cleanable_dirty_ratio: f64 = 0.5;
-    /// The cleaner also merges runs of key-value segments smaller than half this into one of
-    /// about this size, so start-up, catch-up and the directory deal with few files rather than
-    /// one per batch (0: never).
+    /// Once more than `consolidate_above_segments` key-value segments are smaller than half this,
+    /// the cleaner merges runs of them into one of about this size, so start-up, catch-up and the
+    /// directory deal with a bounded number of files rather than one per batch (0: never).
     consolidated_segment_bytes: u64 = 8 * 1024 * 1024;
+    /// How many small segments are left to die (most do under overwrites) before the cleaner
+    /// consolidates the oldest of them.
+    consolidate_above_segments: usize = 512;
     /// Most bytes per second the cleaner reads while merging segments.
     cleaner_read_bytes_per_sec: u64 = 64 * 1024 * 1024;
     /// Entries kept behind a snapshot for followers that lag a little.

@@ -92,6 +92,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         min_cleanable_dirty_ratio: config.min_cleanable_dirty_ratio,
         cleaner_read_bytes_per_sec: config.cleaner_read_bytes_per_sec,
         consolidated_segment_bytes: config.consolidated_segment_bytes,
+        consolidate_above_segments: config.consolidate_above_segments,
         more_dirs: state_dirs.split_off(1),
         ..StoreOptions::new(state_dirs.remove(0))
     };

@@ -86,10 +86,14 @@ pub struct StoreOptions {
     /// deleted records, tombstones) and there are at least `cleaner_min_segments` of them.
     pub min_cleanable_dirty_ratio: f64,
     pub cleaner_min_segments: usize,
-    /// The cleaner also merges runs of consecutive segments smaller than half this into one of
-    /// about this size, dead bytes or not, so that start-up, catch-up and the directory deal
-    /// with few files instead of one per batch (0: never).
+    /// Once more than `consolidate_above_segments` segments are smaller than half
+    /// `consolidated_segment_bytes`, the cleaner also merges runs of them into one of about
+    /// that size, dead bytes or not, so that start-up, catch-up and the directory deal with
+    /// a bounded number of files rather than one per batch (0 bytes: never). Below that count
+    /// segments are left to die: under overwrites most soon would, and consolidating them would
+    /// rewrite (and repoint, on the raft loop) what the dirty-ratio merge later drops anyway.
     pub consolidated_segment_bytes: u64,
+    pub consolidate_above_segments: usize,
     /// Most bytes per second the cleaner reads, so it does not starve the foreground.
     pub cleaner_read_bytes_per_sec: u64,
     /// Records of a written segment indexed, and index entries a finished merge repoints, per
@@ -118,6 +122,7 @@ impl StoreOptions {
             min_cleanable_dirty_ratio: 0.5,
             cleaner_min_segments: 4,
             consolidated_segment_bytes: 8 << 20,
+            consolidate_above_segments: 512,
             cleaner_read_bytes_per_sec: 64 << 20,
             adoption_step_records: 256,
             merge_adoption_step_records: 1_024,
@@ -1293,8 +1298,13 @@ impl Store {
                 (window, newer)
             }
             None => {
+                let target_bytes = self.options.consolidated_segment_bytes;
                 let file_bytes: Vec<u64> = in_log_order.iter().map(|s| s.file_bytes).collect();
-                let Some(window) = consolidation_window(&file_bytes, self.options.consolidated_segment_bytes) else {
+                let small = file_bytes.iter().filter(|&&bytes| bytes < target_bytes / 2).count();
+                if small <= self.options.consolidate_above_segments {
+                    return;
+                }
+                let Some(window) = consolidation_window(&file_bytes, target_bytes) else {
                     return;
                 };
                 // Records newer segments supersede are only dead bytes in the merged one; leaving
@@ -1987,6 +1997,7 @@ mod tests {
             min_cleanable_dirty_ratio: [0.1, 0.3, 0.5, 2.0][rng.below(4) as usize],
             cleaner_min_segments: 2 + rng.below(4) as usize,
             consolidated_segment_bytes: [0, 2_000, 30_000, 8 << 20][rng.below(4) as usize],
+            consolidate_above_segments: [0, 4, 20][rng.below(3) as usize],
             group_of: by_first_digit,
             adoption_step_records: 1 + rng.below(4) as usize,
             merge_adoption_step_records: 1 + rng.below(8) as usize,
@@ -2157,6 +2168,7 @@ mod tests {
         let options = StoreOptions {
             batch_writes: 20,
             consolidated_segment_bytes: 16 << 10,
+            consolidate_above_segments: 0,
             // No dead bytes here: only consolidation merges.
             min_cleanable_dirty_ratio: 2.0,
             ..StoreOptions::new(dir.path())
@@ -2199,6 +2211,36 @@ mod tests {
         drop(store);
         let mut store = Store::open(options, Some(&manifest)).unwrap();
         check(&mut store);
+    }
+
+    #[test]
+    fn segments_are_consolidated_only_while_there_are_more_than_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = StoreOptions {
+            batch_writes: 20,
+            consolidated_segment_bytes: 16 << 10,
+            consolidate_above_segments: 100,
+            min_cleanable_dirty_ratio: 2.0,
+            ..StoreOptions::new(dir.path())
+        };
+        let mut store = Store::open(options, None).unwrap();
+        let write_segments = |store: &mut Store, from: u64, segments: u64| {
+            for k in from * 20..(from + segments) * 20 {
+                store.write(k + 1, Bytes::from(format!("k{k:05}")), Some(Bytes::from("a value")));
+                store.entry_applied(k + 1);
+            }
+            store.settle();
+        };
+        write_segments(&mut store, 0, 100);
+        assert_eq!(store.stats().merges, 0, "100 small segments are within the bound");
+        assert_eq!(store.segments.len(), 100);
+        write_segments(&mut store, 100, 60);
+        assert!(store.stats().merges > 0);
+        assert!(
+            store.segments.len() <= 100,
+            "consolidated back within the bound: {} segments",
+            store.segments.len()
+        );
     }
 
     #[test]
