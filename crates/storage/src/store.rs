@@ -1274,10 +1274,16 @@ impl Store {
         if self.cleaning || self.options.mode == StorageMode::Full || !self.adopting.is_empty() {
             return;
         }
+        let dirty = self.segments.len() >= self.options.cleaner_min_segments.max(2)
+            && self.dirty_ratio() >= self.options.min_cleanable_dirty_ratio;
+        let may_consolidate = self.options.consolidated_segment_bytes > 0
+            && self.segments.len() > self.options.consolidate_above_segments;
+        // Called after every adopted segment: the cheap checks come before a sort of them all.
+        if !dirty && !may_consolidate {
+            return;
+        }
         let mut in_log_order: Vec<&SegmentFile> = self.segments.by_id.values().collect();
         in_log_order.sort_unstable_by_key(|s| s.first_index);
-        let dirty = in_log_order.len() >= self.options.cleaner_min_segments.max(2)
-            && self.dirty_ratio() >= self.options.min_cleanable_dirty_ratio;
         let dirt_window = if dirty {
             let costs: Vec<MergeCost> = in_log_order
                 .iter()
