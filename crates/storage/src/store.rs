@@ -2168,17 +2168,22 @@ mod tests {
         assert_eq!(window(&[200, 300], 100), None);
     }
 
+    /// Segments of 20 writes, consolidated towards 16 KiB once more than `above` are small; no
+    /// dirty-ratio merges, so consolidation is the only merge.
+    fn consolidating_options(dir: &Path, above: usize) -> StoreOptions {
+        StoreOptions {
+            batch_writes: 20,
+            consolidated_segment_bytes: 16 << 10,
+            consolidate_above_segments: above,
+            min_cleanable_dirty_ratio: 2.0,
+            ..StoreOptions::new(dir)
+        }
+    }
+
     #[test]
     fn a_store_of_many_small_segments_becomes_a_few_and_reopens_the_same() {
         let dir = tempfile::tempdir().unwrap();
-        let options = StoreOptions {
-            batch_writes: 20,
-            consolidated_segment_bytes: 16 << 10,
-            consolidate_above_segments: 0,
-            // No dead bytes here: only consolidation merges.
-            min_cleanable_dirty_ratio: 2.0,
-            ..StoreOptions::new(dir.path())
-        };
+        let options = consolidating_options(dir.path(), 0);
         const KEYS: u64 = 4_000;
         let value = |k: u64| (!k.is_multiple_of(7)).then(|| Bytes::from(format!("value of {k}")));
         let mut store = Store::open(options.clone(), None).unwrap();
@@ -2222,13 +2227,7 @@ mod tests {
     #[test]
     fn segments_are_consolidated_only_while_there_are_more_than_the_bound() {
         let dir = tempfile::tempdir().unwrap();
-        let options = StoreOptions {
-            batch_writes: 20,
-            consolidated_segment_bytes: 16 << 10,
-            consolidate_above_segments: 100,
-            min_cleanable_dirty_ratio: 2.0,
-            ..StoreOptions::new(dir.path())
-        };
+        let options = consolidating_options(dir.path(), 100);
         let mut store = Store::open(options, None).unwrap();
         let write_segments = |store: &mut Store, from: u64, segments: u64| {
             for k in from * 20..(from + segments) * 20 {
