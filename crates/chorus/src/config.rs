@@ -93,8 +93,11 @@ server_options! {
     /// Key and value bytes of committed writes reduced into one segment.
     reduction_batch_bytes: u64 = 4 * 1024 * 1024;
     /// The cleaner merges the key-value segments once this share of their bytes is dead
-    /// (overwritten or deleted records).
+    /// (overwritten or deleted records)...
     min_cleanable_dirty_ratio: f64 = 0.5;
+    /// ...and at least this many bytes are: a small data set is not cleaned while its segments
+    /// are still half live, each merge rewriting that half (Bitcask's dead-bytes trigger).
+    min_cleanable_dead_bytes: u64 = 64 * 1024 * 1024;
     /// Once more than `consolidate_above_segments` key-value segments are smaller than half this,
     /// the cleaner merges runs of them into one of about this size, so start-up, catch-up and the
     /// directory deal with a bounded number of files rather than one per batch (0: never).

@@ -90,6 +90,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         batch_writes: config.reduction_batch_writes,
         batch_bytes: config.reduction_batch_bytes,
         min_cleanable_dirty_ratio: config.min_cleanable_dirty_ratio,
+        min_cleanable_dead_bytes: config.min_cleanable_dead_bytes,
         cleaner_read_bytes_per_sec: config.cleaner_read_bytes_per_sec,
         consolidated_segment_bytes: config.consolidated_segment_bytes,
         consolidate_above_segments: config.consolidate_above_segments,

@@ -862,8 +862,8 @@ async fn assert_acknowledged_writes_present(c: &mut Client, acked: &Acknowledged
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_heavy_writes_never_loses_an_acknowledged_write() {
-    // Small segments and frequent snapshots, so kills also land in segment rolls, snapshot
-    // writes and log compaction.
+    // Small segments, frequent snapshots and a cleaner without a floor, so kills also land in
+    // segment rolls, snapshot writes, merges and log compaction.
     let cluster = Cluster::start(
         1,
         &[
@@ -873,6 +873,8 @@ async fn sigkill_during_heavy_writes_never_loses_an_acknowledged_write() {
             "400",
             "--log-keep-entries",
             "100",
+            "--min-cleanable-dead-bytes",
+            "0",
         ],
     );
     let addr = cluster.node(1).resp_addr;
@@ -941,6 +943,8 @@ async fn power_cuts_during_heavy_writes_never_lose_an_acknowledged_write() {
             "64",
             "--min-cleanable-dirty-ratio",
             "0.3",
+            "--min-cleanable-dead-bytes",
+            "0",
             // Short election timeouts: a restarted single node leads sooner.
             "--tick-ms",
             "20",

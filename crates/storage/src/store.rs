@@ -83,8 +83,13 @@ pub struct StoreOptions {
     /// Which keys form groups that are kept together and scanned together (see `ScanMap`).
     pub group_of: GroupOf,
     /// The cleaner merges the segments once this share of their bytes is dead (overwritten or
-    /// deleted records, tombstones) and there are at least `cleaner_min_segments` of them.
+    /// deleted records, tombstones), at least `min_cleanable_dead_bytes` are, and there are at
+    /// least `cleaner_min_segments` segments. The floor in bytes is Bitcask's dead-bytes
+    /// trigger: a small live set is otherwise cleaned again and again while its segments are
+    /// still half live (each merge rewriting that half); given room, old segments die almost
+    /// whole first, and merging them moves next to nothing.
     pub min_cleanable_dirty_ratio: f64,
+    pub min_cleanable_dead_bytes: u64,
     pub cleaner_min_segments: usize,
     /// Once more than `consolidate_above_segments` segments are smaller than half
     /// `consolidated_segment_bytes`, the cleaner also merges runs of them into one of about
@@ -120,6 +125,7 @@ impl StoreOptions {
             max_unwritten_batches: 8,
             group_of: no_groups,
             min_cleanable_dirty_ratio: 0.5,
+            min_cleanable_dead_bytes: 0,
             cleaner_min_segments: 4,
             consolidated_segment_bytes: 8 << 20,
             consolidate_above_segments: 512,
@@ -1258,6 +1264,12 @@ impl Store {
         }
     }
 
+    /// Bytes of the segments that no read needs: overwritten or deleted records, tombstones,
+    /// headers and indexes.
+    pub fn dead_bytes(&self) -> u64 {
+        self.segments.file_bytes - self.segments.live_bytes
+    }
+
     /// Share of the segments' bytes that no read can reach any more.
     pub fn dirty_ratio(&self) -> f64 {
         if self.segments.file_bytes == 0 {
@@ -1275,7 +1287,8 @@ impl Store {
             return;
         }
         let dirty = self.segments.len() >= self.options.cleaner_min_segments.max(2)
-            && self.dirty_ratio() >= self.options.min_cleanable_dirty_ratio;
+            && self.dirty_ratio() >= self.options.min_cleanable_dirty_ratio
+            && self.dead_bytes() >= self.options.min_cleanable_dead_bytes;
         let may_consolidate = self.options.consolidated_segment_bytes > 0
             && self.segments.len() > self.options.consolidate_above_segments;
         // Called after every adopted segment: the cheap checks come before a sort of them all.
@@ -1326,13 +1339,27 @@ impl Store {
             live_bytes = in_log_order[window.clone()].iter().map(|s| s.live_bytes).sum::<u64>(),
             "merging segments"
         );
+        let drop_tombstones = window.start == 0;
+        let run = &in_log_order[window];
+        // A segment with a tombstone is read even where the merge drops tombstones: its records
+        // are what tells the merge that older ones in the run are dead.
+        let nothing_kept: Vec<bool> = run
+            .iter()
+            .map(|s| s.live_records == 0 && s.tombstone_bytes == 0)
+            .collect();
         let job = MergeJob {
-            drop_tombstones: window.start == 0,
-            newer,
-            segments: in_log_order[window]
+            drop_tombstones,
+            // Nothing read from the run, nothing in it for a newer segment to supersede.
+            newer: if nothing_kept.iter().all(|&n| n) {
+                Vec::new()
+            } else {
+                newer
+            },
+            segments: run
                 .iter()
                 .map(|s| ((s.first_index, s.last_index), s.path.clone()))
                 .collect(),
+            nothing_kept,
         };
         self.cleaning = true;
         self.to_cleaner
@@ -1776,6 +1803,12 @@ struct MergeJob {
     newer: Vec<PathBuf>,
     /// The run starts at the oldest segment: no older one can still hold a tombstone's key.
     drop_tombstones: bool,
+    /// Beside `segments`: the segment holds no live record and no tombstone, so the cleaner does
+    /// not read it. Under overwrites most old segments end up so, and a merge of them costs a
+    /// few deletions instead of reading them whole. (Every record of such a segment is
+    /// superseded by a newer live record or tombstone, in the run's other segments or the
+    /// newer ones, and so are the records of the run that it supersedes.)
+    nothing_kept: Vec<bool>,
 }
 
 /// The cleaner thread: merges each job's segments into one holding the newest record of each key
@@ -1793,8 +1826,14 @@ fn clean_segments(
         segments: ranges,
         newer,
         drop_tombstones,
+        nothing_kept,
     }) = jobs.recv()
     {
+        assert_eq!(
+            nothing_kept.len(),
+            ranges.len(),
+            "a merge says of each segment whether it keeps anything"
+        );
         let mut superseded: HashSet<Bytes> = HashSet::default();
         for path in &newer {
             match read_segment_index(path) {
@@ -1805,7 +1844,7 @@ fn clean_segments(
         let started = Instant::now();
         let mut read_bytes = 0u64;
         let mut runs = Vec::with_capacity(ranges.len());
-        for (_, path) in &ranges {
+        for ((_, path), _) in ranges.iter().zip(&nothing_kept).filter(|(_, &nothing)| !nothing) {
             if shared.closing.load(Ordering::Relaxed) {
                 return;
             }
@@ -2001,6 +2040,7 @@ mod tests {
             batch_bytes: 1 + rng.below(4_000),
             max_unwritten_batches: 1 + rng.below(3) as usize,
             min_cleanable_dirty_ratio: [0.1, 0.3, 0.5, 2.0][rng.below(4) as usize],
+            min_cleanable_dead_bytes: [0, 0, 3_000][rng.below(3) as usize],
             cleaner_min_segments: 2 + rng.below(4) as usize,
             consolidated_segment_bytes: [0, 2_000, 30_000, 8 << 20][rng.below(4) as usize],
             consolidate_above_segments: [0, 4, 20][rng.below(3) as usize],
@@ -2151,6 +2191,45 @@ mod tests {
         let mut store = Store::open(options, Some(&manifest_after)).unwrap();
         check(&mut store);
         assert_eq!(names(dir.path(), ".spare"), 0, "start-up deletes spares");
+    }
+
+    #[test]
+    fn the_cleaner_waits_for_its_floor_of_dead_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = |min_cleanable_dead_bytes| StoreOptions {
+            batch_writes: 50,
+            cleaner_min_segments: 4,
+            min_cleanable_dirty_ratio: 0.5,
+            min_cleanable_dead_bytes,
+            ..StoreOptions::new(dir.path())
+        };
+        let floor = 1 << 30;
+        let mut store = Store::open(options(floor), None).unwrap();
+        let mut index = 0;
+        for round in 0..40u64 {
+            for k in 0..50u64 {
+                index += 1;
+                store.write(
+                    index,
+                    Bytes::from(format!("k{k:03}")),
+                    Some(Bytes::from(format!("{round}"))),
+                );
+                store.entry_applied(index);
+            }
+        }
+        store.settle();
+        assert_eq!(store.stats().merges, 0, "merged under the floor");
+        assert!(store.dirty_ratio() > 0.9, "dirty ratio {}", store.dirty_ratio());
+        assert!(store.dead_bytes() < floor);
+        let manifest = snapshot(&mut store);
+        drop(store);
+        let mut store = Store::open(options(0), Some(&manifest)).unwrap();
+        store.settle();
+        assert!(
+            store.stats().merges > 0,
+            "without the floor the same segments are merged"
+        );
+        assert!(store.dirty_ratio() < 0.5, "dirty ratio {}", store.dirty_ratio());
     }
 
     #[test]
@@ -2380,6 +2459,7 @@ mod tests {
             segments: written[..2].to_vec(),
             newer: newer.clone(),
             drop_tombstones,
+            nothing_kept: vec![false; 2],
         };
         // "c" is superseded by the newer segment; the tombstone of "a" stays unless the run
         // starts the state.
@@ -2389,6 +2469,52 @@ mod tests {
         );
         std::fs::remove_file(dir.path().join(segment_file_name(1, 2))).unwrap();
         assert_eq!(merge_once(dir.path(), job(true)), vec![record("b", Some("1"), 1)]);
+    }
+
+    #[test]
+    fn a_merge_does_not_read_a_segment_with_nothing_live() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = Shared::default();
+        let record = |key: &str, value: &str, version| Record {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            value: Some(Bytes::copy_from_slice(value.as_bytes())),
+            version,
+        };
+        let mut written = Vec::new();
+        for (first, records) in [
+            (1, vec![record("a", "1", 1), record("b", "1", 1)]),
+            (2, vec![record("a", "2", 2)]),
+            (3, vec![record("a", "3", 3)]),
+        ] {
+            let batch = ReducedBatch {
+                first_index: first,
+                last_index: first,
+                records,
+                log_order: false,
+                writes_in: 1,
+                bytes_in: 0,
+            };
+            written.push(((first, first), write_until_done(dir.path(), &batch, &shared).unwrap().0));
+        }
+        // The second segment's only record is superseded by the third's: it is not read (its file
+        // is gone), and what it superseded in the first is left out all the same.
+        std::fs::remove_file(&written[1].1).unwrap();
+        let job = MergeJob {
+            segments: written[..2].to_vec(),
+            newer: vec![written[2].1.clone()],
+            drop_tombstones: true,
+            nothing_kept: vec![false, true],
+        };
+        assert_eq!(merge_once(dir.path(), job), vec![record("b", "1", 1)]);
+        // A run with nothing live at all reads nothing, not even the newer segments' indexes.
+        std::fs::remove_file(&written[2].1).unwrap();
+        let job = MergeJob {
+            segments: written[1..2].to_vec(),
+            newer: Vec::new(),
+            drop_tombstones: false,
+            nothing_kept: vec![true],
+        };
+        assert_eq!(merge_once(dir.path(), job), Vec::new());
     }
 
     #[test]
