@@ -11,6 +11,7 @@ pub mod shipment;
 pub mod storage;
 pub mod transport;
 pub mod unicache_codec;
+mod wal_writer;
 mod wire;
 
 pub use codec::{CodecError, EntryCodec, IdentityCodec, LogView, RaftLogView, CODEC_ENTRY};

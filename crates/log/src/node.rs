@@ -1,12 +1,15 @@
 //! The replicated log node: one task owns `RawNode` and runs the Ready loop; everything else
 //! talks to it through bounded channels.
 //!
-//! The loop is a task on the caller's runtime, and it writes and fsyncs the raft log in place,
-//! blocking that runtime's thread while it does. `chorus server` runs a node on one thread (a
-//! current-thread runtime, as Redis does), and that is the point: requests and peer messages
-//! that arrive during an fsync wait in the kernel and the channels, and the next iteration takes
-//! them all as one batch, while handing work between the front end, the loop and the transport
-//! costs no cross-thread wake-up (no futex, no eventfd, no context switch).
+//! The loop is a task on the caller's runtime. `chorus server` runs a node on one thread (a
+//! current-thread runtime, as Redis does), and that is the point: handing work between the front
+//! end, the loop and the transport costs no cross-thread wake-up (no futex, no eventfd, no
+//! context switch). The one other thread on the write path is the raft log's writer
+//! (`wal_writer`): a Ready's append is handed to it, and the loop goes on — a leader answers the
+//! last batch, reads the next and proposes it while its own append is on the device — and learns
+//! of the write's completion as an event (one wake-up per write, not per command). What raft
+//! must not do before the append is durable waits for it: a follower's acknowledgement and a
+//! vote go out then, and raft counts the node's own copy of an entry only then (`Persisting`).
 //!
 //! Writes are batched: every command that arrived since the last iteration is proposed as one
 //! raft entry. Followers propose too; raft forwards the entry to the leader, and the proposing
@@ -458,6 +461,17 @@ struct RaftLoop<SM: StateMachine> {
     answered_writes: usize,
     /// The leader's wait for answered clients to come back (`group_commit_linger_us`).
     refill: Option<Refill>,
+    /// Readies whose writes the log's writer thread has not finished, oldest first.
+    persisting: VecDeque<Persisting>,
+}
+
+/// A Ready handed to the storage's writer thread: raft learns it is persisted, and its messages
+/// that promise persistence (a follower's acknowledgement, a vote) go out, once the write of
+/// sequence number `seq` (and so every earlier one) is durable.
+struct Persisting {
+    seq: u64,
+    number: u64,
+    messages: Vec<Message>,
 }
 
 struct Refill {
@@ -600,6 +614,7 @@ pub async fn start<SM: StateMachine>(
         last_leader: 0,
         answered_writes: 0,
         refill: None,
+        persisting: VecDeque::new(),
     };
     raft_loop.publish_status();
     tokio::spawn(raft_loop.run(request_rx, peer_rx, event_rx));
@@ -643,9 +658,6 @@ const DRAIN_LIMIT: usize = 4096;
 /// More than an entry's index, term and framing take in the raft log beside its data.
 const ENTRY_OVERHEAD_BYTES: usize = 64;
 
-/// Longest wait between attempts to append to a raft log whose disk is full.
-const NO_SPACE_RETRY_MAX: Duration = Duration::from_secs(1);
-
 impl<SM: StateMachine> RaftLoop<SM> {
     async fn run(
         mut self,
@@ -655,6 +667,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
     ) {
         let tick = Duration::from_millis(self.config.tick_ms);
         let mut next_tick = tokio::time::Instant::now() + tick;
+        let writes_done = self.raw.store().write_notify();
         loop {
             let wake_at = match self.group_commit_deadline() {
                 Some(deadline) => next_tick.min(deadline.into()),
@@ -686,8 +699,10 @@ impl<SM: StateMachine> RaftLoop<SM> {
                     self.snapshot_job = None;
                     self.on_snapshot_written(done.unwrap_or_else(|_| panic!("snapshot writer thread vanished")));
                 }
+                _ = writes_done.notified() => {}
                 _ = tokio::time::sleep_until(wake_at) => {}
             }
+            self.release_persisted();
             for _ in 0..DRAIN_LIMIT {
                 match peer_messages.try_recv() {
                     Ok(msg) => self.on_peer_message(msg),
@@ -719,7 +734,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             self.propose_pending();
             self.propose_codec_entries();
             self.issue_reads();
-            if let Err(e) = self.on_ready().await {
+            if let Err(e) = self.on_ready() {
                 // Raft state on disk can no longer be trusted to match memory: stop loudly.
                 panic!("raft storage failed: {e}");
             }
@@ -1218,22 +1233,17 @@ impl<SM: StateMachine> RaftLoop<SM> {
         }
     }
 
-    async fn on_ready(&mut self) -> Result<(), StorageError> {
+    fn on_ready(&mut self) -> Result<(), StorageError> {
         if !self.raw.has_ready() {
             return Ok(());
         }
         let started = Instant::now();
         let mut ready = self.raw.ready();
-        // Leader messages may go out before our own fsync: raft counts our ack only after persist.
-        // The peer links are tasks on this thread, so they write only when the loop yields: yield
-        // before a blocking fsync, and the followers' fsyncs overlap ours instead of following it.
-        let messages = ready.take_messages();
-        let overlap_fsync = ready.must_sync() && !messages.is_empty();
-        self.send(messages);
-        if overlap_fsync {
-            tokio::task::yield_now().await;
-        }
-        if !ready.snapshot().is_empty() {
+        // A leader's messages go out before its own append is durable (raft counts its own vote
+        // only once it is): the followers' writes overlap the leader's.
+        self.send(ready.take_messages());
+        let installs_snapshot = !ready.snapshot().is_empty();
+        if installs_snapshot {
             let snapshot = ready.snapshot().clone();
             let (term, index) = (snapshot.get_metadata().term, snapshot.get_metadata().index);
             let files_dir = shipment::staging_dir(&self.incoming_dir, term, index);
@@ -1262,36 +1272,45 @@ impl<SM: StateMachine> RaftLoop<SM> {
         if let Some(hs) = ready.hs() {
             self.raw.mut_store().set_hard_state(hs);
         }
-        if ready.must_sync() || self.raw.store().has_pending() {
-            let fsync_started = Instant::now();
-            let sync = ready.must_sync();
-            let mut retry = Duration::from_millis(10);
-            // Refusing writes keeps room in the log (`has_room_for`); should an append hit a full
-            // disk all the same, it changed nothing and is tried again until space returns.
-            while let Err(e) = self.raw.mut_store().persist(sync) {
-                let StorageError::NoSpace { .. } = e else {
-                    return Err(e);
-                };
-                self.warn_disk_full("an append to the raft log found the disk full; retrying");
-                tokio::time::sleep(retry).await;
-                retry = (retry * 2).min(NO_SPACE_RETRY_MAX);
-            }
-            if sync {
-                self.metrics.fsync_seconds.observe(fsync_started.elapsed());
-            }
-        }
-        self.send(ready.take_persisted_messages());
+        // The write goes to the storage's writer thread; the loop goes on meanwhile. Not with a
+        // snapshot: raft takes it as applied once the Ready is advanced.
+        let seq = if installs_snapshot {
+            self.raw.mut_store().persist(true)?;
+            self.raw.store().submitted_seq()
+        } else if ready.must_sync() || self.raw.store().has_pending() {
+            self.raw.mut_store().start_persist(ready.must_sync())?
+        } else {
+            self.raw.store().submitted_seq()
+        };
+        self.persisting.push_back(Persisting {
+            seq,
+            number: ready.number(),
+            messages: ready.take_persisted_messages(),
+        });
         self.on_read_states(ready.take_read_states());
-        let mut light = self.raw.advance(ready);
-        if let Some(commit) = light.commit_index() {
-            self.raw.mut_store().set_commit(commit);
-        }
-        self.send(light.take_messages());
-        self.apply(light.take_committed_entries());
+        self.raw.advance_append_async(ready);
+        self.release_persisted();
         self.raw.advance_apply();
         self.serve_ready_reads();
         self.metrics.ready_seconds.observe(started.elapsed());
         Ok(())
+    }
+
+    /// Tells raft which Readies are durable and sends the messages that waited for that.
+    fn release_persisted(&mut self) {
+        let durable = match self.raw.mut_store().durable_seq() {
+            Ok(seq) => seq,
+            // Raft state on disk can no longer be trusted to match memory: stop loudly.
+            Err(e) => panic!("raft storage failed: {e}"),
+        };
+        for took in self.raw.mut_store().take_write_times() {
+            self.metrics.fsync_seconds.observe(took);
+        }
+        while self.persisting.front().is_some_and(|p| p.seq <= durable) {
+            let persisted = self.persisting.pop_front().expect("checked");
+            self.raw.on_persist_ready(persisted.number);
+            self.send(persisted.messages);
+        }
     }
 
     fn apply(&mut self, entries: Vec<Entry>) {
