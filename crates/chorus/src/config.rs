@@ -64,9 +64,9 @@ server_options! {
     /// Longest a write waits for group commit before it is proposed anyway. On a wide-area link
     /// a commit takes a round trip, and writes then pipeline instead of waiting for it.
     group_commit_wait_us: u64 = 2000;
-    /// When an entry commits, the leader waits up to this long for the clients it has just
-    /// answered to send their next writes, so they share the next entry rather than wait for the
-    /// one after it (0: propose at once).
+    /// When an entry commits, the leader waits up to this long, from when its replies are out, for
+    /// the clients it has just answered to send their next writes, so they share the next entry
+    /// rather than wait for the one after it (0: propose at once).
     group_commit_linger_us: u64 = 200;
     /// How long a request waits for a leader before a retryable TRYAGAIN error.
     leader_wait_ms: u64 = 3000;

@@ -475,7 +475,10 @@ struct Persisting {
 }
 
 struct Refill {
-    until: Instant,
+    /// Set when the loop first runs again after the replies were queued: the connection tasks
+    /// write the replies while it yields (tens of them take hundreds of µs), and the clients
+    /// can come back only once theirs is out.
+    until: Option<Instant>,
     /// Queued writes at which the wait ends early.
     target: usize,
 }
@@ -702,6 +705,11 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 _ = writes_done.notified() => {}
                 _ = tokio::time::sleep_until(wake_at) => {}
             }
+            if let Some(refill) = &mut self.refill {
+                refill
+                    .until
+                    .get_or_insert_with(|| Instant::now() + Duration::from_micros(self.config.group_commit_linger_us));
+            }
             self.release_persisted();
             for _ in 0..DRAIN_LIMIT {
                 match peer_messages.try_recv() {
@@ -899,7 +907,8 @@ impl<SM: StateMachine> RaftLoop<SM> {
             return Some(now);
         }
         let refill = self.refill.as_ref()?;
-        (now < refill.until && self.unproposed.len() < refill.target).then_some(refill.until.min(deadline))
+        let until = refill.until.unwrap_or(deadline);
+        (now < until && self.unproposed.len() < refill.target).then_some(until.min(deadline))
     }
 
     /// Whether the leader has `group_commit_entries` of its entries uncommitted.
@@ -918,7 +927,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
         }
         if self.refill.is_none() && self.answered_writes > 0 && self.config.group_commit_linger_us > 0 {
             self.refill = Some(Refill {
-                until: Instant::now() + Duration::from_micros(self.config.group_commit_linger_us),
+                until: None,
                 target: self.unproposed.len() + self.answered_writes,
             });
             self.answered_writes = 0;
