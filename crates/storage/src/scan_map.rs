@@ -4,7 +4,9 @@
 //! touches one small ordered map instead of entries scattered over a large table. Reading all
 //! ten fields of a record therefore costs about as many cache misses as reading one.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 
 use bytes::Bytes;
 use foldhash::HashMap;
@@ -17,9 +19,67 @@ pub fn no_groups(_: &[u8]) -> Option<usize> {
     None
 }
 
+/// Longest key held in the hash table's bucket itself rather than on the heap: with its length
+/// and the variant's tag, as large as a `Bytes`.
+const INLINE_KEY_BYTES: usize = 23;
+
+/// A key outside groups. Short keys (most are) sit in the bucket, so that matching a probed
+/// key reads the bucket the lookup reads anyway instead of missing the cache a second time on a
+/// key allocated elsewhere long ago, and a new key costs no allocation.
+#[derive(Debug, Clone)]
+enum SingleKey {
+    Inline { len: u8, bytes: [u8; INLINE_KEY_BYTES] },
+    Heap(Bytes),
+}
+
+const _: () = assert!(std::mem::size_of::<SingleKey>() == std::mem::size_of::<Bytes>());
+
+impl SingleKey {
+    fn new(key: Bytes) -> SingleKey {
+        if key.len() <= INLINE_KEY_BYTES {
+            let mut bytes = [0; INLINE_KEY_BYTES];
+            bytes[..key.len()].copy_from_slice(&key);
+            SingleKey::Inline {
+                len: key.len() as u8,
+                bytes,
+            }
+        } else {
+            SingleKey::Heap(key)
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            SingleKey::Inline { len, bytes } => &bytes[..*len as usize],
+            SingleKey::Heap(key) => key,
+        }
+    }
+}
+
+/// Hashes and compares as the key's bytes, so the table is searched with a `&[u8]`.
+impl Hash for SingleKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_slice().hash(state);
+    }
+}
+
+impl PartialEq for SingleKey {
+    fn eq(&self, other: &SingleKey) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for SingleKey {}
+
+impl Borrow<[u8]> for SingleKey {
+    fn borrow(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
 #[derive(Debug)]
 pub struct ScanMap<V> {
-    singles: HashMap<Bytes, V>,
+    singles: HashMap<SingleKey, V>,
     /// Group prefix → the group's keys by what follows the prefix (compared without the shared
     /// prefix), each with its whole key.
     groups: HashMap<Bytes, BTreeMap<Bytes, (Bytes, V)>>,
@@ -71,7 +131,7 @@ impl<V> ScanMap<V> {
 
     pub fn insert(&mut self, key: Bytes, value: V) -> Option<V> {
         let old = match (self.group_of)(&key) {
-            None => self.singles.insert(key, value),
+            None => self.singles.insert(SingleKey::new(key), value),
             Some(n) => {
                 let member = key.slice(n..);
                 match self.groups.get_mut(&key[..n]) {
@@ -131,11 +191,11 @@ impl<V> ScanMap<V> {
 
     /// Every entry, in no particular order (tests recount what the store tracks from it).
     #[cfg(test)]
-    pub fn iter(&self) -> impl Iterator<Item = (&Bytes, &V)> + '_ {
-        self.singles.iter().chain(
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &V)> + '_ {
+        self.singles.iter().map(|(key, value)| (key.as_slice(), value)).chain(
             self.groups
                 .values()
-                .flat_map(|members| members.values().map(|(key, value)| (key, value))),
+                .flat_map(|members| members.values().map(|(key, value)| (key.as_ref(), value))),
         )
     }
 
@@ -183,5 +243,28 @@ mod tests {
         assert_eq!((m.group_len(b"g1"), m.group_len(b"g2")), (2, 0));
         assert_eq!((m.ungrouped_len(), m.groups_len()), (0, 1));
         assert_eq!(m.len(), 2);
+    }
+
+    #[test]
+    fn keys_short_enough_to_sit_inline_and_longer_ones_behave_alike() {
+        let mut m = ScanMap::new(no_groups);
+        let keys: Vec<Bytes> = [0, 1, INLINE_KEY_BYTES - 1, INLINE_KEY_BYTES, INLINE_KEY_BYTES + 1, 300]
+            .iter()
+            .map(|&len| Bytes::from(vec![b'k'; len]))
+            .collect();
+        for (value, key) in keys.iter().enumerate() {
+            assert_eq!(m.insert(key.clone(), value), None);
+        }
+        for (value, key) in keys.iter().enumerate() {
+            assert_eq!(m.get(key), Some(&value), "key of {} bytes", key.len());
+            assert_eq!(m.insert(key.clone(), value + 100), Some(value));
+        }
+        assert_eq!(m.len(), keys.len());
+        assert!(m.get(&[b'k'; INLINE_KEY_BYTES + 2]).is_none());
+        for (value, key) in keys.iter().enumerate() {
+            assert_eq!(m.remove(key), Some(value + 100));
+            assert!(!m.contains_key(key));
+        }
+        assert_eq!(m.len(), 0);
     }
 }
