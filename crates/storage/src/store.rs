@@ -456,22 +456,42 @@ struct Shared {
     spares: Mutex<Spares>,
 }
 
-/// Files of retired segments, kept for new segments to overwrite (see `write_segment`).
+/// Files of retired segments, kept for new segments to overwrite (see `write_segment`), with
+/// their sizes.
 #[derive(Default)]
 struct Spares {
-    files: Vec<PathBuf>,
+    files: Vec<(PathBuf, u64)>,
+    bytes: u64,
+    /// Bytes of spare files kept at most (`spare_budget_bytes`); past that a retired segment's
+    /// file is deleted.
+    budget_bytes: u64,
     next_number: u64,
 }
 
-/// Spare files kept at most; past that a retired segment's file is deleted.
-const MAX_SPARE_FILES: usize = 64;
+/// Spare files kept at most, whatever their size.
+const MAX_SPARE_FILES: usize = 4096;
+
+/// The least room spares may take. They get as much as the cleaner lets die before it merges
+/// (`min_cleanable_dead_bytes`): a merge retires about that much at once, and the writers write
+/// about as much again before the next one, so with that many bytes of spares they create no
+/// file in between. Creating one is what the spares are for avoiding: on ext4 without a journal
+/// a new inode is never one deleted in the last minutes, and finding one scans past every
+/// segment a merge just deleted (with 64 spare files at most, under 100% writes, a fifth of a
+/// segment writer's time went there).
+const SPARE_BYTES_FLOOR: u64 = 16 << 20;
+
+fn spare_budget_bytes(options: &StoreOptions) -> u64 {
+    options.min_cleanable_dead_bytes.max(SPARE_BYTES_FLOOR)
+}
 
 impl Shared {
     /// A spare file in `dir`, if there is one.
     fn take_spare(&self, dir: &Path) -> Option<PathBuf> {
         let mut spares = self.spares.lock().expect("not poisoned");
-        let position = spares.files.iter().position(|path| path.parent() == Some(dir))?;
-        Some(spares.files.swap_remove(position))
+        let position = spares.files.iter().position(|(path, _)| path.parent() == Some(dir))?;
+        let (path, file_bytes) = spares.files.swap_remove(position);
+        spares.bytes -= file_bytes;
+        Some(path)
     }
 
     /// Retires segment files no manifest lists: renamed to spares while there is room, deleted
@@ -479,11 +499,13 @@ impl Shared {
     fn retire_files(&self, paths: &[PathBuf]) -> Result<(), StoreError> {
         let mut spares = self.spares.lock().expect("not poisoned");
         for path in paths {
-            if spares.files.len() < MAX_SPARE_FILES {
+            let file_bytes = std::fs::metadata(path).map_err(io_error(path))?.len();
+            if spares.files.len() < MAX_SPARE_FILES && spares.bytes + file_bytes <= spares.budget_bytes {
                 let spare = path.with_file_name(spare_file_name(spares.next_number));
                 spares.next_number += 1;
                 std::fs::rename(path, &spare).map_err(io_error(path))?;
-                spares.files.push(spare);
+                spares.files.push((spare, file_bytes));
+                spares.bytes += file_bytes;
             } else {
                 std::fs::remove_file(path).map_err(io_error(path))?;
             }
@@ -708,6 +730,7 @@ impl Store {
     fn empty(options: StoreOptions, applied_index: u64) -> Store {
         let shared = Arc::new(Shared::default());
         shared.durable.lock().expect("not poisoned").written_through = applied_index;
+        shared.spares.lock().expect("not poisoned").budget_bytes = spare_budget_bytes(&options);
         let (writer_tx, from_writers) = mpsc::channel();
         let mut to_writers = Vec::new();
         let mut writers = Vec::new();
@@ -2191,6 +2214,50 @@ mod tests {
         let mut store = Store::open(options, Some(&manifest_after)).unwrap();
         check(&mut store);
         assert_eq!(names(dir.path(), ".spare"), 0, "start-up deletes spares");
+    }
+
+    #[test]
+    fn retired_segments_are_kept_as_spares_up_to_the_byte_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = Shared::default();
+        shared.spares.lock().unwrap().budget_bytes = 3000;
+        let retire = |names: std::ops::Range<u64>| {
+            let paths: Vec<PathBuf> = names
+                .map(|n| {
+                    let path = dir.path().join(segment_file_name(n, n));
+                    std::fs::write(&path, vec![0u8; 1000]).unwrap();
+                    path
+                })
+                .collect();
+            shared.retire_files(&paths).unwrap();
+            assert!(paths.iter().all(|path| !path.exists()), "retired files are gone");
+        };
+        let spare_files = || {
+            std::fs::read_dir(dir.path())
+                .unwrap()
+                .filter(|entry| {
+                    entry
+                        .as_ref()
+                        .unwrap()
+                        .file_name()
+                        .to_str()
+                        .unwrap()
+                        .ends_with(".spare")
+                })
+                .count()
+        };
+        retire(1..6);
+        assert_eq!(spare_files(), 3, "three 1000-byte files fit a 3000-byte budget");
+        assert_eq!(shared.spares.lock().unwrap().bytes, 3000);
+        let taken = shared.take_spare(dir.path()).expect("a spare");
+        assert_eq!(shared.spares.lock().unwrap().bytes, 2000);
+        std::fs::remove_file(taken).unwrap();
+        retire(6..8);
+        assert_eq!(spare_files(), 3, "a taken spare's room is refilled, no more");
+        assert!(
+            shared.take_spare(Path::new("/elsewhere")).is_none(),
+            "spares stay in their directory"
+        );
     }
 
     #[test]
