@@ -26,7 +26,7 @@ const INLINE_KEY_BYTES: usize = 23;
 /// A key outside groups. Short keys (most are) sit in the bucket, so that matching a probed
 /// key reads the bucket the lookup reads anyway instead of missing the cache a second time on a
 /// key allocated elsewhere long ago, and a new key costs no allocation.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 enum SingleKey {
     Inline { len: u8, bytes: [u8; INLINE_KEY_BYTES] },
     Heap(Bytes),

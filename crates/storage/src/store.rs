@@ -461,7 +461,6 @@ struct Shared {
 #[derive(Default)]
 struct Spares {
     files: Vec<(PathBuf, u64)>,
-    bytes: u64,
     /// Bytes of spare files kept at most (`spare_budget_bytes`); past that a retired segment's
     /// file is deleted.
     budget_bytes: u64,
@@ -484,14 +483,18 @@ fn spare_budget_bytes(options: &StoreOptions) -> u64 {
     options.min_cleanable_dead_bytes.max(SPARE_BYTES_FLOOR)
 }
 
+impl Spares {
+    fn bytes(&self) -> u64 {
+        self.files.iter().map(|(_, file_bytes)| file_bytes).sum()
+    }
+}
+
 impl Shared {
     /// A spare file in `dir`, if there is one.
     fn take_spare(&self, dir: &Path) -> Option<PathBuf> {
         let mut spares = self.spares.lock().expect("not poisoned");
         let position = spares.files.iter().position(|(path, _)| path.parent() == Some(dir))?;
-        let (path, file_bytes) = spares.files.swap_remove(position);
-        spares.bytes -= file_bytes;
-        Some(path)
+        Some(spares.files.swap_remove(position).0)
     }
 
     /// Retires segment files no manifest lists: renamed to spares while there is room, deleted
@@ -500,12 +503,11 @@ impl Shared {
         let mut spares = self.spares.lock().expect("not poisoned");
         for path in paths {
             let file_bytes = std::fs::metadata(path).map_err(io_error(path))?.len();
-            if spares.files.len() < MAX_SPARE_FILES && spares.bytes + file_bytes <= spares.budget_bytes {
+            if spares.files.len() < MAX_SPARE_FILES && spares.bytes() + file_bytes <= spares.budget_bytes {
                 let spare = path.with_file_name(spare_file_name(spares.next_number));
                 spares.next_number += 1;
                 std::fs::rename(path, &spare).map_err(io_error(path))?;
                 spares.files.push((spare, file_bytes));
-                spares.bytes += file_bytes;
             } else {
                 std::fs::remove_file(path).map_err(io_error(path))?;
             }
@@ -2248,9 +2250,9 @@ mod tests {
         };
         retire(1..6);
         assert_eq!(spare_files(), 3, "three 1000-byte files fit a 3000-byte budget");
-        assert_eq!(shared.spares.lock().unwrap().bytes, 3000);
+        assert_eq!(shared.spares.lock().unwrap().bytes(), 3000);
         let taken = shared.take_spare(dir.path()).expect("a spare");
-        assert_eq!(shared.spares.lock().unwrap().bytes, 2000);
+        assert_eq!(shared.spares.lock().unwrap().bytes(), 2000);
         std::fs::remove_file(taken).unwrap();
         retire(6..8);
         assert_eq!(spare_files(), 3, "a taken spare's room is refilled, no more");
