@@ -363,6 +363,10 @@ impl StateMachine for KvState {
         self.execute_read(query)
     }
 
+    fn tick(&mut self) {
+        self.store.tick();
+    }
+
     fn out_of_space(&self) -> bool {
         self.store.out_of_space()
     }

@@ -66,6 +66,9 @@ pub trait StateMachine: Send + 'static {
     fn out_of_space(&self) -> bool {
         false
     }
+    /// Called once per raft tick: background work of the state's own that must not wait for
+    /// the next entry to be applied, which on an idle node may never come.
+    fn tick(&mut self) {}
 }
 
 #[derive(Debug, Clone)]
@@ -730,6 +733,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             if now >= next_tick {
                 self.proposal_refused = false;
                 self.raw.tick();
+                self.sm.tick();
                 next_tick = now + tick;
                 self.expire_requests();
                 for (peer, rtt_us) in self.link_rtts.iter() {

@@ -821,6 +821,14 @@ impl Store {
         self.absorb_cleaned();
     }
 
+    /// Goes on adopting what the writers and the cleaner finished without waiting for another
+    /// entry: on an idle node a finished merge would otherwise hold its replaced segments on
+    /// disk, its records in memory and the cleaner's next merge back until the next write.
+    pub fn tick(&mut self) {
+        self.absorb_written(self.options.adoption_step_records);
+        self.absorb_cleaned();
+    }
+
     /// Hands the building batch to the writer, waiting for it when too many are unwritten.
     pub fn cut(&mut self) {
         if let Some(batch) = self.building.take() {
@@ -2216,6 +2224,41 @@ mod tests {
         let mut store = Store::open(options, Some(&manifest_after)).unwrap();
         check(&mut store);
         assert_eq!(names(dir.path(), ".spare"), 0, "start-up deletes spares");
+    }
+
+    #[test]
+    fn ticks_finish_the_writers_and_cleaners_work_once_writes_stop() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = StoreOptions {
+            batch_writes: 50,
+            cleaner_min_segments: 4,
+            ..StoreOptions::new(dir.path())
+        };
+        let mut store = Store::open(options, None).unwrap();
+        let mut index = 0;
+        for round in 0..40u64 {
+            for k in 0..50u64 {
+                index += 1;
+                store.write(
+                    index,
+                    Bytes::from(format!("k{k:03}")),
+                    Some(Bytes::from(format!("{round}"))),
+                );
+                store.entry_applied(index);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while store.cleaning || store.stats().unwritten_batches > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "still cleaning or writing after 20 s of ticks: {:?}",
+                store.stats()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+            store.tick();
+        }
+        assert!(store.stats().merges > 0);
+        assert!(store.dirty_ratio() < 0.5, "dirty ratio {}", store.dirty_ratio());
     }
 
     #[test]
