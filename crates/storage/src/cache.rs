@@ -1,51 +1,107 @@
-//! The object cache: values of durable records, bounded in bytes, evicted by S3-FIFO (Yang et
-//! al., SOSP'23). New objects enter a small FIFO; those read again before they reach its head move
+//! The values the store holds in memory: the object cache of durable values, bounded in bytes and
+//! evicted by S3-FIFO (Yang et al., SOSP'23), and the values of writes whose batch is not in a
+//! segment yet. New objects enter a small FIFO; those read again before they reach its head move
 //! to the main FIFO, the rest leave and are remembered in a ghost FIFO of key hashes, so an object
 //! that comes back soon goes straight to main. Main is a FIFO with reinsertion for objects read
 //! since their last pass. One-hit wonders — most of a scan, most of a write-heavy workload —
 //! never displace the working set.
 //!
-//! A cached value lives in the index entry of its key (`Cached`), so a hit costs no lookup beyond
-//! the index's own; the policy keeps only the FIFOs of keys and the byte counts, and reaches
-//! entries through `CacheSlots` when it evicts.
+//! Values live in a slab; a key's index entry names its value by a 4-byte `ValueSlot`, so the
+//! index spends 4 bytes per key on values rather than room for two of them, and the FIFOs hold
+//! slots, not keys. A slot leaves a FIFO only at its head: an overwritten object keeps its slot
+//! and its place, held unwritten until its new value is durable; a deleted one stays queued,
+//! empty, until the FIFO reaches it or is compacted.
 
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
+use std::num::NonZeroU32;
 
 use bytes::Bytes;
 use foldhash::HashSet;
 
-/// Bookkeeping bytes charged per object on top of its key and value.
-const OBJECT_OVERHEAD_BYTES: usize = 64;
-const MAX_FREQUENCY: u8 = 3;
+use crate::scan_map::SingleKey;
 
-/// A value held in the cache, stored in its key's index entry.
-#[derive(Debug, Clone)]
-pub struct Cached {
-    value: Bytes,
-    frequency: u8,
-    in_main: bool,
-    /// Distinguishes this object from an earlier one under the same key still queued.
-    generation: u64,
+/// Bytes charged per cached object on top of its key and value: its 72-byte slab entry, its FIFO
+/// slot, the shared header and allocator chunk headers of the value's buffer, and the framing of
+/// the applied command that buffer holds besides the value (measured with a heap profile: about
+/// 245 bytes per object of a 16-byte key and 100-byte value).
+const OBJECT_OVERHEAD_BYTES: usize = 128;
+const MAX_FREQUENCY: u8 = 3;
+/// A FIFO is compacted once it holds this many released objects more than live ones.
+const COMPACT_AFTER_RELEASED: usize = 1_024;
+
+/// Names a value in the slab, from its key's index entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ValueSlot(NonZeroU32);
+
+impl ValueSlot {
+    fn of(index: u32) -> ValueSlot {
+        ValueSlot(NonZeroU32::new(index + 1).expect("fewer than 2^32 - 1 values in memory"))
+    }
+
+    fn index(self) -> usize {
+        self.0.get() as usize - 1
+    }
 }
 
-/// Where the policy finds the cache slot of a key when it evicts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// On the free list.
+    Free,
+    /// The value of a write whose batch is not durable yet: neither charged nor evictable (the
+    /// store bounds unwritten batches) and in no FIFO.
+    Unwritten,
+    Small,
+    Main,
+    /// Overwritten while in a FIFO: unwritten, and cached again in its place once written. If
+    /// the FIFO reaches it first it leaves the FIFO and is plainly unwritten.
+    UnwrittenInSmall,
+    UnwrittenInMain,
+    /// Released while in a FIFO: empty, freed when the FIFO reaches it or is compacted.
+    ReleasedInSmall,
+    ReleasedInMain,
+}
+
+impl State {
+    fn is_unwritten(self) -> bool {
+        matches!(
+            self,
+            State::Unwritten | State::UnwrittenInSmall | State::UnwrittenInMain
+        )
+    }
+}
+
+#[derive(Debug)]
+struct Object {
+    /// Where eviction finds the index entry to clear (empty while unwritten).
+    key: SingleKey,
+    value: Bytes,
+    frequency: u8,
+    state: State,
+}
+
+/// Where the policy finds a key's value slot when it evicts.
 pub trait CacheSlots {
-    fn slot(&mut self, key: &[u8]) -> Option<&mut Option<Cached>>;
+    fn slot(&mut self, key: &[u8]) -> Option<&mut Option<ValueSlot>>;
 }
 
 #[derive(Default)]
 pub struct ObjectCache {
     capacity_bytes: usize,
     small_capacity_bytes: usize,
-    small: VecDeque<(Bytes, u64)>,
-    main: VecDeque<(Bytes, u64)>,
+    slab: Vec<Object>,
+    free: Vec<u32>,
+    small: VecDeque<u32>,
+    main: VecDeque<u32>,
     small_bytes: usize,
     main_bytes: usize,
-    objects: usize,
+    small_objects: usize,
+    main_objects: usize,
+    /// Entries of each FIFO that are released: what a compaction would free.
+    small_released: usize,
+    main_released: usize,
     ghost: VecDeque<u64>,
     ghost_set: HashSet<u64>,
-    next_generation: u64,
     hits: u64,
     misses: u64,
 }
@@ -72,68 +128,160 @@ impl ObjectCache {
         }
     }
 
-    /// The value in `slot`, if cached, counted as read again.
-    pub fn get(&mut self, slot: &mut Option<Cached>) -> Option<Bytes> {
-        match slot {
-            Some(cached) => {
-                cached.frequency = (cached.frequency + 1).min(MAX_FREQUENCY);
-                self.hits += 1;
-                Some(cached.value.clone())
-            }
-            None => {
-                self.misses += 1;
-                None
-            }
-        }
-    }
-
-    /// Caches `value` as `key`'s in `slot`, replacing an older value. Call `evict` afterwards.
-    pub fn admit(&mut self, key: &Bytes, slot: &mut Option<Cached>, value: Bytes) {
-        let bytes = charge(key, &value);
-        if bytes > self.capacity_bytes {
-            self.forget(key, slot);
-            return;
-        }
-        if let Some(cached) = slot {
-            let old = charge(key, &cached.value);
-            let queue_bytes = if cached.in_main {
-                &mut self.main_bytes
-            } else {
-                &mut self.small_bytes
-            };
-            *queue_bytes = *queue_bytes - old + bytes;
-            cached.value = value;
-            return;
-        }
-        let generation = self.next_generation;
-        self.next_generation += 1;
-        let in_main = self.ghost_set.remove(&self.ghost_set.hasher().hash_one(key.as_ref()));
-        if in_main {
-            self.main.push_back((key.clone(), generation));
-            self.main_bytes += bytes;
-        } else {
-            self.small.push_back((key.clone(), generation));
-            self.small_bytes += bytes;
-        }
-        self.objects += 1;
-        *slot = Some(Cached {
+    /// Holds the value of a write whose batch is not durable yet, until `written` or `release`.
+    pub fn hold_unwritten(&mut self, value: Bytes) -> ValueSlot {
+        self.allocate(Object {
+            key: SingleKey::empty(),
             value,
             frequency: 0,
-            in_main,
-            generation,
-        });
+            state: State::Unwritten,
+        })
     }
 
-    /// Empties `slot` (its record was overwritten or deleted). Its queue entry goes stale.
-    pub fn forget(&mut self, key: &[u8], slot: &mut Option<Cached>) {
-        if let Some(cached) = slot.take() {
-            let bytes = charge(key, &cached.value);
-            if cached.in_main {
-                self.main_bytes -= bytes;
-            } else {
-                self.small_bytes -= bytes;
+    /// The value in `slot`, if any; a cached one counts as read again.
+    pub fn get(&mut self, slot: Option<ValueSlot>) -> Option<Bytes> {
+        let Some(slot) = slot else {
+            self.misses += 1;
+            return None;
+        };
+        let object = &mut self.slab[slot.index()];
+        match object.state {
+            State::Unwritten | State::UnwrittenInSmall | State::UnwrittenInMain => {}
+            State::Small | State::Main => {
+                object.frequency = (object.frequency + 1).min(MAX_FREQUENCY);
+                self.hits += 1;
             }
-            self.objects -= 1;
+            state => panic!("an index entry names a {state:?} value slot"),
+        }
+        Some(object.value.clone())
+    }
+
+    /// Holds `value`, a newer write of the key whose value is in `slot` (if any), until it is
+    /// written: a cached object stops counting against the cache but keeps its place. `unwritten`
+    /// says whether the key's index entry is, which its value must agree with.
+    pub fn overwrite(&mut self, slot: &mut Option<ValueSlot>, unwritten: bool, value: Bytes) {
+        let Some(held) = *slot else {
+            assert!(!unwritten, "an unwritten index entry holds its value");
+            *slot = Some(self.hold_unwritten(value));
+            return;
+        };
+        let object = &mut self.slab[held.index()];
+        assert_eq!(
+            object.state.is_unwritten(),
+            unwritten,
+            "an index entry and its value agree"
+        );
+        let bytes = charge(object.key.as_slice(), &object.value);
+        object.value = value;
+        match object.state {
+            State::Unwritten | State::UnwrittenInSmall | State::UnwrittenInMain => {}
+            State::Small => {
+                object.state = State::UnwrittenInSmall;
+                self.small_bytes -= bytes;
+                self.small_objects -= 1;
+            }
+            State::Main => {
+                object.state = State::UnwrittenInMain;
+                self.main_bytes -= bytes;
+                self.main_objects -= 1;
+            }
+            state => panic!("an index entry names a {state:?} value slot"),
+        }
+    }
+
+    /// The unwritten value in `slot`, of `key`, `value_len` bytes long, is now durable: it becomes
+    /// a cached object, or leaves memory if it is larger than the cache. Call `evict` afterwards.
+    pub fn written(&mut self, key: &Bytes, slot: &mut Option<ValueSlot>, value_len: usize) {
+        let held = slot.expect("a written value was held");
+        let object = &mut self.slab[held.index()];
+        assert_eq!(object.value.len(), value_len, "the segment holds the value written");
+        let bytes = charge(key, &object.value);
+        if bytes > self.capacity_bytes {
+            self.release(slot, true);
+            return;
+        }
+        match object.state {
+            State::Unwritten => {
+                object.key = SingleKey::new(key.clone());
+                self.enqueue(held, bytes);
+            }
+            State::UnwrittenInSmall => {
+                object.state = State::Small;
+                self.small_bytes += bytes;
+                self.small_objects += 1;
+            }
+            State::UnwrittenInMain => {
+                object.state = State::Main;
+                self.main_bytes += bytes;
+                self.main_objects += 1;
+            }
+            state => panic!("a {state:?} value is written"),
+        }
+    }
+
+    /// Caches `value`, read from `key`'s segment, in the empty `slot`. Call `evict` afterwards.
+    pub fn admit(&mut self, key: &[u8], slot: &mut Option<ValueSlot>, value: Bytes) {
+        assert!(slot.is_none(), "a value read from disk was not in memory");
+        let bytes = charge(key, &value);
+        if bytes > self.capacity_bytes {
+            return;
+        }
+        let admitted = self.allocate(Object {
+            key: SingleKey::from_slice(key),
+            value,
+            frequency: 0,
+            state: State::Unwritten,
+        });
+        self.enqueue(admitted, bytes);
+        *slot = Some(admitted);
+    }
+
+    /// Empties `slot`: its key was deleted. `unwritten` says whether the key's index entry was.
+    pub fn release(&mut self, slot: &mut Option<ValueSlot>, unwritten: bool) {
+        let Some(released) = slot.take() else {
+            assert!(!unwritten, "an unwritten index entry holds its value");
+            return;
+        };
+        let object = &mut self.slab[released.index()];
+        assert_eq!(
+            object.state.is_unwritten(),
+            unwritten,
+            "an index entry and its value agree"
+        );
+        let bytes = charge(object.key.as_slice(), &object.value);
+        object.value = Bytes::new();
+        object.key = SingleKey::empty();
+        let in_small = match object.state {
+            State::Unwritten => {
+                self.free_slot(released);
+                return;
+            }
+            State::Small => {
+                self.small_bytes -= bytes;
+                self.small_objects -= 1;
+                true
+            }
+            State::UnwrittenInSmall => true,
+            State::Main => {
+                self.main_bytes -= bytes;
+                self.main_objects -= 1;
+                false
+            }
+            State::UnwrittenInMain => false,
+            state => panic!("an index entry names a {state:?} value slot"),
+        };
+        if in_small {
+            object.state = State::ReleasedInSmall;
+            self.small_released += 1;
+            if self.small_released > self.small.len() / 2 + COMPACT_AFTER_RELEASED {
+                self.compact_small();
+            }
+        } else {
+            object.state = State::ReleasedInMain;
+            self.main_released += 1;
+            if self.main_released > self.main.len() / 2 + COMPACT_AFTER_RELEASED {
+                self.compact_main();
+            }
         }
     }
 
@@ -150,70 +298,165 @@ impl ObjectCache {
 
     pub fn stats(&self) -> CacheStats {
         CacheStats {
-            objects: self.objects,
+            objects: self.small_objects + self.main_objects,
             bytes: self.small_bytes + self.main_bytes,
             hits: self.hits,
             misses: self.misses,
         }
     }
 
-    /// The live object a queue entry names, if it is still cached under that generation.
-    fn live<'a>(slots: &'a mut impl CacheSlots, key: &[u8], generation: u64) -> Option<&'a mut Option<Cached>> {
-        slots
-            .slot(key)
-            .filter(|slot| slot.as_ref().is_some_and(|c| c.generation == generation))
+    fn allocate(&mut self, object: Object) -> ValueSlot {
+        let index = match self.free.pop() {
+            Some(index) => {
+                let free = &mut self.slab[index as usize];
+                assert_eq!(free.state, State::Free, "the free list holds free slots");
+                *free = object;
+                index
+            }
+            None => {
+                let index = u32::try_from(self.slab.len()).expect("fewer than 2^32 - 1 values in memory");
+                self.slab.push(object);
+                index
+            }
+        };
+        ValueSlot::of(index)
+    }
+
+    fn free_slot(&mut self, slot: ValueSlot) {
+        let object = &mut self.slab[slot.index()];
+        object.state = State::Free;
+        object.value = Bytes::new();
+        object.key = SingleKey::empty();
+        self.free.push(slot.index() as u32);
+    }
+
+    /// Queues the held object in `slot`, `bytes` as charged: into main if its key left the
+    /// cache recently, else into small.
+    fn enqueue(&mut self, slot: ValueSlot, bytes: usize) {
+        let object = &mut self.slab[slot.index()];
+        let in_main = self
+            .ghost_set
+            .remove(&self.ghost_set.hasher().hash_one(object.key.as_slice()));
+        let index = slot.index() as u32;
+        if in_main {
+            object.state = State::Main;
+            self.main.push_back(index);
+            self.main_bytes += bytes;
+            self.main_objects += 1;
+        } else {
+            object.state = State::Small;
+            self.small.push_back(index);
+            self.small_bytes += bytes;
+            self.small_objects += 1;
+        }
+    }
+
+    /// Clears the index entry that names the cached object in `slot` and frees it.
+    fn drop_object(&mut self, slots: &mut impl CacheSlots, slot: ValueSlot) {
+        let key = &self.slab[slot.index()].key;
+        let entry = slots.slot(key.as_slice()).expect("a cached object's key is indexed");
+        assert_eq!(*entry, Some(slot), "a cached object is its key's value");
+        *entry = None;
+        self.free_slot(slot);
     }
 
     fn evict_from_small(&mut self, slots: &mut impl CacheSlots) {
-        while let Some((key, generation)) = self.small.pop_front() {
-            let Some(slot) = Self::live(slots, &key, generation) else {
-                continue;
-            };
-            let cached = slot.as_mut().expect("live");
-            let bytes = charge(&key, &cached.value);
+        while let Some(index) = self.small.pop_front() {
+            let slot = ValueSlot::of(index);
+            let object = &mut self.slab[index as usize];
+            match object.state {
+                State::ReleasedInSmall => {
+                    self.small_released -= 1;
+                    self.free_slot(slot);
+                    continue;
+                }
+                State::UnwrittenInSmall => {
+                    object.state = State::Unwritten;
+                    continue;
+                }
+                State::Small => {}
+                state => panic!("the small FIFO holds a {state:?} slot"),
+            }
+            let bytes = charge(object.key.as_slice(), &object.value);
             self.small_bytes -= bytes;
-            if cached.frequency > 0 {
-                cached.frequency = 0;
-                cached.in_main = true;
+            self.small_objects -= 1;
+            if object.frequency > 0 {
+                object.frequency = 0;
+                object.state = State::Main;
                 self.main_bytes += bytes;
-                self.main.push_back((key, generation));
+                self.main_objects += 1;
+                self.main.push_back(index);
                 if self.small_bytes + self.main_bytes <= self.capacity_bytes {
                     return;
                 }
             } else {
-                *slot = None;
-                self.objects -= 1;
-                self.remember_ghost(&key);
+                let ghost = self.ghost_set.hasher().hash_one(object.key.as_slice());
+                self.drop_object(slots, slot);
+                self.remember_ghost(ghost);
                 return;
             }
         }
     }
 
     fn evict_from_main(&mut self, slots: &mut impl CacheSlots) {
-        while let Some((key, generation)) = self.main.pop_front() {
-            let Some(slot) = Self::live(slots, &key, generation) else {
-                continue;
-            };
-            let cached = slot.as_mut().expect("live");
-            if cached.frequency > 0 {
-                cached.frequency -= 1;
-                self.main.push_back((key, generation));
+        while let Some(index) = self.main.pop_front() {
+            let slot = ValueSlot::of(index);
+            let object = &mut self.slab[index as usize];
+            match object.state {
+                State::ReleasedInMain => {
+                    self.main_released -= 1;
+                    self.free_slot(slot);
+                    continue;
+                }
+                State::UnwrittenInMain => {
+                    object.state = State::Unwritten;
+                    continue;
+                }
+                State::Main => {}
+                state => panic!("the main FIFO holds a {state:?} slot"),
+            }
+            if object.frequency > 0 {
+                object.frequency -= 1;
+                self.main.push_back(index);
             } else {
-                self.main_bytes -= charge(&key, &cached.value);
-                *slot = None;
-                self.objects -= 1;
+                self.main_bytes -= charge(object.key.as_slice(), &object.value);
+                self.main_objects -= 1;
+                self.drop_object(slots, slot);
                 return;
             }
         }
     }
 
-    fn remember_ghost(&mut self, key: &[u8]) {
-        let h = self.ghost_set.hasher().hash_one(key);
-        if self.ghost_set.insert(h) {
-            self.ghost.push_back(h);
+    /// Frees the released objects of the small FIFO, keeping the order of the rest.
+    fn compact_small(&mut self) {
+        let mut small = std::mem::take(&mut self.small);
+        small.retain(|&index| self.keep_queued(index, State::ReleasedInSmall));
+        self.small = small;
+        self.small_released = 0;
+    }
+
+    fn compact_main(&mut self) {
+        let mut main = std::mem::take(&mut self.main);
+        main.retain(|&index| self.keep_queued(index, State::ReleasedInMain));
+        self.main = main;
+        self.main_released = 0;
+    }
+
+    /// Whether a FIFO keeps `index`; frees it if it was `released`.
+    fn keep_queued(&mut self, index: u32, released: State) -> bool {
+        if self.slab[index as usize].state != released {
+            return true;
+        }
+        self.free_slot(ValueSlot::of(index));
+        false
+    }
+
+    fn remember_ghost(&mut self, hash: u64) {
+        if self.ghost_set.insert(hash) {
+            self.ghost.push_back(hash);
         }
         // As many ghosts as the main queue holds objects, as the paper sizes it.
-        while self.ghost.len() > self.main.len().max(16) {
+        while self.ghost.len() > self.main_objects.max(16) {
             if let Some(old) = self.ghost.pop_front() {
                 self.ghost_set.remove(&old);
             }
@@ -227,23 +470,40 @@ mod tests {
 
     use super::*;
 
+    /// An index of keys to value slots, as the store keeps one.
     #[derive(Default)]
-    struct Slots(HashMap<Bytes, Option<Cached>>);
+    struct Slots(HashMap<Bytes, Option<ValueSlot>>);
 
     impl CacheSlots for Slots {
-        fn slot(&mut self, key: &[u8]) -> Option<&mut Option<Cached>> {
+        fn slot(&mut self, key: &[u8]) -> Option<&mut Option<ValueSlot>> {
             self.0.get_mut(key)
         }
     }
 
     impl Slots {
-        fn insert(&mut self, cache: &mut ObjectCache, key: Bytes, value: Bytes) {
-            let slot = self.0.entry(key.clone()).or_default();
-            cache.admit(&key, slot, value);
+        /// Writes `value` as the store does: held unwritten, then written and cached.
+        fn write(&mut self, cache: &mut ObjectCache, key: Bytes, value: Bytes) {
+            self.hold(cache, key.clone(), value);
+            self.written(cache, &key);
+        }
+        fn hold(&mut self, cache: &mut ObjectCache, key: Bytes, value: Bytes) {
+            let slot = self.0.entry(key).or_default();
+            let unwritten = slot.is_some_and(|held| cache.slab[held.index()].state.is_unwritten());
+            cache.overwrite(slot, unwritten, value.clone());
+            assert_eq!(cache.get(*slot), Some(value), "an unwritten value is served");
+        }
+        fn written(&mut self, cache: &mut ObjectCache, key: &Bytes) {
+            let slot = self.0.get_mut(key).unwrap();
+            let value_len = cache.slab[slot.unwrap().index()].value.len();
+            cache.written(key, slot, value_len);
             cache.evict(self);
         }
+        fn delete(&mut self, cache: &mut ObjectCache, key: &Bytes) {
+            let mut slot = self.0.remove(key).unwrap();
+            cache.release(&mut slot, false);
+        }
         fn get(&mut self, cache: &mut ObjectCache, key: &Bytes) -> Option<Bytes> {
-            cache.get(self.0.get_mut(key)?)
+            cache.get(*self.0.get(key)?)
         }
         fn held(&self, key: &Bytes) -> bool {
             self.0.get(key).is_some_and(Option::is_some)
@@ -256,11 +516,11 @@ mod tests {
 
     #[test]
     fn stays_within_its_byte_budget_and_serves_what_it_holds() {
-        let mut c = ObjectCache::new(10_000);
+        let mut c = ObjectCache::new(20_000);
         let mut s = Slots::default();
         for i in 0..1_000 {
-            s.insert(&mut c, key(i), Bytes::from(vec![i as u8; 50]));
-            assert!(c.stats().bytes <= 10_000);
+            s.write(&mut c, key(i), Bytes::from(vec![i as u8; 50]));
+            assert!(c.stats().bytes <= 20_000);
         }
         let held: Vec<u32> = (0..1_000).filter(|i| s.held(&key(*i))).collect();
         assert!(!held.is_empty());
@@ -272,10 +532,10 @@ mod tests {
 
     #[test]
     fn a_scan_does_not_evict_the_working_set() {
-        let mut c = ObjectCache::new(20 * (64 + 6 + 10));
+        let mut c = ObjectCache::new(20 * (OBJECT_OVERHEAD_BYTES + 6 + 10));
         let mut s = Slots::default();
         for i in 0..10 {
-            s.insert(&mut c, key(i), Bytes::from(vec![0; 10]));
+            s.write(&mut c, key(i), Bytes::from(vec![0; 10]));
         }
         for _ in 0..3 {
             for i in 0..10 {
@@ -283,7 +543,7 @@ mod tests {
             }
         }
         for i in 100..1_000 {
-            s.insert(&mut c, key(i), Bytes::from(vec![0; 10]));
+            s.write(&mut c, key(i), Bytes::from(vec![0; 10]));
             for w in 0..10 {
                 s.get(&mut c, &key(w));
             }
@@ -293,16 +553,89 @@ mod tests {
     }
 
     #[test]
-    fn replacing_and_forgetting_keep_the_byte_count_exact() {
+    fn replacing_and_releasing_keep_the_byte_count_exact() {
         let mut c = ObjectCache::new(1_000_000);
         let mut s = Slots::default();
-        s.insert(&mut c, key(1), Bytes::from(vec![0; 100]));
-        s.insert(&mut c, key(1), Bytes::from(vec![0; 10]));
+        s.write(&mut c, key(1), Bytes::from(vec![0; 100]));
+        s.write(&mut c, key(1), Bytes::from(vec![0; 10]));
         assert_eq!(c.stats().bytes, charge(&key(1), &[0; 10]));
-        c.forget(&key(1), s.0.get_mut(&key(1)).unwrap());
+        c.release(s.0.get_mut(&key(1)).unwrap(), false);
         assert_eq!(c.stats().bytes, 0);
         assert_eq!(s.get(&mut c, &key(1)), None);
-        s.insert(&mut c, key(2), Bytes::from(vec![0; 2_000_000]));
+        s.write(&mut c, key(2), Bytes::from(vec![0; 2_000_000]));
         assert_eq!(c.stats().objects, 0, "an object larger than the cache is not cached");
+        assert!(!s.held(&key(2)));
+    }
+
+    #[test]
+    fn a_value_read_from_disk_is_admitted_into_an_empty_slot() {
+        let mut c = ObjectCache::new(1_000_000);
+        let mut slot = None;
+        assert_eq!(c.get(slot), None);
+        c.admit(b"k", &mut slot, Bytes::from_static(b"v"));
+        assert_eq!(c.get(slot), Some(Bytes::from_static(b"v")));
+        assert_eq!(
+            c.stats(),
+            CacheStats {
+                objects: 1,
+                bytes: charge(b"k", b"v"),
+                hits: 1,
+                misses: 1
+            }
+        );
+    }
+
+    #[test]
+    fn an_overwritten_object_is_not_evicted_before_it_is_written_and_keeps_its_place() {
+        let mut c = ObjectCache::new(10 * (OBJECT_OVERHEAD_BYTES + 6 + 10));
+        let mut s = Slots::default();
+        s.write(&mut c, key(0), Bytes::from(vec![0; 10]));
+        s.get(&mut c, &key(0));
+        s.hold(&mut c, key(0), Bytes::from(vec![1; 10]));
+        for i in 1..100 {
+            s.write(&mut c, key(i), Bytes::from(vec![0; 10]));
+        }
+        assert_eq!(
+            s.get(&mut c, &key(0)),
+            Some(Bytes::from(vec![1; 10])),
+            "unwritten values stay"
+        );
+        s.written(&mut c, &key(0));
+        assert!(c.stats().bytes <= 10 * (OBJECT_OVERHEAD_BYTES + 6 + 10));
+        assert_eq!(s.get(&mut c, &key(0)), Some(Bytes::from(vec![1; 10])));
+        s.hold(&mut c, key(1), Bytes::from(vec![2; 10]));
+        s.written(&mut c, &key(1));
+        s.get(&mut c, &key(1));
+        s.hold(&mut c, key(1), Bytes::from(vec![3; 10]));
+        s.written(&mut c, &key(1));
+        assert_eq!(s.get(&mut c, &key(1)), Some(Bytes::from(vec![3; 10])));
+    }
+
+    #[test]
+    fn deletes_in_a_cache_that_never_fills_keep_its_memory_bounded() {
+        let mut c = ObjectCache::new(1 << 30);
+        let mut s = Slots::default();
+        for round in 0..200u32 {
+            for i in 0..100 {
+                s.write(&mut c, key(i), Bytes::from(round.to_le_bytes().to_vec()));
+                if round < 199 {
+                    s.delete(&mut c, &key(i));
+                }
+            }
+        }
+        assert_eq!(c.stats().objects, 100);
+        assert!(
+            c.small.len() + c.main.len() <= 3 * 100 + 2 * COMPACT_AFTER_RELEASED,
+            "{} queued for 100 objects after 20,000 writes",
+            c.small.len() + c.main.len()
+        );
+        assert!(
+            c.slab.len() <= 3 * 100 + 2 * COMPACT_AFTER_RELEASED,
+            "{} slots",
+            c.slab.len()
+        );
+        for i in 0..100 {
+            assert_eq!(s.get(&mut c, &key(i)), Some(Bytes::from(199u32.to_le_bytes().to_vec())));
+        }
     }
 }

@@ -27,7 +27,7 @@ const INLINE_KEY_BYTES: usize = 23;
 /// key reads the bucket the lookup reads anyway instead of missing the cache a second time on a
 /// key allocated elsewhere long ago, and a new key costs no allocation.
 #[derive(Debug)]
-enum SingleKey {
+pub(crate) enum SingleKey {
     Inline { len: u8, bytes: [u8; INLINE_KEY_BYTES] },
     Heap(Bytes),
 }
@@ -35,20 +35,34 @@ enum SingleKey {
 const _: () = assert!(std::mem::size_of::<SingleKey>() == std::mem::size_of::<Bytes>());
 
 impl SingleKey {
-    fn new(key: Bytes) -> SingleKey {
-        if key.len() <= INLINE_KEY_BYTES {
+    pub(crate) fn empty() -> SingleKey {
+        SingleKey::Inline {
+            len: 0,
+            bytes: [0; INLINE_KEY_BYTES],
+        }
+    }
+
+    fn inline(key: &[u8]) -> Option<SingleKey> {
+        (key.len() <= INLINE_KEY_BYTES).then(|| {
             let mut bytes = [0; INLINE_KEY_BYTES];
-            bytes[..key.len()].copy_from_slice(&key);
+            bytes[..key.len()].copy_from_slice(key);
             SingleKey::Inline {
                 len: key.len() as u8,
                 bytes,
             }
-        } else {
-            SingleKey::Heap(key)
-        }
+        })
     }
 
-    fn as_slice(&self) -> &[u8] {
+    pub(crate) fn new(key: Bytes) -> SingleKey {
+        SingleKey::inline(&key).unwrap_or(SingleKey::Heap(key))
+    }
+
+    /// A long key is copied into a buffer of its own.
+    pub(crate) fn from_slice(key: &[u8]) -> SingleKey {
+        SingleKey::inline(key).unwrap_or_else(|| SingleKey::Heap(Bytes::copy_from_slice(key)))
+    }
+
+    pub(crate) fn as_slice(&self) -> &[u8] {
         match self {
             SingleKey::Inline { len, bytes } => &bytes[..*len as usize],
             SingleKey::Heap(key) => key,

@@ -31,7 +31,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use foldhash::{HashMap, HashSet};
 
-use crate::cache::{CacheSlots, CacheStats, Cached, ObjectCache};
+use crate::cache::{CacheSlots, CacheStats, ObjectCache, ValueSlot};
 use crate::manifest::Manifest;
 use crate::reduce::{ReducedBatch, Reducer};
 use crate::scan_map::{no_groups, GroupOf, ScanMap};
@@ -144,39 +144,29 @@ pub enum StoreError {
     Inconsistent(String),
 }
 
-/// Where a live key's latest record is, and its value when in memory.
+/// Where a live key's latest record is, and its value when in memory. One per live key, so its
+/// size is most of the index's: 32 bytes.
 #[derive(Debug, Clone)]
 struct Location {
     /// Id of the segment in `Store::segments` holding the latest write, or `UNWRITTEN` while only
-    /// a batch holds it (its value is then in `unwritten`).
+    /// a batch holds it (its value is then held in `value`).
     segment: u64,
     record_offset: u64,
-    value_len: u32,
     /// Log index of the latest write.
     version: u64,
-    cached: Option<Cached>,
-    unwritten: Option<Bytes>,
+    value_len: u32,
+    /// The value in memory, unwritten or cached.
+    value: Option<ValueSlot>,
 }
+
+const _: () = assert!(std::mem::size_of::<Location>() == 32);
 
 /// Segment ids start at 1.
 const UNWRITTEN: u64 = 0;
 
-impl Location {
-    fn unwritten(version: u64, value: Bytes) -> Location {
-        Location {
-            segment: UNWRITTEN,
-            record_offset: 0,
-            value_len: value.len() as u32,
-            version,
-            cached: None,
-            unwritten: Some(value),
-        }
-    }
-}
-
 impl CacheSlots for ScanMap<Location> {
-    fn slot(&mut self, key: &[u8]) -> Option<&mut Option<Cached>> {
-        self.get_mut(key).map(|location| &mut location.cached)
+    fn slot(&mut self, key: &[u8]) -> Option<&mut Option<ValueSlot>> {
+        self.get_mut(key).map(|location| &mut location.value)
     }
 }
 
@@ -794,17 +784,42 @@ impl Store {
     pub fn write(&mut self, index: u64, key: Bytes, value: Option<Bytes>) -> bool {
         self.stats.writes_in += 1;
         self.stats.bytes_in += (key.len() + value.as_ref().map_or(0, Bytes::len)) as u64;
-        let replaced = match &value {
-            Some(value) => self
-                .index
-                .insert(key.clone(), Location::unwritten(index, value.clone())),
-            None => self.index.remove(&key),
+        let had_value = match &value {
+            // An overwrite keeps the key's index entry, and its value's slot in the cache.
+            Some(value) => match self.index.get_mut(&key) {
+                Some(location) => {
+                    assert!(location.version <= index, "a key's versions only grow");
+                    supersede(&mut self.segments, &key, location);
+                    self.cache
+                        .overwrite(&mut location.value, location.segment == UNWRITTEN, value.clone());
+                    location.segment = UNWRITTEN;
+                    location.record_offset = 0;
+                    location.version = index;
+                    location.value_len = value.len() as u32;
+                    true
+                }
+                None => {
+                    let location = Location {
+                        segment: UNWRITTEN,
+                        record_offset: 0,
+                        version: index,
+                        value_len: value.len() as u32,
+                        value: Some(self.cache.hold_unwritten(value.clone())),
+                    };
+                    assert!(self.index.insert(key.clone(), location).is_none());
+                    false
+                }
+            },
+            None => match self.index.remove(&key) {
+                Some(mut deleted) => {
+                    assert!(deleted.version <= index, "a key's versions only grow");
+                    supersede(&mut self.segments, &key, &deleted);
+                    self.cache.release(&mut deleted.value, deleted.segment == UNWRITTEN);
+                    true
+                }
+                None => false,
+            },
         };
-        let had_value = replaced.is_some();
-        if let Some(mut replaced) = replaced {
-            assert!(replaced.version <= index, "a key's versions only grow");
-            supersede(&mut self.segments, &mut self.cache, &key, &mut replaced);
-        }
         self.building.write(index, key, value);
         had_value
     }
@@ -923,16 +938,12 @@ impl Store {
         let Some(location) = self.index.get_mut(key) else {
             return Ok(None);
         };
-        if let Some(value) = &location.unwritten {
-            return Ok(Some(value.clone()));
-        }
-        if let Some(value) = self.cache.get(&mut location.cached) {
+        if let Some(value) = self.cache.get(location.value) {
             return Ok(Some(value));
         }
         let segment = self.segments.get(location.segment);
         let value = read_value(&mut self.open_segments, segment, location.segment, key, location)?;
-        self.cache
-            .admit(&Bytes::copy_from_slice(key), &mut location.cached, value.clone());
+        self.cache.admit(key, &mut location.value, value.clone());
         self.cache.evict(&mut self.index);
         Ok(Some(value))
     }
@@ -942,11 +953,7 @@ impl Store {
     pub fn scan_group(&mut self, group: &[u8]) -> Result<Vec<(Bytes, Bytes)>, StoreError> {
         let mut values: Vec<(Bytes, Option<Bytes>)> = Vec::with_capacity(self.index.group_len(group));
         for (key, location) in self.index.group_mut(group) {
-            let value = match &location.unwritten {
-                Some(value) => Some(value.clone()),
-                None => self.cache.get(&mut location.cached),
-            };
-            values.push((key.clone(), value));
+            values.push((key.clone(), self.cache.get(location.value)));
         }
         let mut scanned = Vec::with_capacity(values.len());
         for (key, value) in values {
@@ -1203,16 +1210,15 @@ impl Store {
                     record_offset: entry.record_offset,
                     value_len: entry.value_len,
                     version,
-                    cached: None,
-                    unwritten: None,
+                    value: None,
                 };
                 self.index.insert(entry.key, location)
             };
             if let Some(replaced) = replaced {
                 assert!(replaced.version < version, "a key's versions only grow");
                 assert!(
-                    replaced.cached.is_none(),
-                    "nothing is cached while segments are adopted whole"
+                    replaced.value.is_none(),
+                    "nothing is in memory while segments are adopted whole"
                 );
                 assert_ne!(
                     replaced.segment, UNWRITTEN,
@@ -1263,19 +1269,11 @@ impl Store {
                 continue;
             }
             assert_eq!(location.segment, UNWRITTEN, "a written record is adopted once");
-            let value = location
-                .unwritten
-                .take()
-                .expect("an unwritten location holds its value");
-            assert_eq!(
-                value.len(),
-                entry.value_len as usize,
-                "the segment holds the value written"
-            );
+            self.cache
+                .written(&entry.key, &mut location.value, entry.value_len as usize);
             location.segment = adoption.id;
             location.record_offset = entry.record_offset;
             self.segments.record_live(adoption.id, entry.segment_bytes() as u64);
-            self.cache.admit(&entry.key, &mut location.cached, value);
         }
         adoption.next = end;
         self.cache.evict(&mut self.index);
@@ -1555,16 +1553,15 @@ fn move_file(from: &Path, to: &Path) -> Result<(), StoreError> {
     }
 }
 
-/// Drops what a newer write or a delete replaces: the superseded record no longer counts as live
-/// in its segment, and its cached value goes.
-fn supersede(segments: &mut SegmentSet, cache: &mut ObjectCache, key: &[u8], location: &mut Location) {
+/// Notes that a newer write or a delete replaces `location`'s record: it no longer counts as live
+/// in its segment.
+fn supersede(segments: &mut SegmentSet, key: &[u8], location: &Location) {
     if location.segment != UNWRITTEN {
         segments.record_dead(
             location.segment,
             segment_bytes_per_record(key.len(), location.value_len) as u64,
         );
     }
-    cache.forget(key, &mut location.cached);
 }
 
 /// Reads and verifies the record `location` names, opening its segment file if needed.
