@@ -365,6 +365,7 @@ impl StateMachine for KvState {
 
     fn tick(&mut self) {
         self.store.tick();
+        self.metrics.publish(&self.store);
     }
 
     fn out_of_space(&self) -> bool {

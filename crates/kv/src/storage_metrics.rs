@@ -18,6 +18,7 @@ pub struct StorageMetrics {
     segments: Arc<Gauge>,
     segment_bytes: Arc<Gauge>,
     live_keys: Arc<Gauge>,
+    index_bytes: Arc<Gauge>,
     dead_bytes_percent: Arc<Gauge>,
     cache_bytes: Arc<Gauge>,
     /// What was last added to the counters.
@@ -65,6 +66,10 @@ impl StorageMetrics {
                 "chorus_storage_live_keys",
                 "Keys (hash fields count one each) in segments",
             ),
+            index_bytes: gauge(
+                "chorus_storage_index_bytes",
+                "Bytes the in-memory index of live keys has allocated",
+            ),
             dead_bytes_percent: gauge(
                 "chorus_storage_dead_bytes_percent",
                 "Share of segment bytes no read can reach (the cleaner merges above its threshold)",
@@ -90,6 +95,7 @@ impl StorageMetrics {
         self.segments.set(now.segments as i64);
         self.segment_bytes.set(now.segment_bytes as i64);
         self.live_keys.set(now.live_keys as i64);
+        self.index_bytes.set(now.index_bytes as i64);
         self.dead_bytes_percent
             .set((store.dirty_ratio() * 100.0).round() as i64);
         self.cache_bytes.set(now.cache.bytes as i64);

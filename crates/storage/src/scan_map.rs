@@ -143,6 +143,21 @@ impl<V> ScanMap<V> {
         self.len
     }
 
+    /// Bytes allocated for the entries: each hash table as hashbrown sizes it (a power of two of
+    /// buckets, 8 per 7 entries of capacity, and a control byte per bucket), and each group's
+    /// members by their size alone (a lower bound: tree nodes' slack is not counted).
+    pub fn allocated_bytes(&self) -> usize {
+        fn table_bytes<K, T>(table: &HashMap<K, T>) -> usize {
+            if table.capacity() == 0 {
+                return 0;
+            }
+            let buckets = (table.capacity() * 8).div_ceil(7).next_power_of_two();
+            buckets * (std::mem::size_of::<(K, T)>() + 1)
+        }
+        let members = self.len - self.singles.len();
+        table_bytes(&self.singles) + table_bytes(&self.groups) + members * std::mem::size_of::<(Bytes, (Bytes, V))>()
+    }
+
     pub fn insert(&mut self, key: Bytes, value: V) -> Option<V> {
         let old = match (self.group_of)(&key) {
             None => self.singles.insert(SingleKey::new(key), value),
@@ -236,6 +251,24 @@ mod tests {
     /// Keys "g<digit>..." group by their first two bytes.
     fn two_byte_groups(key: &[u8]) -> Option<usize> {
         (key.first() == Some(&b'g') && key.len() >= 2).then_some(2)
+    }
+
+    #[test]
+    fn allocated_bytes_follow_the_tables_capacity() {
+        let mut m: ScanMap<[u64; 4]> = ScanMap::new(no_groups);
+        let entry_bytes = std::mem::size_of::<(SingleKey, [u64; 4])>() + 1;
+        assert_eq!(entry_bytes, 65);
+        assert_eq!(m.allocated_bytes(), 0);
+        for i in 0..896u32 {
+            m.insert(Bytes::from(i.to_string()), [0; 4]);
+        }
+        assert_eq!(
+            m.allocated_bytes(),
+            1_024 * entry_bytes,
+            "896 keys fill 7/8 of 1,024 buckets"
+        );
+        m.insert(Bytes::from("one more"), [0; 4]);
+        assert_eq!(m.allocated_bytes(), 2_048 * entry_bytes, "the table doubled");
     }
 
     #[test]

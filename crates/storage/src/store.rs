@@ -547,6 +547,8 @@ pub struct StoreStats {
     /// Bytes of the segment files the state uses.
     pub segment_bytes: u64,
     pub live_keys: usize,
+    /// Bytes the index of live keys has allocated.
+    pub index_bytes: usize,
     /// Cleaner merges finished, and segment bytes they wrote.
     pub merges: u64,
     pub merged_bytes: u64,
@@ -996,6 +998,7 @@ impl Store {
             segments: self.segments.len(),
             segment_bytes: self.segments.file_bytes,
             live_keys: self.index.len(),
+            index_bytes: self.index.allocated_bytes(),
             unwritten_batches: self.unwritten.len(),
             cache: self.cache.stats(),
             ..self.stats
