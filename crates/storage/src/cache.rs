@@ -202,7 +202,7 @@ impl ObjectCache {
         }
         match object.state {
             State::Unwritten => {
-                object.key = SingleKey::new(key.clone());
+                object.key = SingleKey::from_slice(key);
                 self.enqueue(held, bytes);
             }
             State::UnwrittenInSmall => {

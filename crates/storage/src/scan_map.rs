@@ -53,11 +53,9 @@ impl SingleKey {
         })
     }
 
-    pub(crate) fn new(key: Bytes) -> SingleKey {
-        SingleKey::inline(&key).unwrap_or(SingleKey::Heap(key))
-    }
-
-    /// A long key is copied into a buffer of its own.
+    /// A long key is copied into a buffer of its own: the key a write carries is a slice of the
+    /// applied command, and holding it would keep the command's value in memory for as long as
+    /// the key lives.
     pub(crate) fn from_slice(key: &[u8]) -> SingleKey {
         SingleKey::inline(key).unwrap_or_else(|| SingleKey::Heap(Bytes::copy_from_slice(key)))
     }
@@ -160,8 +158,10 @@ impl<V> ScanMap<V> {
 
     pub fn insert(&mut self, key: Bytes, value: V) -> Option<V> {
         let old = match (self.group_of)(&key) {
-            None => self.singles.insert(SingleKey::new(key), value),
+            None => self.singles.insert(SingleKey::from_slice(&key), value),
             Some(n) => {
+                // A copy, for the reason `SingleKey::from_slice` gives.
+                let key = Bytes::copy_from_slice(&key);
                 let member = key.slice(n..);
                 match self.groups.get_mut(&key[..n]) {
                     Some(group) => group.insert(member, (key, value)).map(|(_, v)| v),
@@ -251,6 +251,19 @@ mod tests {
     /// Keys "g<digit>..." group by their first two bytes.
     fn two_byte_groups(key: &[u8]) -> Option<usize> {
         (key.first() == Some(&b'g') && key.len() >= 2).then_some(2)
+    }
+
+    #[test]
+    fn long_and_grouped_keys_do_not_keep_the_buffer_they_came_from() {
+        let mut m = ScanMap::new(two_byte_groups);
+        let single = Bytes::from(b"a key longer than the twenty-three bytes kept inline, then a value".to_vec());
+        m.insert(single.slice(..52), 1);
+        assert!(single.is_unique(), "the index holds a copy of a long key");
+        let grouped = Bytes::from(b"g1 field of a hash, then its value".to_vec());
+        m.insert(grouped.slice(..18), 2);
+        assert!(grouped.is_unique(), "the index holds a copy of a grouped key");
+        assert_eq!(m.get(&single[..52]), Some(&1));
+        assert_eq!(m.get(&grouped[..18]), Some(&2));
     }
 
     #[test]
