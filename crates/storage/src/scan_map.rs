@@ -53,9 +53,9 @@ impl SingleKey {
         })
     }
 
-    /// A long key is copied into a buffer of its own: the key a write carries is a slice of the
-    /// applied command, and holding it would keep the command's value in memory for as long as
-    /// the key lives.
+    /// A long key is copied into a buffer of its own: a caller's key may be a slice of a larger
+    /// buffer (an applied command), all of which holding it would keep alive, and a buffer shared
+    /// with the caller costs a header besides.
     pub(crate) fn from_slice(key: &[u8]) -> SingleKey {
         SingleKey::inline(key).unwrap_or_else(|| SingleKey::Heap(Bytes::copy_from_slice(key)))
     }
