@@ -274,13 +274,13 @@ impl ObjectCache {
             object.state = State::ReleasedInSmall;
             self.small_released += 1;
             if self.small_released > self.small.len() / 2 + COMPACT_AFTER_RELEASED {
-                self.compact_small();
+                self.compact(false);
             }
         } else {
             object.state = State::ReleasedInMain;
             self.main_released += 1;
             if self.main_released > self.main.len() / 2 + COMPACT_AFTER_RELEASED {
-                self.compact_main();
+                self.compact(true);
             }
         }
     }
@@ -360,23 +360,40 @@ impl ObjectCache {
         self.free_slot(slot);
     }
 
-    fn evict_from_small(&mut self, slots: &mut impl CacheSlots) {
-        while let Some(index) = self.small.pop_front() {
-            let slot = ValueSlot::of(index);
+    /// Pops the small (or main) FIFO up to its first cached object, freeing the released slots
+    /// before it and letting the unwritten ones leave.
+    fn pop_cached(&mut self, from_main: bool) -> Option<u32> {
+        let (cached, unwritten, released) = if from_main {
+            (State::Main, State::UnwrittenInMain, State::ReleasedInMain)
+        } else {
+            (State::Small, State::UnwrittenInSmall, State::ReleasedInSmall)
+        };
+        loop {
+            let index = if from_main {
+                self.main.pop_front()
+            } else {
+                self.small.pop_front()
+            }?;
             let object = &mut self.slab[index as usize];
             match object.state {
-                State::ReleasedInSmall => {
-                    self.small_released -= 1;
-                    self.free_slot(slot);
-                    continue;
+                state if state == cached => return Some(index),
+                state if state == unwritten => object.state = State::Unwritten,
+                state if state == released => {
+                    if from_main {
+                        self.main_released -= 1;
+                    } else {
+                        self.small_released -= 1;
+                    }
+                    self.free_slot(ValueSlot::of(index));
                 }
-                State::UnwrittenInSmall => {
-                    object.state = State::Unwritten;
-                    continue;
-                }
-                State::Small => {}
-                state => panic!("the small FIFO holds a {state:?} slot"),
+                state => panic!("a FIFO of {cached:?} objects holds a {state:?} slot"),
             }
+        }
+    }
+
+    fn evict_from_small(&mut self, slots: &mut impl CacheSlots) {
+        while let Some(index) = self.pop_cached(false) {
+            let object = &mut self.slab[index as usize];
             let bytes = charge(object.key.as_slice(), &object.value);
             self.small_bytes -= bytes;
             self.small_objects -= 1;
@@ -391,7 +408,7 @@ impl ObjectCache {
                 }
             } else {
                 let ghost = self.ghost_set.hasher().hash_one(object.key.as_slice());
-                self.drop_object(slots, slot);
+                self.drop_object(slots, ValueSlot::of(index));
                 self.remember_ghost(ghost);
                 return;
             }
@@ -399,47 +416,35 @@ impl ObjectCache {
     }
 
     fn evict_from_main(&mut self, slots: &mut impl CacheSlots) {
-        while let Some(index) = self.main.pop_front() {
-            let slot = ValueSlot::of(index);
+        while let Some(index) = self.pop_cached(true) {
             let object = &mut self.slab[index as usize];
-            match object.state {
-                State::ReleasedInMain => {
-                    self.main_released -= 1;
-                    self.free_slot(slot);
-                    continue;
-                }
-                State::UnwrittenInMain => {
-                    object.state = State::Unwritten;
-                    continue;
-                }
-                State::Main => {}
-                state => panic!("the main FIFO holds a {state:?} slot"),
-            }
             if object.frequency > 0 {
                 object.frequency -= 1;
                 self.main.push_back(index);
             } else {
                 self.main_bytes -= charge(object.key.as_slice(), &object.value);
                 self.main_objects -= 1;
-                self.drop_object(slots, slot);
+                self.drop_object(slots, ValueSlot::of(index));
                 return;
             }
         }
     }
 
-    /// Frees the released objects of the small FIFO, keeping the order of the rest.
-    fn compact_small(&mut self) {
-        let mut small = std::mem::take(&mut self.small);
-        small.retain(|&index| self.keep_queued(index, State::ReleasedInSmall));
-        self.small = small;
-        self.small_released = 0;
-    }
-
-    fn compact_main(&mut self) {
-        let mut main = std::mem::take(&mut self.main);
-        main.retain(|&index| self.keep_queued(index, State::ReleasedInMain));
-        self.main = main;
-        self.main_released = 0;
+    /// Frees the released objects of the small (or main) FIFO, keeping the order of the rest.
+    fn compact(&mut self, main: bool) {
+        let (mut fifo, released) = if main {
+            self.main_released = 0;
+            (std::mem::take(&mut self.main), State::ReleasedInMain)
+        } else {
+            self.small_released = 0;
+            (std::mem::take(&mut self.small), State::ReleasedInSmall)
+        };
+        fifo.retain(|&index| self.keep_queued(index, released));
+        if main {
+            self.main = fifo;
+        } else {
+            self.small = fifo;
+        }
     }
 
     /// Whether a FIFO keeps `index`; frees it if it was `released`.

@@ -2226,15 +2226,8 @@ mod tests {
         assert_eq!(names(dir.path(), ".spare"), 0, "start-up deletes spares");
     }
 
-    #[test]
-    fn ticks_finish_the_writers_and_cleaners_work_once_writes_stop() {
-        let dir = tempfile::tempdir().unwrap();
-        let options = StoreOptions {
-            batch_writes: 50,
-            cleaner_min_segments: 4,
-            ..StoreOptions::new(dir.path())
-        };
-        let mut store = Store::open(options, None).unwrap();
+    /// 2,000 writes, entries 1 to 2,000: 40 rounds over keys k000..k049, the round as the value.
+    fn overwrite_50_keys_40_times(store: &mut Store) {
         let mut index = 0;
         for round in 0..40u64 {
             for k in 0..50u64 {
@@ -2247,6 +2240,18 @@ mod tests {
                 store.entry_applied(index);
             }
         }
+    }
+
+    #[test]
+    fn ticks_finish_the_writers_and_cleaners_work_once_writes_stop() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = StoreOptions {
+            batch_writes: 50,
+            cleaner_min_segments: 4,
+            ..StoreOptions::new(dir.path())
+        };
+        let mut store = Store::open(options, None).unwrap();
+        overwrite_50_keys_40_times(&mut store);
         let deadline = Instant::now() + Duration::from_secs(20);
         while store.cleaning || store.stats().unwritten_batches > 0 {
             assert!(
@@ -2317,18 +2322,7 @@ mod tests {
         };
         let floor = 1 << 30;
         let mut store = Store::open(options(floor), None).unwrap();
-        let mut index = 0;
-        for round in 0..40u64 {
-            for k in 0..50u64 {
-                index += 1;
-                store.write(
-                    index,
-                    Bytes::from(format!("k{k:03}")),
-                    Some(Bytes::from(format!("{round}"))),
-                );
-                store.entry_applied(index);
-            }
-        }
+        overwrite_50_keys_40_times(&mut store);
         store.settle();
         assert_eq!(store.stats().merges, 0, "merged under the floor");
         assert!(store.dirty_ratio() > 0.9, "dirty ratio {}", store.dirty_ratio());
