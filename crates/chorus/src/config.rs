@@ -105,6 +105,9 @@ server_options! {
     /// How many small segments are left to die (most do under overwrites) before the cleaner
     /// consolidates the oldest of them.
     consolidate_above_segments: usize = 512;
+    /// Most bytes a merge of dirty segments keeps (about the largest segment it writes): what a
+    /// merge holds in memory is the index of that much.
+    max_merged_segment_bytes: u64 = 64 * 1024 * 1024;
     /// Most bytes per second the cleaner reads while merging segments.
     cleaner_read_bytes_per_sec: u64 = 64 * 1024 * 1024;
     /// Entries kept behind a snapshot for followers that lag a little.

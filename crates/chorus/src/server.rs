@@ -109,6 +109,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         cleaner_read_bytes_per_sec: config.cleaner_read_bytes_per_sec,
         consolidated_segment_bytes: config.consolidated_segment_bytes,
         consolidate_above_segments: config.consolidate_above_segments,
+        max_merged_segment_bytes: config.max_merged_segment_bytes,
         more_dirs: state_dirs.split_off(1),
         ..StoreOptions::new(state_dirs.remove(0))
     };

@@ -30,7 +30,7 @@ use crate::reduce::ReducedBatch;
 
 pub const HEADER_BYTES: usize = 32;
 pub const FOOTER_BYTES: usize = 28;
-const RECORD_OVERHEAD_BYTES: usize = 4 + 1 + 8 + 4 + 4;
+pub(crate) const RECORD_OVERHEAD_BYTES: usize = 4 + 1 + 8 + 4 + 4;
 const INDEX_ENTRY_OVERHEAD_BYTES: usize = 1 + 8 + 8 + 4 + 4;
 const HEADER_MAGIC: &[u8; 4] = b"CHSG";
 const FOOTER_MAGIC: &[u8; 4] = b"CHSF";
@@ -237,15 +237,12 @@ pub fn encode_segment_and_index(batch: &ReducedBatch) -> (Vec<u8>, SegmentIndex)
         })
         .sum();
     let mut out = Vec::with_capacity(HEADER_BYTES + payload + FOOTER_BYTES);
-    out.extend_from_slice(HEADER_MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    let flags = if batch.log_order { FLAG_LOG_ORDER } else { 0 };
-    out.extend_from_slice(&flags.to_le_bytes());
-    out.extend_from_slice(&batch.first_index.to_le_bytes());
-    out.extend_from_slice(&batch.last_index.to_le_bytes());
-    out.extend_from_slice(&record_count.to_le_bytes());
-    let header_crc = crc32fast::hash(&out);
-    out.extend_from_slice(&header_crc.to_le_bytes());
+    out.extend_from_slice(&encode_header(&SegmentHeader {
+        first_index: batch.first_index,
+        last_index: batch.last_index,
+        record_count,
+        log_order: batch.log_order,
+    }));
 
     let mut offsets = Vec::with_capacity(batch.records.len());
     for (i, record) in batch.records.iter().enumerate() {
@@ -263,51 +260,25 @@ pub fn encode_segment_and_index(batch: &ReducedBatch) -> (Vec<u8>, SegmentIndex)
             "records are sorted by key, one per key, or in log order"
         );
         offsets.push(out.len() as u64);
-        let start = out.len();
-        out.extend_from_slice(&[0; 4]);
-        let value = record.value.as_deref().unwrap_or_default();
-        out.push(if record.value.is_some() {
-            KIND_PUT
-        } else {
-            KIND_TOMBSTONE
-        });
-        out.extend_from_slice(&record.version.to_le_bytes());
-        out.extend_from_slice(&(record.key.len() as u32).to_le_bytes());
-        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
-        out.extend_from_slice(&record.key);
-        out.extend_from_slice(value);
-        let crc = crc32fast::hash(&out[start + 4..]);
-        out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
+        encode_record(&mut out, record);
     }
 
     let index_offset = out.len();
     let mut entries = Vec::with_capacity(batch.records.len());
     for (record, offset) in batch.records.iter().zip(offsets) {
-        entries.push(IndexEntry {
+        let entry = IndexEntry {
             key: record.key.clone(),
             version: record.version,
             is_tombstone: record.value.is_none(),
             record_offset: offset,
             value_len: record.value.as_ref().map_or(0, Bytes::len) as u32,
-        });
-        out.push(if record.value.is_some() {
-            KIND_PUT
-        } else {
-            KIND_TOMBSTONE
-        });
-        out.extend_from_slice(&record.version.to_le_bytes());
-        out.extend_from_slice(&offset.to_le_bytes());
-        out.extend_from_slice(&(record.key.len() as u32).to_le_bytes());
-        out.extend_from_slice(&(record.value.as_ref().map_or(0, Bytes::len) as u32).to_le_bytes());
-        out.extend_from_slice(&record.key);
+        };
+        encode_index_entry(&mut out, &entry);
+        entries.push(entry);
     }
     let index_crc = crc32fast::hash(&out[index_offset..]);
     let index_len = (out.len() - index_offset) as u64;
-    out.extend_from_slice(&(index_offset as u64).to_le_bytes());
-    out.extend_from_slice(&index_len.to_le_bytes());
-    out.extend_from_slice(&record_count.to_le_bytes());
-    out.extend_from_slice(&index_crc.to_le_bytes());
-    out.extend_from_slice(FOOTER_MAGIC);
+    out.extend_from_slice(&encode_footer(index_offset as u64, index_len, record_count, index_crc));
     let index = SegmentIndex {
         header: SegmentHeader {
             first_index: batch.first_index,
@@ -319,6 +290,58 @@ pub fn encode_segment_and_index(batch: &ReducedBatch) -> (Vec<u8>, SegmentIndex)
         file_bytes: out.len() as u64,
     };
     (out, index)
+}
+
+fn encode_header(header: &SegmentHeader) -> [u8; HEADER_BYTES] {
+    let mut out = [0; HEADER_BYTES];
+    out[..4].copy_from_slice(HEADER_MAGIC);
+    out[4..6].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    let flags = if header.log_order { FLAG_LOG_ORDER } else { 0 };
+    out[6..8].copy_from_slice(&flags.to_le_bytes());
+    out[8..16].copy_from_slice(&header.first_index.to_le_bytes());
+    out[16..24].copy_from_slice(&header.last_index.to_le_bytes());
+    out[24..28].copy_from_slice(&header.record_count.to_le_bytes());
+    let crc = crc32fast::hash(&out[..28]);
+    out[28..].copy_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Appends `record` as it is laid out in a segment.
+fn encode_record(out: &mut Vec<u8>, record: &Record) {
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    let value = record.value.as_deref().unwrap_or_default();
+    out.push(if record.value.is_some() {
+        KIND_PUT
+    } else {
+        KIND_TOMBSTONE
+    });
+    out.extend_from_slice(&record.version.to_le_bytes());
+    out.extend_from_slice(&(record.key.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    out.extend_from_slice(&record.key);
+    out.extend_from_slice(value);
+    let crc = crc32fast::hash(&out[start + 4..]);
+    out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn encode_index_entry(out: &mut Vec<u8>, entry: &IndexEntry) {
+    out.push(if entry.is_tombstone { KIND_TOMBSTONE } else { KIND_PUT });
+    out.extend_from_slice(&entry.version.to_le_bytes());
+    out.extend_from_slice(&entry.record_offset.to_le_bytes());
+    out.extend_from_slice(&(entry.key.len() as u32).to_le_bytes());
+    out.extend_from_slice(&entry.value_len.to_le_bytes());
+    out.extend_from_slice(&entry.key);
+}
+
+fn encode_footer(index_offset: u64, index_len: u64, record_count: u32, index_crc: u32) -> [u8; FOOTER_BYTES] {
+    let mut out = [0; FOOTER_BYTES];
+    out[..8].copy_from_slice(&index_offset.to_le_bytes());
+    out[8..16].copy_from_slice(&index_len.to_le_bytes());
+    out[16..20].copy_from_slice(&record_count.to_le_bytes());
+    out[20..24].copy_from_slice(&index_crc.to_le_bytes());
+    out[24..].copy_from_slice(FOOTER_MAGIC);
+    out
 }
 
 /// Decodes the first `HEADER_BYTES` of a segment.
@@ -450,41 +473,61 @@ pub fn decode_index(
     Ok(entries)
 }
 
+/// A record's fields, found at the start of a buffer.
+struct RecordFields {
+    is_tombstone: bool,
+    version: u64,
+    key: Range<usize>,
+    value: Option<Range<usize>>,
+    len: usize,
+}
+
+/// Decodes the record that starts `buf` (read from file offset `base`) and verifies its
+/// checksum.
+fn decode_record_fields(buf: &[u8], base: usize) -> Result<RecordFields, SegmentError> {
+    let mut f = Fields::new(buf, base);
+    let crc = f.u32("record")?;
+    let kind = f.u8("record")?;
+    let version = f.u64("record")?;
+    let key_len = f.u32("record")? as usize;
+    let value_len = f.u32("record")? as usize;
+    let len = RECORD_OVERHEAD_BYTES + key_len + value_len;
+    if buf.len() < len {
+        return Err(corrupt(base, "truncated record"));
+    }
+    if crc32fast::hash(&buf[4..len]) != crc {
+        return Err(corrupt(base, "record checksum mismatch"));
+    }
+    let is_tombstone = match (kind, value_len) {
+        (KIND_PUT, _) => false,
+        (KIND_TOMBSTONE, 0) => true,
+        (KIND_TOMBSTONE, _) => return Err(corrupt(base, "a tombstone with a value")),
+        (other, _) => return Err(corrupt(base, format!("unknown record kind {other}"))),
+    };
+    let key = RECORD_OVERHEAD_BYTES..RECORD_OVERHEAD_BYTES + key_len;
+    let value = (!is_tombstone).then_some(key.end..len);
+    Ok(RecordFields {
+        is_tombstone,
+        version,
+        key,
+        value,
+        len,
+    })
+}
+
 /// Checks the record that starts `buf` (read from `record_offset`) against its index entry and
 /// returns where in `buf` its key and (for a put) its value are.
 fn check_record(buf: &[u8], entry: &IndexEntry) -> Result<(Range<usize>, Option<Range<usize>>), SegmentError> {
     let base = entry.record_offset as usize;
-    let mut f = Fields::new(buf, base);
-    let crc = f.u32("record")?;
-    let body = &buf[4..buf.len().min(entry.record_len())];
-    if body.len() + 4 != entry.record_len() {
-        return Err(corrupt(base, "truncated record"));
-    }
-    if crc32fast::hash(body) != crc {
-        return Err(corrupt(base, "record checksum mismatch"));
-    }
-    let kind = f.u8("record")?;
-    let version = f.u64("record")?;
-    let key_len = f.u32("record")? as usize;
-    let value_len = f.u32("record")?;
-    let key_start = f.pos;
-    let key = f.take(key_len, "record key")?;
-    let value_start = f.pos;
-    f.take(value_len as usize, "record value")?;
-    let is_tombstone = match kind {
-        KIND_PUT => false,
-        KIND_TOMBSTONE => true,
-        other => return Err(corrupt(base, format!("unknown record kind {other}"))),
-    };
-    if version != entry.version
-        || key != entry.key
-        || value_len != entry.value_len
-        || is_tombstone != entry.is_tombstone
+    let fields = decode_record_fields(buf, base)?;
+    if fields.version != entry.version
+        || buf[fields.key.clone()] != entry.key
+        || fields.len != entry.record_len()
+        || fields.is_tombstone != entry.is_tombstone
     {
         return Err(corrupt(base, "record does not match its index entry"));
     }
-    let value = (!is_tombstone).then(|| value_start..value_start + value_len as usize);
-    Ok((key_start..key_start + key_len, value))
+    Ok((fields.key, fields.value))
 }
 
 /// Decodes the record that starts `buf` (read from `record_offset`) and checks it against its
@@ -594,22 +637,288 @@ fn write_segment_bytes(
     bytes: &[u8],
     spare: Option<PathBuf>,
 ) -> Result<PathBuf, SegmentError> {
-    let path = dir.join(segment_file_name(first_index, last_index));
-    let temporary = path.with_extension("seg.tmp");
-    let reused = spare.is_some_and(|spare| std::fs::rename(&spare, &temporary).is_ok());
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(!reused)
-        .mode(0o644)
-        .open(&temporary)
-        .map_err(io_error(&temporary))?;
-    file.write_all(bytes).map_err(io_error(&temporary))?;
-    if reused {
-        file.set_len(bytes.len() as u64).map_err(io_error(&temporary))?;
+    let mut temporary = Temporary::create(dir, first_index, last_index, spare)?;
+    temporary
+        .file
+        .write_all(bytes)
+        .map_err(io_error(&temporary.temporary))?;
+    temporary.put_in_place(bytes.len() as u64)
+}
+
+/// A segment being written under a temporary name (see `write_segment_bytes`).
+struct Temporary {
+    file: File,
+    temporary: PathBuf,
+    path: PathBuf,
+    reused: bool,
+}
+
+impl Temporary {
+    fn create(
+        dir: &Path,
+        first_index: u64,
+        last_index: u64,
+        spare: Option<PathBuf>,
+    ) -> Result<Temporary, SegmentError> {
+        let path = dir.join(segment_file_name(first_index, last_index));
+        let temporary = path.with_extension("seg.tmp");
+        let reused = spare.is_some_and(|spare| std::fs::rename(&spare, &temporary).is_ok());
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(!reused)
+            .mode(0o644)
+            .open(&temporary)
+            .map_err(io_error(&temporary))?;
+        Ok(Temporary {
+            file,
+            temporary,
+            path,
+            reused,
+        })
     }
-    std::fs::rename(&temporary, &path).map_err(io_error(&path))?;
-    Ok(path)
+
+    /// Cuts a reused spare to the `len` bytes written and renames the file into place.
+    fn put_in_place(self, len: u64) -> Result<PathBuf, SegmentError> {
+        if self.reused {
+            self.file.set_len(len).map_err(io_error(&self.temporary))?;
+        }
+        std::fs::rename(&self.temporary, &self.path).map_err(io_error(&self.path))?;
+        Ok(self.path)
+    }
+}
+
+/// Writes a segment record by record, in key order, in memory bounded by its buffer and the
+/// index entries (keys copied) it returns: what a merge writes, however large.
+pub struct SegmentWriter {
+    out: std::io::BufWriter<File>,
+    temporary: Temporary,
+    first_index: u64,
+    last_index: u64,
+    offset: u64,
+    entries: Vec<IndexEntry>,
+    scratch: Vec<u8>,
+}
+
+impl SegmentWriter {
+    /// Starts the segment of `[first_index, last_index]` in `dir`, overwriting `spare` if given
+    /// (see `write_segment`).
+    pub fn create(
+        dir: &Path,
+        first_index: u64,
+        last_index: u64,
+        spare: Option<PathBuf>,
+        buffer_bytes: usize,
+    ) -> Result<SegmentWriter, SegmentError> {
+        assert!(first_index <= last_index, "a segment covers at least one index");
+        let temporary = Temporary::create(dir, first_index, last_index, spare)?;
+        let file = temporary.file.try_clone().map_err(io_error(&temporary.temporary))?;
+        let mut out = std::io::BufWriter::with_capacity(buffer_bytes, file);
+        // The header, whose record count is known at the end, is written then.
+        out.write_all(&[0; HEADER_BYTES])
+            .map_err(io_error(&temporary.temporary))?;
+        Ok(SegmentWriter {
+            out,
+            temporary,
+            first_index,
+            last_index,
+            offset: HEADER_BYTES as u64,
+            entries: Vec::new(),
+            scratch: Vec::new(),
+        })
+    }
+
+    /// Appends `record`, whose key must follow the previous record's.
+    pub fn push(&mut self, record: &Record) -> Result<(), SegmentError> {
+        assert!(
+            (self.first_index..=self.last_index).contains(&record.version),
+            "a record's version lies in its segment's range"
+        );
+        assert!(
+            self.entries.last().is_none_or(|last| last.key < record.key),
+            "records are sorted by key, one per key"
+        );
+        self.scratch.clear();
+        encode_record(&mut self.scratch, record);
+        self.out
+            .write_all(&self.scratch)
+            .map_err(io_error(&self.temporary.temporary))?;
+        self.entries.push(IndexEntry {
+            key: Bytes::copy_from_slice(&record.key),
+            version: record.version,
+            is_tombstone: record.value.is_none(),
+            record_offset: self.offset,
+            value_len: record.value.as_ref().map_or(0, Bytes::len) as u32,
+        });
+        self.offset += self.scratch.len() as u64;
+        Ok(())
+    }
+
+    /// Writes the index, the footer and the header, renames the file into place and returns its
+    /// path and index. Nothing is synced (see `write_segment_bytes`).
+    pub fn finish(mut self) -> Result<(PathBuf, SegmentIndex), SegmentError> {
+        let record_count = u32::try_from(self.entries.len()).expect("fewer than 2^32 records in a segment");
+        let index_offset = self.offset;
+        let mut index_crc = crc32fast::Hasher::new();
+        for entry in &self.entries {
+            self.scratch.clear();
+            encode_index_entry(&mut self.scratch, entry);
+            index_crc.update(&self.scratch);
+            self.out
+                .write_all(&self.scratch)
+                .map_err(io_error(&self.temporary.temporary))?;
+            self.offset += self.scratch.len() as u64;
+        }
+        let footer = encode_footer(
+            index_offset,
+            self.offset - index_offset,
+            record_count,
+            index_crc.finalize(),
+        );
+        self.out
+            .write_all(&footer)
+            .map_err(io_error(&self.temporary.temporary))?;
+        let file_bytes = self.offset + FOOTER_BYTES as u64;
+        self.out.flush().map_err(io_error(&self.temporary.temporary))?;
+        let header = SegmentHeader {
+            first_index: self.first_index,
+            last_index: self.last_index,
+            record_count,
+            log_order: false,
+        };
+        self.temporary
+            .file
+            .write_all_at(&encode_header(&header), 0)
+            .map_err(io_error(&self.temporary.temporary))?;
+        let path = self.temporary.put_in_place(file_bytes)?;
+        let index = SegmentIndex {
+            header,
+            entries: self.entries,
+            file_bytes,
+        };
+        debug_assert_eq!(
+            read_segment_index(&path).expect("a segment just written reads back"),
+            index,
+            "a segment reads back as it was written"
+        );
+        Ok((path, index))
+    }
+}
+
+/// Reads a segment's records front to back, without its index, each checked against its
+/// checksum and the header: what a merge reads, in memory bounded by the reader's buffer.
+pub struct RecordStream {
+    path: PathBuf,
+    reader: std::io::BufReader<File>,
+    header: SegmentHeader,
+    offset: u64,
+    /// Where the index starts, which the records must reach exactly.
+    records_end: u64,
+    remaining: u32,
+    previous: Option<Record>,
+}
+
+impl RecordStream {
+    pub fn open(path: &Path, buffer_bytes: usize) -> Result<RecordStream, SegmentError> {
+        let open = || -> Result<RecordStream, SegmentError> {
+            use std::io::{Seek, SeekFrom};
+            let mut file = File::open(path).map_err(io_error(path))?;
+            let file_bytes = file.metadata().map_err(io_error(path))?.len();
+            if file_bytes < (HEADER_BYTES + FOOTER_BYTES) as u64 {
+                return Err(corrupt(file_bytes as usize, "shorter than a header and a footer"));
+            }
+            let mut header = [0; HEADER_BYTES];
+            file.read_exact_at(&mut header, 0).map_err(io_error(path))?;
+            let header = decode_header(&header)?;
+            let mut footer = [0; FOOTER_BYTES];
+            let footer_offset = file_bytes - FOOTER_BYTES as u64;
+            file.read_exact_at(&mut footer, footer_offset).map_err(io_error(path))?;
+            let (index_offset, _, record_count, _) = decode_footer(&footer, file_bytes)?;
+            if header.record_count != record_count {
+                return Err(corrupt(
+                    footer_offset as usize,
+                    "header and footer disagree on the record count",
+                ));
+            }
+            file.seek(SeekFrom::Start(HEADER_BYTES as u64))
+                .map_err(io_error(path))?;
+            Ok(RecordStream {
+                path: path.to_path_buf(),
+                reader: std::io::BufReader::with_capacity(buffer_bytes, file),
+                header,
+                offset: HEADER_BYTES as u64,
+                records_end: index_offset,
+                remaining: record_count,
+                previous: None,
+            })
+        };
+        open().map_err(in_file(path))
+    }
+
+    pub fn header(&self) -> &SegmentHeader {
+        &self.header
+    }
+
+    /// The next record and its offset, or `None` after the last.
+    pub fn next_record(&mut self) -> Result<Option<(u64, Record)>, SegmentError> {
+        self.read_next().map_err(in_file(&self.path))
+    }
+
+    fn read_next(&mut self) -> Result<Option<(u64, Record)>, SegmentError> {
+        use std::io::Read;
+        let at = self.offset as usize;
+        if self.remaining == 0 {
+            if self.offset != self.records_end {
+                return Err(corrupt(at, "records do not end where the index starts"));
+            }
+            return Ok(None);
+        }
+        let room = self.records_end - self.offset;
+        if room < RECORD_OVERHEAD_BYTES as u64 {
+            return Err(corrupt(at, "truncated record"));
+        }
+        let mut fixed = [0; RECORD_OVERHEAD_BYTES];
+        self.reader.read_exact(&mut fixed).map_err(io_error(&self.path))?;
+        let key_len = u32::from_le_bytes(fixed[13..17].try_into().expect("4 bytes")) as u64;
+        let value_len = u32::from_le_bytes(fixed[17..21].try_into().expect("4 bytes")) as u64;
+        let len = RECORD_OVERHEAD_BYTES as u64 + key_len + value_len;
+        if len > room {
+            return Err(corrupt(at, "record runs into the index"));
+        }
+        let mut buf = Vec::with_capacity(len as usize);
+        buf.extend_from_slice(&fixed);
+        buf.resize(len as usize, 0);
+        self.reader
+            .read_exact(&mut buf[RECORD_OVERHEAD_BYTES..])
+            .map_err(io_error(&self.path))?;
+        let fields = decode_record_fields(&buf, at)?;
+        if !(self.header.first_index..=self.header.last_index).contains(&fields.version) {
+            return Err(corrupt(
+                at,
+                format!("version {} outside the segment's range", fields.version),
+            ));
+        }
+        let buf = Bytes::from(buf);
+        let record = Record {
+            key: buf.slice(fields.key),
+            value: fields.value.map(|range| buf.slice(range)),
+            version: fields.version,
+        };
+        if let Some(previous) = &self.previous {
+            let in_order = if self.header.log_order {
+                previous.version <= record.version
+            } else {
+                previous.key < record.key
+            };
+            if !in_order {
+                return Err(corrupt(at, "records out of order"));
+            }
+        }
+        self.previous = Some(record.clone());
+        self.offset += len;
+        self.remaining -= 1;
+        Ok(Some((at as u64, record)))
+    }
 }
 
 /// The name of the `number`th spare file: a retired segment's file kept to be overwritten by a
@@ -806,6 +1115,84 @@ mod tests {
         );
         // The index alone is intact: start-up would load it, and the read of that value fails.
         assert!(read_segment_index(&path).is_ok());
+    }
+
+    /// Every record a stream reads, with its offset.
+    fn stream_all(path: &Path) -> Result<Vec<(u64, Record)>, SegmentError> {
+        let mut stream = RecordStream::open(path, 16)?;
+        let mut records = Vec::new();
+        while let Some(read) = stream.next_record()? {
+            records.push(read);
+        }
+        Ok(records)
+    }
+
+    #[test]
+    fn a_segment_written_record_by_record_is_the_segment_encoded_at_once_and_streams_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let batch = sample_batch();
+        let mut writer = SegmentWriter::create(dir.path(), batch.first_index, batch.last_index, None, 16).unwrap();
+        for record in &batch.records {
+            writer.push(record).unwrap();
+        }
+        let (path, index) = writer.finish().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), encode_segment(&batch));
+        assert_eq!(index, read_segment_index(&path).unwrap());
+        let streamed = stream_all(&path).unwrap();
+        assert_eq!(
+            streamed.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>(),
+            batch.records
+        );
+        assert_eq!(
+            streamed.iter().map(|(offset, _)| *offset).collect::<Vec<_>>(),
+            index.entries.iter().map(|e| e.record_offset).collect::<Vec<_>>()
+        );
+        // A spare file longer than the segment is overwritten and cut to length.
+        let spare = dir.path().join(spare_file_name(1));
+        std::fs::write(&spare, vec![7u8; 10_000]).unwrap();
+        let writer = SegmentWriter::create(dir.path(), 200, 300, Some(spare.clone()), 16).unwrap();
+        let (path, _) = writer.finish().unwrap();
+        assert!(!spare.exists());
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            encode_segment(&ReducedBatch {
+                first_index: 200,
+                last_index: 300,
+                records: Vec::new(),
+                log_order: false,
+                writes_in: 0,
+                bytes_in: 0,
+            })
+        );
+    }
+
+    #[test]
+    fn a_stream_refuses_a_flipped_bit_or_a_cut_segment_and_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, index) = write_segment(dir.path(), &sample_batch(), None).unwrap();
+        let good = std::fs::read(&path).unwrap();
+        let victim = index.entries[1].record_offset as usize;
+        let mut flipped = good.clone();
+        flipped[victim + RECORD_OVERHEAD_BYTES] ^= 0x20;
+        std::fs::write(&path, &flipped).unwrap();
+        let message = stream_all(&path).unwrap_err().to_string();
+        assert!(message.contains(&path.display().to_string()), "{message}");
+        assert!(
+            message.contains(&format!("at byte {victim}: record checksum mismatch")),
+            "{message}"
+        );
+        // A huge key length is refused before anything is allocated for it.
+        let mut huge = good.clone();
+        huge[victim + 13..victim + 17].copy_from_slice(&u32::MAX.to_le_bytes());
+        std::fs::write(&path, &huge).unwrap();
+        assert!(stream_all(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("runs into the index"));
+        for cut in [0, HEADER_BYTES, victim + 3, good.len() - 1] {
+            std::fs::write(&path, &good[..cut]).unwrap();
+            assert!(stream_all(&path).is_err(), "cut at {cut}");
+        }
     }
 
     #[test]

@@ -36,9 +36,9 @@ use crate::manifest::Manifest;
 use crate::reduce::{ReducedBatch, Reducer};
 use crate::scan_map::{no_groups, GroupOf, ScanMap};
 use crate::segment::{
-    decode_record, in_file, io_error, read_segment, read_segment_index, segment_bytes_per_record, segment_file_name,
-    spare_file_name, sync_dir, verify_segment, write_segment, IndexEntry, Record, SegmentError, SegmentIndex,
-    FOOTER_BYTES, HEADER_BYTES,
+    decode_record, in_file, io_error, read_segment_index, record_len, segment_bytes_per_record, segment_file_name,
+    spare_file_name, sync_dir, verify_segment, write_segment, IndexEntry, Record, RecordStream, SegmentError,
+    SegmentIndex, SegmentWriter, FOOTER_BYTES, HEADER_BYTES, RECORD_OVERHEAD_BYTES,
 };
 
 /// What a segment keeps of its batch.
@@ -99,6 +99,9 @@ pub struct StoreOptions {
     /// rewrite (and repoint, on the raft loop) what the dirty-ratio merge later drops anyway.
     pub consolidated_segment_bytes: u64,
     pub consolidate_above_segments: usize,
+    /// Most bytes a merge of dirty segments keeps, and so about the largest segment it writes:
+    /// a merge holds the index of what it keeps in memory, and the raft loop repoints it.
+    pub max_merged_segment_bytes: u64,
     /// Most bytes per second the cleaner reads, so it does not starve the foreground.
     pub cleaner_read_bytes_per_sec: u64,
     /// Records of a written segment indexed, and index entries a finished merge repoints, per
@@ -129,6 +132,7 @@ impl StoreOptions {
             cleaner_min_segments: 4,
             consolidated_segment_bytes: 8 << 20,
             consolidate_above_segments: 512,
+            max_merged_segment_bytes: 64 << 20,
             cleaner_read_bytes_per_sec: 64 << 20,
             adoption_step_records: 256,
             merge_adoption_step_records: 1_024,
@@ -182,9 +186,46 @@ struct SegmentFile {
     /// Bytes the segment's tombstones take: a merge keeps them unless it starts at the oldest
     /// segment (an older one could still hold their keys).
     tombstone_bytes: u64,
-    /// Bytes of its index block: what a merge of older segments reads to learn which of their
-    /// records this one supersedes.
-    index_bytes: u64,
+    /// Which of its records are live: what a merge keeps of it.
+    live: LiveRecords,
+}
+
+/// Which of a segment's records are live (the latest write of their key), by record offset. A
+/// record is longer than `LIVE_SLOT_BYTES`, so no two start in one slot. The cleaner keeps
+/// exactly these, so it reads nothing but the segments it merges, in memory bounded however
+/// large they are; the cost is a bit per 16 bytes of segment, under 1% of the data.
+#[derive(Debug, Clone)]
+struct LiveRecords(Vec<u64>);
+
+const LIVE_SLOT_BYTES: u64 = 16;
+const _: () = assert!(RECORD_OVERHEAD_BYTES as u64 > LIVE_SLOT_BYTES);
+
+impl LiveRecords {
+    fn new(file_bytes: u64) -> LiveRecords {
+        LiveRecords(vec![0; (file_bytes / LIVE_SLOT_BYTES / 64 + 1) as usize])
+    }
+
+    fn bit(offset: u64) -> (usize, u64) {
+        let slot = offset / LIVE_SLOT_BYTES;
+        ((slot / 64) as usize, 1 << (slot % 64))
+    }
+
+    fn set(&mut self, offset: u64) {
+        let (word, bit) = LiveRecords::bit(offset);
+        assert_eq!(self.0[word] & bit, 0, "a record becomes live once");
+        self.0[word] |= bit;
+    }
+
+    fn clear(&mut self, offset: u64) {
+        let (word, bit) = LiveRecords::bit(offset);
+        assert_ne!(self.0[word] & bit, 0, "only a live record dies");
+        self.0[word] &= !bit;
+    }
+
+    fn contains(&self, offset: u64) -> bool {
+        let (word, bit) = LiveRecords::bit(offset);
+        self.0.get(word).is_some_and(|w| w & bit != 0)
+    }
 }
 
 /// The segments that make up the state, by id (which grows with each one added), and their
@@ -214,20 +255,32 @@ impl SegmentSet {
         segment
     }
 
-    /// A record of segment `id`, `bytes` long, became the latest of its key.
-    fn record_live(&mut self, id: u64, bytes: u64) {
+    /// The record at `offset` of segment `id`, `bytes` long, became the latest of its key.
+    fn record_live(&mut self, id: u64, offset: u64, bytes: u64) {
         let segment = self.by_id.get_mut(&id).expect("a live record's segment is the store's");
+        segment.live.set(offset);
         segment.live_records += 1;
         segment.live_bytes += bytes;
         self.live_bytes += bytes;
     }
 
-    /// A record of segment `id`, `bytes` long, stopped being the latest of its key.
-    fn record_dead(&mut self, id: u64, bytes: u64) {
+    /// The record at `offset` of segment `id`, `bytes` long, stopped being the latest of its key.
+    fn record_dead(&mut self, id: u64, offset: u64, bytes: u64) {
         let segment = self.by_id.get_mut(&id).expect("a dead record's segment is the store's");
+        segment.live.clear(offset);
         segment.live_records -= 1;
         segment.live_bytes -= bytes;
         self.live_bytes -= bytes;
+    }
+
+    /// A live record of a segment a merge replaces is now the one at `offset` of the merged
+    /// segment `to`; `move_live` settles the counts.
+    fn moved_to(&mut self, to: u64, offset: u64) {
+        self.by_id
+            .get_mut(&to)
+            .expect("a moved record's segment is the store's")
+            .live
+            .set(offset);
     }
 
     /// `records` live records of segment `from`, `bytes` long in all, are now in segment `to`.
@@ -349,6 +402,9 @@ struct Adoption {
 /// A finished merge whose records are being pointed at, a slice at a time.
 struct MergeAdoption {
     merged_id: u64,
+    /// The job's `horizon`: until no manifest with an older `through` may still list segments,
+    /// the merged segment does not replace the others in what manifests list.
+    horizon: u64,
     /// Each replaced segment's id → its slot in `moved`.
     replaced: HashMap<u64, usize>,
     /// Live records and bytes moved so far from each replaced segment to the merged one, settled
@@ -359,30 +415,27 @@ struct MergeAdoption {
 }
 
 /// A segment made durable (by the writer, the cleaner, or before start-up), with its tombstone
-/// and index-block bytes summed where it was written, off the raft loop.
+/// bytes summed where it was written, off the raft loop.
 struct Written {
     first_index: u64,
     path: PathBuf,
     index: SegmentIndex,
     tombstone_bytes: u64,
-    index_bytes: u64,
 }
 
 impl Written {
     fn new(first_index: u64, path: PathBuf, index: SegmentIndex) -> Written {
-        let (mut tombstone_bytes, mut index_bytes) = (0, 0);
-        for entry in &index.entries {
-            if entry.is_tombstone {
-                tombstone_bytes += entry.segment_bytes() as u64;
-            }
-            index_bytes += (entry.segment_bytes() - entry.record_len()) as u64;
-        }
+        let tombstone_bytes = index
+            .entries
+            .iter()
+            .filter(|entry| entry.is_tombstone)
+            .map(|entry| entry.segment_bytes() as u64)
+            .sum();
         Written {
             first_index,
             path,
             index,
             tombstone_bytes,
-            index_bytes,
         }
     }
 }
@@ -398,7 +451,7 @@ impl SegmentFile {
             live_records: 0,
             live_bytes: 0,
             tombstone_bytes: written.tombstone_bytes,
-            index_bytes: written.index_bytes,
+            live: LiveRecords::new(written.index.file_bytes),
         };
         (segment, written.index.entries)
     }
@@ -408,6 +461,35 @@ impl SegmentFile {
 struct Merged {
     replaces: Vec<u64>,
     written: Written,
+    /// The job's `horizon`.
+    horizon: u64,
+}
+
+/// A manifest that has yet to list segments, registered in `Durable::listing` until it has or
+/// is dropped unlisted.
+struct WaitingToList {
+    shared: Arc<Shared>,
+    through: u64,
+    listed: bool,
+}
+
+impl WaitingToList {
+    fn listed(&mut self, durable: &mut Durable) {
+        durable.stop_listing(self.through);
+        self.listed = true;
+    }
+}
+
+impl Drop for WaitingToList {
+    fn drop(&mut self) {
+        if !self.listed {
+            self.shared
+                .durable
+                .lock()
+                .expect("not poisoned")
+                .stop_listing(self.through);
+        }
+    }
 }
 
 /// What the writer has written, for those who wait on it from other threads.
@@ -423,9 +505,22 @@ struct Durable {
     /// Those of them not yet synced, and where they are: a manifest syncs what it lists, so
     /// segment writes cost no fsync each and the raft log's fsyncs do not queue behind them.
     unsynced: HashMap<(u64, u64), PathBuf>,
+    /// `through` of the manifests that have yet to list segments, and how many have each.
+    listing: BTreeMap<u64, usize>,
 }
 
 impl Durable {
+    fn stop_listing(&mut self, through: u64) {
+        let waiting = self
+            .listing
+            .get_mut(&through)
+            .expect("a manifest waiting to list is registered");
+        *waiting -= 1;
+        if *waiting == 0 {
+            self.listing.remove(&through);
+        }
+    }
+
     /// Every index up to this one is in a written segment.
     fn through(&self) -> u64 {
         self.in_flight
@@ -887,12 +982,25 @@ impl Store {
         self.cut();
         let through = self.building.last_index();
         let shared = self.shared.clone();
+        *shared
+            .durable
+            .lock()
+            .expect("not poisoned")
+            .listing
+            .entry(through)
+            .or_default() += 1;
+        let mut waiting = WaitingToList {
+            shared: shared.clone(),
+            through,
+            listed: false,
+        };
         move || {
             let (manifest, to_sync) = {
                 let mut durable = shared.durable.lock().expect("not poisoned");
                 while durable.through() < through {
                     durable = shared.changed.wait(durable).expect("not poisoned");
                 }
+                waiting.listed(&mut durable);
                 let segments: Vec<(u64, u64)> = durable
                     .segments
                     .range(..=through)
@@ -1203,7 +1311,12 @@ impl Store {
         let last_index = index.header.last_index;
         let adoption = self.begin_adoption(Written::new(first_index, path, index));
         for entry in adoption.entries {
-            let (key_len, version, segment_bytes) = (entry.key.len(), entry.version, entry.segment_bytes() as u64);
+            let (key_len, version, record_offset, segment_bytes) = (
+                entry.key.len(),
+                entry.version,
+                entry.record_offset,
+                entry.segment_bytes() as u64,
+            );
             // The key moves into the index: a clone would cost an allocation per key.
             let replaced = if entry.is_tombstone {
                 self.index.remove(&entry.key)
@@ -1229,11 +1342,12 @@ impl Store {
                 );
                 self.segments.record_dead(
                     replaced.segment,
+                    replaced.record_offset,
                     segment_bytes_per_record(key_len, replaced.value_len) as u64,
                 );
             }
             if !entry.is_tombstone {
-                self.segments.record_live(adoption.id, segment_bytes);
+                self.segments.record_live(adoption.id, record_offset, segment_bytes);
             }
         }
         let mut durable = self.shared.durable.lock().expect("not poisoned");
@@ -1276,7 +1390,8 @@ impl Store {
                 .written(&entry.key, &mut location.value, entry.value_len as usize);
             location.segment = adoption.id;
             location.record_offset = entry.record_offset;
-            self.segments.record_live(adoption.id, entry.segment_bytes() as u64);
+            self.segments
+                .record_live(adoption.id, entry.record_offset, entry.segment_bytes() as u64);
         }
         adoption.next = end;
         self.cache.evict(&mut self.index);
@@ -1290,7 +1405,10 @@ impl Store {
         self.maybe_clean();
         while self.cleaning {
             if self.merge_adoption.is_some() {
-                self.continue_merge_adoption(usize::MAX);
+                if !self.continue_merge_adoption(usize::MAX) {
+                    // Held back by a manifest that has yet to list (see `continue_merge_adoption`).
+                    std::thread::sleep(Duration::from_millis(1));
+                }
             } else {
                 let merged = self.from_cleaner.recv().expect("segment cleaner thread vanished");
                 self.start_merge_adoption(merged);
@@ -1338,18 +1456,14 @@ impl Store {
                     file_bytes: s.file_bytes,
                     live_bytes: s.live_bytes,
                     tombstone_bytes: s.tombstone_bytes,
-                    index_bytes: s.index_bytes,
                 })
                 .collect();
-            merge_window(&costs)
+            merge_window(&costs, self.options.max_merged_segment_bytes)
         } else {
             None
         };
-        let (window, newer) = match dirt_window {
-            Some(window) => {
-                let newer = in_log_order[window.end..].iter().map(|s| s.path.clone()).collect();
-                (window, newer)
-            }
+        let window = match dirt_window {
+            Some(window) => window,
             None => {
                 let target_bytes = self.options.consolidated_segment_bytes;
                 let file_bytes: Vec<u64> = in_log_order.iter().map(|s| s.file_bytes).collect();
@@ -1360,9 +1474,7 @@ impl Store {
                 let Some(window) = consolidation_window(&file_bytes, target_bytes) else {
                     return;
                 };
-                // Records newer segments supersede are only dead bytes in the merged one; leaving
-                // them keeps a consolidation's cost to its own run.
-                (window, Vec::new())
+                window
             }
         };
         tracing::debug!(
@@ -1375,25 +1487,18 @@ impl Store {
         );
         let drop_tombstones = window.start == 0;
         let run = &in_log_order[window];
-        // A segment with a tombstone is read even where the merge drops tombstones: its records
-        // are what tells the merge that older ones in the run are dead.
-        let nothing_kept: Vec<bool> = run
-            .iter()
-            .map(|s| s.live_records == 0 && s.tombstone_bytes == 0)
-            .collect();
         let job = MergeJob {
-            drop_tombstones,
-            // Nothing read from the run, nothing in it for a newer segment to supersede.
-            newer: if nothing_kept.iter().all(|&n| n) {
-                Vec::new()
-            } else {
-                newer
-            },
             segments: run
                 .iter()
                 .map(|s| ((s.first_index, s.last_index), s.path.clone()))
                 .collect(),
-            nothing_kept,
+            // A segment with nothing the merge keeps is not read.
+            live: run
+                .iter()
+                .map(|s| (s.live_records > 0 || (!drop_tombstones && s.tombstone_bytes > 0)).then(|| s.live.clone()))
+                .collect(),
+            drop_tombstones,
+            horizon: self.building.last_index(),
         };
         self.cleaning = true;
         self.to_cleaner
@@ -1415,7 +1520,11 @@ impl Store {
     /// Adds the merged segment beside the ones it replaces; `continue_merge_adoption` then points
     /// every key whose latest record the merge copied at it, and the replaced segments go.
     fn start_merge_adoption(&mut self, merged: Merged) {
-        let Merged { replaces, written } = merged;
+        let Merged {
+            replaces,
+            written,
+            horizon,
+        } = merged;
         let replaces: HashSet<u64> = replaces.into_iter().collect();
         let replaced: HashMap<u64, usize> = self
             .segments
@@ -1434,6 +1543,7 @@ impl Store {
         self.segments.insert(merged_id, segment);
         self.merge_adoption = Some(MergeAdoption {
             merged_id,
+            horizon,
             moved: vec![(0, 0); replaced.len()],
             replaced,
             entries,
@@ -1442,12 +1552,12 @@ impl Store {
     }
 
     /// Repoints up to `step` index entries of the merge being adopted; the last slice retires the
-    /// replaced segments.
-    fn continue_merge_adoption(&mut self, step: usize) {
+    /// replaced segments. Whether the merge is adopted whole.
+    fn continue_merge_adoption(&mut self, step: usize) -> bool {
         let Some(adoption) = &mut self.merge_adoption else {
-            return;
+            return true;
         };
-        let end = (adoption.next + step).min(adoption.entries.len());
+        let end = adoption.next.saturating_add(step).min(adoption.entries.len());
         for entry in &adoption.entries[adoption.next..end] {
             let Some(location) = self.index.get_mut(&entry.key) else {
                 continue;
@@ -1463,6 +1573,7 @@ impl Store {
             moved.1 += entry.segment_bytes() as u64;
             location.segment = adoption.merged_id;
             location.record_offset = entry.record_offset;
+            self.segments.moved_to(adoption.merged_id, entry.record_offset);
         }
         adoption.next = end;
         for (&id, &slot) in &adoption.replaced {
@@ -1470,10 +1581,19 @@ impl Store {
             self.segments.move_live(id, adoption.merged_id, records, bytes);
         }
         if end < adoption.entries.len() {
-            return;
+            return false;
+        }
+        let mut durable = self.shared.durable.lock().expect("not poisoned");
+        // The merge left out records that writes up to `horizon` superseded, which a manifest
+        // with an older `through` may not hold: such a manifest lists the replaced segments.
+        if durable
+            .listing
+            .first_key_value()
+            .is_some_and(|(through, _)| *through < adoption.horizon)
+        {
+            return false;
         }
         let adoption = self.merge_adoption.take().expect("present");
-        let mut durable = self.shared.durable.lock().expect("not poisoned");
         for id in adoption.replaced.keys() {
             let replaced = self.segments.remove(*id);
             assert_eq!(
@@ -1494,6 +1614,7 @@ impl Store {
         drop(durable);
         self.cleaning = false;
         self.maybe_clean();
+        true
     }
 
     /// A manifest is now the durable description of the state: segments a merge replaced that it
@@ -1562,6 +1683,7 @@ fn supersede(segments: &mut SegmentSet, key: &[u8], location: &Location) {
     if location.segment != UNWRITTEN {
         segments.record_dead(
             location.segment,
+            location.record_offset,
             segment_bytes_per_record(key.len(), location.value_len) as u64,
         );
     }
@@ -1667,50 +1789,6 @@ fn write_until_done(dir: &Path, batch: &ReducedBatch, shared: &Shared) -> Option
     }
 }
 
-/// Merges runs of records, each sorted by key and given oldest first, into one sorted run holding
-/// the newest record of each key (tombstones included).
-fn merge_newest(runs: Vec<Vec<Record>>) -> Vec<Record> {
-    use std::cmp::Reverse;
-    use std::collections::BinaryHeap;
-    let total = runs.iter().map(Vec::len).sum();
-    let mut runs: Vec<std::vec::IntoIter<Record>> = runs.into_iter().map(Vec::into_iter).collect();
-    // Smallest key first; among equal keys the newest run (highest number) first.
-    let mut heads: BinaryHeap<(Reverse<Bytes>, usize)> = BinaryHeap::with_capacity(runs.len());
-    let mut pending: Vec<Option<Record>> = Vec::with_capacity(runs.len());
-    for (run, records) in runs.iter_mut().enumerate() {
-        let head = records.next();
-        if let Some(record) = &head {
-            heads.push((Reverse(record.key.clone()), run));
-        }
-        pending.push(head);
-    }
-    let mut merged: Vec<Record> = Vec::with_capacity(total);
-    while let Some((_, run)) = heads.pop() {
-        let record = pending[run].take().expect("a queued run has a head");
-        if let Some(next) = runs[run].next() {
-            heads.push((Reverse(next.key.clone()), run));
-            pending[run] = Some(next);
-        }
-        if merged.last().is_some_and(|newest| newest.key == record.key) {
-            continue;
-        }
-        merged.push(record);
-    }
-    merged
-}
-
-/// The newest record of each key of a log-order run (a `full` segment the store opened in
-/// `reduced` mode), in key order.
-fn newest_per_key(records: Vec<Record>) -> Vec<Record> {
-    let mut newest: HashMap<Bytes, Record> = HashMap::default();
-    for record in records {
-        newest.insert(record.key.clone(), record);
-    }
-    let mut run: Vec<Record> = newest.into_values().collect();
-    run.sort_unstable_by(|a, b| a.key.cmp(&b.key));
-    run
-}
-
 /// The cleaner competes with the foreground for the same cores: it runs at the lowest priority.
 fn lower_thread_priority() {
     // SAFETY: plain system calls on this thread's own id.
@@ -1726,7 +1804,6 @@ struct MergeCost {
     file_bytes: u64,
     live_bytes: u64,
     tombstone_bytes: u64,
-    index_bytes: u64,
 }
 
 /// A merge window may start or end at every segment when there are at most this many, at evenly
@@ -1734,14 +1811,15 @@ struct MergeCost {
 const MERGE_WINDOW_BOUNDARIES: usize = 128;
 
 /// The run of consecutive segments (in log order) the cleaner merges next: among runs of two or
-/// more that free at least half of what merging every segment would, the one that frees the most
-/// bytes per byte it reads and writes. This is the cost-benefit choice of log-structured file
-/// systems: segments that are still mostly live — the newest ones, or cold data under a skewed
-/// workload — are left alone instead of being rewritten by every merge. A run that starts at the
-/// oldest segment drops its tombstones, so they free bytes there; any other run keeps them. A run
-/// before the newest segment also reads the index blocks of the segments after it, to leave out
-/// the records they supersede. `None` when no merge frees anything.
-fn merge_window(segments: &[MergeCost]) -> Option<Range<usize>> {
+/// more that keep at most `max_kept_bytes` and free at least half of what the best such run
+/// would, the one that frees the most bytes per byte it reads and writes. This is the
+/// cost-benefit choice of log-structured file systems: segments that are still mostly live —
+/// the newest ones, or cold data under a skewed workload — are left alone instead of being
+/// rewritten by every merge. A run that starts at the oldest segment drops its tombstones, so
+/// they free bytes there; any other run keeps them. The bound on what a run keeps bounds the
+/// merged segment, and with it what the merge holds in memory (its index) and what adopting it
+/// repoints. `None` when no merge frees anything.
+fn merge_window(segments: &[MergeCost], max_kept_bytes: u64) -> Option<Range<usize>> {
     let count = segments.len();
     if count < 2 {
         return None;
@@ -1754,11 +1832,10 @@ fn merge_window(segments: &[MergeCost]) -> Option<Range<usize>> {
             }))
             .collect()
     };
-    let (file, live, tombstones, indexes) = (
+    let (file, live, tombstones) = (
         prefix(|s| s.file_bytes),
         prefix(|s| s.live_bytes),
         prefix(|s| s.tombstone_bytes),
-        prefix(|s| s.index_bytes),
     );
     let kept = |run: &Range<usize>| {
         let tombstones_kept = if run.start == 0 {
@@ -1768,25 +1845,43 @@ fn merge_window(segments: &[MergeCost]) -> Option<Range<usize>> {
         };
         live[run.end] - live[run.start] + tombstones_kept + (HEADER_BYTES + FOOTER_BYTES) as u64
     };
-    let read = |run: &Range<usize>| file[run.end] - file[run.start] + indexes[count] - indexes[run.end];
-    let freed = |run: &Range<usize>| (file[run.end] - file[run.start]).saturating_sub(kept(run));
-    let freed_by_all = freed(&(0..count));
-    if freed_by_all == 0 {
-        return None;
-    }
+    let read = |run: &Range<usize>| file[run.end] - file[run.start];
+    let freed = |run: &Range<usize>| read(run).saturating_sub(kept(run));
+    // Starts at evenly spaced segments; from each, ends at evenly spaced segments up to the
+    // furthest that keeps the run within the bound (what a run keeps grows with its end).
     let stride = count.div_ceil(MERGE_WINDOW_BOUNDARIES);
-    let boundaries: Vec<usize> = (0..count).step_by(stride).chain(std::iter::once(count)).collect();
+    let mut candidates = Vec::new();
+    for start in (0..count - 1).step_by(stride) {
+        if kept(&(start..start + 2)) > max_kept_bytes {
+            continue;
+        }
+        let (mut reach, mut beyond) = (start + 2, count);
+        while reach < beyond {
+            let end = (reach + beyond).div_ceil(2);
+            if kept(&(start..end)) <= max_kept_bytes {
+                reach = end;
+            } else {
+                beyond = end - 1;
+            }
+        }
+        let ends = reach - start - 1;
+        let end_stride = ends.div_ceil(MERGE_WINDOW_BOUNDARIES);
+        candidates.extend(
+            (start + 2..=reach)
+                .step_by(end_stride)
+                .chain(std::iter::once(reach))
+                .map(|end| start..end),
+        );
+    }
+    let most_freed = candidates.iter().map(freed).max().filter(|&most| most > 0)?;
     let mut best: Option<(f64, Range<usize>)> = None;
-    for (at, &start) in boundaries.iter().enumerate() {
-        for &end in &boundaries[at + 1..] {
-            let run = start..end;
-            if run.len() < 2 || 2 * freed(&run) < freed_by_all {
-                continue;
-            }
-            let gain = freed(&run) as f64 / (read(&run) + kept(&run)) as f64;
-            if !matches!(&best, Some((best_gain, _)) if *best_gain >= gain) {
-                best = Some((gain, run));
-            }
+    for run in candidates {
+        if 2 * freed(&run) < most_freed {
+            continue;
+        }
+        let gain = freed(&run) as f64 / (read(&run) + kept(&run)) as f64;
+        if !matches!(&best, Some((best_gain, _)) if *best_gain >= gain) {
+            best = Some((gain, run));
         }
     }
     best.map(|(_, run)| run)
@@ -1832,21 +1927,22 @@ fn consolidation_window(file_bytes: &[u64], target_bytes: u64) -> Option<Range<u
 /// Consecutive segments, in log order, for the cleaner to merge into one.
 struct MergeJob {
     segments: Vec<LocatedSegment>,
-    /// The segments after them: a record whose key one of these holds is superseded.
-    newer: Vec<PathBuf>,
+    /// Beside `segments`: which of the segment's records are live, or `None` where the merge
+    /// keeps nothing of it and does not read it. Under overwrites most old segments end up so,
+    /// and a merge of them costs a few deletions instead of reading them whole.
+    live: Vec<Option<LiveRecords>>,
     /// The run starts at the oldest segment: no older one can still hold a tombstone's key.
     drop_tombstones: bool,
-    /// Beside `segments`: the segment holds no live record and no tombstone, so the cleaner does
-    /// not read it. Under overwrites most old segments end up so, and a merge of them costs a
-    /// few deletions instead of reading them whole. (Every record of such a segment is
-    /// superseded by a newer live record or tombstone, in the run's other segments or the
-    /// newer ones, and so are the records of the run that it supersedes.)
-    nothing_kept: Vec<bool>,
+    /// The last index applied when the job was made: the live records are those of the state
+    /// at that index.
+    horizon: u64,
 }
 
-/// The cleaner thread: merges each job's segments into one holding the newest record of each key
-/// they contain that no newer segment supersedes (tombstones included unless the job drops
-/// them).
+/// Bytes each segment a merge reads, and the one it writes, buffer.
+const MERGE_BUFFER_BYTES: usize = 64 << 10;
+
+/// The cleaner thread: merges each job's segments into one (see `merge_segments`), retrying a
+/// failed write (a full disk, an I/O error) until it succeeds, as the writer does.
 fn clean_segments(
     dir: &Path,
     read_bytes_per_sec: u64,
@@ -1854,71 +1950,158 @@ fn clean_segments(
     merged: &mpsc::Sender<Merged>,
     shared: &Shared,
 ) {
+    const RETRY_START: Duration = Duration::from_millis(50);
+    const RETRY_MAX: Duration = Duration::from_secs(5);
     lower_thread_priority();
-    while let Ok(MergeJob {
-        segments: ranges,
-        newer,
-        drop_tombstones,
-        nothing_kept,
-    }) = jobs.recv()
-    {
+    while let Ok(job) = jobs.recv() {
         assert_eq!(
-            nothing_kept.len(),
-            ranges.len(),
-            "a merge says of each segment whether it keeps anything"
+            job.live.len(),
+            job.segments.len(),
+            "a merge says of each segment what it keeps"
         );
-        let mut superseded: HashSet<Bytes> = HashSet::default();
-        for path in &newer {
-            match read_segment_index(path) {
-                Ok(index) => superseded.extend(index.entries.into_iter().map(|e| e.key)),
-                Err(e) => panic!("the cleaner cannot read a durable segment's index: {e}"),
+        let mut retry = RETRY_START;
+        let written = loop {
+            match merge_segments(dir, read_bytes_per_sec, &job, shared) {
+                Ok(Some(written)) => break written,
+                Ok(None) => return,
+                Err(_) if shared.closing.load(Ordering::Relaxed) => return,
+                Err(e) => {
+                    tracing::error!(
+                        error = %e, retry_ms = retry.as_millis() as u64,
+                        "writing a merged segment failed; retrying until it succeeds"
+                    );
+                    std::thread::sleep(retry);
+                    retry = (retry * 2).min(RETRY_MAX);
+                }
             }
-        }
-        let started = Instant::now();
-        let mut read_bytes = 0u64;
-        let mut runs = Vec::with_capacity(ranges.len());
-        for ((_, path), _) in ranges.iter().zip(&nothing_kept).filter(|(_, &nothing)| !nothing) {
-            if shared.closing.load(Ordering::Relaxed) {
-                return;
-            }
-            let (header, records) = match read_segment(path) {
-                Ok(read) => read,
-                Err(e) => panic!("the cleaner cannot read a durable segment: {e}"),
-            };
-            read_bytes += std::fs::metadata(path).map_or(0, |m| m.len());
-            runs.push(if header.log_order {
-                newest_per_key(records)
-            } else {
-                records
-            });
-            // Rate limit: never ahead of `read_bytes_per_sec` since the merge began.
-            let due = Duration::from_secs_f64(read_bytes as f64 / read_bytes_per_sec.max(1) as f64);
-            if let Some(early) = due.checked_sub(started.elapsed()) {
-                std::thread::sleep(early);
-            }
-        }
-        let batch = ReducedBatch {
-            first_index: ranges.first().expect("a merge has segments").0 .0,
-            last_index: ranges.last().expect("a merge has segments").0 .1,
-            records: merge_newest(runs)
-                .into_iter()
-                .filter(|r| (r.value.is_some() || !drop_tombstones) && !superseded.contains(&r.key))
-                .collect(),
-            log_order: false,
-            writes_in: 0,
-            bytes_in: 0,
-        };
-        let Some((path, index)) = write_until_done(dir, &batch, shared) else {
-            return;
         };
         let done = Merged {
-            replaces: ranges.iter().map(|((first, _), _)| *first).collect(),
-            written: Written::new(batch.first_index, path, index),
+            replaces: job.segments.iter().map(|((first, _), _)| *first).collect(),
+            written,
+            horizon: job.horizon,
         };
         if merged.send(done).is_err() {
             return;
         }
     }
+}
+
+/// One segment a merge reads: its records in key order, and which of them are live.
+struct MergeSource {
+    records: MergeRecords,
+    live: LiveRecords,
+    head: Option<(u64, Record)>,
+}
+
+enum MergeRecords {
+    Streamed(RecordStream),
+    /// The newest record of each key of a log-order segment (a `full` segment the store opened
+    /// in `reduced` mode, at most a batch), sorted.
+    Sorted(std::vec::IntoIter<(u64, Record)>),
+}
+
+impl MergeSource {
+    /// Opens `path`; a segment the store lists that cannot be read is corruption.
+    fn open(path: &Path, live: LiveRecords) -> MergeSource {
+        let read = || -> Result<MergeSource, SegmentError> {
+            let mut stream = RecordStream::open(path, MERGE_BUFFER_BYTES)?;
+            let records = if stream.header().log_order {
+                let mut newest: HashMap<Bytes, (u64, Record)> = HashMap::default();
+                while let Some((offset, record)) = stream.next_record()? {
+                    newest.insert(record.key.clone(), (offset, record));
+                }
+                let mut sorted: Vec<(u64, Record)> = newest.into_values().collect();
+                sorted.sort_unstable_by(|a, b| a.1.key.cmp(&b.1.key));
+                MergeRecords::Sorted(sorted.into_iter())
+            } else {
+                MergeRecords::Streamed(stream)
+            };
+            let mut source = MergeSource {
+                records,
+                live,
+                head: None,
+            };
+            source.advance();
+            Ok(source)
+        };
+        read().unwrap_or_else(|e| panic!("the cleaner cannot read a durable segment: {e}"))
+    }
+
+    /// Moves to the next record; the bytes read for it.
+    fn advance(&mut self) -> u64 {
+        self.head = match &mut self.records {
+            MergeRecords::Streamed(stream) => stream
+                .next_record()
+                .unwrap_or_else(|e| panic!("the cleaner cannot read a durable segment: {e}")),
+            MergeRecords::Sorted(records) => records.next(),
+        };
+        self.head.as_ref().map_or(0, |(_, record)| {
+            record_len(record.key.len(), record.value.as_ref().map_or(0, Bytes::len) as u32) as u64
+        })
+    }
+}
+
+/// Merges a job's segments into one, reading and writing a record at a time: each live record
+/// they hold and, unless the job drops them, each key's newest tombstone among them, in key
+/// order. Memory is a buffer per segment and the merged segment's index. `Ok(None)` when the
+/// store closed meanwhile.
+fn merge_segments(
+    dir: &Path,
+    read_bytes_per_sec: u64,
+    job: &MergeJob,
+    shared: &Shared,
+) -> Result<Option<Written>, SegmentError> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let first_index = job.segments.first().expect("a merge has segments").0 .0;
+    let last_index = job.segments.last().expect("a merge has segments").0 .1;
+    let started = Instant::now();
+    let mut read_bytes = 0u64;
+    let mut sources: Vec<MergeSource> = job
+        .segments
+        .iter()
+        .zip(&job.live)
+        .filter_map(|((_, path), live)| Some(MergeSource::open(path, live.clone()?)))
+        .collect();
+    let mut out = SegmentWriter::create(dir, first_index, last_index, shared.take_spare(dir), MERGE_BUFFER_BYTES)?;
+    // Smallest key first; among equal keys the newest segment (highest number) first.
+    let mut heads: BinaryHeap<(Reverse<Bytes>, usize)> = sources
+        .iter()
+        .enumerate()
+        .filter_map(|(number, source)| Some((Reverse(source.head.as_ref()?.1.key.clone()), number)))
+        .collect();
+    let mut decided: Option<Bytes> = None;
+    while let Some((Reverse(key), number)) = heads.pop() {
+        if shared.closing.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let source = &mut sources[number];
+        let (offset, record) = source.head.take().expect("a queued segment has a head");
+        let keep = match &record.value {
+            Some(_) => source.live.contains(offset),
+            None => !job.drop_tombstones,
+        };
+        read_bytes += source.advance();
+        if let Some((_, next)) = &source.head {
+            heads.push((Reverse(next.key.clone()), number));
+        }
+        // A key's newest record among the segments decides; a live one is its newest anywhere.
+        if decided.as_ref() == Some(&key) {
+            assert!(record.value.is_none() || !keep, "a live record is its key's newest");
+            continue;
+        }
+        decided = Some(key);
+        if keep {
+            out.push(&record)?;
+        }
+        // Rate limit: never ahead of `read_bytes_per_sec` since the merge began.
+        let due = Duration::from_secs_f64(read_bytes as f64 / read_bytes_per_sec.max(1) as f64);
+        if let Some(early) = due.checked_sub(started.elapsed()) {
+            std::thread::sleep(early);
+        }
+    }
+    let (path, index) = out.finish()?;
+    Ok(Some(Written::new(first_index, path, index)))
 }
 
 #[cfg(test)]
@@ -2077,6 +2260,7 @@ mod tests {
             cleaner_min_segments: 2 + rng.below(4) as usize,
             consolidated_segment_bytes: [0, 2_000, 30_000, 8 << 20][rng.below(4) as usize],
             consolidate_above_segments: [0, 4, 20][rng.below(3) as usize],
+            max_merged_segment_bytes: [500, 5_000, 64 << 20][rng.below(3) as usize],
             group_of: by_first_digit,
             adoption_step_records: 1 + rng.below(4) as usize,
             merge_adoption_step_records: 1 + rng.below(8) as usize,
@@ -2434,19 +2618,63 @@ mod tests {
     }
 
     #[test]
+    fn a_manifest_begun_before_a_merge_lists_the_segments_the_merge_replaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = StoreOptions {
+            batch_writes: 10,
+            cleaner_min_segments: 2,
+            min_cleanable_dirty_ratio: 2.0,
+            consolidated_segment_bytes: 0,
+            ..StoreOptions::new(dir.path())
+        };
+        let mut store = Store::open(options.clone(), None).unwrap();
+        let key = |i: u64| Bytes::from(format!("k{}", i % 10));
+        let value = |i: u64| Bytes::from(format!("value {i}"));
+        for i in 1..=60 {
+            store.write(i, key(i), Some(value(i)));
+            store.entry_applied(i);
+        }
+        store.finish_unwritten();
+        let begun = store.manifest_later();
+        let six_segments: Vec<(u64, u64)> = (0..6).map(|n| (10 * n + 1, 10 * n + 10)).collect();
+        // A write past that manifest supersedes records the merge then leaves out.
+        store.write(61, key(1), Some(value(61)));
+        store.entry_applied(61);
+        store.options.min_cleanable_dirty_ratio = 0.1;
+        store.maybe_clean();
+        assert!(store.cleaning, "the segments are mostly dead");
+        let merged = store.from_cleaner.recv().unwrap();
+        store.start_merge_adoption(merged);
+        assert!(!store.continue_merge_adoption(usize::MAX), "held back");
+        let manifest = begun();
+        assert_eq!(manifest.segments, six_segments, "what the merge replaces");
+        store.manifest_persisted(&manifest).unwrap();
+        assert!(
+            store.continue_merge_adoption(usize::MAX),
+            "no manifest holds it back any more"
+        );
+        let manifest = snapshot(&mut store);
+        assert!(manifest.segments.len() < 6, "{:?}", manifest.segments);
+        drop(store);
+        let mut store = Store::open(options, Some(&manifest)).unwrap();
+        for i in 52..=61 {
+            assert_eq!(store.get(&key(i)).unwrap(), Some(value(i)));
+        }
+    }
+
+    #[test]
     fn the_cleaner_merges_the_run_that_frees_most_per_byte_moved() {
         let cost = |file_bytes, live_bytes, tombstone_bytes| MergeCost {
             file_bytes,
             live_bytes,
             tombstone_bytes,
-            index_bytes: file_bytes / 10,
         };
         // An old segment a third live, four half dead, four newest nearly all live: the newest
         // are left alone.
         let mut segments = vec![cost(3_000, 1_000, 0)];
         segments.extend((0..4).map(|_| cost(1_000, 500, 0)));
         segments.extend((0..4).map(|_| cost(1_000, 950, 0)));
-        let run = merge_window(&segments).expect("dead bytes to free");
+        let run = merge_window(&segments, u64::MAX).expect("dead bytes to free");
         assert!(run.start == 0 && run.end <= 5, "{run:?}");
         // A live cold segment first, then dead ones: the cold one is not rewritten.
         let segments = [
@@ -2455,16 +2683,26 @@ mod tests {
             cost(1_000, 100, 0),
             cost(1_000, 200, 0),
         ];
-        assert_eq!(merge_window(&segments).map(|run| run.start), Some(1));
+        assert_eq!(merge_window(&segments, u64::MAX).map(|run| run.start), Some(1));
         // Tombstones free bytes only in a run from the oldest segment.
         let segments = [cost(1_000, 900, 0), cost(1_000, 0, 900), cost(1_000, 0, 900)];
-        assert_eq!(merge_window(&segments), Some(0..3));
+        assert_eq!(merge_window(&segments, u64::MAX), Some(0..3));
         // Nothing to merge with.
-        assert_eq!(merge_window(&[cost(1_000, 0, 0)]), None);
+        assert_eq!(merge_window(&[cost(1_000, 0, 0)], u64::MAX), None);
         // Many segments cost no more to choose from than a few, and a run is still found.
         let many: Vec<MergeCost> = (0..10_000).map(|i| cost(1_000, (i % 1_000) as u64, 0)).collect();
-        let run = merge_window(&many).expect("dead bytes to free");
+        let run = merge_window(&many, u64::MAX).expect("dead bytes to free");
         assert!(run.len() >= 2 && run.end <= many.len(), "{run:?}");
+        // What a run keeps is bounded, though a longer run would free more; where no two
+        // segments fit, nothing is merged.
+        let keeps = |run: &Range<usize>| 400 * run.len() as u64 + (HEADER_BYTES + FOOTER_BYTES) as u64;
+        let uniform: Vec<MergeCost> = (0..1_000).map(|_| cost(1_000, 400, 0)).collect();
+        let run = merge_window(&uniform, 10_000).expect("dead bytes to free");
+        assert!(run.len() >= 12 && keeps(&run) <= 10_000, "{run:?}");
+        let run = merge_window(&many, 10_000).expect("dead bytes to free");
+        let kept: u64 = many[run.clone()].iter().map(|s| s.live_bytes).sum();
+        assert!(kept + 60 <= 10_000, "{run:?} keeps {kept}");
+        assert_eq!(merge_window(&[cost(1_000, 900, 0), cost(1_000, 900, 0)], 1_000), None);
     }
 
     #[test]
@@ -2531,122 +2769,142 @@ mod tests {
         drop(to_cleaner);
         clean_segments(dir, u64::MAX, &jobs, &merged_tx, &Shared::default());
         let merged = merged_rx.recv().expect("the cleaner merged");
-        read_segment(&merged.written.path).unwrap().1
+        crate::segment::read_segment(&merged.written.path).unwrap().1
     }
 
-    #[test]
-    fn a_merge_leaves_out_superseded_records_and_keeps_tombstones_unless_it_starts_at_the_oldest() {
-        let dir = tempfile::tempdir().unwrap();
-        let shared = Shared::default();
-        let record = |key: &str, value: Option<&str>, version| Record {
+    fn test_record(key: &str, value: Option<&str>, version: u64) -> Record {
+        Record {
             key: Bytes::copy_from_slice(key.as_bytes()),
             value: value.map(|v| Bytes::copy_from_slice(v.as_bytes())),
             version,
-        };
-        let mut written = Vec::new();
-        for (first, records) in [
-            (1, vec![record("a", Some("1"), 1), record("b", Some("1"), 1)]),
-            (2, vec![record("a", None, 2), record("c", Some("2"), 2)]),
-            (3, vec![record("c", Some("3"), 3)]),
-        ] {
-            let batch = ReducedBatch {
-                first_index: first,
-                last_index: first,
-                records,
-                log_order: false,
-                writes_in: 2,
-                bytes_in: 0,
-            };
-            let (path, _) = write_until_done(dir.path(), &batch, &shared).unwrap();
-            written.push(((first, first), path));
         }
-        let newer = vec![written[2].1.clone()];
+    }
+
+    /// Writes one segment per entry of `batches` (first index, records) and returns each one's
+    /// range, path and index.
+    fn write_test_segments(dir: &Path, batches: Vec<(u64, Vec<Record>)>) -> Vec<(LocatedSegment, SegmentIndex)> {
+        let shared = Shared::default();
+        batches
+            .into_iter()
+            .map(|(first, records)| {
+                let batch = ReducedBatch {
+                    first_index: first,
+                    last_index: first,
+                    records,
+                    log_order: false,
+                    writes_in: 1,
+                    bytes_in: 0,
+                };
+                let (path, index) = write_until_done(dir, &batch, &shared).unwrap();
+                (((first, first), path), index)
+            })
+            .collect()
+    }
+
+    /// The records of a segment whose key `is_live` names as live.
+    fn live_where(index: &SegmentIndex, is_live: impl Fn(&[u8]) -> bool) -> LiveRecords {
+        let mut live = LiveRecords::new(index.file_bytes);
+        for entry in index.entries.iter().filter(|e| !e.is_tombstone && is_live(&e.key)) {
+            live.set(entry.record_offset);
+        }
+        live
+    }
+
+    #[test]
+    fn a_merge_keeps_live_records_in_key_order_and_tombstones_unless_it_starts_at_the_oldest() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = write_test_segments(
+            dir.path(),
+            vec![
+                (1, vec![test_record("a", Some("1"), 1), test_record("b", Some("1"), 1)]),
+                (2, vec![test_record("a", None, 2), test_record("c", Some("2"), 2)]),
+                (3, vec![test_record("d", Some("3"), 3)]),
+            ],
+        );
+        // "c" was overwritten since (by a newer segment or a write not yet in one): not live.
         let job = |drop_tombstones| MergeJob {
-            segments: written[..2].to_vec(),
-            newer: newer.clone(),
+            segments: written.iter().map(|(located, _)| located.clone()).collect(),
+            live: vec![
+                Some(live_where(&written[0].1, |key| key == b"b")),
+                Some(live_where(&written[1].1, |_| false)),
+                Some(live_where(&written[2].1, |_| true)),
+            ],
             drop_tombstones,
-            nothing_kept: vec![false; 2],
+            horizon: 9,
         };
-        // "c" is superseded by the newer segment; the tombstone of "a" stays unless the run
-        // starts the state.
         assert_eq!(
             merge_once(dir.path(), job(false)),
-            vec![record("a", None, 2), record("b", Some("1"), 1)]
-        );
-        std::fs::remove_file(dir.path().join(segment_file_name(1, 2))).unwrap();
-        assert_eq!(merge_once(dir.path(), job(true)), vec![record("b", Some("1"), 1)]);
-    }
-
-    #[test]
-    fn a_merge_does_not_read_a_segment_with_nothing_live() {
-        let dir = tempfile::tempdir().unwrap();
-        let shared = Shared::default();
-        let record = |key: &str, value: &str, version| Record {
-            key: Bytes::copy_from_slice(key.as_bytes()),
-            value: Some(Bytes::copy_from_slice(value.as_bytes())),
-            version,
-        };
-        let mut written = Vec::new();
-        for (first, records) in [
-            (1, vec![record("a", "1", 1), record("b", "1", 1)]),
-            (2, vec![record("a", "2", 2)]),
-            (3, vec![record("a", "3", 3)]),
-        ] {
-            let batch = ReducedBatch {
-                first_index: first,
-                last_index: first,
-                records,
-                log_order: false,
-                writes_in: 1,
-                bytes_in: 0,
-            };
-            written.push(((first, first), write_until_done(dir.path(), &batch, &shared).unwrap().0));
-        }
-        // The second segment's only record is superseded by the third's: it is not read (its file
-        // is gone), and what it superseded in the first is left out all the same.
-        std::fs::remove_file(&written[1].1).unwrap();
-        let job = MergeJob {
-            segments: written[..2].to_vec(),
-            newer: vec![written[2].1.clone()],
-            drop_tombstones: true,
-            nothing_kept: vec![false, true],
-        };
-        assert_eq!(merge_once(dir.path(), job), vec![record("b", "1", 1)]);
-        // A run with nothing live at all reads nothing, not even the newer segments' indexes.
-        std::fs::remove_file(&written[2].1).unwrap();
-        let job = MergeJob {
-            segments: written[1..2].to_vec(),
-            newer: Vec::new(),
-            drop_tombstones: false,
-            nothing_kept: vec![true],
-        };
-        assert_eq!(merge_once(dir.path(), job), Vec::new());
-    }
-
-    #[test]
-    fn a_merge_keeps_the_newest_record_of_each_key_in_key_order() {
-        let record = |key: &str, value: Option<&str>, version| Record {
-            key: Bytes::copy_from_slice(key.as_bytes()),
-            value: value.map(|v| Bytes::copy_from_slice(v.as_bytes())),
-            version,
-        };
-        let runs = vec![
             vec![
-                record("a", Some("1"), 1),
-                record("b", Some("1"), 2),
-                record("d", Some("1"), 3),
+                test_record("a", None, 2),
+                test_record("b", Some("1"), 1),
+                test_record("d", Some("3"), 3)
             ],
-            vec![record("b", None, 5), record("c", Some("2"), 4)],
-            vec![record("a", Some("3"), 7), record("e", Some("3"), 6)],
-        ];
+            "the tombstone of \"a\" hides it from older segments"
+        );
+        std::fs::remove_file(dir.path().join(segment_file_name(1, 3))).unwrap();
         assert_eq!(
-            merge_newest(runs),
+            merge_once(dir.path(), job(true)),
+            vec![test_record("b", Some("1"), 1), test_record("d", Some("3"), 3)]
+        );
+    }
+
+    #[test]
+    fn a_merge_does_not_read_a_segment_it_keeps_nothing_of() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = write_test_segments(
+            dir.path(),
             vec![
-                record("a", Some("3"), 7),
-                record("b", None, 5),
-                record("c", Some("2"), 4),
-                record("d", Some("1"), 3),
-                record("e", Some("3"), 6),
+                (1, vec![test_record("a", Some("1"), 1), test_record("b", Some("1"), 1)]),
+                (2, vec![test_record("a", Some("2"), 2)]),
+            ],
+        );
+        // The second segment's only record was overwritten since: it is not read (its file is
+        // gone).
+        std::fs::remove_file(&written[1].0 .1).unwrap();
+        let job = MergeJob {
+            segments: written.iter().map(|(located, _)| located.clone()).collect(),
+            live: vec![Some(live_where(&written[0].1, |key| key == b"b")), None],
+            drop_tombstones: true,
+            horizon: 9,
+        };
+        assert_eq!(merge_once(dir.path(), job), vec![test_record("b", Some("1"), 1)]);
+    }
+
+    #[test]
+    fn a_merge_writes_what_it_keeps_in_key_order_and_takes_each_keys_newest_tombstone() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = write_test_segments(
+            dir.path(),
+            vec![
+                (
+                    1,
+                    vec![
+                        test_record("a", Some("1"), 1),
+                        test_record("b", Some("1"), 1),
+                        test_record("d", Some("1"), 1),
+                    ],
+                ),
+                (2, vec![test_record("b", None, 2), test_record("c", Some("2"), 2)]),
+                (3, vec![test_record("a", Some("3"), 3), test_record("c", None, 3)]),
+            ],
+        );
+        let job = MergeJob {
+            segments: written.iter().map(|(located, _)| located.clone()).collect(),
+            live: vec![
+                Some(live_where(&written[0].1, |key| key == b"d")),
+                Some(live_where(&written[1].1, |_| false)),
+                Some(live_where(&written[2].1, |_| true)),
+            ],
+            drop_tombstones: false,
+            horizon: 9,
+        };
+        assert_eq!(
+            merge_once(dir.path(), job),
+            vec![
+                test_record("a", Some("3"), 3),
+                test_record("b", None, 2),
+                test_record("c", None, 3),
+                test_record("d", Some("1"), 1),
             ]
         );
     }
