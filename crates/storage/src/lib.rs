@@ -21,6 +21,6 @@ pub use scan_map::{no_groups, GroupOf};
 pub use segment::{
     decode_footer, decode_header, decode_index, decode_record, decode_segment, encode_segment, read_segment,
     read_segment_index, segment_bytes_per_record, segment_file_name, verify_segment, write_segment, IndexEntry, Record,
-    SegmentError, SegmentHeader, SegmentIndex, FOOTER_BYTES, HEADER_BYTES,
+    RecordStream, SegmentError, SegmentHeader, SegmentIndex, FOOTER_BYTES, HEADER_BYTES,
 };
 pub use store::{PinnedSegments, StorageMode, Store, StoreError, StoreOptions, StoreStats};
