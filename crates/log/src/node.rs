@@ -466,6 +466,12 @@ struct RaftLoop<SM: StateMachine> {
     refill: Option<Refill>,
     /// Readies whose writes the log's writer thread has not finished, oldest first.
     persisting: VecDeque<Persisting>,
+    /// Client requests since the last tick, and the applied index then: a tick that saw neither
+    /// move is idle (see `release_memory_when_idle`).
+    requests_since_tick: u64,
+    applied_at_tick: u64,
+    /// Memory was given back at an idle tick and nothing has happened since.
+    released_while_idle: bool,
 }
 
 /// A Ready handed to the storage's writer thread: raft learns it is persisted, and its messages
@@ -621,6 +627,9 @@ pub async fn start<SM: StateMachine>(
         answered_writes: 0,
         refill: None,
         persisting: VecDeque::new(),
+        requests_since_tick: 0,
+        applied_at_tick: 0,
+        released_while_idle: false,
     };
     raft_loop.publish_status();
     tokio::spawn(raft_loop.run(request_rx, peer_rx, event_rx));
@@ -734,6 +743,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 self.proposal_refused = false;
                 self.raw.tick();
                 self.sm.tick();
+                self.release_memory_when_idle();
                 next_tick = now + tick;
                 self.expire_requests();
                 for (peer, rtt_us) in self.link_rtts.iter() {
@@ -765,7 +775,32 @@ impl<SM: StateMachine> RaftLoop<SM> {
         !self.unproposed.is_empty() && self.leader_known() && !self.proposal_refused
     }
 
+    /// At the first idle tick after a burst, gives back what the burst grew: the log's write
+    /// buffers, and the free memory glibc holds below its heap's top (it returns that only when
+    /// trimmed; the buffers clients and peers used under load end up there). Under load it does
+    /// nothing, so a busy node never pays for memory it will use again at once.
+    fn release_memory_when_idle(&mut self) {
+        let idle = self.requests_since_tick == 0 && self.applied_at_tick == self.applied_index;
+        self.requests_since_tick = 0;
+        self.applied_at_tick = self.applied_index;
+        if !idle {
+            self.released_while_idle = false;
+            return;
+        }
+        if self.released_while_idle {
+            return;
+        }
+        self.released_while_idle = true;
+        self.raw.mut_store().release_idle_buffers();
+        #[cfg(target_env = "gnu")]
+        // SAFETY: malloc_trim only returns free memory to the system.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
+
     fn on_request(&mut self, request: Request<SM>) {
+        self.requests_since_tick += 1;
         let arrived = Instant::now();
         match request {
             Request::Write {

@@ -99,6 +99,18 @@ impl WalWriter {
         self.submitted_seq
     }
 
+    /// Drops the buffers kept for reuse.
+    pub(crate) fn drop_spare_buffers(&mut self) {
+        self.spare_bufs.clear();
+    }
+
+    #[cfg(test)]
+    pub(crate) fn spare_buffers_empty(&mut self) -> bool {
+        // Completed writes hand their buffers back when their completion is taken.
+        self.durable_seq().expect("writes succeed");
+        self.spare_bufs.is_empty()
+    }
+
     /// A buffer for the next `submit`, whatever its contents.
     pub(crate) fn buffer(&mut self) -> BlockBuf {
         self.spare_bufs.pop().unwrap_or_default()
