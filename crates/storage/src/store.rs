@@ -1810,9 +1810,13 @@ struct MergeCost {
 /// spaced ones otherwise: choosing then costs the same however many segments there are.
 const MERGE_WINDOW_BOUNDARIES: usize = 128;
 
+/// Most segments a merge reads, each open with its own buffer while it runs (segments it keeps
+/// nothing of are not read, and do not count).
+const MAX_MERGE_READ_SEGMENTS: usize = 256;
+
 /// The run of consecutive segments (in log order) the cleaner merges next: among runs of two or
-/// more that keep at most `max_kept_bytes` and free at least half of what the best such run
-/// would, the one that frees the most bytes per byte it reads and writes. This is the
+/// more that keep at most `max_kept_bytes`, read at most `MAX_MERGE_READ_SEGMENTS` segments and
+/// free at least half of what the best such run would, the one that frees the most bytes per byte it reads and writes. This is the
 /// cost-benefit choice of log-structured file systems: segments that are still mostly live —
 /// the newest ones, or cold data under a skewed workload — are left alone instead of being
 /// rewritten by every merge. A run that starts at the oldest segment drops its tombstones, so
@@ -1832,10 +1836,11 @@ fn merge_window(segments: &[MergeCost], max_kept_bytes: u64) -> Option<Range<usi
             }))
             .collect()
     };
-    let (file, live, tombstones) = (
+    let (file, live, tombstones, kept_from) = (
         prefix(|s| s.file_bytes),
         prefix(|s| s.live_bytes),
         prefix(|s| s.tombstone_bytes),
+        prefix(|s| u64::from(s.live_bytes > 0 || s.tombstone_bytes > 0)),
     );
     let kept = |run: &Range<usize>| {
         let tombstones_kept = if run.start == 0 {
@@ -1847,18 +1852,22 @@ fn merge_window(segments: &[MergeCost], max_kept_bytes: u64) -> Option<Range<usi
     };
     let read = |run: &Range<usize>| file[run.end] - file[run.start];
     let freed = |run: &Range<usize>| read(run).saturating_sub(kept(run));
+    let within_bounds = |run: &Range<usize>| {
+        kept(run) <= max_kept_bytes && kept_from[run.end] - kept_from[run.start] <= MAX_MERGE_READ_SEGMENTS as u64
+    };
     // Starts at evenly spaced segments; from each, ends at evenly spaced segments up to the
-    // furthest that keeps the run within the bound (what a run keeps grows with its end).
+    // furthest that keeps the run within the bounds (what a run keeps and reads grow with its
+    // end).
     let stride = count.div_ceil(MERGE_WINDOW_BOUNDARIES);
     let mut candidates = Vec::new();
     for start in (0..count - 1).step_by(stride) {
-        if kept(&(start..start + 2)) > max_kept_bytes {
+        if !within_bounds(&(start..start + 2)) {
             continue;
         }
         let (mut reach, mut beyond) = (start + 2, count);
         while reach < beyond {
             let end = (reach + beyond).div_ceil(2);
-            if kept(&(start..end)) <= max_kept_bytes {
+            if within_bounds(&(start..end)) {
                 reach = end;
             } else {
                 beyond = end - 1;
@@ -1938,7 +1947,7 @@ struct MergeJob {
     horizon: u64,
 }
 
-/// Bytes each segment a merge reads, and the one it writes, buffer.
+/// Bytes each segment a merge reads (at most its size), and the one it writes, buffer.
 const MERGE_BUFFER_BYTES: usize = 64 << 10;
 
 /// The cleaner thread: merges each job's segments into one (see `merge_segments`), retrying a
@@ -2004,7 +2013,8 @@ impl MergeSource {
     /// Opens `path`; a segment the store lists that cannot be read is corruption.
     fn open(path: &Path, live: LiveRecords) -> MergeSource {
         let read = || -> Result<MergeSource, SegmentError> {
-            let mut stream = RecordStream::open(path, MERGE_BUFFER_BYTES)?;
+            let file_bytes = std::fs::metadata(path).map_err(io_error(path))?.len();
+            let mut stream = RecordStream::open(path, MERGE_BUFFER_BYTES.min(file_bytes as usize))?;
             let records = if stream.header().log_order {
                 let mut newest: HashMap<Bytes, (u64, Record)> = HashMap::default();
                 while let Some((offset, record)) = stream.next_record()? {
@@ -2703,6 +2713,26 @@ mod tests {
         let kept: u64 = many[run.clone()].iter().map(|s| s.live_bytes).sum();
         assert!(kept + 60 <= 10_000, "{run:?} keeps {kept}");
         assert_eq!(merge_window(&[cost(1_000, 900, 0), cost(1_000, 900, 0)], 1_000), None);
+        // A merge opens every segment it reads at once: a run of many small segments is cut to
+        // a bounded number of them, while segments it keeps nothing of cost nothing.
+        let reads = |segments: &[MergeCost], run: &Range<usize>| {
+            segments[run.clone()]
+                .iter()
+                .filter(|s| s.live_bytes > 0 || s.tombstone_bytes > 0)
+                .count()
+        };
+        let small: Vec<MergeCost> = (0..100_000).map(|_| cost(200, 50, 0)).collect();
+        let run = merge_window(&small, u64::MAX).expect("dead bytes to free");
+        assert!(
+            reads(&small, &run) <= MAX_MERGE_READ_SEGMENTS && run.len() >= MAX_MERGE_READ_SEGMENTS / 2,
+            "{run:?}"
+        );
+        let mostly_dead: Vec<MergeCost> = (0..100_000)
+            .map(|i| cost(200, if i % 1_000 == 0 { 50 } else { 0 }, 0))
+            .collect();
+        let run = merge_window(&mostly_dead, u64::MAX).expect("dead bytes to free");
+        assert!(reads(&mostly_dead, &run) <= MAX_MERGE_READ_SEGMENTS, "{run:?}");
+        assert!(run.len() > 10 * MAX_MERGE_READ_SEGMENTS, "{run:?}");
     }
 
     #[test]
