@@ -400,9 +400,10 @@ pub fn decode_footer(buf: &[u8], file_bytes: u64) -> Result<(u64, u64, u32, u32)
 }
 
 /// Decodes a segment's index block, which starts at `index_offset` and ends where the records
-/// it points to may not reach.
+/// it points to may not reach. The entries' keys are slices of `buf`: one buffer for the block
+/// rather than an allocation per key, which start-up would spend most of its time on.
 pub fn decode_index(
-    buf: &[u8],
+    buf: &Bytes,
     index_offset: u64,
     header: &SegmentHeader,
     index_crc: u32,
@@ -422,8 +423,9 @@ pub fn decode_index(
         let record_offset = f.u64("index entry")?;
         let key_len = f.u32("index entry")? as usize;
         let value_len = f.u32("index entry")?;
+        let key_start = f.pos;
         let key_slice = f.take(key_len, "index key")?;
-        let key = Bytes::copy_from_slice(key_slice);
+        let key = buf.slice(key_start..key_start + key_len);
         let is_tombstone = match (kind, value_len) {
             (KIND_PUT, _) => false,
             (KIND_TOMBSTONE, 0) => true,
@@ -577,7 +579,7 @@ fn load_index<'a>(
             "header and footer disagree on the record count",
         ));
     }
-    let index = read(index_offset, index_len as usize)?;
+    let index = Bytes::from(read(index_offset, index_len as usize)?.into_owned());
     let entries = decode_index(&index, index_offset, &header, index_crc)?;
     Ok(SegmentIndex {
         header,
