@@ -470,9 +470,14 @@ struct RaftLoop<SM: StateMachine> {
     /// move is idle (see `release_memory_when_idle`).
     requests_since_tick: u64,
     applied_at_tick: u64,
-    /// Memory was given back at an idle tick and nothing has happened since.
+    /// How long the node has been idle, in ticks' time.
+    idle_since: Duration,
+    /// Memory was given back in this idle stretch.
     released_while_idle: bool,
 }
+
+/// How long a node is idle before it gives back what a burst grew (`release_memory_when_idle`).
+const IDLE_BEFORE_RELEASE: Duration = Duration::from_secs(1);
 
 /// A Ready handed to the storage's writer thread: raft learns it is persisted, and its messages
 /// that promise persistence (a follower's acknowledgement, a vote) go out, once the write of
@@ -629,6 +634,7 @@ pub async fn start<SM: StateMachine>(
         persisting: VecDeque::new(),
         requests_since_tick: 0,
         applied_at_tick: 0,
+        idle_since: Duration::ZERO,
         released_while_idle: false,
     };
     raft_loop.publish_status();
@@ -775,19 +781,22 @@ impl<SM: StateMachine> RaftLoop<SM> {
         !self.unproposed.is_empty() && self.leader_known() && !self.proposal_refused
     }
 
-    /// At the first idle tick after a burst, gives back what the burst grew: the log's write
-    /// buffers, and the free memory glibc holds below its heap's top (it returns that only when
-    /// trimmed; the buffers clients and peers used under load end up there). Under load it does
-    /// nothing, so a busy node never pays for memory it will use again at once.
+    /// Once a node has been idle for `IDLE_BEFORE_RELEASE` after a burst, gives back what the
+    /// burst grew: the log's write buffers, and the free memory glibc holds below its heap's top
+    /// (it returns that only when trimmed; the buffers clients and peers used under load end up
+    /// there). Under load, or a trickle of requests, it does nothing, so a working node never
+    /// pays for memory it will use again at once.
     fn release_memory_when_idle(&mut self) {
         let idle = self.requests_since_tick == 0 && self.applied_at_tick == self.applied_index;
         self.requests_since_tick = 0;
         self.applied_at_tick = self.applied_index;
         if !idle {
+            self.idle_since = Duration::ZERO;
             self.released_while_idle = false;
             return;
         }
-        if self.released_while_idle {
+        self.idle_since += Duration::from_millis(self.config.tick_ms);
+        if self.released_while_idle || self.idle_since < IDLE_BEFORE_RELEASE {
             return;
         }
         self.released_while_idle = true;
