@@ -263,7 +263,15 @@ fn run_mode(
     // The cleaner works behind the foreground (rate-limited, at low priority); its backlog at the
     // end is still part of what the run cost, so CPU is counted until it is done.
     let settle_started = Instant::now();
-    store.settle();
+    store.settle_reporting(Duration::from_secs(10), |store| {
+        let stats = store.stats();
+        println!(
+            "     … cleaner: {} segments, {} merges, {:.0}% of segment bytes dead",
+            stats.segments,
+            stats.merges,
+            100.0 * store.dirty_ratio()
+        );
+    });
     let manifest = store.manifest_later()();
     store.manifest_persisted(&manifest)?;
     let settle_secs = settle_started.elapsed().as_secs_f64();

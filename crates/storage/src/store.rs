@@ -1401,9 +1401,20 @@ impl Store {
     /// Writes and adopts every cut batch, then lets the cleaner merge until it has nothing left
     /// to do: the state as it is once the store is idle (what benchmarks and tests measure).
     pub fn settle(&mut self) {
+        self.settle_reporting(Duration::MAX, |_| {});
+    }
+
+    /// `settle`, calling `report` with the store about every `every` while the cleaner works
+    /// (a long settle shows its progress).
+    pub fn settle_reporting(&mut self, every: Duration, mut report: impl FnMut(&Store)) {
         self.finish_unwritten();
         self.maybe_clean();
+        let mut report_at = Instant::now().checked_add(every);
         while self.cleaning {
+            if report_at.is_some_and(|at| Instant::now() >= at) {
+                report(self);
+                report_at = Instant::now().checked_add(every);
+            }
             if self.merge_adoption.is_some() {
                 if !self.continue_merge_adoption(usize::MAX) {
                     // Held back by a manifest that has yet to list (see `continue_merge_adoption`).
