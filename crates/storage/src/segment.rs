@@ -808,7 +808,8 @@ impl SegmentWriter {
 }
 
 /// Reads a segment's records front to back, without its index, each checked against its
-/// checksum and the header: what a merge reads, in memory bounded by the reader's buffer.
+/// checksum and the header: what a merge reads, in memory bounded by the reader's buffer (at
+/// most `buffer_bytes`, and no larger than the file).
 pub struct RecordStream {
     path: PathBuf,
     reader: std::io::BufReader<File>,
@@ -846,7 +847,7 @@ impl RecordStream {
                 .map_err(io_error(path))?;
             Ok(RecordStream {
                 path: path.to_path_buf(),
-                reader: std::io::BufReader::with_capacity(buffer_bytes, file),
+                reader: std::io::BufReader::with_capacity(buffer_bytes.min(file_bytes as usize), file),
                 header,
                 offset: HEADER_BYTES as u64,
                 records_end: index_offset,
@@ -1104,19 +1105,31 @@ mod tests {
     #[test]
     fn errors_name_the_file_and_the_offset() {
         let dir = tempfile::tempdir().unwrap();
-        let (path, index) = write_segment(dir.path(), &sample_batch(), None).unwrap();
-        let mut bytes = std::fs::read(&path).unwrap();
+        let (path, _, victim) = segment_with_a_flipped_record(dir.path());
+        assert_names_the_flipped_record(&read_segment(&path).unwrap_err(), &path, victim);
+        // The index alone is intact: start-up would load it, and the read of that value fails.
+        assert!(read_segment_index(&path).is_ok());
+    }
+
+    /// A sample segment in `dir` whose second record has a bit flipped: its path, its bytes
+    /// before the flip, and the record's offset.
+    fn segment_with_a_flipped_record(dir: &Path) -> (PathBuf, Vec<u8>, usize) {
+        let (path, index) = write_segment(dir, &sample_batch(), None).unwrap();
+        let good = std::fs::read(&path).unwrap();
         let victim = index.entries[1].record_offset as usize;
-        bytes[victim + RECORD_OVERHEAD_BYTES] ^= 0x20;
-        std::fs::write(&path, &bytes).unwrap();
-        let message = read_segment(&path).unwrap_err().to_string();
+        let mut flipped = good.clone();
+        flipped[victim + RECORD_OVERHEAD_BYTES] ^= 0x20;
+        std::fs::write(&path, &flipped).unwrap();
+        (path, good, victim)
+    }
+
+    fn assert_names_the_flipped_record(error: &SegmentError, path: &Path, victim: usize) {
+        let message = error.to_string();
         assert!(message.contains(&path.display().to_string()), "{message}");
         assert!(
             message.contains(&format!("at byte {victim}: record checksum mismatch")),
             "{message}"
         );
-        // The index alone is intact: start-up would load it, and the read of that value fails.
-        assert!(read_segment_index(&path).is_ok());
     }
 
     /// Every record a stream reads, with its offset.
@@ -1171,18 +1184,8 @@ mod tests {
     #[test]
     fn a_stream_refuses_a_flipped_bit_or_a_cut_segment_and_names_the_file() {
         let dir = tempfile::tempdir().unwrap();
-        let (path, index) = write_segment(dir.path(), &sample_batch(), None).unwrap();
-        let good = std::fs::read(&path).unwrap();
-        let victim = index.entries[1].record_offset as usize;
-        let mut flipped = good.clone();
-        flipped[victim + RECORD_OVERHEAD_BYTES] ^= 0x20;
-        std::fs::write(&path, &flipped).unwrap();
-        let message = stream_all(&path).unwrap_err().to_string();
-        assert!(message.contains(&path.display().to_string()), "{message}");
-        assert!(
-            message.contains(&format!("at byte {victim}: record checksum mismatch")),
-            "{message}"
-        );
+        let (path, good, victim) = segment_with_a_flipped_record(dir.path());
+        assert_names_the_flipped_record(&stream_all(&path).unwrap_err(), &path, victim);
         // A huge key length is refused before anything is allocated for it.
         let mut huge = good.clone();
         huge[victim + 13..victim + 17].copy_from_slice(&u32::MAX.to_le_bytes());

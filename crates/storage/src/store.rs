@@ -2024,8 +2024,7 @@ impl MergeSource {
     /// Opens `path`; a segment the store lists that cannot be read is corruption.
     fn open(path: &Path, live: LiveRecords) -> MergeSource {
         let read = || -> Result<MergeSource, SegmentError> {
-            let file_bytes = std::fs::metadata(path).map_err(io_error(path))?.len();
-            let mut stream = RecordStream::open(path, MERGE_BUFFER_BYTES.min(file_bytes as usize))?;
+            let mut stream = RecordStream::open(path, MERGE_BUFFER_BYTES)?;
             let records = if stream.header().log_order {
                 let mut newest: HashMap<Bytes, (u64, Record)> = HashMap::default();
                 while let Some((offset, record)) = stream.next_record()? {
