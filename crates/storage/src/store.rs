@@ -18,7 +18,7 @@
 //! time, and deletes the replaced files once a persisted manifest no longer names them and no
 //! shipment to a lagging follower reads them.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
@@ -228,31 +228,79 @@ impl LiveRecords {
     }
 }
 
-/// The segments that make up the state, by id (which grows with each one added), and their
-/// byte totals, kept as they change so the dirty ratio costs the same however many segments
-/// there are.
-#[derive(Default)]
+/// The segments that make up the state, by id (which grows with each one added), in log order,
+/// and their byte totals, kept as they change: the dirty ratio costs the same however many
+/// segments there are, and choosing a merge never sorts them.
 struct SegmentSet {
     by_id: BTreeMap<u64, SegmentFile>,
+    /// (first index, id) of every segment. While a merge is adopted, the merged segment and the
+    /// first one it replaces share a first index.
+    in_log_order: BTreeSet<(u64, u64)>,
+    /// (first index, id) of the segments smaller than `small_below_bytes`: what consolidation
+    /// merges.
+    small: BTreeSet<(u64, u64)>,
+    small_below_bytes: u64,
+    /// Segments ever inserted: how the cleaner tells that the set changed since it last looked.
+    inserted: u64,
     file_bytes: u64,
     live_bytes: u64,
 }
 
 impl SegmentSet {
+    fn new(small_below_bytes: u64) -> SegmentSet {
+        SegmentSet {
+            by_id: BTreeMap::new(),
+            in_log_order: BTreeSet::new(),
+            small: BTreeSet::new(),
+            small_below_bytes,
+            inserted: 0,
+            file_bytes: 0,
+            live_bytes: 0,
+        }
+    }
+
     fn insert(&mut self, id: u64, segment: SegmentFile) {
         assert_eq!(
             segment.live_records, 0,
             "a segment is added before its records are live"
         );
         self.file_bytes += segment.file_bytes;
+        self.inserted += 1;
+        self.in_log_order.insert((segment.first_index, id));
+        if segment.file_bytes < self.small_below_bytes {
+            self.small.insert((segment.first_index, id));
+        }
         assert!(self.by_id.insert(id, segment).is_none(), "segment ids are not reused");
     }
 
     fn remove(&mut self, id: u64) -> SegmentFile {
         let segment = self.by_id.remove(&id).expect("a removed segment is the store's");
+        self.in_log_order.remove(&(segment.first_index, id));
+        self.small.remove(&(segment.first_index, id));
         self.file_bytes -= segment.file_bytes;
         self.live_bytes -= segment.live_bytes;
         segment
+    }
+
+    /// The id of the segment whose records start at `first_index` (none is being adopted).
+    fn starting_at(&self, first_index: u64) -> Option<u64> {
+        let mut found = self.in_log_order.range((first_index, 0)..=(first_index, u64::MAX));
+        let (_, id) = *found.next()?;
+        assert!(found.next().is_none(), "segments start at distinct indexes");
+        Some(id)
+    }
+
+    /// Ids of the segments in log order, from the oldest small one, at most `count`: where a
+    /// consolidation run can start (everything older is too large to be in one).
+    fn oldest_small_onward(&self, count: usize) -> Vec<u64> {
+        let Some(&oldest) = self.small.first() else {
+            return Vec::new();
+        };
+        self.in_log_order
+            .range(oldest..)
+            .take(count)
+            .map(|&(_, id)| id)
+            .collect()
     }
 
     /// The record at `offset` of segment `id`, `bytes` long, became the latest of its key.
@@ -677,6 +725,10 @@ pub struct Store {
     from_cleaner: mpsc::Receiver<Merged>,
     cleaner: Option<std::thread::JoinHandle<()>>,
     cleaning: bool,
+    /// After a look for a merge found none, the next waits until `segments.inserted` reaches
+    /// this: a look costs up to one pass over the segments, so it is paid once per so many new
+    /// ones, not after every one.
+    look_for_merge_at_inserted: u64,
     /// Segments a merge replaced, deleted once a persisted manifest no longer lists them and no
     /// shipment reads them.
     retired: Vec<((u64, u64), PathBuf)>,
@@ -844,6 +896,7 @@ impl Store {
                 .spawn(move || clean_segments(&dir, read_bytes_per_sec, &cleaner_rx, &cleaner_tx, &shared))
                 .expect("spawn segment cleaner")
         };
+        let segments = SegmentSet::new(options.consolidated_segment_bytes / 2);
         Store {
             cache: ObjectCache::new(options.cache_bytes),
             building: match options.mode {
@@ -854,7 +907,8 @@ impl Store {
             adopting: VecDeque::new(),
             index: ScanMap::new(options.group_of),
             options,
-            segments: SegmentSet::default(),
+            segments,
+            look_for_merge_at_inserted: 0,
             next_segment_id: 1,
             newest_last_index: 0,
             merge_adoption: None,
@@ -1408,6 +1462,7 @@ impl Store {
     /// (a long settle shows its progress).
     pub fn settle_reporting(&mut self, every: Duration, mut report: impl FnMut(&Store)) {
         self.finish_unwritten();
+        self.look_for_merge_at_inserted = 0;
         self.maybe_clean();
         let mut report_at = Instant::now().checked_add(every);
         while self.cleaning {
@@ -1446,58 +1501,44 @@ impl Store {
     /// segments that frees the most bytes per byte the merge moves (see `merge_window`) — or
     /// else when enough small segments follow one another (see `consolidation_window`).
     fn maybe_clean(&mut self) {
-        if self.cleaning || self.options.mode == StorageMode::Full || !self.adopting.is_empty() {
+        if self.cleaning
+            || self.options.mode == StorageMode::Full
+            || !self.adopting.is_empty()
+            || self.segments.inserted < self.look_for_merge_at_inserted
+        {
             return;
         }
         let dirty = self.segments.len() >= self.options.cleaner_min_segments.max(2)
             && self.dirty_ratio() >= self.options.min_cleanable_dirty_ratio
             && self.dead_bytes() >= self.options.min_cleanable_dead_bytes;
-        let may_consolidate = self.options.consolidated_segment_bytes > 0
-            && self.segments.len() > self.options.consolidate_above_segments;
-        // Called after every adopted segment: the cheap checks come before a sort of them all.
+        let may_consolidate = self.segments.small.len() > self.options.consolidate_above_segments;
+        // Called after every adopted segment: the cheap checks come before a pass over them.
         if !dirty && !may_consolidate {
             return;
         }
-        let mut in_log_order: Vec<&SegmentFile> = self.segments.by_id.values().collect();
-        in_log_order.sort_unstable_by_key(|s| s.first_index);
-        let dirt_window = if dirty {
-            let costs: Vec<MergeCost> = in_log_order
-                .iter()
-                .map(|s| MergeCost {
-                    file_bytes: s.file_bytes,
-                    live_bytes: s.live_bytes,
-                    tombstone_bytes: s.tombstone_bytes,
-                })
-                .collect();
-            merge_window(&costs, self.options.max_merged_segment_bytes)
-        } else {
-            None
+        let run = dirty
+            .then(|| self.dirt_run())
+            .flatten()
+            .or_else(|| may_consolidate.then(|| self.consolidation_run()).flatten());
+        let Some(run) = run else {
+            self.look_for_merge_at_inserted =
+                self.segments.inserted + (self.segments.len() / LOOKS_FOR_MERGE_PER_PASS).max(1) as u64;
+            return;
         };
-        let window = match dirt_window {
-            Some(window) => window,
-            None => {
-                let target_bytes = self.options.consolidated_segment_bytes;
-                let file_bytes: Vec<u64> = in_log_order.iter().map(|s| s.file_bytes).collect();
-                let small = file_bytes.iter().filter(|&&bytes| bytes < target_bytes / 2).count();
-                if small <= self.options.consolidate_above_segments {
-                    return;
-                }
-                let Some(window) = consolidation_window(&file_bytes, target_bytes) else {
-                    return;
-                };
-                window
-            }
-        };
+        let run: Vec<&SegmentFile> = run.iter().map(|&id| self.segments.get(id)).collect();
+        let drop_tombstones = self
+            .segments
+            .in_log_order
+            .first()
+            .is_some_and(|&(first_index, _)| first_index == run[0].first_index);
         tracing::debug!(
-            segments = in_log_order.len(),
-            window = ?window,
+            segments = self.segments.len(),
+            merged = run.len(),
             dirty_ratio = self.dirty_ratio(),
-            read_bytes = in_log_order[window.clone()].iter().map(|s| s.file_bytes).sum::<u64>(),
-            live_bytes = in_log_order[window.clone()].iter().map(|s| s.live_bytes).sum::<u64>(),
+            read_bytes = run.iter().map(|s| s.file_bytes).sum::<u64>(),
+            live_bytes = run.iter().map(|s| s.live_bytes).sum::<u64>(),
             "merging segments"
         );
-        let drop_tombstones = window.start == 0;
-        let run = &in_log_order[window];
         let job = MergeJob {
             segments: run
                 .iter()
@@ -1519,6 +1560,35 @@ impl Store {
             .expect("segment cleaner thread vanished");
     }
 
+    /// Ids of the run `merge_window` chooses, in log order: one pass over the segments.
+    fn dirt_run(&self) -> Option<Vec<u64>> {
+        let (ids, costs): (Vec<u64>, Vec<MergeCost>) = self
+            .segments
+            .in_log_order
+            .iter()
+            .map(|&(_, id)| {
+                let s = self.segments.get(id);
+                let cost = MergeCost {
+                    file_bytes: s.file_bytes,
+                    live_bytes: s.live_bytes,
+                    tombstone_bytes: s.tombstone_bytes,
+                };
+                (id, cost)
+            })
+            .unzip();
+        let window = merge_window(&costs, self.options.max_merged_segment_bytes)?;
+        Some(ids[window].to_vec())
+    }
+
+    /// Ids of the run `consolidation_window` chooses among the segments from the oldest small
+    /// one, looking at no more than `CONSOLIDATION_LOOKAHEAD_SEGMENTS` of them.
+    fn consolidation_run(&self) -> Option<Vec<u64>> {
+        let ids = self.segments.oldest_small_onward(CONSOLIDATION_LOOKAHEAD_SEGMENTS);
+        let file_bytes: Vec<u64> = ids.iter().map(|&id| self.segments.get(id).file_bytes).collect();
+        let window = consolidation_window(&file_bytes, self.options.consolidated_segment_bytes)?;
+        Some(ids[window].to_vec())
+    }
+
     fn absorb_cleaned(&mut self) {
         if self.merge_adoption.is_none() {
             if let Ok(merged) = self.from_cleaner.try_recv() {
@@ -1536,16 +1606,17 @@ impl Store {
             written,
             horizon,
         } = merged;
-        let replaces: HashSet<u64> = replaces.into_iter().collect();
-        let replaced: HashMap<u64, usize> = self
-            .segments
-            .by_id
+        let replaced: HashMap<u64, usize> = replaces
             .iter()
-            .filter(|(_, s)| replaces.contains(&s.first_index))
             .enumerate()
-            .map(|(slot, (id, _))| (*id, slot))
+            .map(|(slot, first_index)| {
+                let id = self
+                    .segments
+                    .starting_at(*first_index)
+                    .expect("merged segments are the store's");
+                (id, slot)
+            })
             .collect();
-        assert_eq!(replaced.len(), replaces.len(), "merged segments are the store's");
         let merged_id = self.next_segment_id;
         self.next_segment_id += 1;
         self.stats.merges += 1;
@@ -1907,15 +1978,26 @@ fn merge_window(segments: &[MergeCost], max_kept_bytes: u64) -> Option<Range<usi
     best.map(|(_, run)| run)
 }
 
+/// A look for a merge that finds none is repeated once a 1/this share of the segments is new.
+const LOOKS_FOR_MERGE_PER_PASS: usize = 64;
+
+/// Most segments a look for a consolidation run goes through, from the oldest small one.
+const CONSOLIDATION_LOOKAHEAD_SEGMENTS: usize = 16_384;
+
 /// Most segments one consolidation merges: with batches far smaller than the target, outputs are
 /// themselves consolidated later, so each record is rewritten about log_64(target / batch) times.
 const MAX_CONSOLIDATED_SEGMENTS: usize = 64;
 
-/// The oldest run of consecutive segments, each smaller than half of `target_bytes`, that holds
-/// `target_bytes` between them or `MAX_CONSOLIDATED_SEGMENTS` segments: merged into one, they
-/// make one file of about the target instead of many. A shorter run waits for more segments, so
-/// the newest ones are not rewritten again and again. `None` when there is no such run or the
-/// target is 0.
+/// A segment this many times smaller than the first of a consolidation run ends the run.
+const CONSOLIDATION_TIER_RATIO: u64 = 8;
+
+/// The oldest run of consecutive segments, each smaller than half of `target_bytes` and none
+/// `CONSOLIDATION_TIER_RATIO` times smaller than the run's first, that holds `target_bytes`
+/// between them or `MAX_CONSOLIDATED_SEGMENTS` segments: merged into one, they make one file of
+/// about the target instead of many. A shorter run waits for more segments, so the newest ones
+/// are not rewritten again and again; and a merged segment is not merged again with the next few
+/// small ones, but once there are enough of its own size (tiers, as in an LSM tree). `None` when
+/// there is no such run or the target is 0.
 fn consolidation_window(file_bytes: &[u64], target_bytes: u64) -> Option<Range<usize>> {
     if target_bytes == 0 {
         return None;
@@ -1930,6 +2012,7 @@ fn consolidation_window(file_bytes: &[u64], target_bytes: u64) -> Option<Range<u
         let (mut end, mut run_bytes) = (start, 0);
         while end < file_bytes.len()
             && small(file_bytes[end])
+            && file_bytes[end] * CONSOLIDATION_TIER_RATIO >= file_bytes[start]
             && run_bytes < target_bytes
             && end - start < MAX_CONSOLIDATED_SEGMENTS
         {
@@ -2555,6 +2638,16 @@ mod tests {
         assert_eq!(window(&[1; 100], 1 << 20), Some(0..MAX_CONSOLIDATED_SEGMENTS));
         assert_eq!(window(&[30; 10], 0), None, "a target of 0 turns consolidation off");
         assert_eq!(window(&[200, 300], 100), None);
+        let mut merged_then_new = vec![640];
+        merged_then_new.extend([10; 63]);
+        assert_eq!(
+            window(&merged_then_new, 1 << 20),
+            None,
+            "a merged segment waits for segments of its size, not the next small ones"
+        );
+        merged_then_new.push(10);
+        assert_eq!(window(&merged_then_new, 1 << 20), Some(1..65));
+        assert_eq!(window(&[10, 640, 640, 640], 1500), Some(0..4), "larger ones join a run");
     }
 
     /// Segments of 20 writes, consolidated towards 16 KiB once more than `above` are small; no
