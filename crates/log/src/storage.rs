@@ -957,7 +957,6 @@ impl DiskStorage {
         self.conf_state = cs;
     }
 
-    /// Whether records that must become durable are waiting to be written.
     /// Drops the write buffers a burst grew, when no write is waiting to be written: the
     /// writer's spare buffers and the room of the pending one, which otherwise stay at the size
     /// of the busiest moment (about 14 MiB after a pipelined load).
@@ -968,6 +967,7 @@ impl DiskStorage {
         }
     }
 
+    /// Whether records that must become durable are waiting to be written.
     pub fn has_pending(&self) -> bool {
         !self.pending.is_empty()
     }
