@@ -147,7 +147,12 @@ fn paper_workload(name: &str) -> anyhow::Result<Workload> {
 fn receive_shipment(files: &[(String, PathBuf)], to: &Path) -> anyhow::Result<u64> {
     std::fs::create_dir_all(to).with_context(|| format!("cannot create {}", to.display()))?;
     let mut bytes = 0;
-    for (name, from) in files {
+    let mut progress_at = Instant::now() + Duration::from_secs(10);
+    for (shipped, (name, from)) in files.iter().enumerate() {
+        if Instant::now() >= progress_at {
+            progress_at += Duration::from_secs(10);
+            println!("     … catch-up: {shipped} of {} files shipped", files.len());
+        }
         let path = to.join(name);
         bytes += std::fs::copy(from, &path).with_context(|| format!("cannot copy {}", from.display()))?;
         File::open(&path)
@@ -290,6 +295,9 @@ fn run_mode(
 
     for state_dir in options.all_dirs() {
         evict_from_page_cache(state_dir)?;
+    }
+    if manifest.segments.len() >= 10_000 {
+        println!("     … recovery: reopening {} segments", manifest.segments.len());
     }
     let recovery_started = Instant::now();
     let recovered = Store::open(options.clone(), Some(&manifest))?;
