@@ -896,7 +896,7 @@ impl Store {
                 .spawn(move || clean_segments(&dir, read_bytes_per_sec, &cleaner_rx, &cleaner_tx, &shared))
                 .expect("spawn segment cleaner")
         };
-        let segments = SegmentSet::new(options.consolidated_segment_bytes / 2);
+        let segments = SegmentSet::new(small_below_bytes(options.consolidated_segment_bytes));
         Store {
             cache: ObjectCache::new(options.cache_bytes),
             building: match options.mode {
@@ -1988,6 +1988,12 @@ const CONSOLIDATION_LOOKAHEAD_SEGMENTS: usize = 16_384;
 /// themselves consolidated later, so each record is rewritten about log_64(target / batch) times.
 const MAX_CONSOLIDATED_SEGMENTS: usize = 64;
 
+/// Segments smaller than this, half the consolidation target, are the ones consolidation merges
+/// (the store keeps them apart in `SegmentSet::small`).
+fn small_below_bytes(target_bytes: u64) -> u64 {
+    target_bytes / 2
+}
+
 /// A segment this many times smaller than the first of a consolidation run ends the run.
 const CONSOLIDATION_TIER_RATIO: u64 = 8;
 
@@ -2002,7 +2008,7 @@ fn consolidation_window(file_bytes: &[u64], target_bytes: u64) -> Option<Range<u
     if target_bytes == 0 {
         return None;
     }
-    let small = |bytes: u64| bytes < target_bytes / 2;
+    let small = |bytes: u64| bytes < small_below_bytes(target_bytes);
     let mut start = 0;
     while start < file_bytes.len() {
         if !small(file_bytes[start]) {
