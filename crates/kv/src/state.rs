@@ -100,11 +100,11 @@ impl KvState {
     }
 
     /// Keys: every string is an ungrouped key of the store, every hash one group.
-    pub fn len(&self) -> usize {
+    pub fn len(&mut self) -> usize {
         self.store.ungrouped_keys() + self.store.groups()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub fn is_empty(&mut self) -> bool {
         self.len() == 0
     }
 
@@ -112,11 +112,11 @@ impl KvState {
         self.store.contains(&string_key(key))
     }
 
-    fn hash_len(&self, key: &[u8]) -> usize {
+    fn hash_len(&mut self, key: &[u8]) -> usize {
         self.store.group_len(&hash_prefix(key))
     }
 
-    fn is_hash(&self, key: &[u8]) -> bool {
+    fn is_hash(&mut self, key: &[u8]) -> bool {
         self.hash_len(key) > 0
     }
 
@@ -139,7 +139,7 @@ impl KvState {
     }
 
     /// Errors when `key` holds a string; otherwise whether it is a hash.
-    fn hash_check(&self, key: &[u8]) -> Result<bool, Value> {
+    fn hash_check(&mut self, key: &[u8]) -> Result<bool, Value> {
         if self.is_hash(key) {
             Ok(true)
         } else if self.is_string(key) {
@@ -355,7 +355,7 @@ impl StateMachine for KvState {
     fn entry_applied(&mut self, index: u64) {
         self.store.entry_applied(index);
         if index.is_multiple_of(METRICS_EVERY_ENTRIES) {
-            self.metrics.publish(&self.store);
+            self.metrics.publish(&mut self.store);
         }
     }
 
@@ -365,7 +365,7 @@ impl StateMachine for KvState {
 
     fn tick(&mut self) {
         self.store.tick();
-        self.metrics.publish(&self.store);
+        self.metrics.publish(&mut self.store);
     }
 
     fn out_of_space(&self) -> bool {

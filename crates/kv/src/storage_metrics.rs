@@ -79,7 +79,12 @@ impl StorageMetrics {
         }
     }
 
-    pub fn publish(&mut self, store: &Store) {
+    /// Publishes the store's figures; none while its index is built after a start-up (they
+    /// count every key, and waiting for them would stall the raft loop).
+    pub fn publish(&mut self, store: &mut Store) {
+        if !store.index_ready() {
+            return;
+        }
         let now = store.stats();
         let before = self.published;
         // A restored or installed store counts from where the old one left off, never back.

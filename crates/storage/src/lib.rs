@@ -12,6 +12,7 @@ mod manifest;
 mod reduce;
 mod scan_map;
 mod segment;
+mod startup_index;
 mod store;
 
 pub use cache::CacheStats;

@@ -133,10 +133,6 @@ impl<V> ScanMap<V> {
         (self.group_of)(key)
     }
 
-    pub fn contains_key(&self, key: &[u8]) -> bool {
-        self.get(key).is_some()
-    }
-
     pub fn len(&self) -> usize {
         self.len
     }
@@ -216,6 +212,20 @@ impl<V> ScanMap<V> {
             .get_mut(group)
             .into_iter()
             .flat_map(|members| members.values_mut().map(|(key, value)| (&*key, value)))
+    }
+
+    /// Every entry, taken out, in no particular order.
+    pub fn into_entries(self) -> impl Iterator<Item = (Bytes, V)> {
+        self.singles
+            .into_iter()
+            .map(|(key, value)| {
+                let key = match key {
+                    SingleKey::Heap(key) => key,
+                    inline => Bytes::copy_from_slice(inline.as_slice()),
+                };
+                (key, value)
+            })
+            .chain(self.groups.into_values().flat_map(|members| members.into_values()))
     }
 
     /// Every entry, in no particular order (tests recount what the store tracks from it).
@@ -323,7 +333,7 @@ mod tests {
         assert!(m.get(&[b'k'; INLINE_KEY_BYTES + 2]).is_none());
         for (value, key) in keys.iter().enumerate() {
             assert_eq!(m.remove(key), Some(value + 100));
-            assert!(!m.contains_key(key));
+            assert!(m.get(key).is_none());
         }
         assert_eq!(m.len(), 0);
     }

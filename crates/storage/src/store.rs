@@ -40,6 +40,9 @@ use crate::segment::{
     spare_file_name, sync_dir, verify_segment, write_segment, IndexEntry, Record, RecordStream, SegmentError,
     SegmentIndex, SegmentWriter, FOOTER_BYTES, HEADER_BYTES, RECORD_OVERHEAD_BYTES,
 };
+use crate::startup_index::{
+    deleted_since_start_up, index_records, IndexBuild, LiveTally, SegmentLiveness, DELETED_SINCE_START_UP,
+};
 
 /// What a segment keeps of its batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,16 +154,16 @@ pub enum StoreError {
 /// Where a live key's latest record is, and its value when in memory. One per live key, so its
 /// size is most of the index's: 32 bytes.
 #[derive(Debug, Clone)]
-struct Location {
-    /// Id of the segment in `Store::segments` holding the latest write, or `UNWRITTEN` while only
-    /// a batch holds it (its value is then held in `value`).
-    segment: u64,
-    record_offset: u64,
+pub(crate) struct Location {
+    /// Id of the segment in `Store::segments` holding the latest write, `UNWRITTEN` while only
+    /// a batch holds it (its value is then held in `value`), or `DELETED_SINCE_START_UP`.
+    pub(crate) segment: u64,
+    pub(crate) record_offset: u64,
     /// Log index of the latest write.
-    version: u64,
-    value_len: u32,
+    pub(crate) version: u64,
+    pub(crate) value_len: u32,
     /// The value in memory, unwritten or cached.
-    value: Option<ValueSlot>,
+    pub(crate) value: Option<ValueSlot>,
 }
 
 const _: () = assert!(std::mem::size_of::<Location>() == 32);
@@ -195,13 +198,13 @@ struct SegmentFile {
 /// exactly these, so it reads nothing but the segments it merges, in memory bounded however
 /// large they are; the cost is a bit per 16 bytes of segment, under 1% of the data.
 #[derive(Debug, Clone)]
-struct LiveRecords(Vec<u64>);
+pub(crate) struct LiveRecords(Vec<u64>);
 
 const LIVE_SLOT_BYTES: u64 = 16;
 const _: () = assert!(RECORD_OVERHEAD_BYTES as u64 > LIVE_SLOT_BYTES);
 
 impl LiveRecords {
-    fn new(file_bytes: u64) -> LiveRecords {
+    pub(crate) fn new(file_bytes: u64) -> LiveRecords {
         LiveRecords(vec![0; (file_bytes / LIVE_SLOT_BYTES / 64 + 1) as usize])
     }
 
@@ -210,13 +213,13 @@ impl LiveRecords {
         ((slot / 64) as usize, 1 << (slot % 64))
     }
 
-    fn set(&mut self, offset: u64) {
+    pub(crate) fn set(&mut self, offset: u64) {
         let (word, bit) = LiveRecords::bit(offset);
         assert_eq!(self.0[word] & bit, 0, "a record becomes live once");
         self.0[word] |= bit;
     }
 
-    fn clear(&mut self, offset: u64) {
+    pub(crate) fn clear(&mut self, offset: u64) {
         let (word, bit) = LiveRecords::bit(offset);
         assert_ne!(self.0[word] & bit, 0, "only a live record dies");
         self.0[word] &= !bit;
@@ -321,6 +324,17 @@ impl SegmentSet {
         self.live_bytes -= bytes;
     }
 
+    /// Segment `id`'s live records as the index built at start-up found them: none was live
+    /// before.
+    fn set_live(&mut self, id: u64, liveness: SegmentLiveness) {
+        let segment = self.by_id.get_mut(&id).expect("a start-up segment is the store's");
+        assert_eq!(segment.live_records, 0, "a start-up segment's records are counted once");
+        segment.live = liveness.live;
+        segment.live_records = liveness.live_records;
+        segment.live_bytes = liveness.live_bytes;
+        self.live_bytes += liveness.live_bytes;
+    }
+
     /// A live record of a segment a merge replaces is now the one at `offset` of the merged
     /// segment `to`; `move_live` settles the counts.
     fn moved_to(&mut self, to: u64, offset: u64) {
@@ -347,12 +361,34 @@ impl SegmentSet {
         to.live_bytes += bytes;
     }
 
+    fn dead_bytes(&self) -> u64 {
+        self.file_bytes - self.live_bytes
+    }
+
+    fn dirty_ratio(&self) -> f64 {
+        if self.file_bytes == 0 {
+            0.0
+        } else {
+            1.0 - self.live_bytes as f64 / self.file_bytes as f64
+        }
+    }
+
     fn get(&self, id: u64) -> &SegmentFile {
         &self.by_id[&id]
     }
 
     fn len(&self) -> usize {
         self.by_id.len()
+    }
+}
+
+impl LiveTally for SegmentSet {
+    fn live(&mut self, id: u64, record_offset: u64, bytes: u64) {
+        self.record_live(id, record_offset, bytes);
+    }
+
+    fn dead(&mut self, id: u64, record_offset: u64, bytes: u64) {
+        self.record_dead(id, record_offset, bytes);
     }
 }
 
@@ -712,6 +748,9 @@ pub struct Store {
     /// Last log index of the newest segment adopted from the writer.
     newest_last_index: u64,
     merge_adoption: Option<MergeAdoption>,
+    /// While the index of the segments found at start-up is built: `index` then holds only what
+    /// was written since (see `startup_index`).
+    index_build: Option<IndexBuild>,
     open_segments: HashMap<u64, File>,
     cache: ObjectCache,
     /// One writer per directory, handed cut batches in turn.
@@ -828,10 +867,12 @@ fn settle_set_aside(options: &StoreOptions, applied_index: u64) -> Result<(), St
 }
 
 impl Store {
-    /// Opens the store in `options.dir` at the state `manifest` describes (empty when `None`).
-    /// Segments the manifest does not list — written after it, or torn by a crash — are deleted;
-    /// a listed segment that is missing or corrupt is an error.
-    pub fn open(options: StoreOptions, manifest: Option<&Manifest>) -> Result<Store, StoreError> {
+    /// `open`, with the index build waiting for `hold_index_build` (tests serve while it waits).
+    fn open_holding_index_build(
+        options: StoreOptions,
+        manifest: Option<&Manifest>,
+        hold_index_build: Option<mpsc::Receiver<()>>,
+    ) -> Result<Store, StoreError> {
         let empty = Manifest::default();
         let manifest = manifest.unwrap_or(&empty);
         settle_set_aside(&options, manifest.applied_index)?;
@@ -855,17 +896,31 @@ impl Store {
         remove_durably(&unlisted)?;
         let located = locate(&options.dir, &manifest.segments, &found);
         let mut store = Store::empty(options, manifest.applied_index);
+        // A reduced store serves while its index is built (see `startup_index`), which needs every
+        // segment's entries at once; a full one's hold every write, so it indexes a window at a
+        // time, as its entries arrive.
+        let mut for_index_build = Vec::new();
         for window in located.chunks(OPEN_WINDOW_SEGMENTS) {
             let loaded = load_segments(store.options.mode, window)?;
-            store.adopt_all(
-                window
-                    .iter()
-                    .zip(loaded)
-                    .map(|(((first, _), _), (path, index))| (*first, path, index))
-                    .collect(),
-            );
+            let loaded = window
+                .iter()
+                .zip(loaded)
+                .map(|(((first, _), _), (path, index))| (*first, path, index));
+            match store.options.mode {
+                StorageMode::Reduced => for_index_build.extend(loaded),
+                StorageMode::Full => store.adopt_all(loaded.collect()),
+            }
         }
+        store.index_whole_segments(for_index_build, hold_index_build);
         Ok(store)
+    }
+
+    /// Opens the store in `options.dir` at the state `manifest` describes (empty when `None`).
+    /// Segments the manifest does not list — written after it, or torn by a crash — are deleted;
+    /// a listed segment that is missing or corrupt is an error. A reduced store serves as soon as
+    /// the segments' indexes are read; its in-memory index is built meanwhile.
+    pub fn open(options: StoreOptions, manifest: Option<&Manifest>) -> Result<Store, StoreError> {
+        Store::open_holding_index_build(options, manifest, None)
     }
 
     fn empty(options: StoreOptions, applied_index: u64) -> Store {
@@ -912,6 +967,7 @@ impl Store {
             next_segment_id: 1,
             newest_last_index: 0,
             merge_adoption: None,
+            index_build: None,
             open_segments: HashMap::default(),
             to_writers,
             next_writer: 0,
@@ -935,9 +991,24 @@ impl Store {
     pub fn write(&mut self, index: u64, key: Bytes, value: Option<Bytes>) -> bool {
         self.stats.writes_in += 1;
         self.stats.bytes_in += (key.len() + value.as_ref().map_or(0, Bytes::len)) as u64;
+        // While the start-up segments' index is built, a key not written since may have a value
+        // only they hold.
+        let held_at_start_up =
+            |build: &Option<IndexBuild>, key: &[u8]| build.as_ref().is_some_and(|b| b.segments.holds_value(key));
         let had_value = match &value {
             // An overwrite keeps the key's index entry, and its value's slot in the cache.
             Some(value) => match self.index.get_mut(&key) {
+                Some(location) if location.segment == DELETED_SINCE_START_UP => {
+                    assert!(location.version <= index, "a key's versions only grow");
+                    *location = Location {
+                        segment: UNWRITTEN,
+                        record_offset: 0,
+                        version: index,
+                        value_len: value.len() as u32,
+                        value: Some(self.cache.hold_unwritten(value.clone())),
+                    };
+                    false
+                }
                 Some(location) => {
                     assert!(location.version <= index, "a key's versions only grow");
                     supersede(&mut self.segments, &key, location);
@@ -950,6 +1021,7 @@ impl Store {
                     true
                 }
                 None => {
+                    let had_value = held_at_start_up(&self.index_build, &key);
                     let location = Location {
                         segment: UNWRITTEN,
                         record_offset: 0,
@@ -958,18 +1030,25 @@ impl Store {
                         value: Some(self.cache.hold_unwritten(value.clone())),
                     };
                     assert!(self.index.insert(key.clone(), location).is_none());
-                    false
+                    had_value
                 }
             },
-            None => match self.index.remove(&key) {
-                Some(mut deleted) => {
-                    assert!(deleted.version <= index, "a key's versions only grow");
-                    supersede(&mut self.segments, &key, &deleted);
-                    self.cache.release(&mut deleted.value, deleted.segment == UNWRITTEN);
-                    true
+            None => {
+                let had_value = match self.index.remove(&key) {
+                    Some(deleted) if deleted.segment == DELETED_SINCE_START_UP => false,
+                    Some(mut deleted) => {
+                        assert!(deleted.version <= index, "a key's versions only grow");
+                        supersede(&mut self.segments, &key, &deleted);
+                        self.cache.release(&mut deleted.value, deleted.segment == UNWRITTEN);
+                        true
+                    }
+                    None => held_at_start_up(&self.index_build, &key),
+                };
+                if held_at_start_up(&self.index_build, &key) {
+                    self.index.insert(key.clone(), deleted_since_start_up(index));
                 }
-                None => false,
-            },
+                had_value
+            }
         };
         self.building.write(index, key, value);
         had_value
@@ -977,6 +1056,7 @@ impl Store {
 
     /// Notes that every write of the entry at `index` has been made; cuts the batch when full.
     pub fn entry_applied(&mut self, index: u64) {
+        self.absorb_built_index(false);
         self.building.note_index(index);
         if self.building.writes_in() >= self.options.batch_writes
             || self.building.bytes_in() >= self.options.batch_bytes
@@ -991,6 +1071,7 @@ impl Store {
     /// entry: on an idle node a finished merge would otherwise hold its replaced segments on
     /// disk, its records in memory and the cleaner's next merge back until the next write.
     pub fn tick(&mut self) {
+        self.absorb_built_index(false);
         self.absorb_written(self.options.adoption_step_records);
         self.absorb_cleaned();
     }
@@ -1100,8 +1181,11 @@ impl Store {
     /// segment and cached.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Bytes>, StoreError> {
         let Some(location) = self.index.get_mut(key) else {
-            return Ok(None);
+            return self.read_start_up_segments(key);
         };
+        if location.segment == DELETED_SINCE_START_UP {
+            return Ok(None);
+        }
         if let Some(value) = self.cache.get(location.value) {
             return Ok(Some(value));
         }
@@ -1112,9 +1196,33 @@ impl Store {
         Ok(Some(value))
     }
 
+    /// The value of a key not written since start-up while the index of the segments found then
+    /// is built: read from the newest of them holding the key, not cached (the index has no entry
+    /// to hold it yet).
+    fn read_start_up_segments(&mut self, key: &[u8]) -> Result<Option<Bytes>, StoreError> {
+        let Some(build) = &self.index_build else {
+            return Ok(None);
+        };
+        let Some((id, entry)) = build.segments.find(key) else {
+            return Ok(None);
+        };
+        if entry.is_tombstone {
+            return Ok(None);
+        }
+        let location = Location {
+            segment: id,
+            record_offset: entry.record_offset,
+            version: entry.version,
+            value_len: entry.value_len,
+            value: None,
+        };
+        read_value(&mut self.open_segments, self.segments.get(id), id, key, &location).map(Some)
+    }
+
     /// Live keys of the group whose prefix is `group` (see `StoreOptions::group_of`) and their
     /// values, in key order.
     pub fn scan_group(&mut self, group: &[u8]) -> Result<Vec<(Bytes, Bytes)>, StoreError> {
+        self.wait_for_index();
         let mut values: Vec<(Bytes, Option<Bytes>)> = Vec::with_capacity(self.index.group_len(group));
         for (key, location) in self.index.group_mut(group) {
             values.push((key.clone(), self.cache.get(location.value)));
@@ -1132,30 +1240,38 @@ impl Store {
 
     /// Whether `key` has a value, without reading it.
     pub fn contains(&self, key: &[u8]) -> bool {
-        self.index.contains_key(key)
+        match self.index.get(key) {
+            Some(location) => location.segment != DELETED_SINCE_START_UP,
+            None => self.index_build.as_ref().is_some_and(|b| b.segments.holds_value(key)),
+        }
     }
 
     /// Live keys of the group whose prefix is `group`, in key order.
-    pub fn group_keys(&self, group: &[u8]) -> Vec<Bytes> {
+    pub fn group_keys(&mut self, group: &[u8]) -> Vec<Bytes> {
+        self.wait_for_index();
         self.index.group(group).map(|(key, _)| key.clone()).collect()
     }
 
     /// How many live keys the group whose prefix is `group` holds.
-    pub fn group_len(&self, group: &[u8]) -> usize {
+    pub fn group_len(&mut self, group: &[u8]) -> usize {
+        self.wait_for_index();
         self.index.group_len(group)
     }
 
     /// Live keys in no group.
-    pub fn ungrouped_keys(&self) -> usize {
+    pub fn ungrouped_keys(&mut self) -> usize {
+        self.wait_for_index();
         self.index.ungrouped_len()
     }
 
     /// Groups with at least one live key.
-    pub fn groups(&self) -> usize {
+    pub fn groups(&mut self) -> usize {
+        self.wait_for_index();
         self.index.groups_len()
     }
 
-    pub fn stats(&self) -> StoreStats {
+    pub fn stats(&mut self) -> StoreStats {
+        self.wait_for_index();
         StoreStats {
             segments: self.segments.len(),
             segment_bytes: self.segments.file_bytes,
@@ -1258,7 +1374,7 @@ impl Store {
             .zip(loaded)
             .map(|((first, last), (_, index))| (*first, self.options.dir.join(segment_file_name(*first, *last)), index))
             .collect();
-        self.adopt_all(loaded);
+        self.index_whole_segments(loaded, None);
         Ok(())
     }
 
@@ -1364,49 +1480,88 @@ impl Store {
     fn adopt(&mut self, first_index: u64, path: PathBuf, index: SegmentIndex) {
         let last_index = index.header.last_index;
         let adoption = self.begin_adoption(Written::new(first_index, path, index));
-        for entry in adoption.entries {
-            let (key_len, version, record_offset, segment_bytes) = (
-                entry.key.len(),
-                entry.version,
-                entry.record_offset,
-                entry.segment_bytes() as u64,
-            );
-            // The key moves into the index: a clone would cost an allocation per key.
-            let replaced = if entry.is_tombstone {
-                self.index.remove(&entry.key)
-            } else {
-                let location = Location {
-                    segment: adoption.id,
-                    record_offset: entry.record_offset,
-                    value_len: entry.value_len,
-                    version,
-                    value: None,
-                };
-                self.index.insert(entry.key, location)
-            };
-            if let Some(replaced) = replaced {
-                assert!(replaced.version < version, "a key's versions only grow");
-                assert!(
-                    replaced.value.is_none(),
-                    "nothing is in memory while segments are adopted whole"
-                );
-                assert_ne!(
-                    replaced.segment, UNWRITTEN,
-                    "nothing is unwritten while segments are adopted whole"
-                );
-                self.segments.record_dead(
-                    replaced.segment,
-                    replaced.record_offset,
-                    segment_bytes_per_record(key_len, replaced.value_len) as u64,
-                );
-            }
-            if !entry.is_tombstone {
-                self.segments.record_live(adoption.id, record_offset, segment_bytes);
-            }
-        }
+        // The keys move into the index: a clone would cost an allocation per key.
+        index_records(&mut self.index, &mut self.segments, adoption.id, adoption.entries);
+        self.note_durable(first_index, last_index);
+    }
+
+    /// Makes a durable segment found at start-up or installed part of what manifests list.
+    fn note_durable(&mut self, first_index: u64, last_index: u64) {
         let mut durable = self.shared.durable.lock().expect("not poisoned");
         durable.segments.insert(first_index, last_index);
         durable.written_through = durable.written_through.max(last_index);
+    }
+
+    /// Indexes the segments found at start-up or installed: a reduced store's on another thread
+    /// while it serves (see `startup_index`). Segments a `full` store wrote hold their writes in
+    /// log order, which cannot be searched by key: those are indexed before the store serves.
+    fn index_whole_segments(&mut self, loaded: Vec<(u64, PathBuf, SegmentIndex)>, hold: Option<mpsc::Receiver<()>>) {
+        if self.options.mode == StorageMode::Full || loaded.iter().any(|(_, _, index)| index.header.log_order) {
+            self.adopt_all(loaded);
+        } else {
+            self.start_index_build(loaded, hold);
+        }
+    }
+
+    /// Adds the segments found at start-up and builds their index on another thread; meanwhile
+    /// reads search their entries (see `startup_index`).
+    fn start_index_build(&mut self, loaded: Vec<(u64, PathBuf, SegmentIndex)>, hold: Option<mpsc::Receiver<()>>) {
+        if loaded.is_empty() {
+            return;
+        }
+        let first_id = self.next_segment_id;
+        let mut segments = Vec::with_capacity(loaded.len());
+        for (first_index, path, index) in loaded {
+            let last_index = index.header.last_index;
+            let adoption = self.begin_adoption(Written::new(first_index, path, index));
+            segments.push((self.segments.get(adoption.id).file_bytes, adoption.entries));
+            self.note_durable(first_index, last_index);
+        }
+        self.index_build = Some(IndexBuild::start(first_id, segments, self.options.group_of, hold));
+    }
+
+    /// Takes in the index built from the start-up segments once it is ready (`wait`: waiting for
+    /// it), laying over it what was written since, which is newer than anything in them.
+    fn absorb_built_index(&mut self, wait: bool) {
+        let Some(build) = &self.index_build else {
+            return;
+        };
+        let built = if wait {
+            build.built()
+        } else {
+            let Some(built) = build.try_built() else {
+                return;
+            };
+            built
+        };
+        self.index_build = None;
+        for (id, liveness) in built.liveness.into_segments() {
+            self.segments.set_live(id, liveness);
+        }
+        let mut index = built.index;
+        let written_since = std::mem::replace(&mut self.index, ScanMap::new(self.options.group_of));
+        for (key, location) in written_since.into_entries() {
+            if let Some(older) = index.remove(&key) {
+                assert!(older.version < location.version, "a key's versions only grow");
+                supersede(&mut self.segments, &key, &older);
+            }
+            if location.segment != DELETED_SINCE_START_UP {
+                index.insert(key, location);
+            }
+        }
+        self.index = index;
+        self.maybe_clean();
+    }
+
+    /// Waits for the index of the start-up segments (what needs every key: counts, groups, the
+    /// cleaner's figures).
+    fn wait_for_index(&mut self) {
+        self.absorb_built_index(true);
+    }
+
+    /// Whether the index holds every key yet (see `startup_index`).
+    pub fn index_ready(&self) -> bool {
+        self.index_build.is_none()
     }
 
     /// Adds a durable segment, none of its records indexed yet.
@@ -1431,11 +1586,15 @@ impl Store {
     fn adopt_written_records(&mut self, adoption: &mut Adoption, step: usize) -> bool {
         let end = adoption.next.saturating_add(step).min(adoption.entries.len());
         for entry in &adoption.entries[adoption.next..end] {
+            // A deleted key has no entry to point (or one that hides a start-up segment's value).
+            if entry.is_tombstone {
+                continue;
+            }
             // Deleted or overwritten since: the index no longer has this version.
             let Some(location) = self.index.get_mut(&entry.key) else {
                 continue;
             };
-            if entry.is_tombstone || location.version != entry.version {
+            if location.version != entry.version {
                 assert!(location.version > entry.version, "a key's versions only grow");
                 continue;
             }
@@ -1460,7 +1619,8 @@ impl Store {
 
     /// `settle`, calling `report` with the store about every `every` while the cleaner works
     /// (a long settle shows its progress).
-    pub fn settle_reporting(&mut self, every: Duration, mut report: impl FnMut(&Store)) {
+    pub fn settle_reporting(&mut self, every: Duration, mut report: impl FnMut(&mut Store)) {
+        self.wait_for_index();
         self.finish_unwritten();
         self.look_for_merge_at_inserted = 0;
         self.maybe_clean();
@@ -1484,17 +1644,15 @@ impl Store {
 
     /// Bytes of the segments that no read needs: overwritten or deleted records, tombstones,
     /// headers and indexes.
-    pub fn dead_bytes(&self) -> u64 {
-        self.segments.file_bytes - self.segments.live_bytes
+    pub fn dead_bytes(&mut self) -> u64 {
+        self.wait_for_index();
+        self.segments.dead_bytes()
     }
 
     /// Share of the segments' bytes that no read can reach any more.
-    pub fn dirty_ratio(&self) -> f64 {
-        if self.segments.file_bytes == 0 {
-            0.0
-        } else {
-            1.0 - self.segments.live_bytes as f64 / self.segments.file_bytes as f64
-        }
+    pub fn dirty_ratio(&mut self) -> f64 {
+        self.wait_for_index();
+        self.segments.dirty_ratio()
     }
 
     /// Starts a merge when enough of the segments' bytes are dead — of the run of consecutive
@@ -1502,6 +1660,7 @@ impl Store {
     /// else when enough small segments follow one another (see `consolidation_window`).
     fn maybe_clean(&mut self) {
         if self.cleaning
+            || self.index_build.is_some()
             || self.options.mode == StorageMode::Full
             || !self.adopting.is_empty()
             || self.segments.inserted < self.look_for_merge_at_inserted
@@ -1509,8 +1668,8 @@ impl Store {
             return;
         }
         let dirty = self.segments.len() >= self.options.cleaner_min_segments.max(2)
-            && self.dirty_ratio() >= self.options.min_cleanable_dirty_ratio
-            && self.dead_bytes() >= self.options.min_cleanable_dead_bytes;
+            && self.segments.dirty_ratio() >= self.options.min_cleanable_dirty_ratio
+            && self.segments.dead_bytes() >= self.options.min_cleanable_dead_bytes;
         let may_consolidate = self.segments.small.len() > self.options.consolidate_above_segments;
         // Called after every adopted segment: the cheap checks come before a pass over them.
         if !dirty && !may_consolidate {
@@ -1534,7 +1693,7 @@ impl Store {
         tracing::debug!(
             segments = self.segments.len(),
             merged = run.len(),
-            dirty_ratio = self.dirty_ratio(),
+            dirty_ratio = self.segments.dirty_ratio(),
             read_bytes = run.iter().map(|s| s.file_bytes).sum::<u64>(),
             live_bytes = run.iter().map(|s| s.live_bytes).sum::<u64>(),
             "merging segments"
@@ -2280,7 +2439,21 @@ mod tests {
         (key.first() == Some(&b'k') && key.len() >= 2).then_some(2)
     }
 
+    /// Every key reads as in `model`: what a store serves, also while its index is built.
+    fn assert_reads_match(store: &mut Store, model: &HashMap<Bytes, Bytes>, keys: u64, context: &str) {
+        for k in 0..keys {
+            let key = Bytes::from(format!("k{k:03}"));
+            assert_eq!(
+                store.get(&key).unwrap().as_ref(),
+                model.get(&key),
+                "{context}: key {key:?}"
+            );
+            assert_eq!(store.contains(&key), model.contains_key(&key), "{context}: {key:?}");
+        }
+    }
+
     fn assert_matches(store: &mut Store, model: &HashMap<Bytes, Bytes>, keys: u64, context: &str) {
+        store.wait_for_index();
         let segments = &store.segments;
         let live: u64 = segments.by_id.values().map(|s| s.live_bytes).sum();
         let file: u64 = segments.by_id.values().map(|s| s.file_bytes).sum();
@@ -2306,15 +2479,7 @@ mod tests {
                 "{context}: live records and bytes of segment {id}"
             );
         }
-        for k in 0..keys {
-            let key = Bytes::from(format!("k{k:03}"));
-            assert_eq!(
-                store.get(&key).unwrap().as_ref(),
-                model.get(&key),
-                "{context}: key {key:?}"
-            );
-            assert_eq!(store.contains(&key), model.contains_key(&key), "{context}: {key:?}");
-        }
+        assert_reads_match(store, model, keys, context);
         for digit in 0..10 {
             let group = format!("k{digit}");
             let mut live: Vec<_> = model
@@ -2431,12 +2596,28 @@ mod tests {
                         merges += store.stats().merges;
                         drop(store);
                         tear_unlisted(dir.path(), &manifest, &mut rng);
-                        store = Store::open(options(dir.path(), &mut rng), Some(&manifest)).unwrap();
+                        // The index is built only once the replay is done, part way through it,
+                        // or whenever its thread gets to it.
+                        let (release_index_build, hold) = mpsc::channel();
+                        let release_after = manifest.applied_index + rng.below(index - manifest.applied_index + 2);
+                        store =
+                            Store::open_holding_index_build(options(dir.path(), &mut rng), Some(&manifest), Some(hold))
+                                .unwrap();
                         let context = format!("seed {seed} step {step}: reopened at {}", manifest.applied_index);
-                        assert_matches(&mut store, &model_at(&log, manifest.applied_index), KEYS, &context);
+                        assert_reads_match(&mut store, &model_at(&log, manifest.applied_index), KEYS, &context);
                         for i in manifest.applied_index + 1..=index {
+                            if i == release_after {
+                                let _ = release_index_build.send(());
+                            }
                             apply(&mut store, i, &log[i as usize - 1]);
+                            if rng.below(8) == 0 {
+                                manifest = snapshot(&mut store);
+                            }
+                            let context = format!("{context}, replayed to {i}");
+                            assert_reads_match(&mut store, &model_at(&log, i), KEYS, &context);
                         }
+                        drop(release_index_build);
+                        assert_matches(&mut store, &model_at(&log, index), KEYS, &context);
                     }
                     _ => {}
                 }
