@@ -413,9 +413,20 @@ pub fn run(args: ReductionArgs) -> anyhow::Result<()> {
     for workload in &workloads {
         for &batch_commands in &args.batches {
             let (mut reduced, mut full) = (Vec::new(), Vec::new());
-            for _ in 0..args.repeat.max(1) {
-                reduced.push(run_mode(&args, workload, batch_commands, StorageMode::Reduced, &work)?);
-                full.push(run_mode(&args, workload, batch_commands, StorageMode::Full, &work)?);
+            for round in 0..args.repeat.max(1) {
+                // Which mode runs first alternates: the first run of a pair pays for warming the
+                // allocator and the page cache.
+                for mode in if round % 2 == 0 {
+                    [StorageMode::Reduced, StorageMode::Full]
+                } else {
+                    [StorageMode::Full, StorageMode::Reduced]
+                } {
+                    let run = run_mode(&args, workload, batch_commands, mode, &work)?;
+                    match mode {
+                        StorageMode::Reduced => reduced.push(run),
+                        StorageMode::Full => full.push(run),
+                    }
+                }
             }
             let reduced_runs_ops_per_sec = reduced.iter().map(|r| r.ops_per_sec).collect();
             let full_runs_ops_per_sec = full.iter().map(|r| r.ops_per_sec).collect();

@@ -116,8 +116,8 @@ impl KvState {
         self.store.group_len(&hash_prefix(key))
     }
 
-    fn is_hash(&mut self, key: &[u8]) -> bool {
-        self.hash_len(key) > 0
+    fn is_hash(&self, key: &[u8]) -> bool {
+        self.store.group_has_keys(&hash_prefix(key))
     }
 
     /// A string's value for a client's read: a storage error is the client's error reply. (A
@@ -139,7 +139,7 @@ impl KvState {
     }
 
     /// Errors when `key` holds a string; otherwise whether it is a hash.
-    fn hash_check(&mut self, key: &[u8]) -> Result<bool, Value> {
+    fn hash_check(&self, key: &[u8]) -> Result<bool, Value> {
         if self.is_hash(key) {
             Ok(true)
         } else if self.is_string(key) {
@@ -155,9 +155,8 @@ impl KvState {
 
     /// Deletes whatever `key` holds; whether it held anything.
     fn delete(&mut self, index: u64, key: &[u8]) -> bool {
-        let fields = self.store.group_keys(&hash_prefix(key));
-        if !fields.is_empty() {
-            for field in fields {
+        if self.is_hash(key) {
+            for field in self.store.group_keys(&hash_prefix(key)) {
                 self.store.write(index, field, None);
             }
             true

@@ -17,7 +17,7 @@ mod store;
 
 pub use cache::CacheStats;
 pub use manifest::Manifest;
-pub use reduce::{ReducedBatch, Reducer};
+pub use reduce::{CutBatch, ReducedBatch, Reducer};
 pub use scan_map::{no_groups, GroupOf};
 pub use segment::{
     decode_footer, decode_header, decode_index, decode_record, decode_segment, encode_segment, read_segment,

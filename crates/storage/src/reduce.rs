@@ -140,30 +140,69 @@ impl Reducer {
 
     /// The reduced batch, or `None` when no entry was noted; the reducer starts a new batch.
     pub fn take(&mut self) -> Option<ReducedBatch> {
+        self.cut().map(CutBatch::reduce)
+    }
+
+    /// The batch as collected, or `None` when no entry was noted; the reducer starts a new batch.
+    /// Cheap: reducing it (`CutBatch::reduce`, a sort) is left to whoever writes it.
+    pub fn cut(&mut self) -> Option<CutBatch> {
         let first_index = self.first_index.take()?;
-        let (records, log_order) = match &mut self.kept {
+        let kept = match &mut self.kept {
             Kept::EveryWrite { records, this_entry } => {
                 this_entry.clear();
-                (std::mem::take(records), true)
+                Kept::EveryWrite {
+                    records: std::mem::take(records),
+                    this_entry: HashMap::default(),
+                }
             }
+            // The next batch is likely as large: room for it now costs no rehashing as it grows.
+            Kept::LatestPerKey(latest) => {
+                let room = HashMap::with_capacity_and_hasher(latest.len(), Default::default());
+                Kept::LatestPerKey(std::mem::replace(latest, room))
+            }
+        };
+        Some(CutBatch {
+            first_index,
+            last_index: self.last_index,
+            kept,
+            writes_in: std::mem::take(&mut self.writes_in),
+            bytes_in: std::mem::take(&mut self.bytes_in),
+        })
+    }
+}
+
+/// A batch cut from a `Reducer`, not yet reduced.
+#[derive(Debug)]
+pub struct CutBatch {
+    pub first_index: u64,
+    pub last_index: u64,
+    kept: Kept,
+    writes_in: u64,
+    bytes_in: u64,
+}
+
+impl CutBatch {
+    /// The last write of each key in key order, or every write in log order.
+    pub fn reduce(self) -> ReducedBatch {
+        let (records, log_order) = match self.kept {
+            Kept::EveryWrite { records, .. } => (records, true),
             Kept::LatestPerKey(latest) => {
                 let mut records: Vec<Record> = latest
-                    .drain()
+                    .into_iter()
                     .map(|(key, (version, value))| Record { key, value, version })
                     .collect();
                 records.sort_unstable_by(|a, b| a.key.cmp(&b.key));
                 (records, false)
             }
         };
-        let batch = ReducedBatch {
-            first_index,
+        ReducedBatch {
+            first_index: self.first_index,
             last_index: self.last_index,
             log_order,
             records,
-            writes_in: std::mem::take(&mut self.writes_in),
-            bytes_in: std::mem::take(&mut self.bytes_in),
-        };
-        Some(batch)
+            writes_in: self.writes_in,
+            bytes_in: self.bytes_in,
+        }
     }
 }
 

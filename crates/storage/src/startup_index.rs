@@ -80,6 +80,16 @@ impl StartupSegments {
         })
     }
 
+    /// Entries of keys that start with `prefix`, segment by segment (a key may repeat).
+    pub(crate) fn with_prefix<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = &'a IndexEntry> + 'a {
+        self.entries.iter().flat_map(move |entries| {
+            let start = entries.partition_point(|entry| entry.key.as_ref() < prefix);
+            entries[start..]
+                .iter()
+                .take_while(move |entry| entry.key.starts_with(prefix))
+        })
+    }
+
     /// Whether the newest record of `key` in these segments is a value.
     pub(crate) fn holds_value(&self, key: &[u8]) -> bool {
         self.find(key).is_some_and(|(_, entry)| !entry.is_tombstone)

@@ -33,7 +33,7 @@ use foldhash::{HashMap, HashSet};
 
 use crate::cache::{CacheSlots, CacheStats, ObjectCache, ValueSlot};
 use crate::manifest::Manifest;
-use crate::reduce::{ReducedBatch, Reducer};
+use crate::reduce::{CutBatch, ReducedBatch, Reducer};
 use crate::scan_map::{no_groups, GroupOf, ScanMap};
 use crate::segment::{
     decode_record, in_file, io_error, read_segment_index, record_len, segment_bytes_per_record, segment_file_name,
@@ -335,14 +335,10 @@ impl SegmentSet {
         self.live_bytes += liveness.live_bytes;
     }
 
-    /// A live record of a segment a merge replaces is now the one at `offset` of the merged
-    /// segment `to`; `move_live` settles the counts.
-    fn moved_to(&mut self, to: u64, offset: u64) {
-        self.by_id
-            .get_mut(&to)
-            .expect("a moved record's segment is the store's")
-            .live
-            .set(offset);
+    /// Which records of segment `id` are live, to mark those a merge moved into it (`move_live`
+    /// settles the counts).
+    fn live_mut(&mut self, id: u64) -> &mut LiveRecords {
+        &mut self.by_id.get_mut(&id).expect("a merged segment is the store's").live
     }
 
     /// `records` live records of segment `from`, `bytes` long in all, are now in segment `to`.
@@ -754,7 +750,7 @@ pub struct Store {
     open_segments: HashMap<u64, File>,
     cache: ObjectCache,
     /// One writer per directory, handed cut batches in turn.
-    to_writers: Vec<mpsc::Sender<ReducedBatch>>,
+    to_writers: Vec<mpsc::Sender<CutBatch>>,
     next_writer: usize,
     from_writers: mpsc::Receiver<Written>,
     /// Segments written ahead of an older batch still being written, by first index.
@@ -931,7 +927,7 @@ impl Store {
         let mut to_writers = Vec::new();
         let mut writers = Vec::new();
         for dir in options.all_dirs() {
-            let (to_writer, writer_rx) = mpsc::channel::<ReducedBatch>();
+            let (to_writer, writer_rx) = mpsc::channel::<CutBatch>();
             let (dir, shared, writer_tx) = (dir.clone(), shared.clone(), writer_tx.clone());
             let writer = std::thread::Builder::new()
                 .name("segment-writer".into())
@@ -1078,7 +1074,7 @@ impl Store {
 
     /// Hands the building batch to the writer, waiting for it when too many are unwritten.
     pub fn cut(&mut self) {
-        if let Some(batch) = self.building.take() {
+        if let Some(batch) = self.building.cut() {
             self.unwritten.push_back(batch.first_index);
             self.shared
                 .durable
@@ -1250,6 +1246,24 @@ impl Store {
     pub fn group_keys(&mut self, group: &[u8]) -> Vec<Bytes> {
         self.wait_for_index();
         self.index.group(group).map(|(key, _)| key.clone()).collect()
+    }
+
+    /// Whether the group whose prefix is `group` holds a live key; while the start-up index is
+    /// built, without waiting for it.
+    pub fn group_has_keys(&self, group: &[u8]) -> bool {
+        let mut written_since = self.index.group(group);
+        if written_since.any(|(_, location)| location.segment != DELETED_SINCE_START_UP) {
+            return true;
+        }
+        let Some(build) = &self.index_build else {
+            return false;
+        };
+        // A key written since start-up is in the index, live or not: only the others are the
+        // segments' to answer for.
+        build
+            .segments
+            .with_prefix(group)
+            .any(|entry| self.index.get(&entry.key).is_none() && build.segments.holds_value(&entry.key))
     }
 
     /// How many live keys the group whose prefix is `group` holds.
@@ -1799,6 +1813,7 @@ impl Store {
             return true;
         };
         let end = adoption.next.saturating_add(step).min(adoption.entries.len());
+        let merged_live = self.segments.live_mut(adoption.merged_id);
         for entry in &adoption.entries[adoption.next..end] {
             let Some(location) = self.index.get_mut(&entry.key) else {
                 continue;
@@ -1814,7 +1829,8 @@ impl Store {
             moved.1 += entry.segment_bytes() as u64;
             location.segment = adoption.merged_id;
             location.record_offset = entry.record_offset;
-            self.segments.moved_to(adoption.merged_id, entry.record_offset);
+            // A live record of a replaced segment; `move_live` below settles the counts.
+            merged_live.set(entry.record_offset);
         }
         adoption.next = end;
         for (&id, &slot) in &adoption.replaced {
@@ -1974,13 +1990,10 @@ impl Drop for Store {
 
 /// The writer thread: persists each cut batch in order. A failed write (a full disk, an I/O error)
 /// is retried until it succeeds — nothing acknowledged is lost, the node stalls instead.
-fn write_segments(
-    dir: &Path,
-    batches: &mpsc::Receiver<ReducedBatch>,
-    written: &mpsc::Sender<Written>,
-    shared: &Shared,
-) {
+fn write_segments(dir: &Path, batches: &mpsc::Receiver<CutBatch>, written: &mpsc::Sender<Written>, shared: &Shared) {
     while let Ok(batch) = batches.recv() {
+        // Reduced here rather than on the applying thread, which is the one a node runs short of.
+        let batch = batch.reduce();
         let Some((path, index)) = write_until_done(dir, &batch, shared) else {
             return;
         };
@@ -2449,6 +2462,14 @@ mod tests {
                 "{context}: key {key:?}"
             );
             assert_eq!(store.contains(&key), model.contains_key(&key), "{context}: {key:?}");
+        }
+        for digit in 0..10 {
+            let group = format!("k{digit}");
+            assert_eq!(
+                store.group_has_keys(group.as_bytes()),
+                model.keys().any(|k| k.starts_with(group.as_bytes())),
+                "{context}: group {group} has keys"
+            );
         }
     }
 
@@ -3479,6 +3500,57 @@ mod tests {
             assert_eq!(store.get(b"even").unwrap(), Some(Bytes::from("100")), "{mode:?}");
             assert_eq!(store.get(b"odd").unwrap(), Some(Bytes::from("99")), "{mode:?}");
         }
+    }
+
+    #[test]
+    fn a_reopened_store_serves_groups_and_deletes_before_its_index_is_built() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = StoreOptions {
+            group_of: by_first_digit,
+            batch_writes: 3,
+            ..StoreOptions::new(dir.path())
+        };
+        let mut store = Store::open(options.clone(), None).unwrap();
+        for (index, key) in ["k10", "k11", "k12", "k20"].into_iter().enumerate() {
+            apply(
+                &mut store,
+                index as u64 + 1,
+                &vec![(Bytes::from(key), Some(Bytes::from("v")))],
+            );
+        }
+        let manifest = snapshot(&mut store);
+        drop(store);
+
+        let (release, hold) = mpsc::channel();
+        let mut store = Store::open_holding_index_build(options, Some(&manifest), Some(hold)).unwrap();
+        assert!(!store.index_ready());
+        assert!(store.group_has_keys(b"k1") && store.group_has_keys(b"k2"));
+        let deletes: Entry = ["k10", "k11", "k12"]
+            .iter()
+            .map(|key| (Bytes::from(*key), None))
+            .collect();
+        apply(&mut store, 5, &deletes);
+        assert!(
+            !store.group_has_keys(b"k1"),
+            "every key of the group was deleted since start-up"
+        );
+        assert!(store.get(b"k11").unwrap().is_none() && !store.contains(b"k12"));
+        assert!(
+            !store.write(6, Bytes::from("k11"), Some(Bytes::from("w"))),
+            "k11 was deleted"
+        );
+        store.entry_applied(6);
+        assert!(store.group_has_keys(b"k1"));
+        assert!(
+            store.write(7, Bytes::from("k20"), None),
+            "k20 had a value in the segments"
+        );
+        store.entry_applied(7);
+        assert!(!store.group_has_keys(b"k2"));
+        release.send(()).unwrap();
+        let model = HashMap::from([(Bytes::from("k11"), Bytes::from("w"))]);
+        assert_matches(&mut store, &model, 30, "after the index was built");
+        assert_eq!(store.group_len(b"k1"), 1);
     }
 
     #[test]
