@@ -925,7 +925,7 @@ impl RecordStream {
 }
 
 /// The name of the `number`th spare file: a retired segment's file kept to be overwritten by a
-/// later segment. Start-up deletes spares.
+/// later segment. Start-up keeps them as spares, within the budget.
 pub(crate) fn spare_file_name(number: u64) -> String {
     format!("{number:020}.spare")
 }

@@ -655,6 +655,25 @@ impl Spares {
 }
 
 impl Shared {
+    /// Takes spare files found at start-up (their contents are garbage) as spares, within the
+    /// budget; returns those past it, to delete.
+    fn keep_spares(&self, mut found: Vec<PathBuf>) -> Result<Vec<PathBuf>, StoreError> {
+        found.sort_by_key(|path| spare_number(path));
+        let mut spares = self.spares.lock().expect("not poisoned");
+        let mut excess = Vec::new();
+        for path in found {
+            let file_bytes = std::fs::metadata(&path).map_err(io_error(&path))?.len();
+            let number = spare_number(&path).expect("a spare's name has its number");
+            spares.next_number = spares.next_number.max(number + 1);
+            if spares.files.len() < MAX_SPARE_FILES && spares.bytes() + file_bytes <= spares.budget_bytes {
+                spares.files.push((path, file_bytes));
+            } else {
+                excess.push(path);
+            }
+        }
+        Ok(excess)
+    }
+
     /// A spare file in `dir`, if there is one.
     fn take_spare(&self, dir: &Path) -> Option<PathBuf> {
         let mut spares = self.spares.lock().expect("not poisoned");
@@ -680,6 +699,13 @@ impl Shared {
         drop(spares);
         sync_parent_dirs(paths)
     }
+}
+
+/// The number in a spare file's name (see `spare_file_name`).
+fn spare_number(path: &Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?;
+    let number: u64 = name.strip_suffix(".spare")?.parse().ok()?;
+    (spare_file_name(number) == name).then_some(number)
 }
 
 /// How many shipments read each segment, by `(first, last)`.
@@ -775,7 +801,7 @@ pub struct Store {
 }
 
 /// A file in the state directory: a segment's `(first, last)` range, or `None` for a temporary
-/// file a crash left behind or a spare (both deleted at start-up).
+/// file a crash left behind (deleted at start-up) or a spare (kept as one).
 type StateFile = (Option<(u64, u64)>, PathBuf);
 
 fn segment_files(dir: &Path) -> Result<Vec<StateFile>, StoreError> {
@@ -878,6 +904,7 @@ impl Store {
         // local copies aside first); the earlier directory's stays.
         let mut found: HashMap<(u64, u64), PathBuf> = HashMap::default();
         let mut unlisted = Vec::new();
+        let mut spares = Vec::new();
         for dir in options.all_dirs() {
             std::fs::create_dir_all(dir).map_err(io_error(dir))?;
             for (range, path) in segment_files(dir)? {
@@ -885,13 +912,17 @@ impl Store {
                     Some(range) if listed.contains(&range) && !found.contains_key(&range) => {
                         found.insert(range, path);
                     }
+                    None if spare_number(&path).is_some() => spares.push(path),
                     _ => unlisted.push(path),
                 }
             }
         }
-        remove_durably(&unlisted)?;
         let located = locate(&options.dir, &manifest.segments, &found);
         let mut store = Store::empty(options, manifest.applied_index);
+        // Spares are kept for the writers to overwrite, as before the restart: deleting hundreds
+        // of them cost a start-up more than reading the segments' indexes.
+        unlisted.extend(store.shared.keep_spares(spares)?);
+        remove_durably(&unlisted)?;
         // A reduced store serves while its index is built (see `startup_index`), which needs every
         // segment's entries at once; a full one's hold every write, so it indexes a window at a
         // time, as its entries arrive.
@@ -2718,7 +2749,7 @@ mod tests {
         drop(store);
         let mut store = Store::open(options, Some(&manifest_after)).unwrap();
         check(&mut store);
-        assert_eq!(names(dir.path(), ".spare"), 0, "start-up deletes spares");
+        assert_eq!(names(dir.path(), ".spare"), spares, "start-up keeps the spares");
     }
 
     /// 2,000 writes, entries 1 to 2,000: 40 rounds over keys k000..k049, the round as the value.
@@ -2802,6 +2833,49 @@ mod tests {
         assert!(
             shared.take_spare(Path::new("/elsewhere")).is_none(),
             "spares stay in their directory"
+        );
+    }
+
+    #[test]
+    fn a_restart_keeps_spares_within_the_budget_and_numbers_new_ones_after_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = StoreOptions {
+            min_cleanable_dead_bytes: 0,
+            ..StoreOptions::new(dir.path())
+        };
+        let budget = spare_budget_bytes(&options);
+        drop(Store::open(options.clone(), None).unwrap());
+        let spare_bytes = budget / 3 + 1;
+        for number in [4, 9, 2] {
+            std::fs::write(
+                dir.path().join(spare_file_name(number)),
+                vec![0u8; spare_bytes as usize],
+            )
+            .unwrap();
+        }
+        std::fs::write(
+            dir.path().join("00000000000000000001-00000000000000000002.seg.tmp"),
+            b"torn",
+        )
+        .unwrap();
+        let store = Store::open(options, None).unwrap();
+        let spares = store.shared.spares.lock().unwrap();
+        let kept: Vec<u64> = spares
+            .files
+            .iter()
+            .map(|(path, _)| spare_number(path).unwrap())
+            .collect();
+        assert_eq!(kept, vec![2, 4], "the two that fit the budget, oldest first");
+        assert_eq!(spares.next_number, 10, "new spares are numbered after every one found");
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            vec![spare_file_name(2), spare_file_name(4)],
+            "the rest is deleted"
         );
     }
 
