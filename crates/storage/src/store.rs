@@ -394,6 +394,11 @@ impl LiveTally for SegmentSet {
 const OPEN_WINDOW_SEGMENTS: usize = 256;
 const OPEN_READER_THREADS: usize = 8;
 
+/// Most segments a read searches while the start-up index is built (a binary search in each);
+/// with more, a store waits for the index before it serves. Consolidation keeps a store's small
+/// segments to about `consolidate_above_segments` (512 by default).
+const SEARCHED_AT_START_UP_SEGMENTS: usize = 2_048;
+
 /// A segment read at start-up: its path and index.
 type LoadedSegment = (PathBuf, SegmentIndex);
 
@@ -1539,9 +1544,13 @@ impl Store {
 
     /// Indexes the segments found at start-up or installed: a reduced store's on another thread
     /// while it serves (see `startup_index`). Segments a `full` store wrote hold their writes in
-    /// log order, which cannot be searched by key: those are indexed before the store serves.
+    /// log order, which cannot be searched by key, and a read among very many segments would cost
+    /// more than waiting for the index: those are indexed before the store serves.
     fn index_whole_segments(&mut self, loaded: Vec<(u64, PathBuf, SegmentIndex)>, hold: Option<mpsc::Receiver<()>>) {
-        if self.options.mode == StorageMode::Full || loaded.iter().any(|(_, _, index)| index.header.log_order) {
+        if self.options.mode == StorageMode::Full
+            || loaded.len() > SEARCHED_AT_START_UP_SEGMENTS
+            || loaded.iter().any(|(_, _, index)| index.header.log_order)
+        {
             self.adopt_all(loaded);
         } else {
             self.start_index_build(loaded, hold);
