@@ -105,8 +105,7 @@ server_options! {
     /// directory deal with a bounded number of files rather than one per batch (0: never).
     consolidated_segment_bytes: u64 = 8 * 1024 * 1024;
     /// How many small segments are left to die (most do under overwrites) before the cleaner
-    /// consolidates the oldest of them; an idle node (no entry applied over a raft tick)
-    /// consolidates down to an eighth of this, so a restart opens fewer files.
+    /// consolidates the oldest of them.
     consolidate_above_segments: usize = 512;
     /// Most bytes a merge of dirty segments keeps (about the largest segment it writes): what a
     /// merge holds in memory is the index of that much.

@@ -100,7 +100,6 @@ pub struct StoreOptions {
     /// a bounded number of files rather than one per batch (0 bytes: never). Below that count
     /// segments are left to die: under overwrites most soon would, and consolidating them would
     /// rewrite (and repoint, on the raft loop) what the dirty-ratio merge later drops anyway.
-    /// An idle store consolidates down to an eighth of that count (see `IDLE_CONSOLIDATION_DIVISOR`).
     pub consolidated_segment_bytes: u64,
     pub consolidate_above_segments: usize,
     /// Most bytes a merge of dirty segments keeps, and so about the largest segment it writes:
@@ -796,11 +795,6 @@ pub struct Store {
     /// this: a look costs up to one pass over the segments, so it is paid once per so many new
     /// ones, not after every one.
     look_for_merge_at_inserted: u64,
-    /// Whether an entry was applied since the last `tick`.
-    applied_since_tick: bool,
-    /// No entry was applied over a whole tick (or the store is settling): consolidation goes
-    /// further than under load.
-    idle: bool,
     /// Segments a merge replaced, deleted once a persisted manifest no longer lists them and no
     /// shipment reads them.
     retired: Vec<((u64, u64), PathBuf)>,
@@ -1002,8 +996,6 @@ impl Store {
             options,
             segments,
             look_for_merge_at_inserted: 0,
-            applied_since_tick: false,
-            idle: false,
             next_segment_id: 1,
             newest_last_index: 0,
             merge_adoption: None,
@@ -1096,8 +1088,6 @@ impl Store {
 
     /// Notes that every write of the entry at `index` has been made; cuts the batch when full.
     pub fn entry_applied(&mut self, index: u64) {
-        self.applied_since_tick = true;
-        self.idle = false;
         self.absorb_built_index(false);
         self.building.note_index(index);
         if self.building.writes_in() >= self.options.batch_writes
@@ -1116,13 +1106,6 @@ impl Store {
         self.absorb_built_index(false);
         self.absorb_written(self.options.adoption_step_records);
         self.absorb_cleaned();
-        if !std::mem::take(&mut self.applied_since_tick) && !self.idle {
-            // Quiet now: look again (even if the last look found nothing), for the further
-            // consolidation an idle store does.
-            self.idle = true;
-            self.look_for_merge_at_inserted = 0;
-            self.maybe_clean();
-        }
     }
 
     /// Hands the building batch to the writer, waiting for it when too many are unwritten.
@@ -1693,7 +1676,6 @@ impl Store {
     pub fn settle_reporting(&mut self, every: Duration, mut report: impl FnMut(&mut Store)) {
         self.wait_for_index();
         self.finish_unwritten();
-        self.idle = true;
         self.look_for_merge_at_inserted = 0;
         self.maybe_clean();
         let mut report_at = Instant::now().checked_add(every);
@@ -1742,12 +1724,7 @@ impl Store {
         let dirty = self.segments.len() >= self.options.cleaner_min_segments.max(2)
             && self.segments.dirty_ratio() >= self.options.min_cleanable_dirty_ratio
             && self.segments.dead_bytes() >= self.options.min_cleanable_dead_bytes;
-        let consolidate_above = if self.idle {
-            self.options.consolidate_above_segments / IDLE_CONSOLIDATION_DIVISOR
-        } else {
-            self.options.consolidate_above_segments
-        };
-        let may_consolidate = self.segments.small.len() > consolidate_above;
+        let may_consolidate = self.segments.small.len() > self.options.consolidate_above_segments;
         // Called after every adopted segment: the cheap checks come before a pass over them.
         if !dirty && !may_consolidate {
             return;
@@ -2228,12 +2205,6 @@ const MAX_CONSOLIDATED_SEGMENTS: usize = 64;
 fn small_below_bytes(target_bytes: u64) -> u64 {
     target_bytes / 2
 }
-
-/// An idle store consolidates until no more than `consolidate_above_segments` divided by this
-/// are small. Under load it leaves more, whose records are soon overwritten (so merging them
-/// would be wasted) and whose merging would take the applying thread's time; at rest it brings
-/// them down, so a restart or a catch-up opens fewer files.
-const IDLE_CONSOLIDATION_DIVISOR: usize = 8;
 
 /// A segment this many times smaller than the first of a consolidation run ends the run.
 const CONSOLIDATION_TIER_RATIO: u64 = 8;
@@ -3031,17 +3002,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let options = consolidating_options(dir.path(), 100);
         let mut store = Store::open(options, None).unwrap();
-        // Under load: no tick passes without an applied entry.
         let write_segments = |store: &mut Store, from: u64, segments: u64| {
             for k in from * 20..(from + segments) * 20 {
                 store.write(k + 1, Bytes::from(format!("k{k:05}")), Some(Bytes::from("a value")));
                 store.entry_applied(k + 1);
             }
-            store.finish_unwritten();
-            while store.cleaning {
-                std::thread::sleep(Duration::from_millis(1));
-                store.absorb_cleaned();
-            }
+            store.settle();
         };
         write_segments(&mut store, 0, 100);
         assert_eq!(store.stats().merges, 0, "100 small segments are within the bound");
@@ -3052,21 +3018,6 @@ mod tests {
             store.segments.len() <= 100,
             "consolidated back within the bound: {} segments",
             store.segments.len()
-        );
-        assert!(store.segments.small.len() > 100 / IDLE_CONSOLIDATION_DIVISOR);
-        // A tick with no entry applied: idle, the store consolidates down to an eighth of the bound.
-        store.tick();
-        store.tick();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while store.cleaning {
-            assert!(Instant::now() < deadline, "still consolidating after 20 s");
-            std::thread::sleep(Duration::from_millis(1));
-            store.tick();
-        }
-        assert!(
-            store.segments.small.len() <= 100 / IDLE_CONSOLIDATION_DIVISOR,
-            "idle: {} small segments",
-            store.segments.small.len()
         );
     }
 
