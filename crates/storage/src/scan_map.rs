@@ -123,14 +123,11 @@ impl<V> ScanMap<V> {
         }
     }
 
-    /// Makes room for `keys` more keys outside groups at once, rather than by repeated doubling
+    /// Makes room for those of `keys` outside groups at once, rather than by repeated doubling
     /// (each a rehash of every key) as they arrive.
-    pub fn reserve_ungrouped(&mut self, keys: usize) {
-        self.singles.reserve(keys);
-    }
-
-    pub fn group_of(&self, key: &[u8]) -> Option<usize> {
-        (self.group_of)(key)
+    pub fn reserve_for<'a>(&mut self, keys: impl IntoIterator<Item = &'a [u8]>) {
+        let ungrouped = keys.into_iter().filter(|key| (self.group_of)(key).is_none()).count();
+        self.singles.reserve(ungrouped);
     }
 
     pub fn len(&self) -> usize {

@@ -9,7 +9,7 @@
 use std::sync::{mpsc, Arc};
 
 use crate::scan_map::{GroupOf, ScanMap};
-use crate::segment::IndexEntry;
+use crate::segment::{segment_bytes_per_record, IndexEntry};
 use crate::store::{LiveRecords, Location};
 
 /// Where indexing whole segments records which of their records the index points at.
@@ -55,7 +55,7 @@ pub(crate) fn index_records(
             tally.dead(
                 replaced.segment,
                 replaced.record_offset,
-                crate::segment::segment_bytes_per_record(key_len, replaced.value_len) as u64,
+                segment_bytes_per_record(key_len, replaced.value_len) as u64,
             );
         }
         if !entry.is_tombstone {
@@ -169,13 +169,7 @@ impl IndexBuild {
                     let _ = hold.recv();
                 }
                 let mut index = ScanMap::new(group_of);
-                let ungrouped = to_index
-                    .entries
-                    .iter()
-                    .flatten()
-                    .filter(|entry| index.group_of(&entry.key).is_none())
-                    .count();
-                index.reserve_ungrouped(ungrouped);
+                index.reserve_for(to_index.entries.iter().flatten().map(|entry| entry.key.as_ref()));
                 let mut liveness = StartupLiveness {
                     first_id,
                     segments: file_bytes

@@ -665,12 +665,14 @@ impl Shared {
     fn keep_spares(&self, mut found: Vec<PathBuf>) -> Result<Vec<PathBuf>, StoreError> {
         found.sort_by_key(|path| spare_number(path));
         let mut spares = self.spares.lock().expect("not poisoned");
+        let mut kept_bytes = spares.bytes();
         let mut excess = Vec::new();
         for path in found {
             let file_bytes = std::fs::metadata(&path).map_err(io_error(&path))?.len();
             let number = spare_number(&path).expect("a spare's name has its number");
             spares.next_number = spares.next_number.max(number + 1);
-            if spares.files.len() < MAX_SPARE_FILES && spares.bytes() + file_bytes <= spares.budget_bytes {
+            if spares.files.len() < MAX_SPARE_FILES && kept_bytes + file_bytes <= spares.budget_bytes {
+                kept_bytes += file_bytes;
                 spares.files.push((path, file_bytes));
             } else {
                 excess.push(path);
@@ -1026,22 +1028,11 @@ impl Store {
         // While the start-up segments' index is built, a key not written since may have a value
         // only they hold.
         let held_at_start_up =
-            |build: &Option<IndexBuild>, key: &[u8]| build.as_ref().is_some_and(|b| b.segments.holds_value(key));
+            |store: &Store, key: &[u8]| store.index_build.as_ref().is_some_and(|b| b.segments.holds_value(key));
         let had_value = match &value {
-            // An overwrite keeps the key's index entry, and its value's slot in the cache.
             Some(value) => match self.index.get_mut(&key) {
-                Some(location) if location.segment == DELETED_SINCE_START_UP => {
-                    assert!(location.version <= index, "a key's versions only grow");
-                    *location = Location {
-                        segment: UNWRITTEN,
-                        record_offset: 0,
-                        version: index,
-                        value_len: value.len() as u32,
-                        value: Some(self.cache.hold_unwritten(value.clone())),
-                    };
-                    false
-                }
-                Some(location) => {
+                // An overwrite keeps the key's index entry, and its value's slot in the cache.
+                Some(location) if location.segment != DELETED_SINCE_START_UP => {
                     assert!(location.version <= index, "a key's versions only grow");
                     supersede(&mut self.segments, &key, location);
                     self.cache
@@ -1052,8 +1043,8 @@ impl Store {
                     location.value_len = value.len() as u32;
                     true
                 }
-                None => {
-                    let had_value = held_at_start_up(&self.index_build, &key);
+                deleted_or_absent => {
+                    let had_value = deleted_or_absent.is_none() && held_at_start_up(self, &key);
                     let location = Location {
                         segment: UNWRITTEN,
                         record_offset: 0,
@@ -1061,11 +1052,14 @@ impl Store {
                         value_len: value.len() as u32,
                         value: Some(self.cache.hold_unwritten(value.clone())),
                     };
-                    assert!(self.index.insert(key.clone(), location).is_none());
+                    if let Some(marker) = self.index.insert(key.clone(), location) {
+                        assert!(marker.version <= index, "a key's versions only grow");
+                    }
                     had_value
                 }
             },
             None => {
+                let held = held_at_start_up(self, &key);
                 let had_value = match self.index.remove(&key) {
                     Some(deleted) if deleted.segment == DELETED_SINCE_START_UP => false,
                     Some(mut deleted) => {
@@ -1074,9 +1068,9 @@ impl Store {
                         self.cache.release(&mut deleted.value, deleted.segment == UNWRITTEN);
                         true
                     }
-                    None => held_at_start_up(&self.index_build, &key),
+                    None => held,
                 };
-                if held_at_start_up(&self.index_build, &key) {
+                if held {
                     self.index.insert(key.clone(), deleted_since_start_up(index));
                 }
                 had_value
@@ -1516,12 +1510,12 @@ impl Store {
     /// then holds only older segments' records and the cache nothing — and makes them part of
     /// what manifests list (the writer does that for the segments it writes).
     fn adopt_all(&mut self, loaded: Vec<(u64, PathBuf, SegmentIndex)>) {
-        let ungrouped = loaded
-            .iter()
-            .flat_map(|(_, _, index)| &index.entries)
-            .filter(|entry| self.index.group_of(&entry.key).is_none())
-            .count();
-        self.index.reserve_ungrouped(ungrouped);
+        self.index.reserve_for(
+            loaded
+                .iter()
+                .flat_map(|(_, _, index)| &index.entries)
+                .map(|entry| entry.key.as_ref()),
+        );
         for (first_index, path, index) in loaded {
             self.adopt(first_index, path, index);
         }
