@@ -924,10 +924,18 @@ impl RecordStream {
     }
 }
 
-/// The name of the `number`th spare file: a retired segment's file kept to be overwritten by a
-/// later segment. Start-up keeps them as spares, within the budget.
-pub(crate) fn spare_file_name(number: u64) -> String {
-    format!("{number:020}.spare")
+/// The name of the `number`th spare file, `file_bytes` long: a retired segment's file kept to be
+/// overwritten by a later segment. Start-up keeps them as spares, within the budget, and learns
+/// their sizes from their names: a `stat` of each of hundreds of spares cost it milliseconds.
+pub(crate) fn spare_file_name(number: u64, file_bytes: u64) -> String {
+    format!("{number:020}-{file_bytes}.spare")
+}
+
+/// The number and size in a spare file's name (see `spare_file_name`); `None` for any other name.
+pub(crate) fn parse_spare_name(name: &str) -> Option<(u64, u64)> {
+    let (number, file_bytes) = name.strip_suffix(".spare")?.split_once('-')?;
+    let (number, file_bytes) = (number.parse().ok()?, file_bytes.parse().ok()?);
+    (spare_file_name(number, file_bytes) == name).then_some((number, file_bytes))
 }
 
 /// Makes creations, renames and removals in `dir` durable.
@@ -944,11 +952,24 @@ pub fn verify_segment(buf: &[u8]) -> Result<SegmentIndex, SegmentError> {
     Ok(index)
 }
 
-/// Reads a segment's header, footer and index — not its values — with positioned reads.
+/// Bytes at the end of a segment that `read_segment_index` reads at once: the whole of a small
+/// segment, and the footer and index of most others.
+const INDEX_READ_BYTES: u64 = 128 << 10;
+
+/// Reads a segment's header, footer and index — not its values — with positioned reads. At
+/// start-up each read is a device round trip, so the file's tail is read in one, and what it
+/// does not cover in more.
 pub fn read_segment_index(path: &Path) -> Result<SegmentIndex, SegmentError> {
     let file = File::open(path).map_err(io_error(path))?;
     let file_bytes = file.metadata().map_err(io_error(path))?.len();
+    let tail_offset = file_bytes - file_bytes.min(INDEX_READ_BYTES);
+    let mut tail = vec![0; (file_bytes - tail_offset) as usize];
+    file.read_exact_at(&mut tail, tail_offset).map_err(io_error(path))?;
     load_index(file_bytes, |offset, len| {
+        if offset >= tail_offset {
+            let start = (offset - tail_offset) as usize;
+            return Ok(Cow::Borrowed(&tail[start..start + len]));
+        }
         let mut buf = vec![0; len];
         file.read_exact_at(&mut buf, offset).map_err(io_error(path))?;
         Ok(Cow::Owned(buf))
@@ -1017,9 +1038,24 @@ mod tests {
     }
 
     #[test]
+    fn a_spare_name_gives_back_its_number_and_size_and_nothing_else_parses_as_one() {
+        let name = spare_file_name(42, 9_672);
+        assert_eq!(parse_spare_name(&name), Some((42, 9_672)));
+        for other in [
+            "00000000000000000042.spare",
+            "42-9672.spare",
+            "00000000000000000042-09672.spare",
+            "00000000000000000042-9672.seg",
+            "00000000000000000042--9672.spare",
+        ] {
+            assert_eq!(parse_spare_name(other), None, "{other}");
+        }
+    }
+
+    #[test]
     fn a_segment_written_over_a_longer_spare_is_exactly_itself() {
         let dir = tempfile::tempdir().unwrap();
-        let spare = dir.path().join(spare_file_name(7));
+        let spare = dir.path().join(spare_file_name(7, 64 * 1024));
         std::fs::write(&spare, vec![0xAB; 64 * 1024]).unwrap();
         let batch = sample_batch();
         let (path, index) = write_segment(dir.path(), &batch, Some(spare.clone())).unwrap();
@@ -1163,7 +1199,7 @@ mod tests {
             index.entries.iter().map(|e| e.record_offset).collect::<Vec<_>>()
         );
         // A spare file longer than the segment is overwritten and cut to length.
-        let spare = dir.path().join(spare_file_name(1));
+        let spare = dir.path().join(spare_file_name(1, 10_000));
         std::fs::write(&spare, vec![7u8; 10_000]).unwrap();
         let writer = SegmentWriter::create(dir.path(), 200, 300, Some(spare.clone()), 16).unwrap();
         let (path, _) = writer.finish().unwrap();

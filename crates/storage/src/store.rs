@@ -36,9 +36,9 @@ use crate::manifest::Manifest;
 use crate::reduce::{CutBatch, ReducedBatch, Reducer};
 use crate::scan_map::{no_groups, GroupOf, ScanMap};
 use crate::segment::{
-    decode_record, in_file, io_error, read_segment_index, record_len, segment_bytes_per_record, segment_file_name,
-    spare_file_name, sync_dir, verify_segment, write_segment, IndexEntry, Record, RecordStream, SegmentError,
-    SegmentIndex, SegmentWriter, FOOTER_BYTES, HEADER_BYTES, RECORD_OVERHEAD_BYTES,
+    decode_record, in_file, io_error, parse_spare_name, read_segment_index, record_len, segment_bytes_per_record,
+    segment_file_name, spare_file_name, sync_dir, verify_segment, write_segment, IndexEntry, Record, RecordStream,
+    SegmentError, SegmentIndex, SegmentWriter, FOOTER_BYTES, HEADER_BYTES, RECORD_OVERHEAD_BYTES,
 };
 use crate::startup_index::{
     deleted_since_start_up, index_records, IndexBuild, LiveTally, SegmentLiveness, DELETED_SINCE_START_UP,
@@ -100,6 +100,7 @@ pub struct StoreOptions {
     /// a bounded number of files rather than one per batch (0 bytes: never). Below that count
     /// segments are left to die: under overwrites most soon would, and consolidating them would
     /// rewrite (and repoint, on the raft loop) what the dirty-ratio merge later drops anyway.
+    /// Tiny segments (see `gathered_tiny_bytes`) are merged whatever their number.
     pub consolidated_segment_bytes: u64,
     pub consolidate_above_segments: usize,
     /// Most bytes a merge of dirty segments keeps, and so about the largest segment it writes:
@@ -243,6 +244,9 @@ struct SegmentSet {
     /// merges.
     small: BTreeSet<(u64, u64)>,
     small_below_bytes: u64,
+    /// (first index, id) of the segments smaller than `tiny_below_bytes`, a subset of `small`.
+    tiny: BTreeSet<(u64, u64)>,
+    tiny_below_bytes: u64,
     /// Segments ever inserted: how the cleaner tells that the set changed since it last looked.
     inserted: u64,
     file_bytes: u64,
@@ -250,12 +254,16 @@ struct SegmentSet {
 }
 
 impl SegmentSet {
-    fn new(small_below_bytes: u64) -> SegmentSet {
+    /// A set whose small and tiny segments are those of consolidation towards
+    /// `consolidated_segment_bytes`.
+    fn new(consolidated_segment_bytes: u64) -> SegmentSet {
         SegmentSet {
             by_id: BTreeMap::new(),
             in_log_order: BTreeSet::new(),
             small: BTreeSet::new(),
-            small_below_bytes,
+            small_below_bytes: small_below_bytes(consolidated_segment_bytes),
+            tiny: BTreeSet::new(),
+            tiny_below_bytes: small_below_bytes(gathered_tiny_bytes(consolidated_segment_bytes)),
             inserted: 0,
             file_bytes: 0,
             live_bytes: 0,
@@ -273,6 +281,9 @@ impl SegmentSet {
         if segment.file_bytes < self.small_below_bytes {
             self.small.insert((segment.first_index, id));
         }
+        if segment.file_bytes < self.tiny_below_bytes {
+            self.tiny.insert((segment.first_index, id));
+        }
         assert!(self.by_id.insert(id, segment).is_none(), "segment ids are not reused");
     }
 
@@ -280,6 +291,7 @@ impl SegmentSet {
         let segment = self.by_id.remove(&id).expect("a removed segment is the store's");
         self.in_log_order.remove(&(segment.first_index, id));
         self.small.remove(&(segment.first_index, id));
+        self.tiny.remove(&(segment.first_index, id));
         self.file_bytes -= segment.file_bytes;
         self.live_bytes -= segment.live_bytes;
         segment
@@ -293,10 +305,10 @@ impl SegmentSet {
         Some(id)
     }
 
-    /// Ids of the segments in log order, from the oldest small one, at most `count`: where a
-    /// consolidation run can start (everything older is too large to be in one).
-    fn oldest_small_onward(&self, count: usize) -> Vec<u64> {
-        let Some(&oldest) = self.small.first() else {
+    /// Ids of the segments in log order, from the oldest of `from` (`small` or `tiny`), at most
+    /// `count`: where a consolidation run can start (everything older is too large to be in one).
+    fn onward_from_oldest(&self, from: &BTreeSet<(u64, u64)>, count: usize) -> Vec<u64> {
+        let Some(&oldest) = from.first() else {
             return Vec::new();
         };
         self.in_log_order
@@ -662,14 +674,17 @@ impl Spares {
 impl Shared {
     /// Takes spare files found at start-up (their contents are garbage) as spares, within the
     /// budget; returns those past it, to delete.
-    fn keep_spares(&self, mut found: Vec<PathBuf>) -> Result<Vec<PathBuf>, StoreError> {
-        found.sort_by_key(|path| spare_number(path));
+    fn keep_spares(&self, mut found: Vec<FoundSpare>) -> Result<Vec<PathBuf>, StoreError> {
+        found.sort_unstable_by_key(|spare| spare.number);
         let mut spares = self.spares.lock().expect("not poisoned");
         let mut kept_bytes = spares.bytes();
         let mut excess = Vec::new();
-        for path in found {
-            let file_bytes = std::fs::metadata(&path).map_err(io_error(&path))?.len();
-            let number = spare_number(&path).expect("a spare's name has its number");
+        for FoundSpare {
+            number,
+            file_bytes,
+            path,
+        } in found
+        {
             spares.next_number = spares.next_number.max(number + 1);
             if spares.files.len() < MAX_SPARE_FILES && kept_bytes + file_bytes <= spares.budget_bytes {
                 kept_bytes += file_bytes;
@@ -695,7 +710,7 @@ impl Shared {
         for path in paths {
             let file_bytes = std::fs::metadata(path).map_err(io_error(path))?.len();
             if spares.files.len() < MAX_SPARE_FILES && spares.bytes() + file_bytes <= spares.budget_bytes {
-                let spare = path.with_file_name(spare_file_name(spares.next_number));
+                let spare = path.with_file_name(spare_file_name(spares.next_number, file_bytes));
                 spares.next_number += 1;
                 std::fs::rename(path, &spare).map_err(io_error(path))?;
                 spares.files.push((spare, file_bytes));
@@ -708,11 +723,16 @@ impl Shared {
     }
 }
 
-/// The number in a spare file's name (see `spare_file_name`).
-fn spare_number(path: &Path) -> Option<u64> {
-    let name = path.file_name()?.to_str()?;
-    let number: u64 = name.strip_suffix(".spare")?.parse().ok()?;
-    (spare_file_name(number) == name).then_some(number)
+/// The number and size in a spare file's name (see `spare_file_name`).
+fn spare_name(path: &Path) -> Option<(u64, u64)> {
+    parse_spare_name(path.file_name()?.to_str()?)
+}
+
+/// A spare file start-up found, and what its name says.
+struct FoundSpare {
+    number: u64,
+    file_bytes: u64,
+    path: PathBuf,
 }
 
 /// How many shipments read each segment, by `(first, last)`.
@@ -919,7 +939,14 @@ impl Store {
                     Some(range) if listed.contains(&range) && !found.contains_key(&range) => {
                         found.insert(range, path);
                     }
-                    None if spare_number(&path).is_some() => spares.push(path),
+                    None => match spare_name(&path) {
+                        Some((number, file_bytes)) => spares.push(FoundSpare {
+                            number,
+                            file_bytes,
+                            path,
+                        }),
+                        None => unlisted.push(path),
+                    },
                     _ => unlisted.push(path),
                 }
             }
@@ -985,7 +1012,7 @@ impl Store {
                 .spawn(move || clean_segments(&dir, read_bytes_per_sec, &cleaner_rx, &cleaner_tx, &shared))
                 .expect("spawn segment cleaner")
         };
-        let segments = SegmentSet::new(small_below_bytes(options.consolidated_segment_bytes));
+        let segments = SegmentSet::new(options.consolidated_segment_bytes);
         Store {
             cache: ObjectCache::new(options.cache_bytes),
             building: match options.mode {
@@ -1719,14 +1746,25 @@ impl Store {
             && self.segments.dirty_ratio() >= self.options.min_cleanable_dirty_ratio
             && self.segments.dead_bytes() >= self.options.min_cleanable_dead_bytes;
         let may_consolidate = self.segments.small.len() > self.options.consolidate_above_segments;
+        let may_gather_tiny = self.segments.tiny.len() >= 2;
         // Called after every adopted segment: the cheap checks come before a pass over them.
-        if !dirty && !may_consolidate {
+        if !dirty && !may_consolidate && !may_gather_tiny {
             return;
         }
+        let target_bytes = self.options.consolidated_segment_bytes;
         let run = dirty
             .then(|| self.dirt_run())
             .flatten()
-            .or_else(|| may_consolidate.then(|| self.consolidation_run()).flatten());
+            .or_else(|| {
+                may_consolidate
+                    .then(|| self.consolidation_run(&self.segments.small, target_bytes))
+                    .flatten()
+            })
+            .or_else(|| {
+                may_gather_tiny
+                    .then(|| self.consolidation_run(&self.segments.tiny, gathered_tiny_bytes(target_bytes)))
+                    .flatten()
+            });
         let Some(run) = run else {
             self.look_for_merge_at_inserted =
                 self.segments.inserted + (self.segments.len() / LOOKS_FOR_MERGE_PER_PASS).max(1) as u64;
@@ -1787,12 +1825,12 @@ impl Store {
         Some(ids[window].to_vec())
     }
 
-    /// Ids of the run `consolidation_window` chooses among the segments from the oldest small
-    /// one, looking at no more than `CONSOLIDATION_LOOKAHEAD_SEGMENTS` of them.
-    fn consolidation_run(&self) -> Option<Vec<u64>> {
-        let ids = self.segments.oldest_small_onward(CONSOLIDATION_LOOKAHEAD_SEGMENTS);
+    /// Ids of the run `consolidation_window` chooses towards `target_bytes` among the segments
+    /// from the oldest of `from`, looking at no more than `CONSOLIDATION_LOOKAHEAD_SEGMENTS`.
+    fn consolidation_run(&self, from: &BTreeSet<(u64, u64)>, target_bytes: u64) -> Option<Vec<u64>> {
+        let ids = self.segments.onward_from_oldest(from, CONSOLIDATION_LOOKAHEAD_SEGMENTS);
         let file_bytes: Vec<u64> = ids.iter().map(|&id| self.segments.get(id).file_bytes).collect();
-        let window = consolidation_window(&file_bytes, self.options.consolidated_segment_bytes)?;
+        let window = consolidation_window(&file_bytes, target_bytes)?;
         Some(ids[window].to_vec())
     }
 
@@ -1904,6 +1942,9 @@ impl Store {
             .insert((merged.first_index, merged.last_index), merged.path.clone());
         drop(durable);
         self.cleaning = false;
+        // A finished merge changes which runs there are: look again even if the last look found
+        // none and few segments were added since (an idle store adds none).
+        self.look_for_merge_at_inserted = 0;
         self.maybe_clean();
         true
     }
@@ -2198,6 +2239,15 @@ const MAX_CONSOLIDATED_SEGMENTS: usize = 64;
 /// (the store keeps them apart in `SegmentSet::small`).
 fn small_below_bytes(target_bytes: u64) -> u64 {
     target_bytes / 2
+}
+
+/// What runs of tiny segments — smaller than half this — are merged into whatever their number:
+/// a file that small costs a start-up or a catch-up more in its open and its device read (tens
+/// of µs here) than in its bytes, and merging it moves next to nothing. A 128th of the
+/// consolidation target (64 KiB of the default 8 MiB): each record is rewritten once more at
+/// most, and only those of batches under 32 KiB.
+fn gathered_tiny_bytes(consolidated_segment_bytes: u64) -> u64 {
+    consolidated_segment_bytes / 128
 }
 
 /// A segment this many times smaller than the first of a consolidation run ends the run.
@@ -2851,11 +2901,13 @@ mod tests {
         let spare_bytes = budget / 3 + 1;
         for number in [4, 9, 2] {
             std::fs::write(
-                dir.path().join(spare_file_name(number)),
+                dir.path().join(spare_file_name(number, spare_bytes)),
                 vec![0u8; spare_bytes as usize],
             )
             .unwrap();
         }
+        // A spare named as before its name held its size.
+        std::fs::write(dir.path().join("00000000000000000007.spare"), b"old").unwrap();
         std::fs::write(
             dir.path().join("00000000000000000001-00000000000000000002.seg.tmp"),
             b"torn",
@@ -2866,7 +2918,7 @@ mod tests {
         let kept: Vec<u64> = spares
             .files
             .iter()
-            .map(|(path, _)| spare_number(path).unwrap())
+            .map(|(path, _)| spare_name(path).unwrap().0)
             .collect();
         assert_eq!(kept, vec![2, 4], "the two that fit the budget, oldest first");
         assert_eq!(spares.next_number, 10, "new spares are numbered after every one found");
@@ -2877,7 +2929,7 @@ mod tests {
         left.sort();
         assert_eq!(
             left,
-            vec![spare_file_name(2), spare_file_name(4)],
+            vec![spare_file_name(2, spare_bytes), spare_file_name(4, spare_bytes)],
             "the rest is deleted"
         );
     }
@@ -2890,6 +2942,8 @@ mod tests {
             cleaner_min_segments: 4,
             min_cleanable_dirty_ratio: 0.5,
             min_cleanable_dead_bytes,
+            // Only the dirty ratio's merges: these segments are tiny enough to be gathered.
+            consolidated_segment_bytes: 0,
             ..StoreOptions::new(dir.path())
         };
         let floor = 1 << 30;
@@ -2989,6 +3043,42 @@ mod tests {
         drop(store);
         let mut store = Store::open(options, Some(&manifest)).unwrap();
         check(&mut store);
+    }
+
+    #[test]
+    fn tiny_segments_are_gathered_whatever_their_number() {
+        let dir = tempfile::tempdir().unwrap();
+        // Segments of 20 writes (about 1.4 KB) are tiny below 2 KiB: gathered into about 4 KiB.
+        let options = StoreOptions {
+            consolidated_segment_bytes: 512 << 10,
+            consolidate_above_segments: usize::MAX,
+            ..consolidating_options(dir.path(), 0)
+        };
+        let mut store = Store::open(options.clone(), None).unwrap();
+        for k in 0..2_000u64 {
+            store.write(k + 1, Bytes::from(format!("k{k:05}")), Some(Bytes::from("a value")));
+            store.entry_applied(k + 1);
+        }
+        store.settle();
+        assert_eq!(store.stats().segments_out, 100);
+        assert!(store.stats().merges > 0, "tiny segments gathered");
+        assert!(
+            store.segments.tiny.len() <= 2,
+            "only the newest tiny segments wait for more: {} of {} are tiny",
+            store.segments.tiny.len(),
+            store.segments.len()
+        );
+        assert!(store.segments.len() <= 40, "{} segments", store.segments.len());
+        let manifest = snapshot(&mut store);
+        drop(store);
+        let mut store = Store::open(options, Some(&manifest)).unwrap();
+        for k in 0..2_000u64 {
+            assert_eq!(
+                store.get(format!("k{k:05}").as_bytes()).unwrap(),
+                Some(Bytes::from("a value")),
+                "k{k}"
+            );
+        }
     }
 
     #[test]
