@@ -103,6 +103,7 @@ server_options! {
     /// Once more than `consolidate_above_segments` key-value segments are smaller than half this,
     /// the cleaner merges runs of them into one of about this size, so start-up, catch-up and the
     /// directory deal with a bounded number of files rather than one per batch (0: never).
+    /// Segments under a 256th of this are merged in runs whatever their number.
     consolidated_segment_bytes: u64 = 8 * 1024 * 1024;
     /// How many small segments are left to die (most do under overwrites) before the cleaner
     /// consolidates the oldest of them.

@@ -371,6 +371,10 @@ impl StateMachine for KvState {
         self.store.out_of_space()
     }
 
+    fn background_work(&self) -> bool {
+        self.store.background_work()
+    }
+
     /// The snapshot is the manifest of the segments holding the state; waiting for them is the
     /// only work, and it happens on the caller's thread.
     fn snapshot_later(&mut self) -> Box<dyn FnOnce() -> Vec<u8> + Send> {

@@ -69,6 +69,11 @@ pub trait StateMachine: Send + 'static {
     /// Called once per raft tick: background work of the state's own that must not wait for
     /// the next entry to be applied, which on an idle node may never come.
     fn tick(&mut self) {}
+    /// Whether that background work is under way. An idle node gives back memory once more
+    /// when it ends: the work frees what it used after the first release.
+    fn background_work(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -472,8 +477,16 @@ struct RaftLoop<SM: StateMachine> {
     applied_at_tick: u64,
     /// How long the node has been idle, in ticks' time.
     idle_since: Duration,
-    /// Memory was given back in this idle stretch.
-    released_while_idle: bool,
+    /// Whether memory was given back in this idle stretch.
+    idle_release: IdleRelease,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IdleRelease {
+    NotYet,
+    /// While the state machine still had background work: once more when it ends.
+    WhileStateWorked,
+    Done,
 }
 
 /// How long a node is idle before it gives back what a burst grew (`release_memory_when_idle`).
@@ -635,7 +648,7 @@ pub async fn start<SM: StateMachine>(
         requests_since_tick: 0,
         applied_at_tick: 0,
         idle_since: Duration::ZERO,
-        released_while_idle: false,
+        idle_release: IdleRelease::NotYet,
     };
     raft_loop.publish_status();
     tokio::spawn(raft_loop.run(request_rx, peer_rx, event_rx));
@@ -784,7 +797,8 @@ impl<SM: StateMachine> RaftLoop<SM> {
     /// Once a node has been idle for `IDLE_BEFORE_RELEASE` after a burst, gives back what the
     /// burst grew: the log's write buffers, and the free memory glibc holds below its heap's top
     /// (it returns that only when trimmed; the buffers clients and peers used under load end up
-    /// there). Under load, or a trickle of requests, it does nothing, so a working node never
+    /// there). If the state machine still had background work then, it does so once more when
+    /// that ends. Under load, or a trickle of requests, it does nothing, so a working node never
     /// pays for memory it will use again at once.
     fn release_memory_when_idle(&mut self) {
         let idle = self.requests_since_tick == 0 && self.applied_at_tick == self.applied_index;
@@ -792,14 +806,24 @@ impl<SM: StateMachine> RaftLoop<SM> {
         self.applied_at_tick = self.applied_index;
         if !idle {
             self.idle_since = Duration::ZERO;
-            self.released_while_idle = false;
+            self.idle_release = IdleRelease::NotYet;
             return;
         }
         self.idle_since += Duration::from_millis(self.config.tick_ms);
-        if self.released_while_idle || self.idle_since < IDLE_BEFORE_RELEASE {
+        if self.idle_since < IDLE_BEFORE_RELEASE {
             return;
         }
-        self.released_while_idle = true;
+        let state_works = self.sm.background_work();
+        match self.idle_release {
+            IdleRelease::Done => return,
+            IdleRelease::WhileStateWorked if state_works => return,
+            IdleRelease::NotYet | IdleRelease::WhileStateWorked => {}
+        }
+        self.idle_release = if state_works {
+            IdleRelease::WhileStateWorked
+        } else {
+            IdleRelease::Done
+        };
         self.raw.mut_store().release_idle_buffers();
         #[cfg(target_env = "gnu")]
         // SAFETY: malloc_trim only returns free memory to the system.
