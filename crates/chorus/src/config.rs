@@ -78,8 +78,9 @@ server_options! {
     snapshot_interval_entries: u64 = 20_000;
     /// Snapshot the state machine after this many applied bytes of commands.
     snapshot_interval_bytes: u64 = 64 * 1024 * 1024;
-    /// Bytes of values the key-value store keeps in memory (its object cache); the rest are read
-    /// from segment files when asked for.
+    /// Bytes of memory the key-value store's object cache of values takes (each value charged
+    /// with its key and ~200 bytes of bookkeeping); the rest are read from segment files when
+    /// asked for.
     cache_bytes: usize = 256 * 1024 * 1024;
     /// How the key-value state is persisted: "reduced" (each batch of committed writes keeps only
     /// the last write of each key; a cleaner merges segments) or "full" (every committed write is

@@ -21,11 +21,14 @@ use foldhash::HashSet;
 
 use crate::scan_map::SingleKey;
 
-/// Bytes charged per cached object on top of its key and value: its 72-byte slab entry, its FIFO
-/// slot, the shared header and allocator chunk headers of the value's buffer, and the framing of
-/// the applied command that buffer holds besides the value (measured with a heap profile: about
-/// 245 bytes per object of a 16-byte key and 100-byte value).
-const OBJECT_OVERHEAD_BYTES: usize = 128;
+/// Bytes charged per cached object on top of its key and value, so that `capacity_bytes` is the
+/// memory the cache takes: its 72-byte slab entry, its FIFO slot, its ghost once evicted from
+/// main (a hash in a FIFO and in a set), the shared header of the value's buffer, the framing of
+/// the applied command that buffer holds besides the value, and the allocator's chunk headers,
+/// rounding and fragmentation around them. Measured as the resident memory a node gains per
+/// cached object of a 16-byte key and a 100-byte value: 41 MiB for 32 MiB more of cache at 244
+/// bytes an object (`scripts/bench-rss` at 16 and 48 MiB), about 312 bytes an object.
+const OBJECT_OVERHEAD_BYTES: usize = 196;
 const MAX_FREQUENCY: u8 = 3;
 /// A FIFO is compacted once it holds this many released objects more than live ones.
 const COMPACT_AFTER_RELEASED: usize = 1_024;

@@ -76,7 +76,7 @@ pub struct StoreOptions {
     /// never taken away.
     pub more_dirs: Vec<PathBuf>,
     pub mode: StorageMode,
-    /// Bytes of values the object cache may hold.
+    /// Bytes of memory the object cache may take: its values, keys and per-object bookkeeping.
     pub cache_bytes: usize,
     /// A batch is cut once it holds this many writes or this many key and value bytes.
     pub batch_writes: u64,
