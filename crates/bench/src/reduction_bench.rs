@@ -242,14 +242,17 @@ fn run_mode(
             );
             store.entry_applied(index);
         }
-        if done % batch_commands == 0 {
+        let batch_ends = done % batch_commands == 0;
+        if batch_ends {
             store.cut();
         }
         if snapshot.as_ref().is_some_and(|s| s.is_finished()) {
             let manifest = snapshot.take().expect("present").join().expect("snapshot thread");
             store.manifest_persisted(&manifest)?;
         }
-        if snapshot.is_none() && writes - writes_at_snapshot >= args.snapshot_every_writes {
+        // A manifest cuts the building batch; begun only where a batch ends, it does not split the
+        // paper's batches (which made the reduction vary with the snapshot thread's timing).
+        if batch_ends && snapshot.is_none() && writes - writes_at_snapshot >= args.snapshot_every_writes {
             writes_at_snapshot = writes;
             snapshot = Some(std::thread::spawn(store.manifest_later()));
         }
