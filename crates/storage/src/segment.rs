@@ -1038,6 +1038,25 @@ mod tests {
     }
 
     #[test]
+    fn a_segment_index_reads_back_whether_the_tail_read_covers_all_some_or_none_of_it() {
+        let dir = tempfile::tempdir().unwrap();
+        // Whole file in the tail; large values with the index in the tail and the header not;
+        // an index longer than the tail.
+        for (records, key_bytes, value_bytes) in [(10, 8, 10), (3, 8, 100_000), (5_000, 40, 1)] {
+            let mut reducer = Reducer::new();
+            for i in 0..records {
+                let key = format!("{i:0key_bytes$}");
+                reducer.write(i as u64 + 1, key.into(), Some(Bytes::from(vec![b'v'; value_bytes])));
+            }
+            let batch = reducer.take().unwrap();
+            let (path, written) = write_segment(dir.path(), &batch, None).unwrap();
+            let bytes = std::fs::read(&path).unwrap();
+            assert_eq!(read_segment_index(&path).unwrap(), written, "{records} records");
+            assert_eq!(decode_segment_index(&bytes).unwrap(), written, "{records} records");
+        }
+    }
+
+    #[test]
     fn a_spare_name_gives_back_its_number_and_size_and_nothing_else_parses_as_one() {
         let name = spare_file_name(42, 9_672);
         assert_eq!(parse_spare_name(&name), Some((42, 9_672)));

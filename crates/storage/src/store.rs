@@ -674,7 +674,7 @@ impl Spares {
 impl Shared {
     /// Takes spare files found at start-up (their contents are garbage) as spares, within the
     /// budget; returns those past it, to delete.
-    fn keep_spares(&self, mut found: Vec<FoundSpare>) -> Result<Vec<PathBuf>, StoreError> {
+    fn keep_spares(&self, mut found: Vec<FoundSpare>) -> Vec<PathBuf> {
         found.sort_unstable_by_key(|spare| spare.number);
         let mut spares = self.spares.lock().expect("not poisoned");
         let mut kept_bytes = spares.bytes();
@@ -693,7 +693,7 @@ impl Shared {
                 excess.push(path);
             }
         }
-        Ok(excess)
+        excess
     }
 
     /// A spare file in `dir`, if there is one.
@@ -955,7 +955,7 @@ impl Store {
         let mut store = Store::empty(options, manifest.applied_index);
         // Spares are kept for the writers to overwrite, as before the restart: deleting hundreds
         // of them cost a start-up more than reading the segments' indexes.
-        unlisted.extend(store.shared.keep_spares(spares)?);
+        unlisted.extend(store.shared.keep_spares(spares));
         remove_durably(&unlisted)?;
         // A reduced store serves while its index is built (see `startup_index`), which needs every
         // segment's entries at once; a full one's hold every write, so it indexes a window at a
