@@ -957,8 +957,8 @@ pub fn verify_segment(buf: &[u8]) -> Result<SegmentIndex, SegmentError> {
 const INDEX_READ_BYTES: u64 = 128 << 10;
 
 /// Reads a segment's header, footer and index — not its values — with positioned reads. At
-/// start-up each read is a device round trip, so the file's tail is read in one, and what it
-/// does not cover in more.
+/// start-up each read is a device round trip, so the file's tail is read in one, and only what
+/// it does not cover (the header of a larger file, the start of a longer index) is read again.
 pub fn read_segment_index(path: &Path) -> Result<SegmentIndex, SegmentError> {
     let file = File::open(path).map_err(io_error(path))?;
     let file_bytes = file.metadata().map_err(io_error(path))?.len();
@@ -966,12 +966,18 @@ pub fn read_segment_index(path: &Path) -> Result<SegmentIndex, SegmentError> {
     let mut tail = vec![0; (file_bytes - tail_offset) as usize];
     file.read_exact_at(&mut tail, tail_offset).map_err(io_error(path))?;
     load_index(file_bytes, |offset, len| {
+        let end = offset + len as u64;
         if offset >= tail_offset {
-            let start = (offset - tail_offset) as usize;
-            return Ok(Cow::Borrowed(&tail[start..start + len]));
+            return Ok(Cow::Borrowed(
+                &tail[(offset - tail_offset) as usize..(end - tail_offset) as usize],
+            ));
         }
-        let mut buf = vec![0; len];
+        let read_to = end.min(tail_offset);
+        let mut buf = vec![0; (read_to - offset) as usize];
         file.read_exact_at(&mut buf, offset).map_err(io_error(path))?;
+        if end > tail_offset {
+            buf.extend_from_slice(&tail[..(end - tail_offset) as usize]);
+        }
         Ok(Cow::Owned(buf))
     })
     .map_err(in_file(path))
