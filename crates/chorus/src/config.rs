@@ -107,7 +107,8 @@ server_options! {
     /// Segments under a 256th of this are merged in runs whatever their number.
     consolidated_segment_bytes: u64 = 8 * 1024 * 1024;
     /// How many small segments are left to die (most do under overwrites) before the cleaner
-    /// consolidates the oldest of them.
+    /// consolidates the oldest of them: once writes pause for a tick, or at twice this count
+    /// while they do not.
     consolidate_above_segments: usize = 512;
     /// Most bytes a merge of dirty segments keeps (about the largest segment it writes): what a
     /// merge holds in memory is the index of that much.

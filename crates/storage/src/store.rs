@@ -100,6 +100,8 @@ pub struct StoreOptions {
     /// a bounded number of files rather than one per batch (0 bytes: never). Below that count
     /// segments are left to die: under overwrites most soon would, and consolidating them would
     /// rewrite (and repoint, on the raft loop) what the dirty-ratio merge later drops anyway.
+    /// While writes keep coming, consolidation waits for a tick with none, unless the small
+    /// segments reach twice the bound.
     /// Tiny segments (see `gathered_tiny_bytes`) are merged whatever their number.
     pub consolidated_segment_bytes: u64,
     pub consolidate_above_segments: usize,
@@ -817,6 +819,12 @@ pub struct Store {
     /// this: a look costs up to one pass over the segments, so it is paid once per so many new
     /// ones, not after every one.
     look_for_merge_at_inserted: u64,
+    /// Whether no batch was cut between the last two ticks (or the store is settling). While
+    /// writes come in, consolidation waits for this unless twice the bound of small segments
+    /// is reached: it is work a burst can leave for later, and repointing what it moves costs
+    /// the raft loop's thread.
+    quiet: bool,
+    writes_in_at_last_tick: u64,
     /// Segments a merge replaced, deleted once a persisted manifest no longer lists them and no
     /// shipment reads them.
     retired: Vec<((u64, u64), PathBuf)>,
@@ -1025,6 +1033,8 @@ impl Store {
             options,
             segments,
             look_for_merge_at_inserted: 0,
+            quiet: false,
+            writes_in_at_last_tick: 0,
             next_segment_id: 1,
             newest_last_index: 0,
             merge_adoption: None,
@@ -1124,6 +1134,13 @@ impl Store {
     /// entry: on an idle node a finished merge would otherwise hold its replaced segments on
     /// disk, its records in memory and the cleaner's next merge back until the next write.
     pub fn tick(&mut self) {
+        let quiet = self.stats.writes_in == self.writes_in_at_last_tick;
+        self.writes_in_at_last_tick = self.stats.writes_in;
+        if quiet && !self.quiet {
+            self.quiet = true;
+            self.look_for_merge_at_inserted = 0;
+            self.maybe_clean();
+        }
         self.absorb_built_index(false);
         self.absorb_written(self.options.adoption_step_records);
         self.absorb_cleaned();
@@ -1132,6 +1149,7 @@ impl Store {
     /// Hands the building batch to the writer, waiting for it when too many are unwritten.
     pub fn cut(&mut self) {
         if let Some(batch) = self.building.cut() {
+            self.quiet = false;
             self.unwritten.push_back(batch.first_index);
             self.shared
                 .durable
@@ -1704,6 +1722,7 @@ impl Store {
     pub fn settle_reporting(&mut self, every: Duration, mut report: impl FnMut(&mut Store)) {
         self.wait_for_index();
         self.finish_unwritten();
+        self.quiet = true;
         self.look_for_merge_at_inserted = 0;
         self.maybe_clean();
         let mut report_at = Instant::now().checked_add(every);
@@ -1752,7 +1771,8 @@ impl Store {
         let dirty = self.segments.len() >= self.options.cleaner_min_segments.max(2)
             && self.segments.dirty_ratio() >= self.options.min_cleanable_dirty_ratio
             && self.segments.dead_bytes() >= self.options.min_cleanable_dead_bytes;
-        let may_consolidate = self.segments.small.len() > self.options.consolidate_above_segments;
+        let bound = self.options.consolidate_above_segments;
+        let may_consolidate = self.segments.small.len() > if self.quiet { bound } else { bound.saturating_mul(2) };
         let may_gather_tiny = self.segments.tiny.len() >= 2;
         // Called after every adopted segment: the cheap checks come before a pass over them.
         if !dirty && !may_consolidate && !may_gather_tiny {
@@ -3110,6 +3130,45 @@ mod tests {
         assert!(
             store.segments.len() <= 100,
             "consolidated back within the bound: {} segments",
+            store.segments.len()
+        );
+    }
+
+    #[test]
+    fn consolidation_waits_for_a_quiet_tick_until_twice_the_bound_of_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(consolidating_options(dir.path(), 100), None).unwrap();
+        let mut index = 0;
+        let mut write_segments = |store: &mut Store, segments: u64| {
+            for _ in 0..segments * 20 {
+                index += 1;
+                store.write(index, Bytes::from(format!("k{index:05}")), Some(Bytes::from("a value")));
+                store.entry_applied(index);
+            }
+            store.finish_unwritten();
+        };
+        write_segments(&mut store, 150);
+        store.tick();
+        assert!(
+            !store.cleaning && store.stats().merges == 0,
+            "150 small segments, more than the bound, wait while writes come in"
+        );
+        store.tick();
+        assert!(
+            store.cleaning,
+            "a tick with no writes since the last starts consolidation"
+        );
+        store.settle();
+        assert!(
+            store.segments.small.len() <= 100,
+            "{} small segments",
+            store.segments.small.len()
+        );
+        let merges_when_quiet = store.stats().merges;
+        write_segments(&mut store, 120);
+        assert!(
+            store.cleaning || store.stats().merges > merges_when_quiet,
+            "past twice the bound consolidation does not wait: {} segments",
             store.segments.len()
         );
     }
