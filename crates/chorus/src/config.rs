@@ -74,6 +74,11 @@ server_options! {
     leader_wait_ms: u64 = 3000;
     /// How long a write may take to apply before a TIMEOUT (outcome unknown) error.
     request_timeout_ms: u64 = 5000;
+    /// The leader serves linearizable reads locally while it holds a read lease, renewed by a
+    /// round of heartbeats every half lease, instead of a round per batch of reads. Assumes the
+    /// nodes' clocks run at rates within 5% of each other; the lease lasts
+    /// (election_ticks - 1) x tick_ms x 0.95 from when its round began. See docs/reliability.md.
+    read_lease: bool = false;
     /// Snapshot the state machine after this many applied entries.
     snapshot_interval_entries: u64 = 20_000;
     /// Snapshot the state machine after this many applied bytes of commands.

@@ -63,6 +63,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         group_commit_linger_us: config.group_commit_linger_us,
         leader_wait_ms: config.leader_wait_ms,
         request_timeout_ms: config.request_timeout_ms,
+        read_lease: config.read_lease,
         snapshot_interval_entries: config.snapshot_interval_entries,
         snapshot_interval_bytes: config.snapshot_interval_bytes,
         log_keep_entries: config.log_keep_entries,

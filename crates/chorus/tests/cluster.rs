@@ -242,6 +242,64 @@ async fn writes_on_any_node_are_linearizably_readable_on_every_node() {
     );
 }
 
+/// With `--read-lease true` the leader serves linearizable reads from its own state: a write
+/// acknowledged by a follower is read back on the leader at once, and the reads cost no
+/// ReadIndex rounds beyond the lease's renewals. After a leadership transfer the new leader
+/// takes a lease of its own and the old one (now a follower) still reads the latest write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_lease_serves_leader_reads_locally_and_linearizably() {
+    let cluster = Cluster::start(3, &["--read-lease", "true"]);
+    let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(10)).await;
+    let follower = leader % 3 + 1;
+    let mut on_leader = cluster.client(leader).await;
+    let mut on_follower = cluster.client(follower).await;
+    assert_eq!(on_leader.command(&["SET", "warm", "up"]).await.unwrap(), ok());
+    assert_eq!(on_leader.command(&["GET", "warm"]).await.unwrap(), bulk("up"));
+    let counters = |id: u64| {
+        let metrics = cluster.metrics(id);
+        (
+            metric_value(&metrics, "chorus_raft_lease_reads_total"),
+            metric_value(&metrics, "chorus_raft_read_index_requests_total"),
+        )
+    };
+    let (lease_reads_before, read_indexes_before) = counters(leader);
+    const READS: usize = 200;
+    for i in 0..READS {
+        let (key, value) = (format!("k{i}"), format!("v{i}"));
+        assert_eq!(on_follower.command(&["SET", &key, &value]).await.unwrap(), ok());
+        assert_eq!(on_leader.command(&["GET", &key]).await.unwrap(), bulk(&value));
+    }
+    let (lease_reads, read_indexes) = counters(leader);
+    assert!(
+        lease_reads - lease_reads_before >= (READS - 10) as f64,
+        "{} of {READS} reads served under the lease",
+        lease_reads - lease_reads_before
+    );
+    assert!(
+        read_indexes - read_indexes_before < 40.0,
+        "{} ReadIndex rounds for {READS} reads",
+        read_indexes - read_indexes_before
+    );
+
+    assert_eq!(on_follower.command(&["CLUSTER", "FAILOVER"]).await.unwrap(), ok());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cluster.leader_among(&[follower]).await != Some(follower) {
+        assert!(Instant::now() < deadline, "node {follower} did not take over");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (new_leader_lease_reads, _) = counters(follower);
+    for i in 0..50 {
+        let value = format!("after{i}");
+        assert_eq!(on_follower.command(&["SET", "x", &value]).await.unwrap(), ok());
+        assert_eq!(on_leader.command(&["GET", "x"]).await.unwrap(), bulk(&value));
+        assert_eq!(on_follower.command(&["GET", "x"]).await.unwrap(), bulk(&value));
+    }
+    assert!(
+        counters(follower).0 > new_leader_lease_reads,
+        "the new leader serves reads under a lease of its own"
+    );
+}
+
 /// Clients writing one command at a time share raft entries: while an entry is uncommitted new
 /// writes wait for the next one, and once it commits the leader lingers for the clients it just
 /// answered, so every client's next write joins the same entry.

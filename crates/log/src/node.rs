@@ -98,6 +98,9 @@ pub struct NodeConfig {
     pub leader_wait_ms: u64,
     /// How long a proposed write may take to apply before its outcome is reported unknown.
     pub request_timeout_ms: u64,
+    /// The leader serves linearizable reads from its own state while it holds a read lease,
+    /// without a round of heartbeats per batch of reads (see `ReadLease`).
+    pub read_lease: bool,
     pub snapshot_interval_entries: u64,
     pub snapshot_interval_bytes: u64,
     /// Entries kept behind a snapshot so slightly lagging followers need no snapshot.
@@ -323,6 +326,7 @@ struct LogMetrics {
     codec_errors: Arc<Counter>,
     batch_decode_errors: Arc<Counter>,
     read_index_requests: Arc<Counter>,
+    lease_reads: Arc<Counter>,
     requests_failed: Arc<Counter>,
 }
 
@@ -383,7 +387,11 @@ impl LogMetrics {
             ),
             read_index_requests: counter(
                 "chorus_raft_read_index_requests_total",
-                "ReadIndex requests issued (one per batch of reads)",
+                "ReadIndex requests issued (one per batch of reads, or to renew a read lease)",
+            ),
+            lease_reads: counter(
+                "chorus_raft_lease_reads_total",
+                "Linearizable reads the leader served under its read lease, without a ReadIndex",
             ),
             requests_failed: counter(
                 "chorus_requests_failed_total",
@@ -419,7 +427,31 @@ const READ_INDEX_SPACING: Duration = Duration::from_micros(500);
 
 struct IssuedReads<SM: StateMachine> {
     issued_at: Instant,
+    /// Term the ReadIndex was issued in: a confirmation extends the read lease only within it.
+    term: u64,
     reads: Vec<ReadWaiter<SM>>,
+}
+
+/// Share by which two nodes' clocks may differ in rate over an election timeout: the leader's
+/// read lease ends this much earlier than the followers' promise it rests on.
+const READ_LEASE_CLOCK_DRIFT: f64 = 0.05;
+
+/// A leader's lease on reads: until `until`, no other node can have become leader.
+///
+/// Why: with check-quorum, a follower ignores vote requests for `election_ticks` of its ticks
+/// after it last heard from the leader (raft's in-lease check), and its ticks never run faster
+/// than its clock; the first tick after a heartbeat may come at once, so it keeps that promise
+/// for at least `election_ticks - 1` tick lengths. A ReadIndex confirmed by a quorum had each of
+/// those followers hear from the leader after it was issued, and every new leader needs one of
+/// their votes (or their own candidacy, which their timers hold back as long). So until the
+/// issue time plus that span, less the clock drift, this leader is the only one, and its
+/// committed index covers every acknowledged write. Leadership transfers bypass the followers'
+/// promise: a leader that has begun one serves no lease reads for the rest of its term. Raft
+/// keeps the promise in memory only, so a node that restarts keeps it by ignoring vote requests
+/// for an election timeout (`breaks_a_lease_promise`); every node must run with the lease on.
+struct ReadLease {
+    term: u64,
+    until: Instant,
 }
 
 /// Snapshot written by a background thread, ready to be adopted by the loop.
@@ -457,6 +489,11 @@ struct RaftLoop<SM: StateMachine> {
     /// Reads whose ReadIndex came back, waiting for apply to reach it.
     reads_ready: Vec<(u64, ReadWaiter<SM>)>,
     next_read_ctx: u64,
+    read_lease: Option<ReadLease>,
+    /// When this node started: with read leases it gives no vote for an election timeout after.
+    started_at: Instant,
+    /// A term in which this leader began a leadership transfer, and so holds no read lease.
+    read_lease_refused_term: u64,
     applied_index: u64,
     /// Term of the last applied entry. Log terms never decrease, so once an entry of a later
     /// term is applied, a write proposed in an earlier term that has not been applied yet can
@@ -637,6 +674,9 @@ pub async fn start<SM: StateMachine>(
         reads_issued: HashMap::new(),
         reads_ready: Vec::new(),
         next_read_ctx: 1,
+        read_lease: None,
+        started_at: Instant::now(),
+        read_lease_refused_term: 0,
         applied_index: applied,
         applied_term: 0,
         applied_bytes_since_snapshot: 0,
@@ -762,6 +802,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 self.proposal_refused = false;
                 self.raw.tick();
                 self.sm.tick();
+                self.renew_read_lease();
                 self.release_memory_when_idle();
                 next_tick = now + tick;
                 self.expire_requests();
@@ -780,6 +821,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 panic!("raft storage failed: {e}");
             }
             self.update_refill();
+            self.note_leadership_transfer();
             self.maybe_snapshot();
             self.publish_status();
         }
@@ -866,7 +908,17 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 query,
                 consistency: ReadConsistency::Linearizable,
                 reply,
-            } => self.reads_unissued.push(ReadWaiter { query, reply, arrived }),
+            } => {
+                let read = ReadWaiter { query, reply, arrived };
+                match self.lease_read_index() {
+                    Some(index) => {
+                        self.metrics.lease_reads.inc();
+                        self.reads_ready.push((index, read));
+                        self.serve_ready_reads();
+                    }
+                    None => self.reads_unissued.push(read),
+                }
+            }
             Request::TransferLeader { to, reply } => {
                 let _ = reply.send(self.transfer_leader(to));
             }
@@ -888,6 +940,9 @@ impl<SM: StateMachine> RaftLoop<SM> {
     }
 
     fn on_peer_message(&mut self, mut msg: Message) {
+        if self.breaks_a_lease_promise(&msg) {
+            return;
+        }
         match msg.get_msg_type() {
             MessageType::MsgAppend if !msg.entries.is_empty() => {
                 let decoded = self.codec.decode(&mut msg, &RaftLogView(&self.raw.raft.raft_log));
@@ -1160,18 +1215,94 @@ impl<SM: StateMachine> RaftLoop<SM> {
         if self.reads_unissued.is_empty() || !self.leader_known() || self.read_index_deadline().is_some() {
             return;
         }
+        let reads = std::mem::take(&mut self.reads_unissued);
+        self.issue_read_index(reads);
+    }
+
+    fn issue_read_index(&mut self, reads: Vec<ReadWaiter<SM>>) {
         let ctx = self.next_read_ctx;
         self.next_read_ctx += 1;
-        let reads = std::mem::take(&mut self.reads_unissued);
         self.reads_issued.insert(
             ctx,
             IssuedReads {
                 issued_at: Instant::now(),
+                term: self.raw.raft.term,
                 reads,
             },
         );
         self.metrics.read_index_requests.inc();
         self.raw.read_index(ctx.to_le_bytes().to_vec());
+    }
+
+    /// How long a confirmed ReadIndex keeps this leader's read lease (see `ReadLease`).
+    fn read_lease_span(&self) -> Duration {
+        let promised_ticks = self.config.election_ticks.saturating_sub(1) as u64;
+        Duration::from_millis(self.config.tick_ms * promised_ticks).mul_f64(1.0 - READ_LEASE_CLOCK_DRIFT)
+    }
+
+    /// The index a linearizable read may be served at without a ReadIndex round: the leader's
+    /// commit index, while it holds a read lease and has committed an entry of its term.
+    fn lease_read_index(&mut self) -> Option<u64> {
+        if !self.config.read_lease {
+            return None;
+        }
+        let raft = &self.raw.raft;
+        if raft.state != StateRole::Leader {
+            return None;
+        }
+        if raft.lead_transferee.is_some() {
+            self.read_lease_refused_term = raft.term;
+        }
+        let lease = self.read_lease.as_ref()?;
+        let held = lease.term == raft.term
+            && self.read_lease_refused_term != raft.term
+            && Instant::now() < lease.until
+            && raft.commit_to_current_term();
+        held.then_some(raft.raft_log.committed)
+    }
+
+    /// Whether `msg` asks for a vote this node may have promised, before it restarted, not to
+    /// give: raft keeps a follower's promise (see `ReadLease`) in memory only, so with read
+    /// leases a node ignores vote requests for one election timeout after it starts, as it would
+    /// have had it kept hearing from the leader. Transfers are not held back (no lease survives
+    /// one).
+    fn breaks_a_lease_promise(&self, msg: &Message) -> bool {
+        let asks_for_vote = matches!(
+            msg.get_msg_type(),
+            MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
+        );
+        let election_timeout = Duration::from_millis(self.config.tick_ms * self.config.election_ticks as u64);
+        self.config.read_lease
+            && asks_for_vote
+            && msg.context != raft::CAMPAIGN_TRANSFER
+            && self.started_at.elapsed() < election_timeout
+    }
+
+    /// A leadership transfer lets the transferee skip the followers' promise the read lease rests
+    /// on, so once one has begun (here, or asked for by a follower) the lease is gone for the
+    /// term, even if the transfer is abandoned: its message may still be on its way.
+    fn note_leadership_transfer(&mut self) {
+        if self.raw.raft.lead_transferee.is_some() {
+            self.read_lease_refused_term = self.raw.raft.term;
+            self.read_lease = None;
+        }
+    }
+
+    /// Keeps a leader's read lease from running out while it is idle: a ReadIndex with no reads
+    /// once less than half of it is left.
+    fn renew_read_lease(&mut self) {
+        if !self.config.read_lease || self.raw.raft.state != StateRole::Leader || !self.reads_issued.is_empty() {
+            return;
+        }
+        let half = self.read_lease_span() / 2;
+        let term = self.raw.raft.term;
+        let renew = match &self.read_lease {
+            Some(lease) if lease.term == term => lease.until.saturating_duration_since(Instant::now()) < half,
+            _ => true,
+        };
+        if renew && self.read_lease_refused_term != term {
+            self.issue_read_index(Vec::new());
+        }
     }
 
     fn on_read_states(&mut self, states: Vec<ReadState>) {
@@ -1180,6 +1311,19 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 continue;
             };
             if let Some(issued) = self.reads_issued.remove(&u64::from_le_bytes(ctx)) {
+                let raft = &self.raw.raft;
+                if self.config.read_lease && raft.state == StateRole::Leader && issued.term == raft.term {
+                    let until = issued.issued_at + self.read_lease_span();
+                    match &mut self.read_lease {
+                        Some(lease) if lease.term == issued.term => lease.until = lease.until.max(until),
+                        lease => {
+                            *lease = Some(ReadLease {
+                                term: issued.term,
+                                until,
+                            })
+                        }
+                    }
+                }
                 self.reads_ready
                     .extend(issued.reads.into_iter().map(|r| (state.index, r)));
             }
