@@ -819,10 +819,10 @@ pub struct Store {
     /// this: a look costs up to one pass over the segments, so it is paid once per so many new
     /// ones, not after every one.
     look_for_merge_at_inserted: u64,
-    /// Whether no batch was cut between the last two ticks (or the store is settling). While
-    /// writes come in, consolidation waits for this unless twice the bound of small segments
-    /// is reached: it is work a burst can leave for later, and repointing what it moves costs
-    /// the raft loop's thread.
+    /// Whether no write came in between the last two ticks and no batch was cut since (or the
+    /// store is settling). While writes come in, consolidation waits for this unless twice the
+    /// bound of small segments is reached: it is work a burst can leave for later, and
+    /// repointing what it moves costs the raft loop's thread.
     quiet: bool,
     writes_in_at_last_tick: u64,
     /// Segments a merge replaced, deleted once a persisted manifest no longer lists them and no
