@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::checker::{self, Verdict};
 use crate::faults::{self, Applied, FaultKind, Planned, Target};
 use crate::history::{self, OpKind, Outcome};
-use crate::workload::{self, Recorder};
+use crate::workload::{self, Mix, Recorder};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct RunArgs {
@@ -32,6 +32,9 @@ pub struct RunArgs {
     /// Concurrent clients, each on a random node.
     #[arg(long, default_value_t = 6)]
     pub clients: usize,
+    /// Further clients that only read, each on a random node.
+    #[arg(long, default_value_t = 2)]
+    pub readers: usize,
     /// Keys the clients share (fewer keys, more contention).
     #[arg(long, default_value_t = 4)]
     pub keys: usize,
@@ -210,10 +213,16 @@ async fn drive(
     let nodes: Vec<_> = file.nodes.iter().map(|n| (n.id, n.resp_addr)).collect();
     // Both sets abort their tasks when dropped, so a run cut short leaves nothing running.
     let mut clients = tokio::task::JoinSet::new();
-    for id in 0..args.clients as u64 {
+    for id in 0..(args.clients + args.readers) as u64 {
+        let mix = if id < args.clients as u64 {
+            Mix::Mixed
+        } else {
+            Mix::ReadsOnly
+        };
         clients.spawn(workload::client_loop(
             recorder.clone(),
             id,
+            mix,
             nodes.clone(),
             args.keys,
             args.seed,

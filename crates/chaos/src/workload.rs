@@ -125,9 +125,30 @@ pub async fn execute(
     broken
 }
 
+/// What a client sends.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mix {
+    /// 40% reads, 40% writes, 20% increments.
+    Mixed,
+    /// Reads only, one per `READER_PAUSE`: a client that never waits out a write keeps reading
+    /// from a node cut off from the others, which is where a stale read would show.
+    ReadsOnly,
+}
+
+/// Between a reader's reads: enough reads to land in a window of a few hundred milliseconds,
+/// few enough that the histories stay small for the checker, whose search grows with them.
+const READER_PAUSE: Duration = Duration::from_millis(5);
+
 /// One client: connects to a random node, issues operations until stopped, reconnects (to a
 /// random node) whenever its connection breaks.
-pub async fn client_loop(recorder: Arc<Recorder>, id: u64, nodes: Vec<(u64, SocketAddr)>, keys: usize, seed: u64) {
+pub async fn client_loop(
+    recorder: Arc<Recorder>,
+    id: u64,
+    mix: Mix,
+    nodes: Vec<(u64, SocketAddr)>,
+    keys: usize,
+    seed: u64,
+) {
     let mut rng = Rng::new(seed ^ id.rotate_left(17));
     let mut sequence = 0i64;
     while !recorder.stop.load(Ordering::Relaxed) {
@@ -143,6 +164,7 @@ pub async fn client_loop(recorder: Arc<Recorder>, id: u64, nodes: Vec<(u64, Sock
         while !recorder.stop.load(Ordering::Relaxed) {
             let key = format!("k{}", rng.below(keys as u64));
             let (kind, value) = match rng.below(10) {
+                _ if mix == Mix::ReadsOnly => (OpKind::Read, None),
                 0..=3 => (OpKind::Read, None),
                 4..=7 => {
                     sequence += 1;
@@ -153,6 +175,9 @@ pub async fn client_loop(recorder: Arc<Recorder>, id: u64, nodes: Vec<(u64, Sock
             if execute(&recorder, &mut client, id, node, kind, &key, value).await {
                 tokio::time::sleep(RECONNECT_PAUSE).await;
                 break;
+            }
+            if mix == Mix::ReadsOnly {
+                tokio::time::sleep(READER_PAUSE).await;
             }
         }
     }
