@@ -1153,7 +1153,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
     /// timeout, as raft abandons a transfer that does not finish within one.
     fn hand_off_leadership(&mut self) {
         let now = Instant::now();
-        let election_timeout = Duration::from_millis(self.config.tick_ms * self.config.election_ticks as u64);
+        let election_timeout = self.election_timeout();
         if self.raw.raft.state != StateRole::Leader
             || self
                 .hand_off_tried_at
@@ -1243,16 +1243,12 @@ impl<SM: StateMachine> RaftLoop<SM> {
     /// The index a linearizable read may be served at without a ReadIndex round: the leader's
     /// commit index, while it holds a read lease and has committed an entry of its term.
     fn lease_read_index(&mut self) -> Option<u64> {
-        if !self.config.read_lease {
+        if !self.config.read_lease || self.raw.raft.state != StateRole::Leader {
             return None;
         }
+        // A transfer asked for earlier in this loop iteration counts at once.
+        self.note_leadership_transfer();
         let raft = &self.raw.raft;
-        if raft.state != StateRole::Leader {
-            return None;
-        }
-        if raft.lead_transferee.is_some() {
-            self.read_lease_refused_term = raft.term;
-        }
         let lease = self.read_lease.as_ref()?;
         let held = lease.term == raft.term
             && self.read_lease_refused_term != raft.term
@@ -1267,15 +1263,18 @@ impl<SM: StateMachine> RaftLoop<SM> {
     /// have had it kept hearing from the leader. Transfers are not held back (no lease survives
     /// one).
     fn breaks_a_lease_promise(&self, msg: &Message) -> bool {
-        let asks_for_vote = matches!(
-            msg.get_msg_type(),
-            MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
-        );
-        let election_timeout = Duration::from_millis(self.config.tick_ms * self.config.election_ticks as u64);
         self.config.read_lease
-            && asks_for_vote
+            && matches!(
+                msg.get_msg_type(),
+                MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
+            )
             && msg.context != raft::CAMPAIGN_TRANSFER
-            && self.started_at.elapsed() < election_timeout
+            && self.started_at.elapsed() < self.election_timeout()
+    }
+
+    /// The shortest election timeout: `election_ticks` ticks.
+    fn election_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.tick_ms * self.config.election_ticks as u64)
     }
 
     /// A leadership transfer lets the transferee skip the followers' promise the read lease rests
@@ -1395,7 +1394,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             failed.inc();
             let _ = r.reply.send(Err(no_leader()));
         }
-        let retry_after = Duration::from_millis(self.config.tick_ms * self.config.election_ticks as u64);
+        let retry_after = self.election_timeout();
         let stale_ctxs: Vec<u64> = self
             .reads_issued
             .iter()

@@ -1136,8 +1136,9 @@ impl Store {
     pub fn tick(&mut self) {
         let quiet = self.stats.writes_in == self.writes_in_at_last_tick;
         self.writes_in_at_last_tick = self.stats.writes_in;
-        if quiet && !self.quiet {
-            self.quiet = true;
+        let became_quiet = quiet && !self.quiet;
+        self.quiet = quiet;
+        if became_quiet {
             self.look_for_merge_at_inserted = 0;
             self.maybe_clean();
         }
