@@ -1,10 +1,10 @@
-//! The key-value state machine's inputs from the log: command argument lists, command parsing and
-//! applying. (What a leader ships, segment files and a manifest, is the `segment` target's.)
+//! The key-value state machine's inputs from the log: command argument lists (plain and with RIFL
+//! envelopes), RIFL's lease commands, command parsing and applying. (What a leader ships, segment files and a manifest, is the `segment` target's.)
 #![no_main]
 
 use std::sync::Mutex;
 
-use chorus_kv::command::{decode_args, Command};
+use chorus_kv::command::{decode_logged, Command, Logged};
 use chorus_kv::KvState;
 use chorus_log::StateMachine;
 use chorus_storage::StoreOptions;
@@ -15,7 +15,7 @@ use libfuzzer_sys::fuzz_target;
 static STATE: Mutex<Option<(tempfile::TempDir, KvState, u64)>> = Mutex::new(None);
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(args) = decode_args(data) {
+    if let Ok(Logged::Args(args) | Logged::Enveloped(_, args)) = decode_logged(data) {
         let _ = Command::parse(&args);
     }
     let mut guard = STATE.lock().expect("not poisoned");

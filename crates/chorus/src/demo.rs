@@ -54,6 +54,9 @@ struct Counters {
     ops: AtomicU64,
     retryable_errors: AtomicU64,
     unknown_outcomes: AtomicU64,
+    /// Of those, the ones a node answered TIMEOUT or UNCERTAIN (the rest were lost with their
+    /// connection, mostly to the killed node).
+    unknown_replies: AtomicU64,
     reconnects: AtomicU64,
 }
 
@@ -102,7 +105,10 @@ async fn call(client: &mut Option<Client>, w: &Workload, node: &mut usize, args:
             tokio::time::sleep(Duration::from_millis(20)).await;
             Outcome::Retry
         }
-        Ok(Value::Error(e)) if e.starts_with("TIMEOUT") || e.starts_with("UNCERTAIN") => Outcome::Unknown,
+        Ok(Value::Error(e)) if e.starts_with("TIMEOUT") || e.starts_with("UNCERTAIN") => {
+            w.counters.unknown_replies.fetch_add(1, Ordering::Relaxed);
+            Outcome::Unknown
+        }
         Ok(v) => Outcome::Ok(v),
         Err(ClientError::Timeout(_)) | Err(_) => {
             // The connection (or its node) is gone: whatever was in flight has an unknown outcome.
@@ -337,10 +343,12 @@ async fn drive(args: &DemoArgs, dir: &std::path::Path, file: &cluster::ClusterFi
             .collect::<Vec<_>>()
             .join(" -> ")
     );
+    let unknown = workload.counters.unknown_outcomes.load(Ordering::Relaxed);
+    let answered_unknown = workload.counters.unknown_replies.load(Ordering::Relaxed);
     println!(
-        "  retried         {} (TRYAGAIN during the election)   outcome unknown {}",
+        "  retried         {} (TRYAGAIN during the election)   outcome unknown {unknown}: {answered_unknown} answered UNCERTAIN or TIMEOUT, {} lost with their connection",
         workload.counters.retryable_errors.load(Ordering::Relaxed),
-        workload.counters.unknown_outcomes.load(Ordering::Relaxed)
+        unknown - answered_unknown
     );
     verify(file, &ledgers).await
 }

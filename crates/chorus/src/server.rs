@@ -126,6 +126,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         },
         max_pipeline_commands: 1024,
         resp_addr: config.resp_addr,
+        write_retry_window: Duration::from_millis(config.request_timeout_ms),
     };
     tracing::info!(
         id = config.id, resp = %config.resp_addr, metrics = %config.metrics_addr,

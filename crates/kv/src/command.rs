@@ -2,6 +2,7 @@
 //! messages), and the log encoding of a write (its argument list, length-prefixed).
 
 use bytes::Bytes;
+use chorus_curp::rifl::{Envelope, ENVELOPE_BYTES};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SetCondition {
@@ -271,30 +272,118 @@ impl Command {
 }
 
 pub(crate) const ARGS_VERSION: u8 = 1;
+/// A write with its RIFL envelope: `[2][envelope]` then the argument list as in version 1.
+pub(crate) const ENVELOPE_VERSION: u8 = 2;
+/// RIFL's lease commands: `[3][1]` registers an incarnation; `[3][2][incarnation u64]
+/// [forgotten_below u64]` renews one.
+const CONTROL_VERSION: u8 = 3;
+const REGISTER: u8 = 1;
+const RENEW: u8 = 2;
 
-/// Log encoding of a write: `[version u8][count u32]` then `[len u32][bytes]` per argument.
-/// The raw argument list (not the typed command) is what travels, so every replica parses it the
-/// same way and preprocessors (UniCache) see the command word, key and fields as separate items.
-pub fn encode_args(args: &[Bytes]) -> Bytes {
-    let size = 5 + args.iter().map(|a| a.len() + 4).sum::<usize>();
-    let mut out = Vec::with_capacity(size);
-    out.push(ARGS_VERSION);
+/// A command as the log holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Logged {
+    /// A write without an envelope (logs written before RIFL, and tools that bypass it).
+    Args(Vec<Bytes>),
+    Enveloped(Envelope, Vec<Bytes>),
+    Register,
+    Renew {
+        incarnation: u64,
+        forgotten_below: u64,
+    },
+}
+
+fn put_args(args: &[Bytes], out: &mut Vec<u8>) {
     out.extend_from_slice(&(args.len() as u32).to_le_bytes());
     for a in args {
         out.extend_from_slice(&(a.len() as u32).to_le_bytes());
         out.extend_from_slice(a);
     }
+}
+
+fn args_size(args: &[Bytes]) -> usize {
+    4 + args.iter().map(|a| a.len() + 4).sum::<usize>()
+}
+
+/// Log encoding of a write: `[version u8][count u32]` then `[len u32][bytes]` per argument.
+/// The raw argument list (not the typed command) is what travels, so every replica parses it the
+/// same way and preprocessors (UniCache) see the command word, key and fields as separate items.
+pub fn encode_args(args: &[Bytes]) -> Bytes {
+    let mut out = Vec::with_capacity(1 + args_size(args));
+    out.push(ARGS_VERSION);
+    put_args(args, &mut out);
+    Bytes::from(out)
+}
+
+/// Log encoding of a write that RIFL makes exactly-once.
+pub fn encode_enveloped(envelope: &Envelope, args: &[Bytes]) -> Bytes {
+    let mut out = Vec::with_capacity(1 + ENVELOPE_BYTES + args_size(args));
+    out.push(ENVELOPE_VERSION);
+    envelope.encode(&mut out);
+    put_args(args, &mut out);
+    Bytes::from(out)
+}
+
+/// The same enveloped write under another envelope.
+pub fn reenvelope(command: &[u8], envelope: &Envelope) -> Bytes {
+    assert_eq!(
+        command.first(),
+        Some(&ENVELOPE_VERSION),
+        "only enveloped writes are re-enveloped"
+    );
+    let mut out = Vec::with_capacity(command.len());
+    out.push(ENVELOPE_VERSION);
+    envelope.encode(&mut out);
+    out.extend_from_slice(&command[1 + ENVELOPE_BYTES..]);
+    Bytes::from(out)
+}
+
+pub fn encode_register() -> Bytes {
+    Bytes::from_static(&[CONTROL_VERSION, REGISTER])
+}
+
+pub fn encode_renew(incarnation: u64, forgotten_below: u64) -> Bytes {
+    let mut out = Vec::with_capacity(18);
+    out.extend_from_slice(&[CONTROL_VERSION, RENEW]);
+    out.extend_from_slice(&incarnation.to_le_bytes());
+    out.extend_from_slice(&forgotten_below.to_le_bytes());
     Bytes::from(out)
 }
 
 /// Decodes a write's arguments as slices of one copy of `buf`: key and value of a SET share a
 /// single allocation, which is what the state machine then holds.
 pub fn decode_args(buf: &[u8]) -> Result<Vec<Bytes>, &'static str> {
-    let owned = Bytes::copy_from_slice(buf);
-    let (&version, mut rest) = buf.split_first().ok_or("empty command")?;
-    if version != ARGS_VERSION {
-        return Err("unknown command encoding version");
+    match decode_logged(buf)? {
+        Logged::Args(args) => Ok(args),
+        _ => Err("not a plain argument list"),
     }
+}
+
+/// Decodes a command from the log.
+pub fn decode_logged(buf: &[u8]) -> Result<Logged, &'static str> {
+    let (&version, rest) = buf.split_first().ok_or("empty command")?;
+    match version {
+        ARGS_VERSION => Ok(Logged::Args(decode_arg_list(buf, 1)?)),
+        ENVELOPE_VERSION => {
+            let envelope = Envelope::decode(rest).map_err(|_| "malformed RIFL envelope")?;
+            Ok(Logged::Enveloped(envelope, decode_arg_list(buf, 1 + ENVELOPE_BYTES)?))
+        }
+        CONTROL_VERSION => match rest {
+            [REGISTER] => Ok(Logged::Register),
+            [RENEW, numbers @ ..] if numbers.len() == 16 => Ok(Logged::Renew {
+                incarnation: u64::from_le_bytes(numbers[..8].try_into().expect("eight bytes")),
+                forgotten_below: u64::from_le_bytes(numbers[8..].try_into().expect("eight bytes")),
+            }),
+            _ => Err("malformed RIFL lease command"),
+        },
+        _ => Err("unknown command encoding version"),
+    }
+}
+
+/// The argument list starting at `start` in `buf`, which it must fill exactly.
+fn decode_arg_list(buf: &[u8], start: usize) -> Result<Vec<Bytes>, &'static str> {
+    let owned = Bytes::copy_from_slice(buf);
+    let mut rest = buf.get(start..).ok_or("truncated command")?;
     let take_u32 = |rest: &mut &[u8]| -> Result<usize, &'static str> {
         if rest.len() < 4 {
             return Err("truncated command");
@@ -367,6 +456,45 @@ mod tests {
         assert_eq!(decode_args(&encoded).unwrap(), a);
         for cut in 0..encoded.len() {
             assert!(decode_args(&encoded[..cut]).is_err());
+        }
+    }
+
+    #[test]
+    fn enveloped_writes_and_lease_commands_round_trip_and_reject_truncation() {
+        use chorus_curp::rifl::ClientId;
+        let a = args("INCR counter");
+        let envelope = Envelope {
+            client: ClientId {
+                incarnation: 3 << 16,
+                connection: 2,
+            },
+            seq: 5,
+            first_unacked: 4,
+        };
+        let encoded = encode_enveloped(&envelope, &a);
+        assert_eq!(decode_logged(&encoded).unwrap(), Logged::Enveloped(envelope, a.clone()));
+        let moved = Envelope {
+            seq: 1,
+            first_unacked: 1,
+            ..envelope
+        };
+        assert_eq!(
+            decode_logged(&reenvelope(&encoded, &moved)).unwrap(),
+            Logged::Enveloped(moved, a)
+        );
+        let renew = encode_renew(7, 9);
+        assert_eq!(
+            decode_logged(&renew).unwrap(),
+            Logged::Renew {
+                incarnation: 7,
+                forgotten_below: 9
+            }
+        );
+        assert_eq!(decode_logged(&encode_register()).unwrap(), Logged::Register);
+        for whole in [encoded, renew] {
+            for cut in 0..whole.len() {
+                assert!(decode_logged(&whole[..cut]).is_err(), "cut at {cut}");
+            }
         }
     }
 }

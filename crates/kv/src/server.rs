@@ -4,22 +4,32 @@
 //! Pipelined commands are dispatched together and answered in order. Consecutive writes (ordered
 //! by the log) or consecutive reads go out together; where a pipeline switches between the two,
 //! what is in flight completes first, so every connection sees its commands take effect in order.
+//!
+//! Every connection that writes is a RIFL client (`chorus_curp::rifl`): its writes carry its id and
+//! a sequence number, so a write whose outcome a leader change left unknown is sent again under
+//! the same number and executes at most once. The client sees `UNCERTAIN` only when retrying for
+//! `write_retry_window` did not settle it. The node registers one incarnation through the log on
+//! its first write and renews it every [`RENEW_EVERY`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use chorus_curp::rifl::{ClientId, Envelope};
 use chorus_log::{NodeError, NodeHandle, ReadConsistency};
 use chorus_metrics::{labeled_counter, labeled_histogram, Counter, Histogram};
 use chorus_resp::{take_command, write_value, Limits, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::command::{command_name, encode_args, short_name, Command, CommandError, MAX_COMMAND_NAME_BYTES};
-use crate::state::KvState;
+use crate::command::{
+    command_name, encode_enveloped, encode_register, encode_renew, reenvelope, short_name, Command, CommandError,
+    MAX_COMMAND_NAME_BYTES,
+};
+use crate::state::{KvState, EXPIRED, OUT_OF_ORDER};
 
 pub type KvNode = NodeHandle<KvState>;
 
@@ -31,7 +41,14 @@ pub struct FrontEndOptions {
     /// Most commands taken from one pipeline before replies are written.
     pub max_pipeline_commands: usize,
     pub resp_addr: SocketAddr,
+    /// How long a write whose outcome is unknown (leader change, timeout) is retried before its
+    /// client is told `UNCERTAIN`.
+    pub write_retry_window: Duration,
 }
+
+/// How often a node renews its RIFL incarnation; far inside the lease
+/// (`chorus_curp::rifl::LEASE_ENTRIES`) at any entry rate this machine reaches.
+pub const RENEW_EVERY: Duration = Duration::from_secs(5);
 
 /// Command names we count individually; anything else is counted as "other".
 const COUNTED_COMMANDS: &[&str] = &[
@@ -81,6 +98,8 @@ struct FrontEndMetrics {
     errors: Arc<Counter>,
     connections: Arc<Counter>,
     protocol_errors: Arc<Counter>,
+    write_retries: Arc<Counter>,
+    uncertain_writes: Arc<Counter>,
 }
 
 impl FrontEndMetrics {
@@ -113,6 +132,14 @@ impl FrontEndMetrics {
                 "chorus_resp_protocol_errors_total",
                 "RESP connections closed for malformed or oversized input",
             ),
+            write_retries: chorus_metrics::counter(
+                "chorus_rifl_write_retries_total",
+                "Writes sent again under their RIFL sequence number after an unknown outcome",
+            ),
+            uncertain_writes: chorus_metrics::counter(
+                "chorus_rifl_uncertain_writes_total",
+                "Writes answered UNCERTAIN: retrying within the window did not settle them",
+            ),
         }
     }
 
@@ -130,6 +157,83 @@ struct Shared {
     metrics: FrontEndMetrics,
     next_client_id: AtomicU64,
     started: Instant,
+    /// This node's RIFL incarnation once registered; `None` again when it expired.
+    incarnation: tokio::sync::Mutex<Option<u64>>,
+    connections: Mutex<RiflConnections>,
+}
+
+/// The RIFL client ids this node has handed to connections.
+struct RiflConnections {
+    next: u64,
+    /// (incarnation, connection) of every connection that has not closed.
+    open: BTreeSet<(u64, u64)>,
+}
+
+impl Shared {
+    /// This node's incarnation, registered through the log if it has none.
+    async fn incarnation(&self) -> Result<u64, Value> {
+        let mut incarnation = self.incarnation.lock().await;
+        if let Some(id) = *incarnation {
+            return Ok(id);
+        }
+        match self.node.write(encode_register()).await {
+            Ok(Value::Integer(id)) => {
+                let id = u64::try_from(id).map_err(|_| Value::error("ERR negative incarnation id"))?;
+                tracing::info!(incarnation = id, "registered a RIFL incarnation");
+                *incarnation = Some(id);
+                Ok(id)
+            }
+            Ok(Value::Error(e)) => Err(Value::Error(e)),
+            Ok(other) => Err(Value::error(format!("ERR unexpected registration reply {other:?}"))),
+            Err(e) => Err(node_error(e)),
+        }
+    }
+
+    async fn new_client(&self) -> Result<ClientId, Value> {
+        let incarnation = self.incarnation().await?;
+        let mut connections = self.connections.lock().expect("not poisoned");
+        let connection = connections.next;
+        connections.next += 1;
+        connections.open.insert((incarnation, connection));
+        Ok(ClientId {
+            incarnation,
+            connection,
+        })
+    }
+
+    fn close_client(&self, client: ClientId) {
+        let mut connections = self.connections.lock().expect("not poisoned");
+        connections.open.remove(&(client.incarnation, client.connection));
+    }
+
+    /// The log refused `incarnation` as expired: the next write registers a new one.
+    async fn expired(&self, incarnation: u64) {
+        let mut current = self.incarnation.lock().await;
+        if *current == Some(incarnation) {
+            tracing::warn!(incarnation, "the RIFL incarnation expired; registering a new one");
+            *current = None;
+        }
+    }
+
+    /// Renews the incarnation through the log, forgetting connections that have closed.
+    async fn renew(&self) {
+        let Some(incarnation) = *self.incarnation.lock().await else {
+            return;
+        };
+        let forgotten_below = {
+            let connections = self.connections.lock().expect("not poisoned");
+            connections
+                .open
+                .range((incarnation, 0)..=(incarnation, u64::MAX))
+                .next()
+                .map_or(connections.next, |(_, connection)| *connection)
+        };
+        match self.node.write(encode_renew(incarnation, forgotten_below)).await {
+            Ok(Value::Error(e)) if e == EXPIRED => self.expired(incarnation).await,
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "RIFL renewal failed; the next one will retry"),
+        }
+    }
 }
 
 /// Serves RESP clients on `listener` until the process exits.
@@ -140,6 +244,20 @@ pub async fn serve(listener: TcpListener, node: KvNode, options: FrontEndOptions
         metrics: FrontEndMetrics::new(),
         next_client_id: AtomicU64::new(1),
         started: Instant::now(),
+        incarnation: tokio::sync::Mutex::new(None),
+        connections: Mutex::new(RiflConnections {
+            next: 1,
+            open: BTreeSet::new(),
+        }),
+    });
+    let renewing = shared.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(RENEW_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            renewing.renew().await;
+        }
     });
     loop {
         let (stream, remote) = match listener.accept().await {
@@ -159,6 +277,7 @@ pub async fn serve(listener: TcpListener, node: KvNode, options: FrontEndOptions
                 id,
                 name: None,
                 consistency: shared.options.default_consistency,
+                rifl: None,
                 shared,
             };
             if let Err(e) = conn.run(stream).await {
@@ -171,18 +290,63 @@ pub async fn serve(listener: TcpListener, node: KvNode, options: FrontEndOptions
 /// A reply in the making, kept in command order.
 enum Slot {
     Ready(Value),
-    Waiting {
+    Read {
         reply: chorus_log::node::Pending<Value>,
         started: Instant,
-        is_write: bool,
     },
+    Write(WriteSlot),
+}
+
+/// An enveloped write until it settles.
+struct WriteSlot {
+    /// As logged; sent again unchanged on a retry.
+    command: Bytes,
+    /// Whose write it is; when that is no longer the connection's id, the write moves to the new
+    /// one or gives up.
+    client: ClientId,
+    started: Instant,
+    attempt: Result<chorus_log::node::Pending<Value>, NodeError>,
+    /// An attempt may have executed (or may still): a retry is the only way to learn.
+    uncertain: bool,
+    /// Why the last attempt did not settle it.
+    last_error: Option<Value>,
+    /// Whether the last attempt's own outcome is unknown.
+    last_in_doubt: bool,
+}
+
+/// A connection's RIFL client state.
+struct RiflClient {
+    id: ClientId,
+    next_seq: u64,
+    /// Every write below has been answered.
+    first_unacked: u64,
 }
 
 struct Connection {
     id: u64,
     name: Option<Bytes>,
     consistency: ReadConsistency,
+    /// Set on the first write.
+    rifl: Option<RiflClient>,
     shared: Arc<Shared>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Some(rifl) = &self.rifl {
+            self.shared.close_client(rifl.id);
+        }
+    }
+}
+
+/// What an attempt of a write came to.
+enum Attempt {
+    Settled(Value),
+    Retry,
+    /// The client's incarnation expired: nothing executed; send it again under a new id.
+    NewClient,
+    /// It did not execute, and no earlier attempt may have: the client gets the error.
+    GiveUp,
 }
 
 enum Flow {
@@ -247,7 +411,7 @@ impl Connection {
                     pending = None;
                 }
                 let (slot, next) = self.dispatch(args, parsed).await;
-                if matches!(slot, Slot::Waiting { .. }) {
+                if !matches!(slot, Slot::Ready(_)) {
                     pending = kind;
                 }
                 slots.push(slot);
@@ -266,34 +430,182 @@ impl Connection {
         }
     }
 
-    async fn resolve(&self, slots: &mut Vec<Slot>, output: &mut Vec<u8>) {
+    async fn resolve(&mut self, slots: &mut Vec<Slot>, output: &mut Vec<u8>) {
+        let mut values = Vec::with_capacity(slots.len());
+        let mut unsettled = Vec::new();
         for slot in slots.drain(..) {
             let value = match slot {
-                Slot::Ready(v) => v,
-                Slot::Waiting {
-                    reply,
-                    started,
-                    is_write,
-                } => {
+                Slot::Ready(v) => Some(v),
+                Slot::Read { reply, started } => {
                     let value = match reply.await {
                         Ok(Ok(v)) => v,
                         Ok(Err(e)) => node_error(e),
                         Err(_) => node_error(NodeError::ShuttingDown),
                     };
-                    let histogram = if is_write {
-                        &self.shared.metrics.write_seconds
-                    } else {
-                        &self.shared.metrics.read_seconds
-                    };
-                    histogram.observe(started.elapsed());
-                    value
+                    self.shared.metrics.read_seconds.observe(started.elapsed());
+                    Some(value)
                 }
+                Slot::Write(mut write) => match self.attempt(&mut write).await {
+                    Attempt::Settled(v) => Some(v),
+                    Attempt::GiveUp => Some(self.give_up(&write)),
+                    outcome => {
+                        unsettled.push((values.len(), write, outcome));
+                        None
+                    }
+                },
             };
+            values.push(value);
+        }
+        if !unsettled.is_empty() {
+            self.retry(unsettled, &mut values).await;
+        }
+        if let Some(rifl) = &mut self.rifl {
+            rifl.first_unacked = rifl.next_seq;
+        }
+        for value in values {
+            let value = value.expect("every slot settles");
             if value.is_error() {
                 self.shared.metrics.errors.inc();
             }
             write_value(&value, output);
         }
+    }
+
+    /// Awaits one attempt of a write and says what it came to.
+    async fn attempt(&self, write: &mut WriteSlot) -> Attempt {
+        let result = match std::mem::replace(&mut write.attempt, Err(NodeError::ShuttingDown)) {
+            Ok(reply) => reply.await.unwrap_or(Err(NodeError::ShuttingDown)),
+            Err(e) => Err(e),
+        };
+        let outcome = match result {
+            Ok(Value::Error(e)) if e == OUT_OF_ORDER => Attempt::Retry,
+            Ok(Value::Error(e)) if e == EXPIRED => Attempt::NewClient,
+            Ok(value) => Attempt::Settled(value),
+            Err(e) => {
+                let in_doubt = matches!(
+                    e,
+                    NodeError::LeaderChanged | NodeError::Timeout { .. } | NodeError::ShuttingDown
+                );
+                write.uncertain |= in_doubt;
+                write.last_in_doubt = in_doubt;
+                write.last_error = Some(node_error(e));
+                if write.uncertain {
+                    Attempt::Retry
+                } else {
+                    Attempt::GiveUp
+                }
+            }
+        };
+        if let Attempt::Settled(_) = outcome {
+            self.shared.metrics.write_seconds.observe(write.started.elapsed());
+        }
+        outcome
+    }
+
+    /// The answer for a write that retrying did not settle. Its sequence number stays a gap
+    /// that no later write of this client id could pass, so the connection takes a new one.
+    fn give_up(&mut self, write: &WriteSlot) -> Value {
+        self.shared.metrics.write_seconds.observe(write.started.elapsed());
+        if self.rifl.as_ref().map(|rifl| rifl.id) == Some(write.client) {
+            self.abandon_client();
+        }
+        if write.uncertain {
+            self.shared.metrics.uncertain_writes.inc();
+            match &write.last_error {
+                // TIMEOUT or UNCERTAIN, as the last attempt ended.
+                Some(e) if write.last_in_doubt => e.clone(),
+                _ => node_error(NodeError::LeaderChanged),
+            }
+        } else {
+            write
+                .last_error
+                .clone()
+                .unwrap_or_else(|| Value::error("TRYAGAIN the write did not execute"))
+        }
+    }
+
+    /// Sends unsettled writes again, in their order, until each settles or its window closes.
+    /// A write that gives up leaves a gap in its client's sequence that no later write could
+    /// pass, so the connection takes a new client id (as it does when its incarnation expired);
+    /// the writes after it move to the new id — except those that may have executed under the
+    /// old one: they give up too.
+    async fn retry(&mut self, mut unsettled: Vec<(usize, WriteSlot, Attempt)>, values: &mut [Option<Value>]) {
+        let window = self.shared.options.write_retry_window;
+        while !unsettled.is_empty() {
+            let mut again = Vec::with_capacity(unsettled.len());
+            for (at, mut write, outcome) in unsettled {
+                let current = self.rifl.as_ref().map(|rifl| rifl.id);
+                if matches!(outcome, Attempt::GiveUp) {
+                    values[at] = Some(self.give_up(&write));
+                    continue;
+                }
+                if matches!(outcome, Attempt::NewClient) && current == Some(write.client) {
+                    self.shared.expired(write.client.incarnation).await;
+                    self.abandon_client();
+                }
+                let moved = self.rifl.as_ref().map(|rifl| rifl.id) != Some(write.client);
+                if write.started.elapsed() >= window || (moved && write.uncertain) {
+                    values[at] = Some(self.give_up(&write));
+                    continue;
+                }
+                if moved {
+                    if let Err(e) = self.move_to_new_client(&mut write).await {
+                        values[at] = Some(e);
+                        continue;
+                    }
+                }
+                self.shared.metrics.write_retries.inc();
+                write.attempt = self.shared.node.submit_write(write.command.clone()).await;
+                again.push((at, write));
+            }
+            let mut next = Vec::new();
+            for (at, mut write) in again {
+                match self.attempt(&mut write).await {
+                    Attempt::Settled(v) => values[at] = Some(v),
+                    outcome => next.push((at, write, outcome)),
+                }
+            }
+            if !next.is_empty() {
+                // Without a leader every attempt fails at once; let one be elected.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            unsettled = next;
+        }
+    }
+
+    fn abandon_client(&mut self) {
+        if let Some(old) = self.rifl.take() {
+            self.shared.close_client(old.id);
+        }
+    }
+
+    /// Re-envelopes `write` as the next write of the connection's client id, a new one if it
+    /// has none (the old one is done).
+    async fn move_to_new_client(&mut self, write: &mut WriteSlot) -> Result<(), Value> {
+        let envelope = self.next_envelope().await?;
+        write.command = reenvelope(&write.command, &envelope);
+        write.client = envelope.client;
+        Ok(())
+    }
+
+    /// The envelope of this connection's next write, making it a RIFL client if it is not.
+    async fn next_envelope(&mut self) -> Result<Envelope, Value> {
+        if self.rifl.is_none() {
+            let id = self.shared.new_client().await?;
+            self.rifl = Some(RiflClient {
+                id,
+                next_seq: 1,
+                first_unacked: 1,
+            });
+        }
+        let rifl = self.rifl.as_mut().expect("set above");
+        let envelope = Envelope {
+            client: rifl.id,
+            seq: rifl.next_seq,
+            first_unacked: rifl.first_unacked,
+        };
+        rifl.next_seq += 1;
+        Ok(envelope)
     }
 
     async fn dispatch(&mut self, args: Vec<Bytes>, parsed: Result<Option<Command>, CommandError>) -> (Slot, Flow) {
@@ -303,23 +615,26 @@ impl Connection {
         match parsed {
             Err(e) => (Slot::Ready(Value::error(e)), Flow::Continue),
             Ok(Some(Command::Write(_))) => {
-                let slot = match self.shared.node.submit_write(encode_args(&args)).await {
-                    Ok(reply) => Slot::Waiting {
-                        reply,
-                        started,
-                        is_write: true,
-                    },
-                    Err(e) => Slot::Ready(node_error(e)),
+                let envelope = match self.next_envelope().await {
+                    Ok(envelope) => envelope,
+                    Err(e) => return (Slot::Ready(e), Flow::Continue),
                 };
+                let command = encode_enveloped(&envelope, &args);
+                let attempt = self.shared.node.submit_write(command.clone()).await;
+                let slot = Slot::Write(WriteSlot {
+                    command,
+                    client: envelope.client,
+                    started,
+                    attempt,
+                    uncertain: false,
+                    last_error: None,
+                    last_in_doubt: false,
+                });
                 (slot, Flow::Continue)
             }
             Ok(Some(Command::Read(read))) => {
                 let slot = match self.shared.node.submit_read(read, self.consistency).await {
-                    Ok(reply) => Slot::Waiting {
-                        reply,
-                        started,
-                        is_write: false,
-                    },
+                    Ok(reply) => Slot::Read { reply, started },
                     Err(e) => Slot::Ready(node_error(e)),
                 };
                 (slot, Flow::Continue)

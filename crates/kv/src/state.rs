@@ -8,20 +8,33 @@
 //! big-endian bytes), so one hash's fields are adjacent and each field is its own record: HSET of
 //! one field in a 10,000-field hash writes one record, and a reduced batch keeps only the fields
 //! it touched. A non-idempotent command (INCR, APPEND, …) is recorded as the value it produced.
+//! RIFL's completion records (`chorus_curp::rifl`) are keys too, `r` then the record's key, so
+//! snapshots, restarts and catch-up carry them like any other state; they form one group, which
+//! `DBSIZE` leaves out. They are held in memory and written to the store when a snapshot is taken:
+//! a restart opens the state as of its snapshot and replays the log from there, so the records
+//! need be in the store only at that point.
 
 use std::path::Path;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use chorus_curp::rifl::{Completions, Envelope, Verdict};
 use chorus_log::{SnapshotFiles, StateMachine};
-use chorus_resp::Value;
+use chorus_resp::{parse_value, write_value, Limits, Value};
 use chorus_storage::{Manifest, Store, StoreError, StoreOptions};
 
-use crate::command::{decode_args, Command, Read, SetCondition, Write};
+use crate::command::{decode_logged, Command, Logged, Read, SetCondition, Write};
 use crate::storage_metrics::StorageMetrics;
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 const STRING_TAG: u8 = b's';
 const HASH_TAG: u8 = b'h';
+const RIFL_TAG: u8 = b'r';
+
+/// Replies to writes that did not execute, which the front end acts on (a client sees them only
+/// if it sends enveloped writes of its own).
+pub const OUT_OF_ORDER: &str = "OUTOFORDER an earlier write of this client has not executed";
+pub const EXPIRED: &str = "EXPIRED this client's lease has expired";
+pub const STALE: &str = "STALE this write was acknowledged already";
 
 fn string_key(key: &[u8]) -> Bytes {
     let mut k = BytesMut::with_capacity(1 + key.len());
@@ -38,6 +51,13 @@ fn hash_prefix(key: &[u8]) -> BytesMut {
     k
 }
 
+fn rifl_key(suffix: &[u8]) -> Bytes {
+    let mut k = BytesMut::with_capacity(1 + suffix.len());
+    k.put_u8(RIFL_TAG);
+    k.put_slice(suffix);
+    k.freeze()
+}
+
 fn field_key(key: &[u8], field: &[u8]) -> Bytes {
     let mut k = hash_prefix(key);
     k.put_slice(field);
@@ -51,7 +71,10 @@ fn is_field_key(storage_key: &[u8]) -> bool {
 
 /// The fields of one hash form a group in the store: kept together, scanned together, counted
 /// without a scan. The group is the field key's prefix naming the hash; strings are in no group.
-fn hash_of_field(storage_key: &[u8]) -> Option<usize> {
+fn group_of(storage_key: &[u8]) -> Option<usize> {
+    if storage_key.first() == Some(&RIFL_TAG) {
+        return Some(1);
+    }
     if !is_field_key(storage_key) {
         return None;
     }
@@ -62,7 +85,28 @@ fn hash_of_field(storage_key: &[u8]) -> Option<usize> {
 
 pub struct KvState {
     store: Store,
+    completions: Completions<Value>,
     metrics: StorageMetrics,
+}
+
+/// Rebuilds the completion records from the store's `r` keys.
+fn read_completions(store: &mut Store) -> Result<Completions<Value>, String> {
+    let records = store.scan_group(&[RIFL_TAG]).map_err(|e| e.to_string())?;
+    Completions::restore(records.iter().map(|(k, v)| (&k[1..], v.as_ref())), &decode_reply)
+        .map_err(|e| format!("completion records: {e}"))
+}
+
+fn encode_reply(value: &Value) -> Bytes {
+    let mut out = Vec::with_capacity(16);
+    write_value(value, &mut out);
+    Bytes::from(out)
+}
+
+fn decode_reply(reply: &[u8]) -> Option<Value> {
+    match parse_value(reply, &Limits::default()) {
+        Ok(Some((value, used))) if used == reply.len() => Some(value),
+        _ => None,
+    }
 }
 
 /// Entries between two updates of the storage metrics.
@@ -84,13 +128,12 @@ impl KvState {
             .map(Manifest::decode)
             .transpose()
             .map_err(|e| format!("snapshot manifest: {e}"))?;
-        let options = StoreOptions {
-            group_of: hash_of_field,
-            ..options
-        };
-        let store = Store::open(options, manifest.as_ref()).map_err(|e| e.to_string())?;
+        let options = StoreOptions { group_of, ..options };
+        let mut store = Store::open(options, manifest.as_ref()).map_err(|e| e.to_string())?;
+        let completions = read_completions(&mut store)?;
         Ok(KvState {
             store,
+            completions,
             metrics: StorageMetrics::new(),
         })
     }
@@ -99,9 +142,16 @@ impl KvState {
         &self.store
     }
 
-    /// Keys: every string is an ungrouped key of the store, every hash one group.
+    /// Keys: every string is an ungrouped key of the store, every hash one group (and the
+    /// completion records one more).
     pub fn len(&mut self) -> usize {
-        self.store.ungrouped_keys() + self.store.groups()
+        let records = usize::from(self.store.group_has_keys(&[RIFL_TAG]));
+        self.store.ungrouped_keys() + self.store.groups() - records
+    }
+
+    /// Clients with completion records.
+    pub fn rifl_clients(&self) -> usize {
+        self.completions.clients()
     }
 
     pub fn is_empty(&mut self) -> bool {
@@ -271,6 +321,37 @@ impl KvState {
         }
     }
 
+    /// Writes the completion records that changed, as of the entry at `index`.
+    fn flush_completions(&mut self, index: u64) {
+        let store = &mut self.store;
+        self.completions.flush(&encode_reply, &mut |key, value| {
+            store.write(index, rifl_key(key), value);
+        });
+    }
+
+    fn execute_args(&mut self, index: u64, args: &[Bytes]) -> Value {
+        match Command::parse(args) {
+            Ok(Some(Command::Write(w))) => self.execute_write(index, w),
+            Ok(Some(Command::Read(_))) | Ok(None) => Value::error("ERR only write commands belong in the log"),
+            Err(e) => Value::error(e),
+        }
+    }
+
+    /// Executes an enveloped write unless RIFL says it executed before or must not execute.
+    fn execute_once(&mut self, index: u64, envelope: &Envelope, args: &[Bytes]) -> Value {
+        match self.completions.admit(index, envelope) {
+            Verdict::Execute => {
+                let reply = self.execute_args(index, args);
+                self.completions.complete(envelope, reply.clone());
+                reply
+            }
+            Verdict::Duplicate(reply) => reply,
+            Verdict::Stale => Value::error(STALE),
+            Verdict::OutOfOrder => Value::error(OUT_OF_ORDER),
+            Verdict::Expired => Value::error(EXPIRED),
+        }
+    }
+
     pub fn execute_read(&mut self, read: &Read) -> Value {
         let mut result = || -> Result<Value, Value> {
             Ok(match read {
@@ -340,18 +421,43 @@ impl StateMachine for KvState {
     type Output = Value;
 
     fn apply(&mut self, index: u64, command: &[u8]) -> Value {
-        let args = match decode_args(command) {
-            Ok(args) => args,
+        let logged = match decode_logged(command) {
+            Ok(logged) => logged,
             Err(e) => return Value::error(format!("ERR undecodable command in log: {e}")),
         };
-        match Command::parse(&args) {
-            Ok(Some(Command::Write(w))) => self.execute_write(index, w),
-            Ok(Some(Command::Read(_))) | Ok(None) => Value::error("ERR only write commands belong in the log"),
-            Err(e) => Value::error(e),
+        let store = &mut self.store;
+        let mut persist = |key: &[u8], value: Option<Bytes>| {
+            store.write(index, rifl_key(key), value);
+        };
+        match logged {
+            Logged::Args(args) => self.execute_args(index, &args),
+            Logged::Enveloped(envelope, args) => self.execute_once(index, &envelope, &args),
+            Logged::Register => match self.completions.register(index, &mut persist) {
+                Ok(id) => Value::Integer(id as i64),
+                Err(e) => Value::error(format!("TRYAGAIN {e}")),
+            },
+            Logged::Renew {
+                incarnation,
+                forgotten_below,
+            } => {
+                if self
+                    .completions
+                    .renew(index, incarnation, forgotten_below, &mut persist)
+                {
+                    Value::ok()
+                } else {
+                    Value::error(EXPIRED)
+                }
+            }
         }
     }
 
     fn entry_applied(&mut self, index: u64) {
+        // A snapshot taken right after this entry could no longer write at its index once the
+        // batch is cut, so the records join the batch now.
+        if self.store.cut_due() {
+            self.flush_completions(index);
+        }
         self.store.entry_applied(index);
         if index.is_multiple_of(METRICS_EVERY_ENTRIES) {
             self.metrics.publish(&mut self.store);
@@ -378,6 +484,7 @@ impl StateMachine for KvState {
     /// The snapshot is the manifest of the segments holding the state; waiting for them is the
     /// only work, and it happens on the caller's thread.
     fn snapshot_later(&mut self) -> Box<dyn FnOnce() -> Vec<u8> + Send> {
+        self.flush_completions(self.store.applied_index());
         let manifest = self.store.manifest_later();
         Box::new(move || manifest().encode())
     }
@@ -402,7 +509,9 @@ impl StateMachine for KvState {
 
     fn install_snapshot(&mut self, snapshot: &[u8], files_dir: &Path) -> Result<(), String> {
         let manifest = Manifest::decode(snapshot).map_err(|e| format!("snapshot manifest: {e}"))?;
-        self.store.install(&manifest, files_dir).map_err(|e| e.to_string())
+        self.store.install(&manifest, files_dir).map_err(|e| e.to_string())?;
+        self.completions = read_completions(&mut self.store)?;
+        Ok(())
     }
 }
 
@@ -604,6 +713,105 @@ mod tests {
         assert!(value("chorus_storage_writes_total") >= METRICS_EVERY_ENTRIES as f64);
         assert!(value("chorus_storage_records_persisted_total") >= 1.0);
         assert!(value("chorus_storage_segment_bytes_written_total") >= 1.0);
+    }
+
+    /// One client's enveloped writes, applied as the log would hold them.
+    struct RiflClient {
+        incarnation: u64,
+        connection: u64,
+    }
+
+    impl RiflClient {
+        fn register(s: &mut Replica, connection: u64) -> RiflClient {
+            s.index += 1;
+            let Value::Integer(incarnation) = s.state.apply(s.index, &crate::command::encode_register()) else {
+                panic!("registration failed")
+            };
+            s.state.entry_applied(s.index);
+            RiflClient {
+                incarnation: incarnation as u64,
+                connection,
+            }
+        }
+
+        fn write(&self, s: &mut Replica, seq: u64, first_unacked: u64, cmd: &str) -> Value {
+            let args: Vec<Bytes> = cmd.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect();
+            let envelope = Envelope {
+                client: chorus_curp::rifl::ClientId {
+                    incarnation: self.incarnation,
+                    connection: self.connection,
+                },
+                seq,
+                first_unacked,
+            };
+            s.index += 1;
+            let reply = s
+                .state
+                .apply(s.index, &crate::command::encode_enveloped(&envelope, &args));
+            s.state.entry_applied(s.index);
+            reply
+        }
+    }
+
+    #[test]
+    fn an_enveloped_incr_executes_once_however_often_it_arrives_across_restarts_and_shipping() {
+        let mut s = Replica::new();
+        let c = RiflClient::register(&mut s, 1);
+        assert_eq!(c.write(&mut s, 1, 1, "INCR n"), Value::Integer(1));
+        assert_eq!(
+            c.write(&mut s, 1, 1, "INCR n"),
+            Value::Integer(1),
+            "a retry gets the recorded reply"
+        );
+        assert_eq!(c.write(&mut s, 3, 1, "INCR n"), Value::error(OUT_OF_ORDER));
+        assert_eq!(c.write(&mut s, 2, 1, "INCR n"), Value::Integer(2));
+        assert_eq!(s.run("DBSIZE"), Value::Integer(1), "completion records are not keys");
+        s.restart();
+        assert_eq!(
+            c.write(&mut s, 2, 2, "INCR n"),
+            Value::Integer(2),
+            "records survive a restart"
+        );
+        let snapshot = s.state.snapshot_later()();
+        let shipped = s.state.snapshot_files(&snapshot).unwrap();
+        let staged = tempfile::tempdir().unwrap();
+        for (name, path) in &shipped.files {
+            std::fs::copy(path, staged.path().join(name)).unwrap();
+        }
+        let mut follower = Replica::new();
+        follower.state.install_snapshot(&snapshot, staged.path()).unwrap();
+        follower.index = s.index;
+        assert_eq!(
+            c.write(&mut follower, 2, 2, "INCR n"),
+            Value::Integer(2),
+            "and shipping"
+        );
+        assert_eq!(c.write(&mut follower, 1, 1, "INCR n"), Value::error(STALE));
+        assert_eq!(c.write(&mut follower, 3, 3, "INCR n"), Value::Integer(3));
+        assert_eq!(follower.run("GET n"), Value::bulk("3"));
+        assert_eq!(follower.state.rifl_clients(), 1);
+        let stranger = RiflClient {
+            incarnation: c.incarnation + 1,
+            connection: 1,
+        };
+        assert_eq!(stranger.write(&mut follower, 1, 1, "INCR n"), Value::error(EXPIRED));
+        assert_eq!(follower.run("GET n"), Value::bulk("3"), "refused writes change nothing");
+        // Records that change without a store write (failed commands, acknowledgements) reach
+        // the store too, wherever a batch was cut.
+        follower.run("HSET h f v");
+        for seq in 4..20 {
+            let cmd = if seq % 2 == 0 { "INCR h" } else { "INCR n" };
+            let first = c.write(&mut follower, seq, seq, cmd);
+            if seq % 3 == 0 {
+                follower.restart();
+            }
+            assert_eq!(
+                c.write(&mut follower, seq, seq, cmd),
+                first,
+                "write {seq} after a restart"
+            );
+        }
+        assert_eq!(follower.run("GET n"), Value::bulk("11"));
     }
 
     #[test]

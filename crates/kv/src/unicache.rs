@@ -14,7 +14,9 @@ use chorus_unicache::{
     SqlPreprocessor,
 };
 
-use crate::command::ARGS_VERSION;
+use chorus_curp::rifl::{ClientId, Envelope, ENVELOPE_BYTES};
+
+use crate::command::{ARGS_VERSION, ENVELOPE_VERSION};
 
 /// A preprocessor for the values stored under keys starting with `prefix`.
 #[derive(Clone)]
@@ -30,20 +32,36 @@ pub struct KvPreprocessor {
 
 /// Placeholder of a digit run inside a key template.
 const ID: u8 = 0;
+/// The first part of an encoded command says what it is: `MODE_OPAQUE`, `MODE_ENVELOPED` (a RIFL
+/// envelope follows: the client id cacheable, since a connection sends many writes; the sequence
+/// number and how far behind it the acknowledgement is as varints; then the arguments as in the
+/// plain mode), or `MODE_ARGS + count` for a plain argument list.
 const MODE_OPAQUE: u64 = 0;
+const MODE_ENVELOPED: u64 = 1;
+const MODE_ARGS: u64 = 2;
 
-/// The arguments of a logged command, as slices of it; `None` if it is not an argument list.
-fn split_args(command: &Bytes) -> Option<Vec<Bytes>> {
-    let (&version, _) = command.split_first()?;
-    if version != ARGS_VERSION {
-        return None;
+/// A logged write taken apart: its envelope, if any, and its arguments as slices of it; `None`
+/// if it is neither kind of argument list.
+fn split_command(command: &Bytes) -> Option<(Option<Envelope>, Vec<Bytes>)> {
+    let (&version, rest) = command.split_first()?;
+    match version {
+        ARGS_VERSION => Some((None, split_args(command, 1)?)),
+        ENVELOPE_VERSION => {
+            let envelope = Envelope::decode(rest).ok()?;
+            Some((Some(envelope), split_args(command, 1 + ENVELOPE_BYTES)?))
+        }
+        _ => None,
     }
+}
+
+/// The argument list at `start` in `command`, which it must fill exactly.
+fn split_args(command: &Bytes, start: usize) -> Option<Vec<Bytes>> {
     let u32_at = |pos: usize| -> Option<usize> {
         let b = command.get(pos..pos + 4)?;
         Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
     };
-    let count = u32_at(1)?;
-    let mut pos = 5;
+    let count = u32_at(start)?;
+    let mut pos = start + 4;
     let mut args = Vec::with_capacity(count.min(command.len() / 4));
     for _ in 0..count {
         let len = u32_at(pos)?;
@@ -124,14 +142,8 @@ impl KvPreprocessor {
     }
 }
 
-impl Preprocessor for KvPreprocessor {
-    fn preprocess(&self, command: &Bytes, parts: &mut Vec<Part>) {
-        let Some(args) = split_args(command) else {
-            parts.push(varint_part(MODE_OPAQUE));
-            parts.push(Part::Verbatim(command.clone()));
-            return;
-        };
-        parts.push(varint_part(args.len() as u64 + 1));
+impl KvPreprocessor {
+    fn preprocess_args(&self, args: &[Bytes], parts: &mut Vec<Part>) {
         for (i, arg) in args.iter().enumerate() {
             match i {
                 0 => parts.push(Part::Cacheable(arg.clone())),
@@ -148,14 +160,8 @@ impl Preprocessor for KvPreprocessor {
         }
     }
 
-    fn recreate(&self, parts: &mut PartReader<'_>, out: &mut Vec<u8>) -> Result<(), Error> {
-        let mode = parts.next_varint()?;
-        if mode == MODE_OPAQUE {
-            out.extend_from_slice(parts.next_part()?);
-            return Ok(());
-        }
-        let count = u32::try_from(mode - 1).map_err(|_| Error::Malformed("argument count"))?;
-        out.push(ARGS_VERSION);
+    fn recreate_args(&self, count: u64, parts: &mut PartReader<'_>, out: &mut Vec<u8>) -> Result<(), Error> {
+        let count = u32::try_from(count).map_err(|_| Error::Malformed("argument count"))?;
         out.extend_from_slice(&count.to_le_bytes());
         let mut word = Bytes::new();
         let mut key = Vec::new();
@@ -184,10 +190,68 @@ impl Preprocessor for KvPreprocessor {
         }
         Ok(())
     }
+}
+
+impl Preprocessor for KvPreprocessor {
+    fn preprocess(&self, command: &Bytes, parts: &mut Vec<Part>) {
+        match split_command(command) {
+            None => {
+                parts.push(varint_part(MODE_OPAQUE));
+                parts.push(Part::Verbatim(command.clone()));
+            }
+            Some((None, args)) => {
+                parts.push(varint_part(MODE_ARGS + args.len() as u64));
+                self.preprocess_args(&args, parts);
+            }
+            Some((Some(envelope), args)) => {
+                parts.push(varint_part(MODE_ENVELOPED));
+                // The envelope's first 16 bytes: incarnation and connection, as logged.
+                parts.push(Part::Cacheable(command.slice(1..17)));
+                parts.push(varint_part(envelope.seq));
+                parts.push(varint_part(envelope.seq - envelope.first_unacked));
+                parts.push(varint_part(args.len() as u64));
+                self.preprocess_args(&args, parts);
+            }
+        }
+    }
+
+    fn recreate(&self, parts: &mut PartReader<'_>, out: &mut Vec<u8>) -> Result<(), Error> {
+        match parts.next_varint()? {
+            MODE_OPAQUE => {
+                out.extend_from_slice(parts.next_part()?);
+                Ok(())
+            }
+            MODE_ENVELOPED => {
+                let client: [u8; 16] = parts
+                    .next_part()?
+                    .as_ref()
+                    .try_into()
+                    .map_err(|_| Error::Malformed("client id"))?;
+                let seq = parts.next_varint()?;
+                let behind = parts.next_varint()?;
+                let envelope = Envelope {
+                    client: ClientId {
+                        incarnation: u64::from_le_bytes(client[..8].try_into().expect("eight bytes")),
+                        connection: u64::from_le_bytes(client[8..].try_into().expect("eight bytes")),
+                    },
+                    seq,
+                    first_unacked: seq.checked_sub(behind).ok_or(Error::Malformed("acknowledgement"))?,
+                };
+                out.push(ENVELOPE_VERSION);
+                envelope.encode(out);
+                let count = parts.next_varint()?;
+                self.recreate_args(count, parts, out)
+            }
+            mode => {
+                out.push(ARGS_VERSION);
+                self.recreate_args(mode - MODE_ARGS, parts, out)
+            }
+        }
+    }
 
     fn fingerprint(&self) -> u64 {
         let mut h = Fnv::new();
-        h.write(b"kv");
+        h.write(b"kv+rifl");
         for k in &self.keyspaces {
             h.write(&k.prefix);
             h.write(&k.preprocessor.fingerprint().to_le_bytes());
@@ -294,6 +358,19 @@ mod tests {
             command(&[b"SET", b"12", b""]),
             command(&[b"PING"]),
             command(&[]),
+            crate::command::encode_enveloped(
+                &Envelope {
+                    client: ClientId {
+                        incarnation: 9 << 16,
+                        connection: 4,
+                    },
+                    seq: 300,
+                    first_unacked: 298,
+                },
+                &[Bytes::from_static(b"INCR"), Bytes::from_static(b"user:12:visits")],
+            ),
+            crate::command::encode_register(),
+            crate::command::encode_renew(1, 2),
             Bytes::from_static(b"\x07not an argument list"),
             Bytes::new(),
         ] {

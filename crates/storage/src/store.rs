@@ -1121,13 +1121,17 @@ impl Store {
     pub fn entry_applied(&mut self, index: u64) {
         self.absorb_built_index(false);
         self.building.note_index(index);
-        if self.building.writes_in() >= self.options.batch_writes
-            || self.building.bytes_in() >= self.options.batch_bytes
-        {
+        if self.cut_due() {
             self.cut();
         }
         self.absorb_written(self.options.adoption_step_records);
         self.absorb_cleaned();
+    }
+
+    /// Whether the batch being built is full: the next `entry_applied` cuts it. Writes made
+    /// before that, at the entry's index, still join it.
+    pub fn cut_due(&self) -> bool {
+        self.building.writes_in() >= self.options.batch_writes || self.building.bytes_in() >= self.options.batch_bytes
     }
 
     /// Goes on adopting what the writers and the cleaner finished without waiting for another

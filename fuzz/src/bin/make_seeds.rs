@@ -8,8 +8,10 @@
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
+use chorus_curp::rifl::{ClientId, Envelope};
+use chorus_curp::witness::{file as witness_file, Event, Record};
 use chorus_fuzz::{append_after_resume, entry, resumed_codec, OneEntryLog, CACHE};
-use chorus_kv::command::encode_args;
+use chorus_kv::command::{encode_args, encode_enveloped, encode_register, encode_renew};
 use chorus_kv::unicache::KvPreprocessor;
 use chorus_kv::KvState;
 use chorus_log::batch::{self, Origin};
@@ -191,6 +193,39 @@ fn main() {
     for (i, c) in commands.iter().enumerate() {
         write(&out, "kv", &format!("command-{i}"), c);
     }
+    // RIFL: a registration, an enveloped write of the incarnation it creates, a renewal.
+    let client = ClientId {
+        incarnation: 1 << 16,
+        connection: 1,
+    };
+    let envelope = Envelope {
+        client,
+        seq: 1,
+        first_unacked: 1,
+    };
+    let incr = [Bytes::from_static(b"INCR"), Bytes::from_static(b"n")];
+    write(&out, "kv", "rifl-register", &encode_register());
+    write(&out, "kv", "rifl-write", &encode_enveloped(&envelope, &incr));
+    write(&out, "kv", "rifl-renew", &encode_renew(1 << 16, 2));
+
+    // A witness file: acceptances, a drop, a collection and a reset.
+    let mut witness_file = Vec::new();
+    let record = Record {
+        client,
+        seq: 1,
+        term: 3,
+        keys: vec![Bytes::from_static(b"n")],
+        command: encode_enveloped(&envelope, &incr),
+    };
+    for event in [
+        Event::Accepted(record),
+        Event::Dropped { client, seq: 1 },
+        Event::Collected { term: 4 },
+        Event::Reset { below_term: 4 },
+    ] {
+        witness_file::encode(&event, &mut witness_file);
+    }
+    write(&out, "witness", "events", &witness_file);
     write(&out, "segment", "manifest", &manifest);
 
     // UniCache: encoded commands for each preprocessor, an encoded append entry, cache state.
