@@ -114,9 +114,14 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         more_dirs: state_dirs.split_off(1),
         ..StoreOptions::new(state_dirs.remove(0))
     };
-    let node = chorus_log::start(node_config, |snapshot| KvState::open(store_options, snapshot), codec)
-        .await
-        .context("cannot start the raft node")?;
+    let node = chorus_log::start(
+        node_config,
+        |snapshot| KvState::open(store_options, snapshot),
+        codec,
+        None,
+    )
+    .await
+    .context("cannot start the raft node")?;
     tokio::spawn(serve_metrics(metrics_listener));
     let options = FrontEndOptions {
         default_consistency,

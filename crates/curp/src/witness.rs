@@ -551,7 +551,7 @@ mod tests {
     fn the_file_replays_to_the_same_witness_and_a_torn_tail_is_told_from_corruption() {
         let mut w = Witness::new(1 << 20);
         let mut file = Vec::new();
-        let mut log = |e: Event, file: &mut Vec<u8>| file::encode(&e, file);
+        let log = |e: Event, file: &mut Vec<u8>| file::encode(&e, file);
         log(w.accept(record(1, 1, 5, &["a", "b"])).unwrap(), &mut file);
         log(w.accept(record(2, 1, 5, &["c"])).unwrap(), &mut file);
         log(w.applied(client(1), 1).unwrap(), &mut file);

@@ -2,9 +2,10 @@
 //!
 //! The first frame on a connection is a hello naming the sending node; every later frame carries
 //! one protobuf-encoded raft message, or a ping (an opaque u64 the peer echoes in a pong, to time
-//! the link's round trip). A connection whose second frame is a shipment offer carries a
-//! snapshot's files instead (see `shipment`). Oversized lengths are rejected before any
-//! allocation.
+//! the link's round trip), or a request to a peer service other than raft (`[id u64][service u8]
+//! [body]`) or the response to one (`[id u64][body]`). A connection whose second frame is a
+//! shipment offer carries a snapshot's files instead (see `shipment`). Oversized lengths are
+//! rejected before any allocation.
 
 use crate::error::DecodeError;
 use crate::wire::Reader;
@@ -23,6 +24,8 @@ pub enum FrameKind {
     ShipResume = 6,
     ShipChunk = 7,
     ShipDone = 8,
+    Request = 9,
+    Response = 10,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +49,8 @@ pub fn decode_header(buf: &[u8; FRAME_HEADER_BYTES], max_payload_bytes: usize) -
         6 => FrameKind::ShipResume,
         7 => FrameKind::ShipChunk,
         8 => FrameKind::ShipDone,
+        9 => FrameKind::Request,
+        10 => FrameKind::Response,
         _ => return Err(DecodeError::Invalid("frame kind")),
     };
     let payload_len = r.u32()? as usize;
@@ -97,6 +102,36 @@ pub fn decode_probe(payload: &[u8]) -> Result<u64, DecodeError> {
     Ok(stamp)
 }
 
+/// A request frame's payload: its id, the service it is for, and its body.
+pub fn encode_request(id: u64, service: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(9 + body.len());
+    out.extend_from_slice(&id.to_le_bytes());
+    out.push(service);
+    out.extend_from_slice(body);
+    out
+}
+
+pub fn decode_request(payload: &[u8]) -> Result<(u64, u8, &[u8]), DecodeError> {
+    let mut r = Reader::new(payload);
+    let id = r.u64()?;
+    let service = r.u8()?;
+    Ok((id, service, &payload[9..]))
+}
+
+/// A response frame's payload: the id of the request it answers, and its body.
+pub fn encode_response(id: u64, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + body.len());
+    out.extend_from_slice(&id.to_le_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+pub fn decode_response(payload: &[u8]) -> Result<(u64, &[u8]), DecodeError> {
+    let mut r = Reader::new(payload);
+    let id = r.u64()?;
+    Ok((id, &payload[8..]))
+}
+
 pub fn decode_hello(payload: &[u8]) -> Result<u64, DecodeError> {
     let mut r = Reader::new(payload);
     let id = r.u64()?;
@@ -123,10 +158,22 @@ mod tests {
         bad[0] = b'X';
         assert_eq!(decode_header(&bad, 1024), Err(DecodeError::BadMagic));
         let mut bad_kind = header;
-        bad_kind[3] = 9;
+        bad_kind[3] = 99;
         assert!(decode_probe(&7u64.to_le_bytes()).is_ok_and(|v| v == 7));
         assert!(decode_probe(b"short").is_err());
         assert!(decode_header(&bad_kind, 1024).is_err());
+    }
+
+    #[test]
+    fn requests_and_responses_round_trip() {
+        let request = encode_request(7, 2, b"body");
+        assert_eq!(decode_request(&request).unwrap(), (7, 2, b"body".as_ref()));
+        let response = encode_response(7, b"");
+        assert_eq!(decode_response(&response).unwrap(), (7, b"".as_ref()));
+        for cut in 0..9 {
+            assert!(decode_request(&request[..cut]).is_err());
+            assert!(cut >= 8 || decode_response(&response[..cut]).is_err());
+        }
     }
 
     #[test]

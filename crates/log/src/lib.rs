@@ -18,4 +18,5 @@ pub use codec::{CodecError, EntryCodec, IdentityCodec, LogView, RaftLogView, COD
 pub use error::{DecodeError, NodeError, StorageError};
 pub use node::{start, NodeConfig, NodeHandle, NodeStatus, ReadConsistency, Role, StartError, StateMachine};
 pub use shipment::SnapshotFiles;
+pub use transport::{CallError, PeerCalls, PeerRequest};
 pub use unicache_codec::{UniCacheCodec, UniCacheSettings};

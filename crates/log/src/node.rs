@@ -33,7 +33,7 @@ use crate::codec::{EntryCodec, Prepared, Preparer, RaftLogView, CODEC_ENTRY};
 use crate::error::{NodeError, StorageError};
 use crate::shipment::{self, Shipper, SnapshotFiles};
 use crate::storage::{write_snapshot_file, DiskStorage, StorageOptions};
-use crate::transport::{self, LinkRtts, PeerEvent, TransportConfig};
+use crate::transport::{self, LinkRtts, PeerCalls, PeerEvent, PeerRequest, TransportConfig};
 use crate::wire::{put_blob, Reader};
 
 /// A deterministic state machine fed by the committed log.
@@ -201,6 +201,7 @@ pub struct NodeHandle<SM: StateMachine> {
     /// does not have to.
     preparer: Option<Preparer>,
     leader_wait: Duration,
+    peer_calls: Arc<PeerCalls>,
 }
 
 impl<SM: StateMachine> Clone for NodeHandle<SM> {
@@ -210,6 +211,7 @@ impl<SM: StateMachine> Clone for NodeHandle<SM> {
             status: self.status.clone(),
             preparer: self.preparer.clone(),
             leader_wait: self.leader_wait,
+            peer_calls: self.peer_calls.clone(),
         }
     }
 }
@@ -284,6 +286,11 @@ impl<SM: StateMachine> NodeHandle<SM> {
 
     pub fn status(&self) -> NodeStatus {
         self.status.borrow().clone()
+    }
+
+    /// Calls services other than raft on peers.
+    pub fn peer_calls(&self) -> &PeerCalls {
+        &self.peer_calls
     }
 }
 
@@ -549,10 +556,12 @@ struct Refill {
 
 /// Opens storage, binds the peer port and spawns the raft loop on the current runtime.
 /// `open_state` builds the state machine from the local snapshot's data (`None` without one).
+/// Starts a node. Requests from peers to services other than raft go to `peer_requests`.
 pub async fn start<SM: StateMachine>(
     config: NodeConfig,
     open_state: impl FnOnce(Option<&[u8]>) -> Result<SM, String>,
     codec: Box<dyn EntryCodec>,
+    peer_requests: Option<mpsc::Sender<PeerRequest>>,
 ) -> Result<NodeHandle<SM>, StartError> {
     let listen_addr = config.peer_addr().ok_or(StartError::NotAPeer(config.id))?;
     let voters: Vec<u64> = config.peers.iter().map(|(id, _)| *id).collect();
@@ -633,7 +642,7 @@ pub async fn start<SM: StateMachine>(
         queue_messages: config.peer_queue_messages,
         incoming_dir: incoming_dir.clone(),
     };
-    let (peers, link_rtts) = transport::start(transport_config, peer_tx, event_tx)
+    let (peers, link_rtts, peer_calls) = transport::start(transport_config, peer_tx, event_tx, peer_requests)
         .await
         .map_err(|source| StartError::Bind {
             addr: listen_addr,
@@ -697,6 +706,7 @@ pub async fn start<SM: StateMachine>(
         status: status_rx,
         preparer,
         leader_wait: Duration::from_millis(leader_wait_ms),
+        peer_calls,
     })
 }
 

@@ -11,11 +11,16 @@
 //! with a pong on its own connection back. Their round trip — the network plus whatever queues
 //! in both directions, but neither raft loop nor any fsync — is the link's measured RTT
 //! (`LinkRtts`), which UniCache's auto-tune reads.
+//!
+//! Services other than raft (CURP's witnesses, for one) share the connections: [`PeerCalls`]
+//! sends a request and awaits its response, which the peer sends back on its own connection; a
+//! node's incoming requests go to the channel it gave `start`. Both directions are bounded, and
+//! a request nobody answers in time fails with `CallError::Timeout`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use chorus_metrics::{labeled_counter, labeled_gauge, Counter, Gauge};
@@ -23,7 +28,7 @@ use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::frame::{self, FrameKind, FRAME_HEADER_BYTES};
 use crate::shipment::Receiver;
@@ -39,6 +44,9 @@ const READ_BUFFER_BYTES: usize = 64 * 1024;
 const PING_INTERVAL: Duration = Duration::from_millis(500);
 /// Pongs waiting to go out per peer; more are dropped (the next ping will do).
 const PONG_QUEUE: usize = 16;
+/// Service requests and responses waiting to go out per peer; a request beyond it fails at once
+/// (`CallError::Overloaded`), a response beyond it is dropped (its caller times out).
+const SERVICE_QUEUE: usize = 4096;
 
 /// Smoothed round trip to each peer in microseconds (0 until measured).
 pub type LinkRtts = Arc<HashMap<u64, Arc<AtomicU64>>>;
@@ -126,22 +134,104 @@ struct Peers {
     /// Stamps of pings to answer, by the peer that sent them.
     pongs: HashMap<u64, mpsc::Sender<u64>>,
     rtts: LinkRtts,
+    /// Service frames (requests, responses) to send to each peer.
+    service: HashMap<u64, mpsc::Sender<(FrameKind, Vec<u8>)>>,
+    /// Calls awaiting their response, by request id.
+    pending: Mutex<HashMap<u64, oneshot::Sender<Vec<u8>>>>,
+    /// Where requests from peers go; none are accepted without it.
+    requests: Option<mpsc::Sender<PeerRequest>>,
+    requests_dropped: Arc<Counter>,
 }
 
-/// Binds the peer listener and starts one sender task per peer. Returns the per-peer queues and
-/// the links' measured round trips.
+/// A request from a peer to one of this node's services.
+#[derive(Debug)]
+pub struct PeerRequest {
+    pub from: u64,
+    pub service: u8,
+    pub body: Vec<u8>,
+    id: u64,
+    reply_to: mpsc::Sender<(FrameKind, Vec<u8>)>,
+}
+
+impl PeerRequest {
+    /// Sends the response; a full queue or a closed connection drops it (the caller times out).
+    pub fn respond(self, body: &[u8]) {
+        let _ = self
+            .reply_to
+            .try_send((FrameKind::Response, frame::encode_response(self.id, body)));
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    #[error("node {0} is not a peer")]
+    UnknownPeer(u64),
+    #[error("too many requests queued for node {0}")]
+    Overloaded(u64),
+    #[error("node {peer} did not answer within {waited_ms} ms")]
+    Timeout { peer: u64, waited_ms: u64 },
+}
+
+/// Calls services on peers.
+pub struct PeerCalls {
+    peers: Arc<Peers>,
+    next_id: AtomicU64,
+}
+
+/// Forgets a call's pending entry however the call ends (answered, timed out, or dropped).
+struct PendingCall<'a> {
+    peers: &'a Peers,
+    id: u64,
+}
+
+impl Drop for PendingCall<'_> {
+    fn drop(&mut self) {
+        self.peers.pending.lock().expect("not poisoned").remove(&self.id);
+    }
+}
+
+impl PeerCalls {
+    /// Sends `body` to `service` on `peer` and awaits the response body.
+    pub async fn call(&self, peer: u64, service: u8, body: &[u8], timeout: Duration) -> Result<Vec<u8>, CallError> {
+        let queue = self.peers.service.get(&peer).ok_or(CallError::UnknownPeer(peer))?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.peers.pending.lock().expect("not poisoned").insert(id, tx);
+        let _pending = PendingCall { peers: &self.peers, id };
+        queue
+            .try_send((FrameKind::Request, frame::encode_request(id, service, body)))
+            .map_err(|_| CallError::Overloaded(peer))?;
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(response)) => Ok(response),
+            _ => Err(CallError::Timeout {
+                peer,
+                waited_ms: timeout.as_millis() as u64,
+            }),
+        }
+    }
+}
+
+/// Binds the peer listener and starts one sender task per peer. Returns the per-peer queues,
+/// the links' measured round trips, and the means to call peers' services; peers' requests to
+/// this node's go to `requests`.
 pub async fn start(
     config: TransportConfig,
     inbound: mpsc::Sender<Message>,
     events: mpsc::UnboundedSender<PeerEvent>,
-) -> std::io::Result<(HashMap<u64, mpsc::Sender<Message>>, LinkRtts)> {
+    requests: Option<mpsc::Sender<PeerRequest>>,
+) -> std::io::Result<(HashMap<u64, mpsc::Sender<Message>>, LinkRtts, Arc<PeerCalls>)> {
     let listener = TcpListener::bind(config.listen_addr).await?;
     let mut pong_queues = HashMap::new();
     let mut pongs = HashMap::new();
+    let mut service_queues = HashMap::new();
+    let mut service = HashMap::new();
     for (peer, _) in &config.peers {
         let (tx, rx) = mpsc::channel(PONG_QUEUE);
         pongs.insert(*peer, tx);
         pong_queues.insert(*peer, rx);
+        let (tx, rx) = mpsc::channel(SERVICE_QUEUE);
+        service.insert(*peer, tx);
+        service_queues.insert(*peer, rx);
     }
     let rtts: LinkRtts = Arc::new(
         config
@@ -158,6 +248,13 @@ pub async fn start(
             .collect(),
         pongs,
         rtts: rtts.clone(),
+        service,
+        pending: Mutex::new(HashMap::new()),
+        requests,
+        requests_dropped: chorus_metrics::counter(
+            "chorus_peer_requests_dropped_total",
+            "Service requests from peers dropped because the service's queue was full",
+        ),
     });
     let receiver = Arc::new(Receiver::new(
         config.node_id,
@@ -171,6 +268,7 @@ pub async fn start(
         let (tx, rx) = mpsc::channel(config.queue_messages);
         queues.insert(*peer, tx);
         let pong_rx = pong_queues.remove(peer).expect("a pong queue per peer");
+        let service_rx = service_queues.remove(peer).expect("a service queue per peer");
         tokio::spawn(sender_loop(
             *peer,
             *addr,
@@ -178,17 +276,23 @@ pub async fn start(
             Queues {
                 raft: rx,
                 pongs: pong_rx,
+                service: service_rx,
             },
             events.clone(),
             shared.clone(),
         ));
     }
-    Ok((queues, rtts))
+    let calls = Arc::new(PeerCalls {
+        peers: shared,
+        next_id: AtomicU64::new(1),
+    });
+    Ok((queues, rtts, calls))
 }
 
 struct Queues {
     raft: mpsc::Receiver<Message>,
     pongs: mpsc::Receiver<u64>,
+    service: mpsc::Receiver<(FrameKind, Vec<u8>)>,
 }
 
 async fn accept_loop(
@@ -292,6 +396,29 @@ async fn receive_from(
                 metrics.rtt_us.set(smoothed as i64);
                 continue;
             }
+            FrameKind::Request => {
+                let (id, service, body) = frame::decode_request(&payload).map_err(|e| format!("bad request: {e}"))?;
+                let request = PeerRequest {
+                    from,
+                    service,
+                    body: body.to_vec(),
+                    id,
+                    reply_to: peers.service[&from].clone(),
+                };
+                match &peers.requests {
+                    Some(requests) if requests.try_send(request).is_ok() => {}
+                    _ => peers.requests_dropped.inc(),
+                }
+                continue;
+            }
+            FrameKind::Response => {
+                let (id, body) = frame::decode_response(&payload).map_err(|e| format!("bad response: {e}"))?;
+                // A response whose caller gave up finds nobody waiting.
+                if let Some(waiting) = peers.pending.lock().expect("not poisoned").remove(&id) {
+                    let _ = waiting.send(body.to_vec());
+                }
+                continue;
+            }
             FrameKind::Hello => return Err("a second hello".into()),
         }
         let msg = Message::parse_from_bytes(&payload).map_err(|e| format!("bad raft message: {e}"))?;
@@ -381,6 +508,7 @@ async fn sender_loop(
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => break,
                 _ = queues.pongs.recv() => {}
+                _ = queues.service.recv() => {}
                 msg = queues.raft.recv() => if msg.is_none() {
                     return;
                 },
@@ -421,6 +549,18 @@ async fn send_to(
                 frame::encode_frame(FrameKind::Ping, &probe_clock().to_le_bytes(), &mut buf);
                 None
             }
+            frame = queues.service.recv() => {
+                if let Some((kind, payload)) = frame {
+                    frame::encode_frame(kind, &payload, &mut buf);
+                    while buf.len() < WRITE_BATCH_BYTES {
+                        let Ok((kind, payload)) = queues.service.try_recv() else {
+                            break;
+                        };
+                        frame::encode_frame(kind, &payload, &mut buf);
+                    }
+                }
+                None
+            }
         };
         let mut next = first;
         while let Some(msg) = next.take() {
@@ -436,5 +576,83 @@ async fn send_to(
         metrics.bytes_sent.add(buf.len() as u64);
         buf.clear();
         written.map_err(|e| e.to_string())?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn free_addr() -> SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    }
+
+    async fn node(
+        id: u64,
+        addrs: &[(u64, SocketAddr)],
+        requests: Option<mpsc::Sender<PeerRequest>>,
+        dir: &std::path::Path,
+    ) -> Arc<PeerCalls> {
+        let (raft_tx, _raft_rx) = mpsc::channel(16);
+        let (events_tx, _events_rx) = mpsc::unbounded_channel();
+        let config = TransportConfig {
+            node_id: id,
+            listen_addr: addrs.iter().find(|(n, _)| *n == id).unwrap().1,
+            peers: addrs.iter().filter(|(n, _)| *n != id).cloned().collect(),
+            max_frame_bytes: 1 << 20,
+            queue_messages: 16,
+            incoming_dir: dir.to_path_buf(),
+        };
+        let (raft_queues, _, calls) = start(config, raft_tx, events_tx, requests).await.unwrap();
+        // The raft side is not under test; its channels live as long as the test (a closed raft
+        // queue is how a sender task learns of shutdown).
+        std::mem::forget((raft_queues, _raft_rx));
+        calls
+    }
+
+    #[tokio::test]
+    async fn a_call_gets_its_peers_response_and_fails_clearly_without_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let addrs = [(1, free_addr()), (2, free_addr()), (3, free_addr())];
+        let (requests_tx, mut requests) = mpsc::channel(16);
+        let one = node(1, &addrs, None, dir.path()).await;
+        let _two = node(2, &addrs, Some(requests_tx), dir.path()).await;
+        tokio::spawn(async move {
+            while let Some(request) = requests.recv().await {
+                let mut body = vec![request.service];
+                body.extend_from_slice(&request.body);
+                body.extend_from_slice(&request.from.to_le_bytes());
+                request.respond(&body);
+            }
+        });
+        let second = Duration::from_secs(1);
+        // Requests queued while the connection is not up yet are dropped, like raft messages.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while one.call(2, 7, b"up?", Duration::from_millis(100)).await.is_err() {
+            assert!(Instant::now() < deadline, "node 2 never answered");
+        }
+        let bodies: Vec<[u8; 1]> = (0..50u8).map(|i| [i]).collect();
+        // All in flight at once: responses are matched to calls by id, not by order.
+        let answered: Vec<_> = bodies.iter().map(|body| one.call(2, 7, body, second)).collect();
+        for (i, call) in answered.into_iter().enumerate() {
+            let mut expected = vec![7, i as u8];
+            expected.extend_from_slice(&1u64.to_le_bytes());
+            assert_eq!(call.await.unwrap(), expected, "call {i}");
+        }
+        assert_eq!(one.call(9, 7, b"x", second).await, Err(CallError::UnknownPeer(9)));
+        let quick = Duration::from_millis(300);
+        assert_eq!(
+            one.call(3, 7, b"x", quick).await,
+            Err(CallError::Timeout {
+                peer: 3,
+                waited_ms: 300
+            }),
+            "node 3 is not running"
+        );
+        assert!(
+            one.peers.pending.lock().unwrap().is_empty(),
+            "finished calls leave nothing behind"
+        );
     }
 }
