@@ -4,6 +4,10 @@
 //! Each client owns its keys, so the expected final value of a key is well defined: the value of
 //! its last acknowledged write, or of a later write whose outcome the client could not learn
 //! (timeout or lost connection) and which may or may not have been applied.
+//!
+//! Writes are exactly-once (RIFL): each client owns a RIFL id, so a write whose connection died
+//! with the killed leader is sent again to another node and executes at most once; its outcome
+//! stays unknown only if no node settles it within `WRITE_SETTLE_GRACE` after the run.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{IsTerminal, Write as _};
@@ -14,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use chorus_client::{Client, ClientError, Value};
+use chorus_client::{Client, ClientError, RiflSession, RiflWrite, Value};
 use hdrhistogram::Histogram;
 
 use chorus_cluster as cluster;
@@ -83,20 +87,35 @@ impl Rng {
 enum Outcome {
     Ok(Value),
     Retry,
+    /// The connection was lost with the command in flight.
     Unknown,
+    /// The node answered TIMEOUT or UNCERTAIN.
+    InDoubt,
 }
 
-async fn call(client: &mut Option<Client>, w: &Workload, node: &mut usize, args: &[&str]) -> Outcome {
-    if client.is_none() {
-        match Client::connect(w.addrs[*node % w.addrs.len()]).await {
-            Ok(c) => *client = Some(c),
-            Err(_) => {
-                *node += 1;
-                w.counters.reconnects.fetch_add(1, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                return Outcome::Retry;
-            }
+/// Connects to the client's current node if it has no connection; `false` (after moving on to
+/// the next node and a pause) if that failed.
+async fn ensure_connected(client: &mut Option<Client>, w: &Workload, node: &mut usize) -> bool {
+    if client.is_some() {
+        return true;
+    }
+    match Client::connect(w.addrs[*node % w.addrs.len()]).await {
+        Ok(c) => {
+            *client = Some(c);
+            true
         }
+        Err(_) => {
+            *node += 1;
+            w.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            false
+        }
+    }
+}
+
+async fn call<A: AsRef<[u8]>>(client: &mut Option<Client>, w: &Workload, node: &mut usize, args: &[A]) -> Outcome {
+    if !ensure_connected(client, w, node).await {
+        return Outcome::Retry;
     }
     let c = client.as_mut().expect("connected above");
     match c.command(args).await {
@@ -105,10 +124,7 @@ async fn call(client: &mut Option<Client>, w: &Workload, node: &mut usize, args:
             tokio::time::sleep(Duration::from_millis(20)).await;
             Outcome::Retry
         }
-        Ok(Value::Error(e)) if e.starts_with("TIMEOUT") || e.starts_with("UNCERTAIN") => {
-            w.counters.unknown_replies.fetch_add(1, Ordering::Relaxed);
-            Outcome::Unknown
-        }
+        Ok(Value::Error(e)) if e.starts_with("TIMEOUT") || e.starts_with("UNCERTAIN") => Outcome::InDoubt,
         Ok(v) => Outcome::Ok(v),
         Err(ClientError::Timeout(_)) | Err(_) => {
             // The connection (or its node) is gone: whatever was in flight has an unknown outcome.
@@ -120,11 +136,67 @@ async fn call(client: &mut Option<Client>, w: &Workload, node: &mut usize, args:
     }
 }
 
+/// How long after the run a write in flight may take to settle before its outcome counts as
+/// unknown.
+const WRITE_SETTLE_GRACE: Duration = Duration::from_secs(10);
+
+/// Sends a write under the client's RIFL id until some node settles it: again after a lost
+/// connection, an election or a write left in doubt, since the id makes a repeat harmless.
+/// `None` if none did within the grace after the run.
+async fn write_once(
+    client: &mut Option<Client>,
+    session: &mut Option<RiflSession>,
+    w: &Workload,
+    node: &mut usize,
+    args: &[&str],
+) -> Option<Value> {
+    let give_up_at = w.stop_at + WRITE_SETTLE_GRACE;
+    let mut write: Option<RiflWrite> = None;
+    let mut last = Outcome::Unknown;
+    while Instant::now() < give_up_at {
+        if !ensure_connected(client, w, node).await {
+            continue;
+        }
+        if session.is_none() {
+            match RiflSession::register(client.as_mut().expect("connected")).await {
+                Ok(registered) => *session = Some(registered),
+                Err(_) => {
+                    *client = None;
+                    *node += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            }
+        }
+        let session = session.as_mut().expect("registered above");
+        let wrapped = write.get_or_insert_with(|| session.wrap(args)).clone();
+        let command: Vec<&[u8]> = wrapped.command.iter().map(Vec::as_slice).collect();
+        match call(client, w, node, &command).await {
+            Outcome::Ok(Value::Error(e)) if e.starts_with("OUTOFORDER") || e.starts_with("EXPIRED") => {
+                // An earlier write of this id was never settled, or the id expired: neither can
+                // happen to a client that waits for each answer within the lease.
+                return Some(Value::Error(e));
+            }
+            Outcome::Ok(value) => {
+                session.answered(&wrapped);
+                return Some(value);
+            }
+            Outcome::Retry => {}
+            outcome => last = outcome,
+        }
+    }
+    if let Outcome::InDoubt = last {
+        w.counters.unknown_replies.fetch_add(1, Ordering::Relaxed);
+    }
+    None
+}
+
 async fn run_client(id: usize, w: Arc<Workload>) -> anyhow::Result<Ledger> {
     let mut ledger = Ledger::default();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D));
     let mut node = id;
     let mut client = None;
+    let mut session = None;
     let counter_key = format!("demo:{id}:counter");
     let mut seq = 0u64;
     while Instant::now() < w.stop_at {
@@ -134,15 +206,14 @@ async fn run_client(id: usize, w: Arc<Workload>) -> anyhow::Result<Ledger> {
         let done = if roll < 50 {
             seq += 1;
             let value = format!("{id}-{seq}-{}", rng.next() % 1_000_000);
-            match call(&mut client, &w, &mut node, &["SET", &key, &value]).await {
-                Outcome::Ok(Value::Simple(ok)) if ok == "OK" => {
+            match write_once(&mut client, &mut session, &w, &mut node, &["SET", &key, &value]).await {
+                Some(Value::Simple(ok)) if ok == "OK" => {
                     ledger.acked.insert(key.clone(), value);
                     ledger.uncertain.remove(&key);
                     true
                 }
-                Outcome::Ok(other) => bail!("SET {key} answered {other:?}"),
-                Outcome::Retry => false,
-                Outcome::Unknown => {
+                Some(other) => bail!("SET {key} answered {other:?}"),
+                None => {
                     w.counters.unknown_outcomes.fetch_add(1, Ordering::Relaxed);
                     ledger.uncertain.entry(key).or_default().insert(value);
                     false
@@ -160,14 +231,13 @@ async fn run_client(id: usize, w: Arc<Workload>) -> anyhow::Result<Ledger> {
                 _ => false,
             }
         } else {
-            match call(&mut client, &w, &mut node, &["INCR", &counter_key]).await {
-                Outcome::Ok(Value::Integer(_)) => {
+            match write_once(&mut client, &mut session, &w, &mut node, &["INCR", &counter_key]).await {
+                Some(Value::Integer(_)) => {
                     ledger.incr_acked += 1;
                     true
                 }
-                Outcome::Ok(other) => bail!("INCR {counter_key} answered {other:?}"),
-                Outcome::Retry => false,
-                Outcome::Unknown => {
+                Some(other) => bail!("INCR {counter_key} answered {other:?}"),
+                None => {
                     w.counters.unknown_outcomes.fetch_add(1, Ordering::Relaxed);
                     ledger.incr_uncertain += 1;
                     false

@@ -1,5 +1,6 @@
 //! A small async client for Chorus over RESP, with pipelining. It speaks the public protocol
-//! only, so it works against any node (and against Redis).
+//! only, so it works against any node (and against Redis) — except [`RiflSession`], Chorus's
+//! exactly-once writes under an id the application owns.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -26,6 +27,8 @@ pub enum ClientError {
     Closed,
     #[error("malformed reply: {0}")]
     Protocol(#[from] chorus_resp::Error),
+    #[error("server error: {0}")]
+    Server(String),
 }
 
 pub struct Client {
@@ -102,5 +105,58 @@ impl Client {
             }
         }
         Ok(replies)
+    }
+}
+
+/// A RIFL client id the application owns: its writes carry (id, sequence number), so one whose
+/// connection was lost — its node died mid-write — is sent again, to any node, and executes at
+/// most once. Writes go one at a time: wrap one, send it until an answer arrives (anything but a
+/// lost connection or a timeout), then mark it answered before wrapping the next.
+#[derive(Debug, Clone)]
+pub struct RiflSession {
+    incarnation: u64,
+    next_seq: u64,
+    first_unacked: u64,
+}
+
+/// One write of a session, ready to send (and send again) as it is.
+#[derive(Debug, Clone)]
+pub struct RiflWrite {
+    pub seq: u64,
+    pub command: Vec<Vec<u8>>,
+}
+
+impl RiflSession {
+    /// Registers a new id through `client`'s node (one log write).
+    pub async fn register(client: &mut Client) -> Result<RiflSession, ClientError> {
+        match client.command(&["RIFL", "REGISTER"]).await? {
+            Value::Integer(id) if id > 0 => Ok(RiflSession {
+                incarnation: id as u64,
+                next_seq: 1,
+                first_unacked: 1,
+            }),
+            Value::Error(e) => Err(ClientError::Server(e)),
+            other => Err(ClientError::Server(format!("unexpected RIFL REGISTER reply {other:?}"))),
+        }
+    }
+
+    /// The next write, as `RIFL WRITE incarnation seq first_unacked command...`.
+    pub fn wrap<A: AsRef<[u8]>>(&mut self, args: &[A]) -> RiflWrite {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let mut command: Vec<Vec<u8>> = vec![
+            b"RIFL".to_vec(),
+            b"WRITE".to_vec(),
+            self.incarnation.to_string().into_bytes(),
+            seq.to_string().into_bytes(),
+            self.first_unacked.to_string().into_bytes(),
+        ];
+        command.extend(args.iter().map(|a| a.as_ref().to_vec()));
+        RiflWrite { seq, command }
+    }
+
+    /// `write` was answered: its record at the servers may go with the next write.
+    pub fn answered(&mut self, write: &RiflWrite) {
+        self.first_unacked = self.first_unacked.max(write.seq + 1);
     }
 }

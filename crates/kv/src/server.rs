@@ -10,6 +10,11 @@
 //! the same number and executes at most once. The client sees `UNCERTAIN` only when retrying for
 //! `write_retry_window` did not settle it. The node registers one incarnation through the log on
 //! its first write and renews it every [`RENEW_EVERY`].
+//!
+//! A client that must survive the loss of its connection (its node died) owns its id instead:
+//! `RIFL REGISTER` gives it an incarnation of its own, and `RIFL WRITE incarnation seq
+//! first_unacked command...` sends a write under it, to any node, as often as it takes. Nodes
+//! renew the incarnations their clients used in the last [`CLIENT_INCARNATION_IDLE`].
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -50,6 +55,10 @@ pub struct FrontEndOptions {
 /// (`chorus_curp::rifl::LEASE_ENTRIES`) at any entry rate this machine reaches.
 pub const RENEW_EVERY: Duration = Duration::from_secs(5);
 
+/// A client-owned incarnation not used through this node for this long is no longer renewed by
+/// it (and expires with its lease unless the client writes again).
+pub const CLIENT_INCARNATION_IDLE: Duration = Duration::from_secs(60);
+
 /// Command names we count individually; anything else is counted as "other".
 const COUNTED_COMMANDS: &[&str] = &[
     "get",
@@ -88,6 +97,7 @@ const COUNTED_COMMANDS: &[&str] = &[
     "readonly",
     "readwrite",
     "cluster",
+    "rifl",
     "other",
 ];
 
@@ -160,6 +170,8 @@ struct Shared {
     /// This node's RIFL incarnation once registered; `None` again when it expired.
     incarnation: tokio::sync::Mutex<Option<u64>>,
     connections: Mutex<RiflConnections>,
+    /// Client-owned incarnations used through this node, and when last.
+    client_incarnations: Mutex<HashMap<u64, Instant>>,
 }
 
 /// The RIFL client ids this node has handed to connections.
@@ -234,6 +246,77 @@ impl Shared {
             Err(e) => tracing::debug!(error = %e, "RIFL renewal failed; the next one will retry"),
         }
     }
+
+    fn note_client_incarnation(&self, incarnation: u64) {
+        let mut used = self.client_incarnations.lock().expect("not poisoned");
+        used.insert(incarnation, Instant::now());
+    }
+
+    /// Renews the client-owned incarnations used recently; their clients keep connection 1.
+    async fn renew_client_incarnations(&self) {
+        let recent: Vec<u64> = {
+            let mut used = self.client_incarnations.lock().expect("not poisoned");
+            used.retain(|_, last| last.elapsed() < CLIENT_INCARNATION_IDLE);
+            used.keys().copied().collect()
+        };
+        for incarnation in recent {
+            if let Ok(Value::Error(e)) = self.node.write(encode_renew(incarnation, 1)).await {
+                if e == EXPIRED {
+                    self.client_incarnations
+                        .lock()
+                        .expect("not poisoned")
+                        .remove(&incarnation);
+                }
+            }
+        }
+    }
+
+    /// Registers an incarnation for a client that owns its id.
+    async fn register_client(&self) -> Value {
+        match self.node.write(encode_register()).await {
+            Ok(Value::Integer(id)) => {
+                self.note_client_incarnation(id as u64);
+                Value::Integer(id)
+            }
+            Ok(other) => other,
+            Err(e) => node_error(e),
+        }
+    }
+}
+
+/// `RIFL WRITE incarnation seq first_unacked command...`: the envelope and the command, or why
+/// not; `None` when `args` is not a `RIFL WRITE`.
+fn client_owned_write(args: &[Bytes]) -> Option<Result<(Envelope, Vec<Bytes>), Value>> {
+    let is = |arg: Option<&Bytes>, word: &[u8]| arg.is_some_and(|a| a.eq_ignore_ascii_case(word));
+    if !is(args.first(), b"rifl") || !is(args.get(1), b"write") {
+        return None;
+    }
+    let number = |i: usize| {
+        args.get(i)
+            .and_then(|a| std::str::from_utf8(a).ok()?.parse::<u64>().ok())
+            .ok_or_else(|| Value::error("ERR RIFL WRITE takes incarnation seq first_unacked command..."))
+    };
+    Some((|| {
+        let envelope = Envelope {
+            client: ClientId {
+                incarnation: number(2)?,
+                connection: 1,
+            },
+            seq: number(3)?,
+            first_unacked: number(4)?,
+        };
+        if envelope.seq == 0 || envelope.first_unacked == 0 || envelope.first_unacked > envelope.seq {
+            return Err(Value::error(
+                "ERR RIFL WRITE sequence numbers start at 1 and a write cannot acknowledge itself",
+            ));
+        }
+        if args.len() < 6 {
+            return Err(Value::error(
+                "ERR RIFL WRITE takes incarnation seq first_unacked command...",
+            ));
+        }
+        Ok((envelope, args[5..].to_vec()))
+    })())
 }
 
 /// Serves RESP clients on `listener` until the process exits.
@@ -249,6 +332,7 @@ pub async fn serve(listener: TcpListener, node: KvNode, options: FrontEndOptions
             next: 1,
             open: BTreeSet::new(),
         }),
+        client_incarnations: Mutex::new(HashMap::new()),
     });
     let renewing = shared.clone();
     tokio::spawn(async move {
@@ -257,6 +341,7 @@ pub async fn serve(listener: TcpListener, node: KvNode, options: FrontEndOptions
         loop {
             every.tick().await;
             renewing.renew().await;
+            renewing.renew_client_incarnations().await;
         }
     });
     loop {
@@ -304,6 +389,9 @@ struct WriteSlot {
     /// Whose write it is; when that is no longer the connection's id, the write moves to the new
     /// one or gives up.
     client: ClientId,
+    /// The client owns the id (`RIFL WRITE`): the write never moves, and the client, not the
+    /// connection, decides what to do when it gives up.
+    owned: bool,
     started: Instant,
     attempt: Result<chorus_log::node::Pending<Value>, NodeError>,
     /// An attempt may have executed (or may still): a retry is the only way to learn.
@@ -397,7 +485,20 @@ impl Connection {
                 if args.is_empty() {
                     continue;
                 }
-                let parsed = Command::parse(&args);
+                let (args, owned) = match client_owned_write(&args) {
+                    None => (args, None),
+                    Some(Ok((envelope, command))) => (command, Some(envelope)),
+                    Some(Err(e)) => {
+                        slots.push(Slot::Ready(e));
+                        continue;
+                    }
+                };
+                let parsed = match Command::parse(&args) {
+                    Ok(Some(Command::Read(_)) | None) if owned.is_some() => {
+                        Err("ERR RIFL WRITE takes a write command".to_string())
+                    }
+                    parsed => parsed,
+                };
                 let kind = match &parsed {
                     Ok(Some(Command::Read(_))) => Some(Kind::Read),
                     Ok(Some(Command::Write(_))) => Some(Kind::Write),
@@ -410,7 +511,7 @@ impl Connection {
                     self.resolve(&mut slots, &mut output).await;
                     pending = None;
                 }
-                let (slot, next) = self.dispatch(args, parsed).await;
+                let (slot, next) = self.dispatch(args, parsed, owned).await;
                 if !matches!(slot, Slot::Ready(_)) {
                     pending = kind;
                 }
@@ -478,7 +579,11 @@ impl Connection {
             Err(e) => Err(e),
         };
         let outcome = match result {
-            Ok(Value::Error(e)) if e == OUT_OF_ORDER => Attempt::Retry,
+            Ok(Value::Error(e)) if e == OUT_OF_ORDER => {
+                write.last_error = Some(Value::Error(e));
+                write.last_in_doubt = false;
+                Attempt::Retry
+            }
             Ok(Value::Error(e)) if e == EXPIRED => Attempt::NewClient,
             Ok(value) => Attempt::Settled(value),
             Err(e) => {
@@ -537,6 +642,18 @@ impl Connection {
                 let current = self.rifl.as_ref().map(|rifl| rifl.id);
                 if matches!(outcome, Attempt::GiveUp) {
                     values[at] = Some(self.give_up(&write));
+                    continue;
+                }
+                if write.owned {
+                    if matches!(outcome, Attempt::NewClient) {
+                        values[at] = Some(Value::error(EXPIRED));
+                    } else if write.started.elapsed() >= window {
+                        values[at] = Some(self.give_up(&write));
+                    } else {
+                        self.shared.metrics.write_retries.inc();
+                        write.attempt = self.shared.node.submit_write(write.command.clone()).await;
+                        again.push((at, write));
+                    }
                     continue;
                 }
                 if matches!(outcome, Attempt::NewClient) && current == Some(write.client) {
@@ -608,22 +725,35 @@ impl Connection {
         Ok(envelope)
     }
 
-    async fn dispatch(&mut self, args: Vec<Bytes>, parsed: Result<Option<Command>, CommandError>) -> (Slot, Flow) {
+    /// Starts a command; `owned` is the envelope of a client-owned write (`RIFL WRITE`).
+    async fn dispatch(
+        &mut self,
+        args: Vec<Bytes>,
+        parsed: Result<Option<Command>, CommandError>,
+        owned: Option<Envelope>,
+    ) -> (Slot, Flow) {
         let mut name_buf = [0u8; MAX_COMMAND_NAME_BYTES];
         self.shared.metrics.count(short_name(&args, &mut name_buf));
         let started = Instant::now();
         match parsed {
             Err(e) => (Slot::Ready(Value::error(e)), Flow::Continue),
             Ok(Some(Command::Write(_))) => {
-                let envelope = match self.next_envelope().await {
-                    Ok(envelope) => envelope,
-                    Err(e) => return (Slot::Ready(e), Flow::Continue),
+                let envelope = match owned {
+                    Some(envelope) => {
+                        self.shared.note_client_incarnation(envelope.client.incarnation);
+                        envelope
+                    }
+                    None => match self.next_envelope().await {
+                        Ok(envelope) => envelope,
+                        Err(e) => return (Slot::Ready(e), Flow::Continue),
+                    },
                 };
                 let command = encode_enveloped(&envelope, &args);
                 let attempt = self.shared.node.submit_write(command.clone()).await;
                 let slot = Slot::Write(WriteSlot {
                     command,
                     client: envelope.client,
+                    owned: owned.is_some(),
                     started,
                     attempt,
                     uncertain: false,
@@ -721,6 +851,10 @@ impl Connection {
             },
             // Standalone Redis answers every CLUSTER subcommand with this error; cluster-aware
             // clients rely on it. FAILOVER keeps its Redis meaning: make this node the primary.
+            "rifl" => match (sub.as_str(), rest.len()) {
+                ("register", 1) => self.shared.register_client().await,
+                _ => Value::error("ERR RIFL takes REGISTER, or WRITE incarnation seq first_unacked command..."),
+            },
             "cluster" => match (sub.as_str(), rest.len()) {
                 ("failover", 1) => match self.shared.node.transfer_leader(self.shared.node.status().id).await {
                     Ok(()) => Value::ok(),
