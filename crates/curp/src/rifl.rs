@@ -375,6 +375,18 @@ impl<R: Clone + std::fmt::Debug> Completions<R> {
         }
     }
 
+    /// The sequence number `client`'s next write must carry to execute if it applied at `index`,
+    /// or `None` if it would not execute whatever it carried (expired, or forgotten), or might
+    /// not by then: an incarnation within `margin_entries` of its lease's end.
+    pub fn next_seq(&self, index: u64, client: ClientId, margin_entries: u64) -> Option<u64> {
+        let incarnation = self.incarnations.get(&client.incarnation)?;
+        if incarnation.expired(index.saturating_add(margin_entries)) || client.connection < incarnation.forgotten_below
+        {
+            return None;
+        }
+        Some(incarnation.clients.get(&client.connection).map_or(1, |r| r.next_seq))
+    }
+
     /// Records the reply of a write [`Completions::admit`] let execute.
     pub fn complete(&mut self, envelope: &Envelope, reply: R) {
         let incarnation = self
@@ -593,6 +605,25 @@ mod tests {
             c.admit(9, &envelope(inc + 7, 1, 1, 1)),
             Verdict::Expired,
             "never registered"
+        );
+        let client = w(1, 1).client;
+        assert_eq!(c.next_seq(9, client, 0), Some(4), "what the next write must carry");
+        assert_eq!(
+            c.next_seq(
+                9,
+                ClientId {
+                    connection: 2,
+                    ..client
+                },
+                0
+            ),
+            Some(1)
+        );
+        assert_eq!(c.next_seq(9, envelope(inc + 7, 1, 1, 1).client, 0), None);
+        assert_eq!(
+            c.next_seq(9, client, LEASE_ENTRIES),
+            None,
+            "too close to the lease's end"
         );
     }
 

@@ -43,6 +43,22 @@ pub enum Write {
     },
 }
 
+impl Write {
+    /// The keys the write touches. Two writes on disjoint keys commute: applied in either order
+    /// they leave the same state and give the same replies (CURP's witnesses rely on it).
+    pub fn keys(&self) -> Vec<Bytes> {
+        match self {
+            Write::Set { key, .. }
+            | Write::IncrBy { key, .. }
+            | Write::Append { key, .. }
+            | Write::HSet { key, .. }
+            | Write::HDel { key, .. } => vec![key.clone()],
+            Write::Del(keys) => keys.clone(),
+            Write::MSet(pairs) => pairs.iter().map(|(k, _)| k.clone()).collect(),
+        }
+    }
+}
+
 /// A command that only reads state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Read {

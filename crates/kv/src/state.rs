@@ -15,10 +15,12 @@
 //! need be in the store only at that point.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use chorus_curp::rifl::{Completions, Envelope, Verdict};
 use chorus_log::{SnapshotFiles, StateMachine};
+use chorus_metrics::Gauge;
 use chorus_resp::{parse_value, write_value, Limits, Value};
 use chorus_storage::{Manifest, Store, StoreError, StoreOptions};
 
@@ -87,6 +89,7 @@ pub struct KvState {
     store: Store,
     completions: Completions<Value>,
     metrics: StorageMetrics,
+    rifl_clients: Arc<Gauge>,
 }
 
 /// Rebuilds the completion records from the store's `r` keys.
@@ -108,6 +111,10 @@ fn decode_reply(reply: &[u8]) -> Option<Value> {
         _ => None,
     }
 }
+
+/// A write is predicted only if its client's lease has this many entries left: it must still
+/// hold when the write applies.
+const PREDICT_LEASE_MARGIN_ENTRIES: u64 = 1 << 16;
 
 /// Entries between two updates of the storage metrics.
 const METRICS_EVERY_ENTRIES: u64 = 256;
@@ -135,6 +142,10 @@ impl KvState {
             store,
             completions,
             metrics: StorageMetrics::new(),
+            rifl_clients: chorus_metrics::gauge(
+                "chorus_rifl_clients",
+                "RIFL clients whose completion records this replica keeps",
+            ),
         })
     }
 
@@ -352,6 +363,112 @@ impl KvState {
         }
     }
 
+    /// The reply applying `write` now would give, without applying it. Mirrors
+    /// `execute_write` (a randomized test holds them equal).
+    fn preview_write(&mut self, write: &Write) -> Value {
+        let exists = |state: &KvState, key: &[u8]| state.is_hash(key) || state.is_string(key);
+        match write {
+            Write::Set {
+                key,
+                condition,
+                reply_as_int,
+                ..
+            } => {
+                let allowed = match condition {
+                    SetCondition::Always => true,
+                    SetCondition::IfAbsent => !exists(self, key),
+                    SetCondition::IfPresent => exists(self, key),
+                };
+                match (reply_as_int, allowed) {
+                    (true, _) => Value::Integer(allowed as i64),
+                    (false, true) => Value::ok(),
+                    (false, false) => Value::null(),
+                }
+            }
+            Write::Del(keys) => {
+                let mut seen = std::collections::HashSet::new();
+                let deleted = keys.iter().filter(|k| seen.insert(*k) && exists(self, k)).count();
+                Value::Integer(deleted as i64)
+            }
+            Write::MSet(_) => Value::ok(),
+            Write::IncrBy { key, delta } => {
+                let current = match self.string_to_update(key) {
+                    Err(e) => return e,
+                    Ok(None) => 0,
+                    Ok(Some(s)) => match crate::command::parse_i64(&s) {
+                        Ok(n) => n,
+                        Err(e) => return Value::error(e),
+                    },
+                };
+                match current.checked_add(*delta) {
+                    Some(n) => Value::Integer(n),
+                    None => Value::error("ERR increment or decrement would overflow"),
+                }
+            }
+            Write::Append { key, value } => match self.string_to_update(key) {
+                Err(e) => e,
+                Ok(current) => Value::Integer((current.map_or(0, |s| s.len()) + value.len()) as i64),
+            },
+            Write::HSet { key, pairs, reply_ok } => {
+                if let Err(e) = self.hash_check(key) {
+                    return e;
+                }
+                if *reply_ok {
+                    return Value::ok();
+                }
+                let mut seen = std::collections::HashSet::new();
+                let added = pairs
+                    .iter()
+                    .filter(|(f, _)| seen.insert(f) && !self.store.contains(&field_key(key, f)))
+                    .count();
+                Value::Integer(added as i64)
+            }
+            Write::HDel { key, fields } => match self.hash_check(key) {
+                Err(e) => e,
+                Ok(false) => Value::Integer(0),
+                Ok(true) => {
+                    let mut seen = std::collections::HashSet::new();
+                    let removed = fields
+                        .iter()
+                        .filter(|f| seen.insert(*f) && self.store.contains(&field_key(key, f)))
+                        .count();
+                    Value::Integer(removed as i64)
+                }
+            },
+        }
+    }
+
+    /// What the enveloped write `command` will answer when it applies at `index` or a little
+    /// later — a CURP leader's speculative reply — provided nothing applied before it touches
+    /// its keys, and its client's writes before it (if `pending_next_seq` says some are proposed
+    /// but not applied) all execute. `None` when it will not execute as its client's next write,
+    /// or is not an enveloped write.
+    pub fn predict(
+        &mut self,
+        index: u64,
+        command: &[u8],
+        pending_next_seq: Option<u64>,
+    ) -> Option<(Vec<Bytes>, Value)> {
+        let Ok(Logged::Enveloped(envelope, args)) = decode_logged(command) else {
+            return None;
+        };
+        let next_seq = match pending_next_seq {
+            Some(seq) => seq,
+            None => self
+                .completions
+                .next_seq(index, envelope.client, PREDICT_LEASE_MARGIN_ENTRIES)?,
+        };
+        if envelope.seq != next_seq {
+            return None;
+        }
+        match Command::parse(&args) {
+            Ok(Some(Command::Write(write))) => Some((write.keys(), self.preview_write(&write))),
+            // Applying it answers the same error and touches nothing.
+            Err(e) => Some((Vec::new(), Value::error(e))),
+            Ok(_) => None,
+        }
+    }
+
     pub fn execute_read(&mut self, read: &Read) -> Value {
         let mut result = || -> Result<Value, Value> {
             Ok(match read {
@@ -471,6 +588,7 @@ impl StateMachine for KvState {
     fn tick(&mut self) {
         self.store.tick();
         self.metrics.publish(&mut self.store);
+        self.rifl_clients.set(self.completions.clients() as i64);
     }
 
     fn out_of_space(&self) -> bool {
@@ -545,14 +663,15 @@ mod tests {
 
         fn run(&mut self, cmd: &str) -> Value {
             let args: Vec<Bytes> = cmd.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect();
-            match Command::parse(&args).unwrap().unwrap() {
-                Command::Write(_) => {
+            match Command::parse(&args).map(|c| c.expect("a data command")) {
+                Ok(Command::Write(_)) => {
                     self.index += 1;
                     let reply = self.state.apply(self.index, &encode_args(&args));
                     self.state.entry_applied(self.index);
                     reply
                 }
-                Command::Read(r) => self.state.query(&r),
+                Ok(Command::Read(r)) => self.state.query(&r),
+                Err(e) => Value::error(e),
             }
         }
 
@@ -812,6 +931,99 @@ mod tests {
             );
         }
         assert_eq!(follower.run("GET n"), Value::bulk("11"));
+    }
+
+    /// A random write over a few keys, fields and values, of every kind.
+    fn random_write(rng: &mut u64) -> String {
+        let mut next = |n: u64| {
+            *rng ^= *rng << 13;
+            *rng ^= *rng >> 7;
+            *rng ^= *rng << 17;
+            *rng % n
+        };
+        let key = |r: u64| ["a", "b", "c", "h", "g"][r as usize];
+        let (k1, k2, f) = (key(next(5)), key(next(5)), ["x", "y"][next(2) as usize]);
+        let v = ["1", "-3", "v", "9223372036854775807"][next(4) as usize];
+        match next(12) {
+            0 => format!("SET {k1} {v}"),
+            1 => format!("SET {k1} {v} NX"),
+            2 => format!("SET {k1} {v} XX"),
+            3 => format!("SETNX {k1} {v}"),
+            4 => format!("DEL {k1} {k2} {k1}"),
+            5 => format!("MSET {k1} {v} {k2} {v}"),
+            6 => format!("INCRBY {k1} {v}"),
+            7 => format!("APPEND {k1} {v}"),
+            8 => format!("HSET {k1} {f} {v} {f} {v}"),
+            9 => format!("HMSET {k1} {f} {v}"),
+            10 => format!("HDEL {k1} {f} {f} z"),
+            _ => format!("INCR {k1}"),
+        }
+    }
+
+    /// A CURP leader answers before a write applies: for every kind of write, on whatever state
+    /// random writes left, the predicted reply is the one applying it gives.
+    #[test]
+    fn a_predicted_reply_is_the_reply_applying_gives() {
+        let mut s = Replica::new();
+        let c = RiflClient::register(&mut s, 1);
+        let mut rng = 0x2545_F491_4F6C_DD1Du64;
+        for seq in 1..=2_000 {
+            let cmd = random_write(&mut rng);
+            let args: Vec<Bytes> = cmd.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect();
+            let envelope = Envelope {
+                client: chorus_curp::rifl::ClientId {
+                    incarnation: c.incarnation,
+                    connection: 1,
+                },
+                seq,
+                first_unacked: seq,
+            };
+            let logged = crate::command::encode_enveloped(&envelope, &args);
+            assert_eq!(s.state.predict(s.index, &logged, Some(seq + 1)), None, "not its turn");
+            let (keys, predicted) = s.state.predict(s.index, &logged, None).expect("its turn");
+            assert_eq!(c.write(&mut s, seq, seq, &cmd), predicted, "{cmd}");
+            assert!(keys.iter().all(|k| cmd.contains(std::str::from_utf8(k).unwrap())));
+        }
+    }
+
+    /// Writes whose keys are disjoint commute: in either order they give the same replies and
+    /// leave the same state — what lets CURP's witnesses hold them unordered.
+    #[test]
+    fn writes_on_disjoint_keys_commute() {
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut checked = 0;
+        for _ in 0..300 {
+            let prefix: Vec<String> = (0..6).map(|_| random_write(&mut rng)).collect();
+            let (first, second) = (random_write(&mut rng), random_write(&mut rng));
+            let keys = |cmd: &str| {
+                let args: Vec<Bytes> = cmd.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect();
+                match Command::parse(&args) {
+                    Ok(Some(Command::Write(w))) => w.keys(),
+                    // A write that does not parse touches nothing.
+                    _ => Vec::new(),
+                }
+            };
+            if keys(&first).iter().any(|k| keys(&second).contains(k)) {
+                continue;
+            }
+            checked += 1;
+            let mut one = Replica::new();
+            let mut other = Replica::new();
+            for cmd in &prefix {
+                one.run(cmd);
+                other.run(cmd);
+            }
+            let (a1, b1) = (one.run(&first), one.run(&second));
+            let (b2, a2) = (other.run(&second), other.run(&first));
+            assert_eq!((a1, b1), (a2, b2), "{prefix:?} then {first} and {second}");
+            let all = ["a", "b", "c", "h", "g"];
+            assert_eq!(
+                one.observe(&all),
+                other.observe(&all),
+                "{prefix:?} then {first} and {second}"
+            );
+        }
+        assert!(checked > 100, "only {checked} disjoint pairs");
     }
 
     #[test]
