@@ -536,11 +536,35 @@ async fn follower_behind_the_compacted_log_catches_up_by_snapshot() {
 async fn without_a_quorum_requests_fail_with_clear_errors_in_bounded_time() {
     let cluster = Cluster::start(3, &["--leader-wait-ms", "1000", "--request-timeout-ms", "2000"]);
     let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(5)).await;
-    let mut c = cluster.client(leader).await;
-    assert_eq!(c.command(&["SET", "a", "1"]).await.unwrap(), ok());
-    for id in (1..=3).filter(|id| *id != leader) {
-        cluster.kill(id);
+    let followers: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    // Written through a follower, so the leader has never registered its RIFL incarnation.
+    let mut f = cluster.client(followers[0]).await;
+    assert_eq!(f.command(&["SET", "a", "1"]).await.unwrap(), ok());
+    for id in &followers {
+        cluster.kill(*id);
     }
+    // Many first writes at once: one registration fails for all of them, not one after another.
+    let started = Instant::now();
+    let mut first_writes = Vec::new();
+    for n in 0..6 {
+        let mut c = cluster.client(leader).await;
+        first_writes.push(tokio::spawn(async move {
+            c.command(&["SET", &format!("new{n}"), "v"]).await
+        }));
+    }
+    for write in first_writes {
+        let answer = write.await.unwrap().unwrap();
+        assert!(
+            matches!(&answer, Value::Error(e) if e.starts_with("TIMEOUT") || e.starts_with("TRYAGAIN")),
+            "first write without quorum answered {answer:?}"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "six first writes took {:?}",
+        started.elapsed()
+    );
+    let mut c = cluster.client(leader).await;
     let started = Instant::now();
     let write = c.command(&["SET", "a", "2"]).await.unwrap();
     assert!(

@@ -169,6 +169,9 @@ struct Shared {
     started: Instant,
     /// This node's RIFL incarnation once registered; `None` again when it expired.
     incarnation: tokio::sync::Mutex<Option<u64>>,
+    /// When the last registration failed, and how: connections that waited behind it get its
+    /// answer rather than each waiting out a registration of their own.
+    registration_failed: Mutex<Option<(Instant, Value)>>,
     connections: Mutex<RiflConnections>,
     /// Client-owned incarnations used through this node, and when last.
     client_incarnations: Mutex<HashMap<u64, Instant>>,
@@ -184,20 +187,32 @@ struct RiflConnections {
 impl Shared {
     /// This node's incarnation, registered through the log if it has none.
     async fn incarnation(&self) -> Result<u64, Value> {
+        let asked = Instant::now();
         let mut incarnation = self.incarnation.lock().await;
         if let Some(id) = *incarnation {
             return Ok(id);
         }
-        match self.node.write(encode_register()).await {
-            Ok(Value::Integer(id)) => {
-                let id = u64::try_from(id).map_err(|_| Value::error("ERR negative incarnation id"))?;
+        if let Some((at, error)) = &*self.registration_failed.lock().expect("not poisoned") {
+            if *at >= asked {
+                return Err(error.clone());
+            }
+        }
+        let registered = match self.node.write(encode_register()).await {
+            Ok(Value::Integer(id)) => u64::try_from(id).map_err(|_| Value::error("ERR negative incarnation id")),
+            Ok(Value::Error(e)) => Err(Value::Error(e)),
+            Ok(other) => Err(Value::error(format!("ERR unexpected registration reply {other:?}"))),
+            Err(e) => Err(node_error(e)),
+        };
+        match registered {
+            Ok(id) => {
                 tracing::info!(incarnation = id, "registered a RIFL incarnation");
                 *incarnation = Some(id);
                 Ok(id)
             }
-            Ok(Value::Error(e)) => Err(Value::Error(e)),
-            Ok(other) => Err(Value::error(format!("ERR unexpected registration reply {other:?}"))),
-            Err(e) => Err(node_error(e)),
+            Err(error) => {
+                *self.registration_failed.lock().expect("not poisoned") = Some((Instant::now(), error.clone()));
+                Err(error)
+            }
         }
     }
 
@@ -328,6 +343,7 @@ pub async fn serve(listener: TcpListener, node: KvNode, options: FrontEndOptions
         next_client_id: AtomicU64::new(1),
         started: Instant::now(),
         incarnation: tokio::sync::Mutex::new(None),
+        registration_failed: Mutex::new(None),
         connections: Mutex::new(RiflConnections {
             next: 1,
             open: BTreeSet::new(),
