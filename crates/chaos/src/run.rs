@@ -35,6 +35,10 @@ pub struct RunArgs {
     /// Further clients that only read, each on a random node.
     #[arg(long, default_value_t = 2)]
     pub readers: usize,
+    /// Of `clients`, how many own a RIFL id and send a write whose outcome is unknown again to
+    /// another node (so a write that executed is sent again, and must not execute twice).
+    #[arg(long, default_value_t = 3)]
+    pub resending: usize,
     /// Keys the clients share (fewer keys, more contention).
     #[arg(long, default_value_t = 4)]
     pub keys: usize,
@@ -223,6 +227,7 @@ async fn drive(
             recorder.clone(),
             id,
             mix,
+            id < args.resending.min(args.clients) as u64,
             nodes.clone(),
             args.keys,
             args.seed,

@@ -1,12 +1,14 @@
 //! Clients that read, write and increment a few keys through any node and record every
-//! operation with its invocation and completion times.
+//! operation with its invocation and completion times. Some clients own a RIFL id and send a
+//! write whose outcome is unknown again to another node: a write that executed and is sent again
+//! must not execute twice, and an increment that did would show in its result.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chorus_client::{Client, ClientError, Value};
+use chorus_client::{Client, ClientError, RiflSession, Value};
 
 use crate::history::{Op, OpKind, Outcome};
 
@@ -14,6 +16,8 @@ use crate::history::{Op, OpKind, Outcome};
 /// with the node's verdict rather than ours.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(6);
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
+/// How often a resending client sends one write before it records the outcome unknown.
+const MAX_SENDS: usize = 5;
 
 /// State shared by the clients of a run.
 pub struct Recorder {
@@ -139,46 +143,156 @@ pub enum Mix {
 /// few enough that the histories stay small for the checker, whose search grows with them.
 const READER_PAUSE: Duration = Duration::from_millis(5);
 
+/// A connection to a random node, or `None` (after a pause) if it could not be made.
+async fn connect_to_any(nodes: &[(u64, SocketAddr)], rng: &mut Rng) -> Option<(u64, Client)> {
+    let (node, addr) = nodes[rng.below(nodes.len() as u64) as usize];
+    match Client::connect(addr).await {
+        Ok(mut client) => {
+            client.set_timeout(REQUEST_TIMEOUT);
+            Some((node, client))
+        }
+        Err(_) => {
+            tokio::time::sleep(RECONNECT_PAUSE).await;
+            None
+        }
+    }
+}
+
+/// What a resending client needs besides the recorder.
+pub struct Resending<'a> {
+    pub nodes: &'a [(u64, SocketAddr)],
+    pub rng: &'a mut Rng,
+    /// Dropped after a write whose outcome stayed unknown: the next would wait for it forever.
+    pub session: &'a mut Option<RiflSession>,
+}
+
+/// Sends a write under the client's own RIFL id — to other nodes too, while its outcome is
+/// unknown — and records it once: from its first sending to the answer that settled it.
+pub async fn execute_resending(
+    recorder: &Recorder,
+    connection: &mut Option<(u64, Client)>,
+    with: Resending<'_>,
+    id: u64,
+    kind: OpKind,
+    key: &str,
+    value: Option<i64>,
+) {
+    if with.session.is_none() {
+        let Some((_, client)) = connection.as_mut() else {
+            return;
+        };
+        match RiflSession::register(client).await {
+            Ok(session) => *with.session = Some(session),
+            Err(_) => {
+                *connection = None;
+                return;
+            }
+        }
+    }
+    let session = with.session.as_mut().expect("registered above");
+    let v = value.map(|v| v.to_string());
+    let write = match (kind, &v) {
+        (OpKind::Write, Some(v)) => session.wrap(&["SET", key, v]),
+        _ => session.wrap(&["INCR", key]),
+    };
+    let invoke_us = recorder.now_us();
+    let mut node = connection.as_ref().map_or(0, |(node, _)| *node);
+    let mut settled = None;
+    for _ in 0..MAX_SENDS {
+        if recorder.stop.load(Ordering::Relaxed) {
+            break;
+        }
+        if connection.is_none() {
+            *connection = connect_to_any(with.nodes, with.rng).await;
+        }
+        let Some((at, client)) = connection.as_mut() else {
+            continue;
+        };
+        node = *at;
+        match client.command(&write.command).await {
+            Ok(Value::Error(e)) if e.starts_with("TRYAGAIN") => {
+                tokio::time::sleep(RECONNECT_PAUSE).await;
+            }
+            // In doubt, or the connection is gone: another node may settle it.
+            Ok(Value::Error(e)) if e.starts_with("UNCERTAIN") || e.starts_with("TIMEOUT") => *connection = None,
+            Err(_) => *connection = None,
+            Ok(reply) => {
+                settled = Some(classify(kind, Ok(reply)));
+                break;
+            }
+        }
+    }
+    let complete_us = recorder.now_us();
+    let (outcome, result) = match settled {
+        Some((outcome, result, _)) => (outcome, result),
+        None => (Outcome::Unknown, None),
+    };
+    if outcome == Outcome::Unknown {
+        *with.session = None;
+    } else {
+        session.answered(&write);
+    }
+    recorder.record(Op {
+        client: id,
+        kind,
+        key: key.to_string(),
+        value,
+        invoke_us,
+        complete_us: (outcome != Outcome::Unknown).then_some(complete_us),
+        outcome,
+        result,
+        node,
+    });
+}
+
 /// One client: connects to a random node, issues operations until stopped, reconnects (to a
-/// random node) whenever its connection breaks.
+/// random node) whenever its connection breaks. A resending client owns a RIFL id for its
+/// writes ([`execute_resending`]).
 pub async fn client_loop(
     recorder: Arc<Recorder>,
     id: u64,
     mix: Mix,
+    resends: bool,
     nodes: Vec<(u64, SocketAddr)>,
     keys: usize,
     seed: u64,
 ) {
     let mut rng = Rng::new(seed ^ id.rotate_left(17));
     let mut sequence = 0i64;
+    let mut connection = None;
+    let mut session = None;
     while !recorder.stop.load(Ordering::Relaxed) {
-        let (node, addr) = nodes[rng.below(nodes.len() as u64) as usize];
-        let mut client = match Client::connect(addr).await {
-            Ok(c) => c,
-            Err(_) => {
-                tokio::time::sleep(RECONNECT_PAUSE).await;
-                continue;
+        if connection.is_none() {
+            connection = connect_to_any(&nodes, &mut rng).await;
+            continue;
+        }
+        let key = format!("k{}", rng.below(keys as u64));
+        let (kind, value) = match rng.below(10) {
+            _ if mix == Mix::ReadsOnly => (OpKind::Read, None),
+            0..=3 => (OpKind::Read, None),
+            4..=7 => {
+                sequence += 1;
+                (OpKind::Write, Some(id as i64 * 1_000_000_000 + sequence))
             }
+            _ => (OpKind::Incr, None),
         };
-        client.set_timeout(REQUEST_TIMEOUT);
-        while !recorder.stop.load(Ordering::Relaxed) {
-            let key = format!("k{}", rng.below(keys as u64));
-            let (kind, value) = match rng.below(10) {
-                _ if mix == Mix::ReadsOnly => (OpKind::Read, None),
-                0..=3 => (OpKind::Read, None),
-                4..=7 => {
-                    sequence += 1;
-                    (OpKind::Write, Some(id as i64 * 1_000_000_000 + sequence))
-                }
-                _ => (OpKind::Incr, None),
+        if resends && kind != OpKind::Read {
+            let with = Resending {
+                nodes: &nodes,
+                rng: &mut rng,
+                session: &mut session,
             };
-            if execute(&recorder, &mut client, id, node, kind, &key, value).await {
-                tokio::time::sleep(RECONNECT_PAUSE).await;
-                break;
-            }
-            if mix == Mix::ReadsOnly {
-                tokio::time::sleep(READER_PAUSE).await;
-            }
+            execute_resending(&recorder, &mut connection, with, id, kind, &key, value).await;
+            continue;
+        }
+        let (node, client) = connection.as_mut().expect("connected above");
+        if execute(&recorder, client, id, *node, kind, &key, value).await {
+            connection = None;
+            tokio::time::sleep(RECONNECT_PAUSE).await;
+            continue;
+        }
+        if mix == Mix::ReadsOnly {
+            tokio::time::sleep(READER_PAUSE).await;
         }
     }
 }
