@@ -1,8 +1,12 @@
 //! What a peer connection reads: frame headers, checksums, hello/ping/pong payloads, the raft
-//! messages inside frames, and a snapshot shipment's offer, resume and chunk payloads.
+//! messages inside frames, a snapshot shipment's offer, resume and chunk payloads, and peer
+//! service requests and responses.
 #![no_main]
 
-use chorus_log::frame::{decode_header, decode_hello, decode_probe, verify_payload, FrameKind, FRAME_HEADER_BYTES};
+use chorus_log::frame::{
+    decode_header, decode_hello, decode_probe, decode_request, decode_response, encode_request, encode_response,
+    verify_payload, FrameKind, FRAME_HEADER_BYTES,
+};
 use chorus_log::shipment::{decode_chunk, decode_offer, decode_resume, encode_offer};
 use libfuzzer_sys::fuzz_target;
 use protobuf::Message as _;
@@ -37,6 +41,16 @@ fuzz_target!(|data: &[u8]| {
             FrameKind::ShipResume => drop(decode_resume(payload)),
             FrameKind::ShipChunk => drop(decode_chunk(payload)),
             FrameKind::ShipDone => {}
+            FrameKind::Request => {
+                if let Ok((id, service, body)) = decode_request(payload) {
+                    assert_eq!(encode_request(id, service, body), payload, "a request encodes back");
+                }
+            }
+            FrameKind::Response => {
+                if let Ok((id, body)) = decode_response(payload) {
+                    assert_eq!(encode_response(id, body), payload, "a response encodes back");
+                }
+            }
         }
         rest = &body[header.payload_len..];
     }

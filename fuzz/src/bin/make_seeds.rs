@@ -15,7 +15,7 @@ use chorus_kv::command::{encode_args, encode_enveloped, encode_register, encode_
 use chorus_kv::unicache::KvPreprocessor;
 use chorus_kv::KvState;
 use chorus_log::batch::{self, Origin};
-use chorus_log::frame::{encode_frame, encode_hello, FrameKind};
+use chorus_log::frame::{encode_frame, encode_hello, encode_request, encode_response, FrameKind};
 use chorus_log::shipment::{encode_chunk, encode_offer, encode_resume, Offer};
 use chorus_log::storage::{write_snapshot_file, DiskStorage, StorageOptions};
 use chorus_log::{EntryCodec, StateMachine};
@@ -105,6 +105,12 @@ fn main() {
     }
     encode_frame(FrameKind::Ping, &7u64.to_le_bytes(), &mut frames);
     encode_frame(FrameKind::Pong, &7u64.to_le_bytes(), &mut frames);
+    encode_frame(
+        FrameKind::Request,
+        &encode_request(9, 1, b"a witness record"),
+        &mut frames,
+    );
+    encode_frame(FrameKind::Response, &encode_response(9, &[]), &mut frames);
     write(&out, "peer_frame", "connection", &frames);
     let mut shipment = Vec::new();
     let offer = Offer {
