@@ -3,6 +3,7 @@
 
 pub mod command;
 pub mod server;
+mod speculation;
 pub mod state;
 mod storage_metrics;
 pub mod unicache;

@@ -25,6 +25,7 @@ use chorus_resp::{parse_value, write_value, Limits, Value};
 use chorus_storage::{Manifest, Store, StoreError, StoreOptions};
 
 use crate::command::{decode_logged, Command, Logged, Read, SetCondition, Write};
+use crate::speculation::Proposed;
 use crate::storage_metrics::StorageMetrics;
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
@@ -88,6 +89,8 @@ fn group_of(storage_key: &[u8]) -> Option<usize> {
 pub struct KvState {
     store: Store,
     completions: Completions<Value>,
+    /// What this node, as CURP leader, has proposed and not applied.
+    proposed: Proposed,
     metrics: StorageMetrics,
     rifl_clients: Arc<Gauge>,
 }
@@ -141,6 +144,7 @@ impl KvState {
         Ok(KvState {
             store,
             completions,
+            proposed: Proposed::default(),
             metrics: StorageMetrics::new(),
             rifl_clients: chorus_metrics::gauge(
                 "chorus_rifl_clients",
@@ -438,17 +442,52 @@ impl KvState {
         }
     }
 
+    /// CURP, on the leader: the reply `command`, about to join the log at `index`, will give —
+    /// known now, before it commits, because nothing proposed and unapplied touches its keys and
+    /// it executes as its client's next write. `None` otherwise. Call before `proposed` for it.
+    pub fn speculate(&mut self, index: u64, command: &[u8]) -> Option<Value> {
+        let Ok(Logged::Enveloped(envelope, _)) = decode_logged(command) else {
+            return None;
+        };
+        let pending_next_seq = self.proposed.next_seq(envelope.client);
+        let (keys, reply) = self.predict(index, command, pending_next_seq)?;
+        (!self.proposed.touches(&keys)).then_some(reply)
+    }
+
+    /// CURP, on the leader: `command` has joined the log at `index`. Called for every command
+    /// in log order — this node's, those followers forwarded, and an inherited uncommitted tail.
+    pub fn proposed(&mut self, index: u64, command: &[u8]) {
+        let (args, client) = match decode_logged(command) {
+            Ok(Logged::Args(args)) => (args, None),
+            Ok(Logged::Enveloped(envelope, args)) => {
+                let expected = self
+                    .proposed
+                    .next_seq(envelope.client)
+                    .or_else(|| self.completions.next_seq(index, envelope.client, 0));
+                // Only the write its client's sequence expects executes and moves it on.
+                let next = expected.map(|e| if e == envelope.seq { e + 1 } else { e });
+                (args, next.map(|next| (envelope.client, next)))
+            }
+            Ok(Logged::Register | Logged::Renew { .. }) | Err(_) => return,
+        };
+        let keys = match Command::parse(&args) {
+            Ok(Some(Command::Write(write))) => write.keys(),
+            _ => Vec::new(),
+        };
+        self.proposed.note(index, keys, client);
+    }
+
+    /// CURP: this node is no longer the leader; what it proposed is someone else's to apply.
+    pub fn forget_proposed(&mut self) {
+        self.proposed.clear();
+    }
+
     /// What the enveloped write `command` will answer when it applies at `index` or a little
-    /// later — a CURP leader's speculative reply — provided nothing applied before it touches
-    /// its keys, and its client's writes before it (if `pending_next_seq` says some are proposed
-    /// but not applied) all execute. `None` when it will not execute as its client's next write,
-    /// or is not an enveloped write.
-    pub fn predict(
-        &mut self,
-        index: u64,
-        command: &[u8],
-        pending_next_seq: Option<u64>,
-    ) -> Option<(Vec<Bytes>, Value)> {
+    /// later, provided nothing applied before it touches its keys, and its client's writes
+    /// before it (if `pending_next_seq` says some are proposed but not applied) all execute.
+    /// With the keys it touches; `None` when it will not execute as its client's next write, or
+    /// is not an enveloped write.
+    fn predict(&mut self, index: u64, command: &[u8], pending_next_seq: Option<u64>) -> Option<(Vec<Bytes>, Value)> {
         let Ok(Logged::Enveloped(envelope, args)) = decode_logged(command) else {
             return None;
         };
@@ -576,6 +615,9 @@ impl StateMachine for KvState {
             self.flush_completions(index);
         }
         self.store.entry_applied(index);
+        if !self.proposed.is_empty() {
+            self.proposed.applied_through(index);
+        }
         if index.is_multiple_of(METRICS_EVERY_ENTRIES) {
             self.metrics.publish(&mut self.store);
         }
@@ -984,6 +1026,72 @@ mod tests {
             assert_eq!(c.write(&mut s, seq, seq, &cmd), predicted, "{cmd}");
             assert!(keys.iter().all(|k| cmd.contains(std::str::from_utf8(k).unwrap())));
         }
+    }
+
+    /// A leader speculating while it proposes, with commands applying later, interleaved at
+    /// random, from three clients that also resend: every speculative reply is the reply the
+    /// command gives when it applies, and conflicting commands are not speculated on.
+    #[test]
+    fn a_speculative_reply_is_the_reply_the_write_gives_when_it_applies() {
+        let mut s = Replica::new();
+        let incarnation = RiflClient::register(&mut s, 1).incarnation;
+        let mut rng = 0x1234_5678_9ABC_DEF1u64;
+        let mut next = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let mut commands_rng = 0x0FED_CBA9_8765_4321u64;
+        let mut next_seq = [1u64; 3];
+        let mut queue: std::collections::VecDeque<(u64, Bytes, Option<Value>)> = Default::default();
+        let (mut speculated, mut declined) = (0, 0);
+        for _ in 0..4_000 {
+            // A few commands in flight, as on a leader whose log runs a little ahead.
+            if queue.is_empty() || (queue.len() < 4 && next(2) == 0) {
+                let connection = next(3);
+                let seq = if next(10) == 0 && next_seq[connection as usize] > 1 {
+                    next_seq[connection as usize] - 1
+                } else {
+                    next_seq[connection as usize] += 1;
+                    next_seq[connection as usize] - 1
+                };
+                let cmd = random_write(&mut commands_rng);
+                let args: Vec<Bytes> = cmd.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect();
+                let envelope = Envelope {
+                    client: chorus_curp::rifl::ClientId {
+                        incarnation,
+                        connection: connection + 1,
+                    },
+                    seq,
+                    first_unacked: 1,
+                };
+                let logged = crate::command::encode_enveloped(&envelope, &args);
+                let index = s.index + queue.len() as u64 + 1;
+                let spec = s.state.speculate(index, &logged);
+                if spec.is_some() {
+                    speculated += 1;
+                } else {
+                    declined += 1;
+                }
+                s.state.proposed(index, &logged);
+                queue.push_back((index, logged, spec));
+            } else if let Some((index, logged, spec)) = queue.pop_front() {
+                s.index += 1;
+                assert_eq!(s.index, index);
+                let reply = s.state.apply(index, &logged);
+                s.state.entry_applied(index);
+                if let Some(spec) = spec {
+                    assert_eq!(reply, spec, "entry {index}");
+                }
+            }
+        }
+        assert!(
+            speculated > 500 && declined > 200,
+            "{speculated} speculated, {declined} declined"
+        );
+        s.state.forget_proposed();
+        assert!(s.state.proposed.is_empty());
     }
 
     /// Writes whose keys are disjoint commute: in either order they give the same replies and
