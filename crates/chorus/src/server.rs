@@ -30,6 +30,63 @@ fn return_large_blocks_when_freed() {
     }
 }
 
+/// The raft node's settings from the server's.
+fn node_config(config: &ServerConfig, peers: Vec<(u64, std::net::SocketAddr)>) -> NodeConfig {
+    NodeConfig {
+        id: config.id,
+        peers,
+        data_dir: config.data_dir.clone(),
+        tick_ms: config.tick_ms,
+        election_ticks: config.election_ticks,
+        heartbeat_ticks: config.heartbeat_ticks,
+        max_batch_commands: config.max_batch_commands,
+        max_batch_bytes: config.max_batch_bytes,
+        group_commit_entries: config.group_commit_entries,
+        group_commit_wait_us: config.group_commit_wait_us,
+        group_commit_linger_us: config.group_commit_linger_us,
+        leader_wait_ms: config.leader_wait_ms,
+        request_timeout_ms: config.request_timeout_ms,
+        read_lease: config.read_lease,
+        speculate: false,
+        snapshot_interval_entries: config.snapshot_interval_entries,
+        snapshot_interval_bytes: config.snapshot_interval_bytes,
+        log_keep_entries: config.log_keep_entries,
+        segment_size_bytes: config.segment_size_bytes,
+        wal_direct_io: config.wal_direct_io,
+        max_frame_bytes: config.max_frame_bytes,
+        snapshot_ship_bytes_per_sec: config.snapshot_ship_bytes_per_sec,
+        peer_queue_messages: config.peer_queue_messages,
+    }
+}
+
+/// Where and how the key-value state is stored, from the server's settings.
+fn store_options(config: &ServerConfig) -> anyhow::Result<StoreOptions> {
+    let mut state_dirs: Vec<PathBuf> = config
+        .data_dirs
+        .split(',')
+        .map(str::trim)
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    if state_dirs.is_empty() {
+        state_dirs.push(config.data_dir.join("state"));
+    }
+    Ok(StoreOptions {
+        mode: config.storage.parse().map_err(anyhow::Error::msg)?,
+        cache_bytes: config.cache_bytes,
+        batch_writes: config.reduction_batch_writes,
+        batch_bytes: config.reduction_batch_bytes,
+        min_cleanable_dirty_ratio: config.min_cleanable_dirty_ratio,
+        min_cleanable_dead_bytes: config.min_cleanable_dead_bytes,
+        cleaner_read_bytes_per_sec: config.cleaner_read_bytes_per_sec,
+        consolidated_segment_bytes: config.consolidated_segment_bytes,
+        consolidate_above_segments: config.consolidate_above_segments,
+        max_merged_segment_bytes: config.max_merged_segment_bytes,
+        more_dirs: state_dirs.split_off(1),
+        ..StoreOptions::new(state_dirs.remove(0))
+    })
+}
+
 pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     return_large_blocks_when_freed();
     let peers = parse_peers(&config.peers)?;
@@ -49,30 +106,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot serve metrics on {}", config.metrics_addr))?;
 
-    let node_config = NodeConfig {
-        id: config.id,
-        peers,
-        data_dir: config.data_dir.clone(),
-        tick_ms: config.tick_ms,
-        election_ticks: config.election_ticks,
-        heartbeat_ticks: config.heartbeat_ticks,
-        max_batch_commands: config.max_batch_commands,
-        max_batch_bytes: config.max_batch_bytes,
-        group_commit_entries: config.group_commit_entries,
-        group_commit_wait_us: config.group_commit_wait_us,
-        group_commit_linger_us: config.group_commit_linger_us,
-        leader_wait_ms: config.leader_wait_ms,
-        request_timeout_ms: config.request_timeout_ms,
-        read_lease: config.read_lease,
-        snapshot_interval_entries: config.snapshot_interval_entries,
-        snapshot_interval_bytes: config.snapshot_interval_bytes,
-        log_keep_entries: config.log_keep_entries,
-        segment_size_bytes: config.segment_size_bytes,
-        wal_direct_io: config.wal_direct_io,
-        max_frame_bytes: config.max_frame_bytes,
-        snapshot_ship_bytes_per_sec: config.snapshot_ship_bytes_per_sec,
-        peer_queue_messages: config.peer_queue_messages,
-    };
+    let node_config = node_config(&config, peers);
     let codec: Box<dyn EntryCodec> = if config.unicache {
         let settings = UniCacheSettings {
             cache: CacheConfig {
@@ -90,30 +124,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     } else {
         Box::new(IdentityCodec)
     };
-    let mut state_dirs: Vec<PathBuf> = config
-        .data_dirs
-        .split(',')
-        .map(str::trim)
-        .filter(|dir| !dir.is_empty())
-        .map(PathBuf::from)
-        .collect();
-    if state_dirs.is_empty() {
-        state_dirs.push(config.data_dir.join("state"));
-    }
-    let store_options = StoreOptions {
-        mode: config.storage.parse().map_err(anyhow::Error::msg)?,
-        cache_bytes: config.cache_bytes,
-        batch_writes: config.reduction_batch_writes,
-        batch_bytes: config.reduction_batch_bytes,
-        min_cleanable_dirty_ratio: config.min_cleanable_dirty_ratio,
-        min_cleanable_dead_bytes: config.min_cleanable_dead_bytes,
-        cleaner_read_bytes_per_sec: config.cleaner_read_bytes_per_sec,
-        consolidated_segment_bytes: config.consolidated_segment_bytes,
-        consolidate_above_segments: config.consolidate_above_segments,
-        max_merged_segment_bytes: config.max_merged_segment_bytes,
-        more_dirs: state_dirs.split_off(1),
-        ..StoreOptions::new(state_dirs.remove(0))
-    };
+    let store_options = store_options(&config)?;
     let node = chorus_log::start(
         node_config,
         |snapshot| KvState::open(store_options, snapshot),
@@ -181,5 +192,87 @@ async fn serve_metrics(listener: TcpListener) {
             );
             let _ = stream.write_all(response.as_bytes()).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use bytes::Bytes;
+    use chorus_kv::command::{encode_enveloped, encode_register};
+    use chorus_log::{IdentityCodec, Role};
+    use chorus_resp::Value;
+
+    use super::*;
+    use crate::config::ServerOptions;
+
+    /// A one-node cluster whose leader speculates: writes submitted together are answered as
+    /// they join the log, each with the reply it then gives when it applies; a write on a key an
+    /// unapplied write touches waits for its turn (or, once that one applied, is answered too).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_speculating_leader_answers_writes_with_the_replies_they_give_when_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let config = ServerOptions {
+            peers: Some(format!("1=127.0.0.1:{port}")),
+            data_dir: Some(dir.path().to_path_buf()),
+            ..ServerOptions::default()
+        }
+        .resolve();
+        let mut node_config = node_config(&config, parse_peers(&config.peers).unwrap());
+        node_config.speculate = true;
+        let store_options = store_options(&config).unwrap();
+        let node = chorus_log::start(
+            node_config,
+            |snapshot| KvState::open(store_options, snapshot),
+            Box::new(IdentityCodec),
+            None,
+        )
+        .await
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while node.status().role != Role::Leader {
+            assert!(Instant::now() < deadline, "no leader");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let Ok(Value::Integer(incarnation)) = node.write(encode_register()).await else {
+            panic!("registration failed")
+        };
+        let write = |seq: u64, key: &str| {
+            let envelope = chorus_curp::rifl::Envelope {
+                client: chorus_curp::rifl::ClientId {
+                    incarnation: incarnation as u64,
+                    connection: 1,
+                },
+                seq,
+                first_unacked: 1,
+            };
+            encode_enveloped(
+                &envelope,
+                &[Bytes::from("INCR"), Bytes::copy_from_slice(key.as_bytes())],
+            )
+        };
+        let mut submitted = Vec::new();
+        for (seq, key) in [(1, "a"), (2, "a"), (3, "b"), (4, "c")] {
+            submitted.push(node.submit_speculative_write(write(seq, key)).await.unwrap());
+        }
+        let mut speculated = 0;
+        for (n, (applied, speculative)) in submitted.into_iter().enumerate() {
+            let speculative = speculative.await.ok();
+            let applied = applied.await.unwrap().unwrap();
+            if let Some(reply) = speculative {
+                assert_eq!(reply, applied, "write {n}");
+                speculated += 1;
+            }
+        }
+        assert!(
+            speculated >= 3,
+            "only {speculated} of 4 writes were answered speculatively"
+        );
     }
 }

@@ -442,46 +442,6 @@ impl KvState {
         }
     }
 
-    /// CURP, on the leader: the reply `command`, about to join the log at `index`, will give —
-    /// known now, before it commits, because nothing proposed and unapplied touches its keys and
-    /// it executes as its client's next write. `None` otherwise. Call before `proposed` for it.
-    pub fn speculate(&mut self, index: u64, command: &[u8]) -> Option<Value> {
-        let Ok(Logged::Enveloped(envelope, _)) = decode_logged(command) else {
-            return None;
-        };
-        let pending_next_seq = self.proposed.next_seq(envelope.client);
-        let (keys, reply) = self.predict(index, command, pending_next_seq)?;
-        (!self.proposed.touches(&keys)).then_some(reply)
-    }
-
-    /// CURP, on the leader: `command` has joined the log at `index`. Called for every command
-    /// in log order — this node's, those followers forwarded, and an inherited uncommitted tail.
-    pub fn proposed(&mut self, index: u64, command: &[u8]) {
-        let (args, client) = match decode_logged(command) {
-            Ok(Logged::Args(args)) => (args, None),
-            Ok(Logged::Enveloped(envelope, args)) => {
-                let expected = self
-                    .proposed
-                    .next_seq(envelope.client)
-                    .or_else(|| self.completions.next_seq(index, envelope.client, 0));
-                // Only the write its client's sequence expects executes and moves it on.
-                let next = expected.map(|e| if e == envelope.seq { e + 1 } else { e });
-                (args, next.map(|next| (envelope.client, next)))
-            }
-            Ok(Logged::Register | Logged::Renew { .. }) | Err(_) => return,
-        };
-        let keys = match Command::parse(&args) {
-            Ok(Some(Command::Write(write))) => write.keys(),
-            _ => Vec::new(),
-        };
-        self.proposed.note(index, keys, client);
-    }
-
-    /// CURP: this node is no longer the leader; what it proposed is someone else's to apply.
-    pub fn forget_proposed(&mut self) {
-        self.proposed.clear();
-    }
-
     /// What the enveloped write `command` will answer when it applies at `index` or a little
     /// later, provided nothing applied before it touches its keys, and its client's writes
     /// before it (if `pending_next_seq` says some are proposed but not applied) all execute.
@@ -625,6 +585,46 @@ impl StateMachine for KvState {
 
     fn query(&mut self, query: &Read) -> Value {
         self.execute_read(query)
+    }
+
+    /// CURP, on the leader: the reply `command`, about to join the log at `index`, will give —
+    /// known now, before it commits, because nothing proposed and unapplied touches its keys and
+    /// it executes as its client's next write. `None` otherwise. Call before `proposed` for it.
+    fn speculate(&mut self, index: u64, command: &[u8]) -> Option<Value> {
+        let Ok(Logged::Enveloped(envelope, _)) = decode_logged(command) else {
+            return None;
+        };
+        let pending_next_seq = self.proposed.next_seq(envelope.client);
+        let (keys, reply) = self.predict(index, command, pending_next_seq)?;
+        (!self.proposed.touches(&keys)).then_some(reply)
+    }
+
+    /// CURP, on the leader: `command` has joined the log at `index`. Called for every command
+    /// in log order — this node's, those followers forwarded, and an inherited uncommitted tail.
+    fn proposed(&mut self, index: u64, command: &[u8]) {
+        let (args, client) = match decode_logged(command) {
+            Ok(Logged::Args(args)) => (args, None),
+            Ok(Logged::Enveloped(envelope, args)) => {
+                let expected = self
+                    .proposed
+                    .next_seq(envelope.client)
+                    .or_else(|| self.completions.next_seq(index, envelope.client, 0));
+                // Only the write its client's sequence expects executes and moves it on.
+                let next = expected.map(|e| if e == envelope.seq { e + 1 } else { e });
+                (args, next.map(|next| (envelope.client, next)))
+            }
+            Ok(Logged::Register | Logged::Renew { .. }) | Err(_) => return,
+        };
+        let keys = match Command::parse(&args) {
+            Ok(Some(Command::Write(write))) => write.keys(),
+            _ => Vec::new(),
+        };
+        self.proposed.note(index, keys, client);
+    }
+
+    /// CURP: this node is no longer the leader; what it proposed is someone else's to apply.
+    fn forget_proposed(&mut self) {
+        self.proposed.clear();
     }
 
     fn tick(&mut self) {

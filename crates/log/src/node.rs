@@ -69,6 +69,17 @@ pub trait StateMachine: Send + 'static {
     /// Called once per raft tick: background work of the state's own that must not wait for
     /// the next entry to be applied, which on an idle node may never come.
     fn tick(&mut self) {}
+    /// CURP, on a leader that speculates: the reply `command`, about to join the log at `index`,
+    /// will give when it applies, if that is known now. Called just before `proposed` for it.
+    fn speculate(&mut self, _index: u64, _command: &[u8]) -> Option<Self::Output> {
+        None
+    }
+    /// CURP, on a leader that speculates: `command` joined the log at `index`. Called once per
+    /// command in log order — this node's, forwarded ones, and the uncommitted tail a new leader
+    /// inherits — until the node stops being leader.
+    fn proposed(&mut self, _index: u64, _command: &[u8]) {}
+    /// CURP: the node became leader or stopped being one; forget what `proposed` told.
+    fn forget_proposed(&mut self) {}
     /// Whether that background work is under way. An idle node gives back memory once more
     /// when it ends: the work frees what it used after the first release.
     fn background_work(&self) -> bool {
@@ -101,6 +112,9 @@ pub struct NodeConfig {
     /// The leader serves linearizable reads from its own state while it holds a read lease,
     /// without a round of heartbeats per batch of reads (see `ReadLease`).
     pub read_lease: bool,
+    /// CURP: as leader, tell the state machine what joins the log (`StateMachine::proposed`) and
+    /// answer writes that ask for it speculatively (`NodeHandle::submit_speculative_write`).
+    pub speculate: bool,
     pub snapshot_interval_entries: u64,
     pub snapshot_interval_bytes: u64,
     /// Entries kept behind a snapshot so slightly lagging followers need no snapshot.
@@ -181,6 +195,7 @@ enum Request<SM: StateMachine> {
         command: Bytes,
         prepared: Option<Prepared>,
         reply: Reply<SM::Output>,
+        speculative: Option<oneshot::Sender<SM::Output>>,
     },
     Read {
         query: SM::Query,
@@ -226,10 +241,33 @@ impl<SM: StateMachine> NodeHandle<SM> {
                 command,
                 prepared,
                 reply,
+                speculative: None,
             })
             .await
             .map_err(|_| NodeError::ShuttingDown)?;
         Ok(rx)
+    }
+
+    /// Queues a write like `submit_write`; if this node is the leader (with `speculate` on) and
+    /// the state machine knows the write's reply when it joins the log, the second receiver
+    /// gets that reply then, before the write commits. It is dropped unanswered otherwise.
+    pub async fn submit_speculative_write(
+        &self,
+        command: Bytes,
+    ) -> Result<(Pending<SM::Output>, oneshot::Receiver<SM::Output>), NodeError> {
+        let (reply, rx) = oneshot::channel();
+        let (speculative, speculated) = oneshot::channel();
+        let prepared = self.preparer.as_ref().map(|prepare| prepare(&command));
+        self.requests
+            .send(Request::Write {
+                command,
+                prepared,
+                reply,
+                speculative: Some(speculative),
+            })
+            .await
+            .map_err(|_| NodeError::ShuttingDown)?;
+        Ok((rx, speculated))
     }
 
     pub async fn submit_read(
@@ -420,6 +458,7 @@ struct QueuedWrite<O> {
     command: Bytes,
     prepared: Option<Prepared>,
     waiter: Waiter<O>,
+    speculative: Option<oneshot::Sender<O>>,
 }
 
 struct ReadWaiter<SM: StateMachine> {
@@ -508,6 +547,10 @@ struct RaftLoop<SM: StateMachine> {
     applied_term: u64,
     applied_bytes_since_snapshot: u64,
     snapshot_job: Option<SnapshotJob>,
+    /// The term whose log this node, as speculating leader, has told the state machine of (0:
+    /// none), and through which index.
+    noted_in_term: u64,
+    noted_through: u64,
     last_leader: u64,
     /// Writes of this node answered since the leader last proposed.
     answered_writes: usize,
@@ -690,6 +733,8 @@ pub async fn start<SM: StateMachine>(
         applied_term: 0,
         applied_bytes_since_snapshot: 0,
         snapshot_job: None,
+        noted_in_term: 0,
+        noted_through: 0,
         last_leader: 0,
         answered_writes: 0,
         refill: None,
@@ -892,6 +937,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 command,
                 prepared,
                 reply,
+                speculative,
             } => {
                 let id = self.next_request_id;
                 self.next_request_id += 1;
@@ -905,6 +951,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
                         arrived,
                         proposed_term: 0,
                     },
+                    speculative,
                 });
             }
             Request::Read {
@@ -1091,18 +1138,34 @@ impl<SM: StateMachine> RaftLoop<SM> {
             }
             let commands = self.unproposed.iter().take(take).map(|w| (w.id, w.command.as_ref()));
             let data = batch::encode_commands(self.origin, commands);
+            let speculating = self.speculating();
+            if speculating {
+                // What joined the log before this entry is noted before it is.
+                self.note_log_tail(self.raw.raft.raft_log.last_index());
+            }
             match self.raw.propose(Vec::new(), data) {
                 Ok(()) => {
                     self.metrics.entries_proposed.inc();
                     self.metrics.commands_proposed.add(take as u64);
                     let term = self.raw.raft.term;
+                    let index = self.raw.raft.raft_log.last_index();
                     for mut write in self.unproposed.drain(..take) {
+                        if speculating {
+                            let speculated = self.sm.speculate(index, &write.command);
+                            if let (Some(reply), Some(sender)) = (speculated, write.speculative.take()) {
+                                let _ = sender.send(reply);
+                            }
+                            self.sm.proposed(index, &write.command);
+                        }
                         self.unproposed_bytes -= write.command.len();
                         if let Some(prepared) = write.prepared {
                             self.codec.proposed(self.origin, write.id, prepared);
                         }
                         write.waiter.proposed_term = term;
                         self.proposed.insert(write.id, write.waiter);
+                    }
+                    if speculating {
+                        self.noted_through = index;
                     }
                 }
                 Err(e) => {
@@ -1113,6 +1176,52 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 }
             }
         }
+    }
+
+    /// Whether this node, as leader with `speculate` on, tells the state machine what joins its
+    /// log. Notes from a term this node no longer leads are forgotten first: entries of that term
+    /// past the commit may have been overwritten, and a client's write the notes count on may
+    /// never execute.
+    fn speculating(&mut self) -> bool {
+        let leading = self.config.speculate && self.raw.raft.state == StateRole::Leader;
+        let term = self.raw.raft.term;
+        if self.noted_in_term != 0 && (!leading || self.noted_in_term != term) {
+            self.sm.forget_proposed();
+            self.noted_in_term = 0;
+            self.noted_through = 0;
+        }
+        if leading {
+            self.noted_in_term = term;
+        }
+        leading
+    }
+
+    /// Tells the state machine of every command that joined the log up to `upto` and has been
+    /// neither noted nor applied: followers' forwarded writes, and the tail a new leader
+    /// inherits.
+    fn note_log_tail(&mut self, upto: u64) {
+        let from = self.noted_through.max(self.applied_index) + 1;
+        if from > upto {
+            return;
+        }
+        let entries = self
+            .raw
+            .raft
+            .raft_log
+            .slice(from, upto + 1, None, raft::GetEntriesContext::empty(false))
+            .expect("the leader's log holds its unapplied entries");
+        for entry in entries {
+            if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
+                continue;
+            }
+            // Not a batch (the entry codec's own entries): nothing a client wrote.
+            if let Ok(batch) = batch::decode(&entry.data) {
+                for (_, command) in batch.commands {
+                    self.sm.proposed(entry.index, &command);
+                }
+            }
+        }
+        self.noted_through = upto;
     }
 
     /// Whether this node can take `bytes` more of the log: the raft log has room for them without
