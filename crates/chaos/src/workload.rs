@@ -47,6 +47,22 @@ impl Recorder {
         self.start.elapsed()
     }
 
+    /// Records an operation begun at `invocation`, now ended (or given up on) at `node`.
+    fn complete(&self, invocation: Invocation<'_>, node: u64, outcome: Outcome, result: Option<i64>) {
+        let complete_us = self.now_us();
+        self.record(Op {
+            client: invocation.client,
+            kind: invocation.kind,
+            key: invocation.key.to_string(),
+            value: invocation.value,
+            invoke_us: invocation.invoke_us,
+            complete_us: (outcome != Outcome::Unknown).then_some(complete_us),
+            outcome,
+            result,
+            node,
+        });
+    }
+
     fn record(&self, op: Op) {
         match op.outcome {
             Outcome::Unknown => self.unknown.fetch_add(1, Ordering::Relaxed),
@@ -54,6 +70,15 @@ impl Recorder {
         };
         self.ops.lock().expect("history lock").push(op);
     }
+}
+
+/// An operation as it was invoked.
+struct Invocation<'a> {
+    client: u64,
+    kind: OpKind,
+    key: &'a str,
+    value: Option<i64>,
+    invoke_us: u64,
 }
 
 /// A tiny PRNG so a client's choices follow from the run's seed.
@@ -104,7 +129,13 @@ pub async fn execute(
     key: &str,
     value: Option<i64>,
 ) -> bool {
-    let invoke_us = recorder.now_us();
+    let invocation = Invocation {
+        client: id,
+        kind,
+        key,
+        value,
+        invoke_us: recorder.now_us(),
+    };
     let reply = match kind {
         OpKind::Read => client.command(&["GET", key]).await,
         OpKind::Write => {
@@ -113,19 +144,8 @@ pub async fn execute(
         }
         OpKind::Incr => client.command(&["INCR", key]).await,
     };
-    let complete_us = recorder.now_us();
     let (outcome, result, broken) = classify(kind, reply);
-    recorder.record(Op {
-        client: id,
-        kind,
-        key: key.to_string(),
-        value,
-        invoke_us,
-        complete_us: (outcome != Outcome::Unknown).then_some(complete_us),
-        outcome,
-        result,
-        node,
-    });
+    recorder.complete(invocation, node, outcome, result);
     broken
 }
 
@@ -195,7 +215,13 @@ pub async fn execute_resending(
         (OpKind::Write, Some(v)) => session.wrap(&["SET", key, v]),
         _ => session.wrap(&["INCR", key]),
     };
-    let invoke_us = recorder.now_us();
+    let invocation = Invocation {
+        client: id,
+        kind,
+        key,
+        value,
+        invoke_us: recorder.now_us(),
+    };
     let mut node = connection.as_ref().map_or(0, |(node, _)| *node);
     let mut settled = None;
     for _ in 0..MAX_SENDS {
@@ -222,7 +248,6 @@ pub async fn execute_resending(
             }
         }
     }
-    let complete_us = recorder.now_us();
     let (outcome, result) = match settled {
         Some((outcome, result, _)) => (outcome, result),
         None => (Outcome::Unknown, None),
@@ -232,17 +257,7 @@ pub async fn execute_resending(
     } else {
         session.answered(&write);
     }
-    recorder.record(Op {
-        client: id,
-        kind,
-        key: key.to_string(),
-        value,
-        invoke_us,
-        complete_us: (outcome != Outcome::Unknown).then_some(complete_us),
-        outcome,
-        result,
-        node,
-    });
+    recorder.complete(invocation, node, outcome, result);
 }
 
 /// One client: connects to a random node, issues operations until stopped, reconnects (to a

@@ -112,6 +112,12 @@ impl Cluster {
         }
     }
 
+    /// The leader of all three nodes, and the other two.
+    async fn leader_and_followers(&self) -> (u64, Vec<u64>) {
+        let leader = self.wait_for_leader(&[1, 2, 3], Duration::from_secs(5)).await;
+        (leader, (1..=3).filter(|id| *id != leader).collect())
+    }
+
     fn metrics(&self, id: u64) -> String {
         http_get(self.node(id).metrics_addr, "/metrics")
     }
@@ -353,8 +359,7 @@ async fn leader_crash_loses_no_acknowledged_write_and_the_node_catches_up() {
         assert_eq!(c.command(&["SET", &key, &value]).await.unwrap(), ok());
         expected.push((key, value));
     }
-    let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(5)).await;
-    let survivors: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    let (leader, survivors) = cluster.leader_and_followers().await;
     cluster.kill(leader);
     let killed_at = Instant::now();
     let new_leader = cluster.wait_for_leader(&survivors, Duration::from_secs(5)).await;
@@ -398,8 +403,7 @@ async fn leader_crash_loses_no_acknowledged_write_and_the_node_catches_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn increments_in_doubt_after_a_leader_crash_execute_exactly_once_and_in_order() {
     let cluster = Cluster::start(3, &[]);
-    let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(5)).await;
-    let followers: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    let (leader, followers) = cluster.leader_and_followers().await;
     let stop_at = Instant::now() + Duration::from_secs(6);
     let mut clients = Vec::new();
     for (n, id) in followers.iter().cycle().take(6).enumerate() {
@@ -444,8 +448,7 @@ async fn increments_in_doubt_after_a_leader_crash_execute_exactly_once_and_in_or
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_owned_id_settles_a_write_on_another_node_after_its_node_dies() {
     let cluster = Cluster::start(3, &[]);
-    let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(5)).await;
-    let followers: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    let (_, followers) = cluster.leader_and_followers().await;
     let mut first = cluster.client(followers[0]).await;
     let mut session = RiflSession::register(&mut first).await.unwrap();
     for i in 1..=5 {
@@ -535,8 +538,7 @@ async fn follower_behind_the_compacted_log_catches_up_by_snapshot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_quorum_requests_fail_with_clear_errors_in_bounded_time() {
     let cluster = Cluster::start(3, &["--leader-wait-ms", "1000", "--request-timeout-ms", "2000"]);
-    let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(5)).await;
-    let followers: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    let (leader, followers) = cluster.leader_and_followers().await;
     // Written through a follower, so the leader has never registered its RIFL incarnation.
     let mut f = cluster.client(followers[0]).await;
     assert_eq!(f.command(&["SET", "a", "1"]).await.unwrap(), ok());

@@ -688,6 +688,18 @@ mod tests {
         dir: tempfile::TempDir,
     }
 
+    fn args(cmd: &str) -> Vec<Bytes> {
+        cmd.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect()
+    }
+
+    /// A xorshift step: the next number below `n` from `state`.
+    fn below(state: &mut u64, n: u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state % n
+    }
+
     fn options(dir: &std::path::Path) -> StoreOptions {
         StoreOptions {
             batch_writes: 3,
@@ -704,7 +716,7 @@ mod tests {
         }
 
         fn run(&mut self, cmd: &str) -> Value {
-            let args: Vec<Bytes> = cmd.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect();
+            let args = args(cmd);
             match Command::parse(&args).map(|c| c.expect("a data command")) {
                 Ok(Command::Write(_)) => {
                     self.index += 1;
@@ -723,6 +735,17 @@ mod tests {
             let placeholder = KvState::open(options(&self.dir.path().join("scratch")), None).unwrap();
             drop(std::mem::replace(&mut self.state, placeholder));
             self.state = KvState::open(options(self.dir.path()), Some(&snapshot)).unwrap();
+        }
+
+        /// Takes a snapshot and stages the files a follower would be shipped with it.
+        fn ship(&mut self) -> (Vec<u8>, tempfile::TempDir) {
+            let snapshot = self.state.snapshot_later()();
+            let shipped = self.state.snapshot_files(&snapshot).unwrap();
+            let staged = tempfile::tempdir().unwrap();
+            for (name, path) in &shipped.files {
+                std::fs::copy(path, staged.path().join(name)).unwrap();
+            }
+            (snapshot, staged)
         }
 
         /// Everything a client can observe about these keys.
@@ -839,12 +862,7 @@ mod tests {
             leader.run(&format!("HSET h{} f{} {i}", i % 3, i % 5));
         }
         leader.run("DEL s1 h2");
-        let snapshot = leader.state.snapshot_later()();
-        let shipped = leader.state.snapshot_files(&snapshot).unwrap();
-        let staged = tempfile::tempdir().unwrap();
-        for (name, path) in &shipped.files {
-            std::fs::copy(path, staged.path().join(name)).unwrap();
-        }
+        let (snapshot, staged) = leader.ship();
         let mut follower = Replica::new();
         follower.run("SET stale 1");
         let empty = tempfile::tempdir().unwrap();
@@ -896,7 +914,7 @@ mod tests {
         }
 
         fn write(&self, s: &mut Replica, seq: u64, first_unacked: u64, cmd: &str) -> Value {
-            let args: Vec<Bytes> = cmd.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect();
+            let args = args(cmd);
             let envelope = Envelope {
                 client: chorus_curp::rifl::ClientId {
                     incarnation: self.incarnation,
@@ -933,12 +951,7 @@ mod tests {
             Value::Integer(2),
             "records survive a restart"
         );
-        let snapshot = s.state.snapshot_later()();
-        let shipped = s.state.snapshot_files(&snapshot).unwrap();
-        let staged = tempfile::tempdir().unwrap();
-        for (name, path) in &shipped.files {
-            std::fs::copy(path, staged.path().join(name)).unwrap();
-        }
+        let (snapshot, staged) = s.ship();
         let mut follower = Replica::new();
         follower.state.install_snapshot(&snapshot, staged.path()).unwrap();
         follower.index = s.index;
@@ -977,12 +990,7 @@ mod tests {
 
     /// A random write over a few keys, fields and values, of every kind.
     fn random_write(rng: &mut u64) -> String {
-        let mut next = |n: u64| {
-            *rng ^= *rng << 13;
-            *rng ^= *rng >> 7;
-            *rng ^= *rng << 17;
-            *rng % n
-        };
+        let mut next = |n: u64| below(rng, n);
         let key = |r: u64| ["a", "b", "c", "h", "g"][r as usize];
         let (k1, k2, f) = (key(next(5)), key(next(5)), ["x", "y"][next(2) as usize]);
         let v = ["1", "-3", "v", "9223372036854775807"][next(4) as usize];
@@ -1011,7 +1019,7 @@ mod tests {
         let mut rng = 0x2545_F491_4F6C_DD1Du64;
         for seq in 1..=2_000 {
             let cmd = random_write(&mut rng);
-            let args: Vec<Bytes> = cmd.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect();
+            let args = args(&cmd);
             let envelope = Envelope {
                 client: chorus_curp::rifl::ClientId {
                     incarnation: c.incarnation,
@@ -1036,12 +1044,7 @@ mod tests {
         let mut s = Replica::new();
         let incarnation = RiflClient::register(&mut s, 1).incarnation;
         let mut rng = 0x1234_5678_9ABC_DEF1u64;
-        let mut next = |n: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % n
-        };
+        let mut next = |n: u64| below(&mut rng, n);
         let mut commands_rng = 0x0FED_CBA9_8765_4321u64;
         let mut next_seq = [1u64; 3];
         let mut queue: std::collections::VecDeque<(u64, Bytes, Option<Value>)> = Default::default();
@@ -1057,7 +1060,7 @@ mod tests {
                     next_seq[connection as usize] - 1
                 };
                 let cmd = random_write(&mut commands_rng);
-                let args: Vec<Bytes> = cmd.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect();
+                let args = args(&cmd);
                 let envelope = Envelope {
                     client: chorus_curp::rifl::ClientId {
                         incarnation,
@@ -1104,7 +1107,7 @@ mod tests {
             let prefix: Vec<String> = (0..6).map(|_| random_write(&mut rng)).collect();
             let (first, second) = (random_write(&mut rng), random_write(&mut rng));
             let keys = |cmd: &str| {
-                let args: Vec<Bytes> = cmd.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect();
+                let args = args(cmd);
                 match Command::parse(&args) {
                     Ok(Some(Command::Write(w))) => w.keys(),
                     // A write that does not parse touches nothing.

@@ -234,18 +234,7 @@ impl<SM: StateMachine> Clone for NodeHandle<SM> {
 impl<SM: StateMachine> NodeHandle<SM> {
     /// Queues a write; the receiver resolves when this node has applied it.
     pub async fn submit_write(&self, command: Bytes) -> Result<Pending<SM::Output>, NodeError> {
-        let (reply, rx) = oneshot::channel();
-        let prepared = self.preparer.as_ref().map(|prepare| prepare(&command));
-        self.requests
-            .send(Request::Write {
-                command,
-                prepared,
-                reply,
-                speculative: None,
-            })
-            .await
-            .map_err(|_| NodeError::ShuttingDown)?;
-        Ok(rx)
+        self.queue_write(command, None).await
     }
 
     /// Queues a write like `submit_write`; if this node is the leader (with `speculate` on) and
@@ -255,19 +244,28 @@ impl<SM: StateMachine> NodeHandle<SM> {
         &self,
         command: Bytes,
     ) -> Result<(Pending<SM::Output>, oneshot::Receiver<SM::Output>), NodeError> {
-        let (reply, rx) = oneshot::channel();
         let (speculative, speculated) = oneshot::channel();
+        let applied = self.queue_write(command, Some(speculative)).await?;
+        Ok((applied, speculated))
+    }
+
+    async fn queue_write(
+        &self,
+        command: Bytes,
+        speculative: Option<oneshot::Sender<SM::Output>>,
+    ) -> Result<Pending<SM::Output>, NodeError> {
+        let (reply, rx) = oneshot::channel();
         let prepared = self.preparer.as_ref().map(|prepare| prepare(&command));
         self.requests
             .send(Request::Write {
                 command,
                 prepared,
                 reply,
-                speculative: Some(speculative),
+                speculative,
             })
             .await
             .map_err(|_| NodeError::ShuttingDown)?;
-        Ok((rx, speculated))
+        Ok(rx)
     }
 
     pub async fn submit_read(
