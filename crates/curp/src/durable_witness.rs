@@ -19,7 +19,7 @@ use chorus_log::PeerRequest;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::rifl::ClientId;
-use crate::witness::{file, Event, Record, Rejection, Witness};
+use crate::witness::{file, Event, Record, Rejection, ReplayError, Witness};
 
 pub const SERVICE_RECORD: u8 = 1;
 pub const SERVICE_COLLECT: u8 = 2;
@@ -43,6 +43,12 @@ pub enum WitnessError {
         path: PathBuf,
         at: usize,
         what: &'static str,
+    },
+    #[error("witness file {path} is inconsistent: {source}")]
+    Inconsistent {
+        path: PathBuf,
+        #[source]
+        source: ReplayError,
     },
 }
 
@@ -95,7 +101,10 @@ impl DurableWitness {
                 return Err(WitnessError::Corrupt { path, at, what });
             }
         };
-        let witness = Witness::replay(max_bytes, events);
+        let witness = Witness::replay(max_bytes, events).map_err(|source| WitnessError::Inconsistent {
+            path: path.clone(),
+            source,
+        })?;
         tracing::info!(records = witness.len(), "witness opened");
         let shared = Arc::new(Shared {
             witness: Mutex::new(witness),
@@ -312,16 +321,16 @@ mod tests {
     }
 
     fn sized_record(connection: u64, key: &str, term: u64, command_bytes: usize) -> Record {
-        Record {
-            client: ClientId {
+        Record::new(
+            ClientId {
                 incarnation: 1 << 16,
                 connection,
             },
-            seq: 1,
+            1,
             term,
-            keys: vec![Bytes::copy_from_slice(key.as_bytes())],
-            command: Bytes::from(vec![7u8; command_bytes]),
-        }
+            vec![Bytes::copy_from_slice(key.as_bytes())],
+            Bytes::from(vec![7u8; command_bytes]),
+        )
     }
 
     #[tokio::test]

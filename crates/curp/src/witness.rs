@@ -39,13 +39,30 @@ pub struct Record {
     pub seq: u64,
     /// The term of the leader the write was sent to.
     pub term: u64,
-    /// The keys the write touches: records commute when theirs are disjoint.
-    pub keys: Vec<Bytes>,
+    /// The keys the write touches, sorted and distinct: records commute when theirs are disjoint.
+    keys: Vec<Bytes>,
     /// The write as the log holds it, which recovery proposes again.
     pub command: Bytes,
 }
 
 impl Record {
+    /// A record of `command`, which touches `keys` (in any order, repeats allowed: `MSET a 1 a 2`).
+    pub fn new(client: ClientId, seq: u64, term: u64, mut keys: Vec<Bytes>, command: Bytes) -> Record {
+        keys.sort_unstable();
+        keys.dedup();
+        Record {
+            client,
+            seq,
+            term,
+            keys,
+            command,
+        }
+    }
+
+    pub fn keys(&self) -> &[Bytes] {
+        &self.keys
+    }
+
     pub fn id(&self) -> (ClientId, u64) {
         (self.client, self.seq)
     }
@@ -83,6 +100,15 @@ pub enum Event {
     Dropped { client: ClientId, seq: u64 },
     Collected { term: u64 },
     Reset { below_term: u64 },
+}
+
+/// A witness file whose events, each intact, could not have been made in that order: a bug or a
+/// file that is not ours.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("event {event} does not follow from the ones before it: {what}")]
+pub struct ReplayError {
+    pub event: usize,
+    pub what: &'static str,
 }
 
 #[derive(Debug)]
@@ -188,16 +214,21 @@ impl Witness {
         Event::Reset { below_term: term }
     }
 
-    /// Rebuilds a witness from its persisted events, in the order they were made.
-    pub fn replay(max_bytes: usize, events: impl IntoIterator<Item = Event>) -> Witness {
+    /// Rebuilds a witness from its persisted events, in the order they were made. Events that
+    /// no live witness could have made (a record accepted over a conflicting one) are an error.
+    pub fn replay(max_bytes: usize, events: impl IntoIterator<Item = Event>) -> Result<Witness, ReplayError> {
         let mut witness = Witness::new(max_bytes);
-        for event in events {
+        for (at, event) in events.into_iter().enumerate() {
+            let fail = |what| Err(ReplayError { event: at, what });
             match event {
-                Event::Accepted(record) => {
-                    if !witness.records.contains_key(&record.id()) {
-                        witness.insert(record);
+                Event::Accepted(record) => match witness.records.get(&record.id()) {
+                    Some(held) if *held == record => {}
+                    Some(_) => return fail("a second record under one client and sequence number"),
+                    None if record.keys.iter().any(|k| witness.by_key.contains_key(k)) => {
+                        return fail("a record accepted over a conflicting one");
                     }
-                }
+                    None => witness.insert(record),
+                },
                 Event::Dropped { client, seq } => {
                     witness.applied(client, seq);
                 }
@@ -209,7 +240,7 @@ impl Witness {
                 }
             }
         }
-        witness
+        Ok(witness)
     }
 
     /// The events that rebuild this witness as it is now: what a compacted file holds.
@@ -348,9 +379,13 @@ pub mod file {
                 let seq = f.u64()?;
                 let term = f.u64()?;
                 let count = f.u32()?;
-                let mut keys = Vec::with_capacity(count.min(f.0.len() / 4));
+                let mut keys: Vec<Bytes> = Vec::with_capacity(count.min(f.0.len() / 4));
                 for _ in 0..count {
-                    keys.push(f.bytes()?);
+                    let key = f.bytes()?;
+                    if keys.last().is_some_and(|last| *last >= key) {
+                        return Err("record keys not sorted and distinct");
+                    }
+                    keys.push(key);
                 }
                 let command = f.bytes()?;
                 Event::Accepted(Record {
@@ -423,13 +458,13 @@ mod tests {
     }
 
     fn record(connection: u64, seq: u64, term: u64, keys: &[&str]) -> Record {
-        Record {
-            client: client(connection),
+        Record::new(
+            client(connection),
             seq,
             term,
-            keys: keys.iter().map(|k| Bytes::copy_from_slice(k.as_bytes())).collect(),
-            command: Bytes::from(format!("write {connection}/{seq} {keys:?}")),
-        }
+            keys.iter().map(|k| Bytes::copy_from_slice(k.as_bytes())).collect(),
+            Bytes::from(format!("write {connection}/{seq} {keys:?}")),
+        )
     }
 
     #[test]
@@ -466,6 +501,45 @@ mod tests {
         assert!(w.accept(record(2, 2, 5, &["b"])).is_ok(), "b is free again");
         let mut tiny = Witness::new(10);
         assert_eq!(tiny.accept(record(1, 1, 1, &["k"])), Err(Rejection::Full));
+    }
+
+    #[test]
+    fn a_write_naming_one_key_twice_is_held_once_and_released_whole() {
+        let mut w = Witness::new(1 << 20);
+        let mset = record(1, 1, 5, &["b", "a", "b"]);
+        assert_eq!(mset.keys(), &[Bytes::from("a"), Bytes::from("b")]);
+        assert!(w.accept(mset).is_ok());
+        assert!(w.applied(client(1), 1).is_some());
+        assert!(w.is_empty());
+        assert!(w.accept(record(2, 1, 5, &["b"])).is_ok());
+    }
+
+    #[test]
+    fn events_no_witness_could_have_made_do_not_replay() {
+        let conflicting = vec![
+            Event::Accepted(record(1, 1, 5, &["a"])),
+            Event::Accepted(record(2, 1, 5, &["a"])),
+        ];
+        assert_eq!(Witness::replay(1 << 20, conflicting).unwrap_err().event, 1);
+        let same_id = vec![
+            Event::Accepted(record(1, 1, 5, &["a"])),
+            Event::Accepted(record(1, 1, 5, &["b"])),
+        ];
+        assert!(Witness::replay(1 << 20, same_id).is_err());
+        let mut file = Vec::new();
+        let mut unsorted = record(1, 1, 5, &["a", "b"]);
+        unsorted.keys.reverse();
+        file::encode(&Event::Accepted(unsorted), &mut file);
+        assert!(matches!(
+            file::decode_all(&file),
+            Err((
+                _,
+                file::DecodeError::Corrupt {
+                    what: "record keys not sorted and distinct",
+                    ..
+                }
+            ))
+        ));
     }
 
     #[test]
@@ -559,10 +633,10 @@ mod tests {
         log(w.accept(record(3, 1, 6, &["a"])).unwrap(), &mut file);
         log(w.reset(6), &mut file);
         let events = file::decode_all(&file).unwrap();
-        let replayed = Witness::replay(1 << 20, events);
+        let replayed = Witness::replay(1 << 20, events).unwrap();
         assert_eq!(replayed.records, w.records);
         assert_eq!(replayed.collected_for, 6);
-        let compacted = Witness::replay(1 << 20, w.snapshot_events());
+        let compacted = Witness::replay(1 << 20, w.snapshot_events()).unwrap();
         assert_eq!((compacted.records, compacted.collected_for), (w.records.clone(), 6));
         for cut in 0..file.len() {
             match file::decode_all(&file[..cut]) {

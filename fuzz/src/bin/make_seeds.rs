@@ -216,13 +216,13 @@ fn main() {
 
     // A witness file: acceptances, a drop, a collection and a reset.
     let mut witness_file = Vec::new();
-    let record = Record {
+    let record = Record::new(
         client,
-        seq: 1,
-        term: 3,
-        keys: vec![Bytes::from_static(b"n")],
-        command: encode_enveloped(&envelope, &incr),
-    };
+        1,
+        3,
+        vec![Bytes::from_static(b"n")],
+        encode_enveloped(&envelope, &incr),
+    );
     for event in [
         Event::Accepted(record),
         Event::Dropped { client, seq: 1 },
