@@ -18,7 +18,17 @@ use crate::peers::{PeerCluster, System};
 use crate::plot::{self, BarGroup};
 use crate::report::{self, NetworkReport, RunResult};
 
-const TARGETS: &[&str] = &["chorus", "etcd", "redis", "redis-wait", "redis-alone"];
+const TARGETS: &[&str] = &["chorus", "chorus-curp", "etcd", "redis", "redis-wait", "redis-alone"];
+
+/// Which Chorus nodes the clients talk to.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientsAt {
+    Leader,
+    /// The followers, in turn: every write is forwarded (or, with CURP, takes the fast path).
+    Followers,
+    /// Every node in turn.
+    All,
+}
 
 #[derive(clap::Args)]
 pub struct CompareArgs {
@@ -42,6 +52,9 @@ pub struct CompareArgs {
     /// Where the systems keep their data (default: a temporary directory, removed afterwards).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Which Chorus nodes the clients talk to (peers' clients talk to their leader or primary).
+    #[arg(long, value_enum, default_value = "leader")]
+    pub chorus_clients_at: ClientsAt,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -149,17 +162,33 @@ struct Started {
 }
 
 /// Starts the system behind `targets` (all of one system) and returns them resolved.
-async fn start_system(system: &str, dir: &Path, net: &NetArgs, targets: &[String]) -> anyhow::Result<Started> {
-    if system == "chorus" {
-        let file = chorus_cluster::start(dir, 3, Vec::new(), &net.options()).await?;
+async fn start_system(
+    system: &str,
+    dir: &Path,
+    net: &NetArgs,
+    targets: &[String],
+    clients_at: ClientsAt,
+) -> anyhow::Result<Started> {
+    if let Some(curp) = chorus_curp_setting(system) {
+        let server_args = vec!["--curp".to_string(), curp.to_string()];
+        let file = chorus_cluster::start(dir, 3, server_args, &net.options()).await?;
         let states = chorus_cluster::status(dir, &file).await;
-        let leader = states.iter().find(|s| s.is_leader()).with_context(|| {
+        states.iter().find(|s| s.is_leader()).with_context(|| {
             format!(
                 "the Chorus cluster has no leader; see the nodes' server.log files in {}",
                 dir.display()
             )
         })?;
-        let target = resp_target("chorus", vec![leader.entry.client_addr], 1, None);
+        let addrs = states
+            .iter()
+            .filter(|s| match clients_at {
+                ClientsAt::Leader => s.is_leader(),
+                ClientsAt::Followers => !s.is_leader(),
+                ClientsAt::All => true,
+            })
+            .map(|s| s.entry.client_addr)
+            .collect();
+        let target = resp_target(system, addrs, 1, None);
         let measured = file.net.map(|n| n.measured_rtt_ms).unwrap_or_default();
         return Ok(Started {
             running: Running::Chorus(dir.to_path_buf()),
@@ -201,9 +230,19 @@ fn display_name(target: &str) -> String {
     }
 }
 
+/// `--curp` for a Chorus system, `None` for a peer.
+fn chorus_curp_setting(system: &str) -> Option<&'static str> {
+    match system {
+        "chorus" => Some("off"),
+        "chorus-curp" => Some("on"),
+        _ => None,
+    }
+}
+
 fn system_of(target: &str) -> &'static str {
     match target {
         "chorus" => "chorus",
+        "chorus-curp" => "chorus-curp",
         "etcd" => "etcd",
         "redis-alone" => "redis-alone",
         _ => "redis",
@@ -304,7 +343,7 @@ pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
             .collect();
         let dir = work_dir.join(system);
         println!("== {system}: starting in {}", dir.display());
-        let started = start_system(system, &dir, &args.net, &targets).await?;
+        let started = start_system(system, &dir, &args.net, &targets, args.chorus_clients_at).await?;
         let outcome = run_system(&args, &scenarios, &started, emulated, &mut runs).await;
         started.running.stop();
         outcome?;

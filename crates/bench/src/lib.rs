@@ -10,7 +10,6 @@ pub mod driver;
 pub mod etcd_target;
 pub mod generator;
 pub mod grpc;
-mod http;
 pub mod peers;
 pub mod plot;
 pub mod reduction_bench;

@@ -10,9 +10,9 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::cli::{resp_target, run_target, save_run, CommonArgs, NetArgs};
-use crate::http::HttpConnection;
 use crate::plot::{self, BarGroup};
 use crate::report::{self, RunResult};
+use chorus_cluster::metrics::{metric_sum, scrape};
 
 #[derive(clap::Args)]
 pub struct UniCacheArgs {
@@ -70,23 +70,6 @@ struct Report<'a> {
     duration_secs: f64,
     rows: &'a [Row],
     runs: &'a [RunResult],
-}
-
-async fn scrape(addr: std::net::SocketAddr) -> anyhow::Result<String> {
-    let mut http = HttpConnection::connect(addr, Duration::from_secs(5)).await?;
-    let response = http.get("/metrics").await?;
-    if response.status != 200 {
-        anyhow::bail!("http://{addr}/metrics answered HTTP {}", response.status);
-    }
-    Ok(String::from_utf8_lossy(&response.body).into_owned())
-}
-
-/// Sum of every sample of metric `name` (all label sets).
-fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b' ' | b'{')))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// One cluster, one run: returns the result and the leader's metrics afterwards.

@@ -3,6 +3,7 @@
 //! linearizability checker.
 
 pub mod checker;
+pub mod curp_tally;
 pub mod faults;
 pub mod history;
 pub mod run;

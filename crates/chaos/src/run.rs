@@ -12,6 +12,7 @@ use chorus_cluster::NetOptions;
 use serde::Serialize;
 
 use crate::checker::{self, Verdict};
+use crate::curp_tally::CurpTally;
 use crate::faults::{self, Applied, FaultKind, Planned, Target};
 use crate::history::{self, OpKind, Outcome};
 use crate::workload::{self, Mix, Recorder};
@@ -52,6 +53,11 @@ pub struct RunArgs {
     /// Give up checking after this many seconds (the run then counts as failed).
     #[arg(long, default_value_t = 120)]
     pub check_secs: u64,
+    /// Network profile between the nodes; it must put proxies on every link so that links can
+    /// be cut. `lan-slow-proxied` (20 ms between nodes) widens the windows between a reply and
+    /// a commit that CURP's fast path opens.
+    #[arg(long, default_value = "lan-proxied")]
+    pub net: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -64,6 +70,8 @@ pub struct RunSummary {
     pub failed: usize,
     pub unknown: usize,
     pub faults: Vec<Applied>,
+    /// How often CURP's paths ran (all zero with CURP off).
+    pub curp: CurpTally,
     pub verdict: String,
     pub dir: PathBuf,
 }
@@ -138,9 +146,15 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let cluster_dir = dir.join("cluster");
     let net = NetOptions {
-        profile: Some("lan-proxied".into()),
+        profile: Some(args.net.clone()),
         bandwidth_mbit: None,
     };
+    if !net.resolve()?.is_some_and(|profile| profile.proxied) {
+        bail!(
+            "chaos runs need a network profile with proxies on every link (proxied = true), not '{}'",
+            args.net
+        );
+    }
     let server_args: Vec<String> = args.server_flags.split_whitespace().map(str::to_string).collect();
     let plan = faults::schedule(args.seed, &kinds, Duration::from_secs(args.duration_secs));
     std::fs::write(dir.join("schedule.json"), serde_json::to_string_pretty(&plan)?)?;
@@ -185,6 +199,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
         failed: count(Outcome::Fail),
         unknown: count(Outcome::Unknown),
         faults: applied,
+        curp: recorder.curp.total(),
         verdict,
         dir: dir.clone(),
     };
@@ -233,14 +248,25 @@ async fn drive(
             args.seed,
         ));
     }
+    let metrics_addrs: Vec<_> = file.nodes.iter().map(|n| (n.id, n.metrics_addr)).collect();
     let mut progress = tokio::task::JoinSet::new();
     {
-        let recorder = recorder.clone();
+        let (recorder, metrics_addrs) = (recorder.clone(), metrics_addrs.clone());
         progress.spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(5)).await;
+                recorder.curp.sample(&metrics_addrs).await;
+                let tally = recorder.curp.total();
+                let curp_line = if tally.any() {
+                    format!(
+                        "  curp fast {} slow {} recoveries {} recovered {}",
+                        tally.fast_path_writes, tally.slow_path_writes, tally.recoveries, tally.recovered_writes
+                    )
+                } else {
+                    String::new()
+                };
                 eprintln!(
-                    "  {:>4.0}s  completed {:>6}  unknown {:>4}",
+                    "  {:>4.0}s  completed {:>6}  unknown {:>4}{curp_line}",
                     recorder.elapsed().as_secs_f64(),
                     recorder.completed.load(Ordering::Relaxed),
                     recorder.unknown.load(Ordering::Relaxed)
@@ -267,13 +293,24 @@ async fn drive(
     while clients.join_next().await.is_some() {}
     progress.abort_all();
     eprintln!("  healing, restarting every node, reading every key from every node");
+    recorder.curp.sample(&metrics_addrs).await;
     target.full_restart().await?;
-    final_reads(recorder, file, args.keys).await
+    let read = final_reads(recorder, file, args.keys).await;
+    recorder.curp.sample(&metrics_addrs).await;
+    read
 }
 
 pub fn print_summary(s: &RunSummary) {
+    let curp = if s.curp.any() {
+        format!(
+            " (CURP: {} fast-path writes, {} slow, {} recoveries replaying {})",
+            s.curp.fast_path_writes, s.curp.slow_path_writes, s.curp.recoveries, s.curp.recovered_writes
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "seed {} nodes {}: {} operations ({} ok, {} failed, {} unknown), {} faults: {}  [{}]",
+        "seed {} nodes {}: {} operations ({} ok, {} failed, {} unknown), {} faults{curp}: {}  [{}]",
         s.seed,
         s.nodes,
         s.operations,

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use chorus_client::{Client, ClientError, RiflSession, Value};
 
+use crate::curp_tally::CurpWatch;
 use crate::history::{Op, OpKind, Outcome};
 
 /// Longer than a node's own limits (leader wait 3 s, request timeout 5 s), so most requests end
@@ -26,6 +27,8 @@ pub struct Recorder {
     pub stop: AtomicBool,
     pub completed: AtomicU64,
     pub unknown: AtomicU64,
+    /// How often CURP's paths ran, from the nodes' metrics.
+    pub curp: CurpWatch,
 }
 
 impl Recorder {
@@ -36,6 +39,7 @@ impl Recorder {
             stop: AtomicBool::new(false),
             completed: AtomicU64::new(0),
             unknown: AtomicU64::new(0),
+            curp: CurpWatch::default(),
         })
     }
 

@@ -79,6 +79,15 @@ server_options! {
     /// nodes' clocks run at rates within 5% of each other; the lease lasts
     /// (election_ticks - 1) x tick_ms x 0.95 from when its round began. See docs/reliability.md.
     read_lease: bool = false;
+    /// CURP, `on` or `off`: writes complete in one round trip from any node when the leader can
+    /// answer them before they commit and every witness (all 3 of 3, 4 of 5) holds them; a new
+    /// leader recovers them from the witnesses. Every node of a cluster must agree. See
+    /// docs/reliability.md, "CURP".
+    curp: String = "off".into();
+    /// With CURP on, a follower's clients' writes take the fast path only while the leader is at
+    /// least this far away (measured round trip, µs): closer, the ordinary path is as fast and
+    /// costs less (0: always, as the chaos harness runs it).
+    curp_fast_path_min_rtt_us: u64 = 1000;
     /// Snapshot the state machine after this many applied entries.
     snapshot_interval_entries: u64 = 20_000;
     /// Snapshot the state machine after this many applied bytes of commands.

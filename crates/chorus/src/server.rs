@@ -5,6 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use chorus_curp::durable_witness::DurableWitness;
+use chorus_kv::curp::{serve_peer_requests, ApplyWatch, Curp};
 use chorus_kv::unicache::{parse_keyspaces, KvPreprocessor};
 use chorus_kv::{FrontEndOptions, KvState};
 use chorus_log::{EntryCodec, IdentityCodec, NodeConfig, ReadConsistency, UniCacheCodec, UniCacheSettings};
@@ -15,6 +17,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use crate::config::{parse_peers, ServerConfig};
+
+/// Most bytes of records a node's CURP witness holds; past it, fast-path writes take the
+/// ordinary path until records drain (each leaves as its write applies).
+const WITNESS_MAX_BYTES: usize = 64 * 1024 * 1024;
+
+/// Peers' requests to CURP's services (witness, leader) queued before this node takes them.
+const PEER_REQUEST_QUEUE: usize = 4096;
 
 /// Blocks of 1 MiB and more (the cleaner's segment reads and merge output, a large batch's
 /// segment) get a mapping of their own, returned to the system when freed. Left to itself glibc
@@ -27,6 +36,15 @@ fn return_large_blocks_when_freed() {
     // threads start.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+}
+
+/// Whether `--curp` is on.
+fn curp_on(config: &ServerConfig) -> anyhow::Result<bool> {
+    match config.curp.as_str() {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => bail!("curp must be 'on' or 'off', not '{other}'"),
     }
 }
 
@@ -47,7 +65,7 @@ fn node_config(config: &ServerConfig, peers: Vec<(u64, std::net::SocketAddr)>) -
         leader_wait_ms: config.leader_wait_ms,
         request_timeout_ms: config.request_timeout_ms,
         read_lease: config.read_lease,
-        speculate: false,
+        curp: config.curp == "on",
         snapshot_interval_entries: config.snapshot_interval_entries,
         snapshot_interval_bytes: config.snapshot_interval_bytes,
         log_keep_entries: config.log_keep_entries,
@@ -106,6 +124,8 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot serve metrics on {}", config.metrics_addr))?;
 
+    let curp = curp_on(&config)?;
+    let voters: Vec<u64> = peers.iter().map(|(id, _)| *id).collect();
     let node_config = node_config(&config, peers);
     let codec: Box<dyn EntryCodec> = if config.unicache {
         let settings = UniCacheSettings {
@@ -125,14 +145,39 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         Box::new(IdentityCodec)
     };
     let store_options = store_options(&config)?;
+    let witness = if curp {
+        let dir = config.data_dir.join("witness");
+        Some(Arc::new(
+            DurableWitness::open(&dir, WITNESS_MAX_BYTES).context("cannot open the CURP witness")?,
+        ))
+    } else {
+        None
+    };
+    let (peer_requests, requests) = tokio::sync::mpsc::channel(PEER_REQUEST_QUEUE);
+    let applies = Arc::new(ApplyWatch::default());
+    let state_curp = witness.clone().map(|witness| (witness, applies.clone()));
     let node = chorus_log::start(
         node_config,
-        |snapshot| KvState::open(store_options, snapshot),
+        |snapshot| {
+            let state = KvState::open(store_options, snapshot)?;
+            Ok(match state_curp {
+                Some((witness, applies)) => state.with_curp(witness, applies),
+                None => state,
+            })
+        },
         codec,
-        None,
+        witness.is_some().then_some(peer_requests),
     )
     .await
     .context("cannot start the raft node")?;
+    let curp = witness.map(|witness| {
+        let timeout = Duration::from_millis(config.request_timeout_ms);
+        let min_rtt = Duration::from_micros(config.curp_fast_path_min_rtt_us);
+        let curp = Arc::new(Curp::new(node.clone(), witness, applies, voters, timeout, min_rtt));
+        tokio::spawn(serve_peer_requests(curp.clone(), requests));
+        tokio::spawn(curp.clone().recover_as_leader());
+        curp
+    });
     tokio::spawn(serve_metrics(metrics_listener));
     let options = FrontEndOptions {
         default_consistency,
@@ -148,7 +193,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         id = config.id, resp = %config.resp_addr, metrics = %config.metrics_addr,
         data_dir = %config.data_dir.display(), "chorus node serving"
     );
-    tokio::spawn(chorus_kv::serve(resp_listener, node, options));
+    tokio::spawn(chorus_kv::serve(resp_listener, node, options, curp));
 
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -200,16 +245,17 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use bytes::Bytes;
-    use chorus_kv::command::{encode_enveloped, encode_register};
+    use chorus_kv::command::{encode_curp_recovered, encode_enveloped, encode_register};
     use chorus_log::{IdentityCodec, Role};
     use chorus_resp::Value;
 
     use super::*;
     use crate::config::ServerOptions;
 
-    /// A one-node cluster whose leader speculates: writes submitted together are answered as
-    /// they join the log, each with the reply it then gives when it applies; a write on a key an
-    /// unapplied write touches waits for its turn (or, once that one applied, is answered too).
+    /// A one-node cluster with CURP on: the new leader holds every write until it has proposed
+    /// its recovery; then writes submitted together are answered as they join the log, each with
+    /// the reply it then gives when it applies; a write on a key an unapplied write touches waits
+    /// for its turn (or, once that one applied, is answered too).
     #[tokio::test(flavor = "current_thread")]
     async fn a_speculating_leader_answers_writes_with_the_replies_they_give_when_applied() {
         let dir = tempfile::tempdir().unwrap();
@@ -225,7 +271,7 @@ mod tests {
         }
         .resolve();
         let mut node_config = node_config(&config, parse_peers(&config.peers).unwrap());
-        node_config.speculate = true;
+        node_config.curp = true;
         let store_options = store_options(&config).unwrap();
         let node = chorus_log::start(
             node_config,
@@ -240,7 +286,18 @@ mod tests {
             assert!(Instant::now() < deadline, "no leader");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let Ok(Value::Integer(incarnation)) = node.write(encode_register()).await else {
+        let term = node.status().term;
+        let mut register = node.submit_write(encode_register()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(register.try_recv().is_err(), "a write went ahead of the recovery");
+        node.submit_recovery(term, vec![encode_curp_recovered(term)])
+            .await
+            .unwrap();
+        assert!(
+            node.submit_recovery(term, Vec::new()).await.is_err(),
+            "one recovery per term"
+        );
+        let Ok(Ok(Value::Integer(incarnation))) = register.await else {
             panic!("registration failed")
         };
         let write = |seq: u64, key: &str| {
@@ -259,7 +316,7 @@ mod tests {
         };
         let mut submitted = Vec::new();
         for (seq, key) in [(1, "a"), (2, "a"), (3, "b"), (4, "c")] {
-            submitted.push(node.submit_speculative_write(write(seq, key)).await.unwrap());
+            submitted.push(node.submit_speculative_write(write(seq, key), term).await.unwrap());
         }
         let mut speculated = 0;
         for (n, (applied, speculative)) in submitted.into_iter().enumerate() {

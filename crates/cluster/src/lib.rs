@@ -10,6 +10,7 @@
 //! through a client proxy whose address `status` prints. Node 1 sits where the profile puts the
 //! leader, so `start` hands leadership to node 1.
 
+pub mod metrics;
 pub mod netem;
 pub mod ports;
 pub mod process;

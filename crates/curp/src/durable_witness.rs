@@ -6,7 +6,7 @@
 //! well past them. On open, a torn tail (a crash mid-append) is cut off; any other damage stops
 //! the node.
 //!
-//! Peers reach the witness through the transport's request channel ([`serve`]): `RECORD`
+//! Peers reach the witness through the transport's request channel ([`serve_one`]): `RECORD`
 //! (body: an encoded `Event::Accepted`; response: [`encode_verdict`]) and `COLLECT` (body: a term;
 //! response: the pool as encoded `Event::Accepted`s).
 
@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 
 use chorus_log::PeerRequest;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::rifl::ClientId;
 use crate::witness::{file, Event, Record, Rejection, ReplayError, Witness};
@@ -142,7 +142,9 @@ impl DurableWitness {
     pub async fn accept(&self, record: Record) -> Result<(), Rejection> {
         let synced = {
             let mut witness = self.shared.witness.lock().expect("not poisoned");
-            let event = witness.accept(record)?;
+            let Some(event) = witness.accept(record)? else {
+                return Ok(());
+            };
             // Appended under the witness lock, so the file holds events in the order decided.
             self.persist(&event)
         };
@@ -156,6 +158,20 @@ impl DurableWitness {
         let mut witness = self.shared.witness.lock().expect("not poisoned");
         if let Some(event) = witness.applied(client, seq) {
             drop(self.persist(&event));
+        }
+    }
+
+    /// Drops the records whose writes `settled` says applied here already (or never can): after
+    /// this node's state jumped (a snapshot installed, a restart) past writes it then never
+    /// applies one by one.
+    pub fn drop_settled(&self, settled: impl Fn(ClientId, u64) -> bool) {
+        let mut witness = self.shared.witness.lock().expect("not poisoned");
+        for (client, seq) in witness.ids() {
+            if settled(client, seq) {
+                if let Some(event) = witness.applied(client, seq) {
+                    drop(self.persist(&event));
+                }
+            }
         }
     }
 
@@ -279,34 +295,28 @@ pub fn decode_verdict(body: &[u8]) -> Option<Result<(), Rejection>> {
     })
 }
 
-/// Answers peers' witness requests until the channel closes. Each request is served on its own
-/// task, so acceptances waiting for a sync do not hold up the next request.
-pub async fn serve(witness: Arc<DurableWitness>, mut requests: mpsc::Receiver<PeerRequest>) {
-    while let Some(request) = requests.recv().await {
-        let witness = witness.clone();
-        tokio::spawn(async move {
-            match request.service {
-                SERVICE_RECORD => match file::decode_all(&request.body).as_deref() {
-                    Ok([Event::Accepted(record)]) => {
-                        let verdict = witness.accept(record.clone()).await;
-                        request.respond(&encode_verdict(&verdict));
-                    }
-                    _ => tracing::warn!(from = request.from, "malformed witness record; ignored"),
-                },
-                SERVICE_COLLECT => match request.body.as_slice().try_into() {
-                    Ok(term) => {
-                        let pool = witness.collect(u64::from_le_bytes(term)).await;
-                        let mut body = Vec::new();
-                        for record in pool {
-                            file::encode(&Event::Accepted(record), &mut body);
-                        }
-                        request.respond(&body);
-                    }
-                    Err(_) => tracing::warn!(from = request.from, "malformed witness collection; ignored"),
-                },
-                other => tracing::warn!(from = request.from, service = other, "unknown peer service; ignored"),
+/// Answers one peer's request to the witness: `RECORD` or `COLLECT`.
+pub async fn serve_one(witness: &DurableWitness, request: PeerRequest) {
+    match request.service {
+        SERVICE_RECORD => match file::decode_all(&request.body).as_deref() {
+            Ok([Event::Accepted(record)]) => {
+                let verdict = witness.accept(record.clone()).await;
+                request.respond(&encode_verdict(&verdict));
             }
-        });
+            _ => tracing::warn!(from = request.from, "malformed witness record; ignored"),
+        },
+        SERVICE_COLLECT => match request.body.as_slice().try_into() {
+            Ok(term) => {
+                let pool = witness.collect(u64::from_le_bytes(term)).await;
+                let mut body = Vec::new();
+                for record in pool {
+                    file::encode(&Event::Accepted(record), &mut body);
+                }
+                request.respond(&body);
+            }
+            Err(_) => tracing::warn!(from = request.from, "malformed witness collection; ignored"),
+        },
+        other => tracing::warn!(from = request.from, service = other, "unknown peer service; ignored"),
     }
 }
 

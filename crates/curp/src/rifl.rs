@@ -387,6 +387,20 @@ impl<R: Clone + std::fmt::Debug> Completions<R> {
         Some(incarnation.clients.get(&client.connection).map_or(1, |r| r.next_seq))
     }
 
+    /// Whether write `seq` of `client` can no longer execute for the first time: it has
+    /// executed, or its connection has been forgotten. An unknown incarnation says nothing: it
+    /// may have expired, or been registered after the state this replica holds.
+    pub fn settled(&self, client: ClientId, seq: u64) -> bool {
+        let Some(incarnation) = self.incarnations.get(&client.incarnation) else {
+            return false;
+        };
+        client.connection < incarnation.forgotten_below
+            || incarnation
+                .clients
+                .get(&client.connection)
+                .is_some_and(|r| seq < r.next_seq)
+    }
+
     /// Records the reply of a write [`Completions::admit`] let execute.
     pub fn complete(&mut self, envelope: &Envelope, reply: R) {
         let incarnation = self
@@ -595,6 +609,16 @@ mod tests {
             "a pipeline acknowledges nothing yet"
         );
         c.complete(&w(3, 1), Bytes::from_static(b":3"));
+        let id = w(1, 1).client;
+        assert!(c.settled(id, 3) && !c.settled(id, 4), "executed through 3");
+        let unknown = ClientId {
+            incarnation: inc + 7,
+            connection: 1,
+        };
+        assert!(
+            !c.settled(unknown, 1),
+            "an unknown incarnation may be one registered later"
+        );
         assert_eq!(c.admit(8, &w(1, 1)), Verdict::Duplicate(Bytes::from_static(b":1")));
         assert_eq!(c.admit(8, &w(4, 3)), Verdict::Execute, "acknowledges 1 and 2");
         assert_eq!(c.admit(8, &w(1, 1)), Verdict::Stale, "an acknowledged reply is gone");

@@ -22,11 +22,13 @@
 //!   refuses a write whose predecessor has not executed).
 //!
 //! A record leaves the witness when its node applies the write (it is committed, so the log keeps
-//! it), or when a recovery that superseded its term has finished ([`Witness::reset`]).
+//! it), or when a recovery that superseded its term has finished ([`Witness::reset`]). A record
+//! that arrives after its write applied here (its request overtaken by the replication) is
+//! accepted without being held: the log already keeps the write.
 //! Persistence is the owner's: every change is an [`Event`] it appends to a file and syncs before
 //! answering, and replays with [`Witness::replay`] on start-up.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use bytes::Bytes;
 
@@ -120,7 +122,14 @@ pub struct Witness {
     collected_for: u64,
     held_bytes: usize,
     max_bytes: usize,
+    /// The last `RECENTLY_APPLIED` writes applied here that the witness did not hold (yet).
+    recently_applied: HashSet<(ClientId, u64)>,
+    applied_order: VecDeque<(ClientId, u64)>,
 }
+
+/// How many writes applied without a record the witness remembers, so a record that arrives
+/// after its write applied is not held for ever.
+const RECENTLY_APPLIED: usize = 1 << 16;
 
 impl Witness {
     pub fn new(max_bytes: usize) -> Witness {
@@ -130,6 +139,8 @@ impl Witness {
             collected_for: 0,
             held_bytes: 0,
             max_bytes,
+            recently_applied: HashSet::new(),
+            applied_order: VecDeque::new(),
         }
     }
 
@@ -145,17 +156,26 @@ impl Witness {
         self.held_bytes
     }
 
-    /// Accepts `record` if it commutes with everything held and its term is current. The same
-    /// record again is accepted again (a client's retry).
-    pub fn accept(&mut self, record: Record) -> Result<Event, Rejection> {
+    /// The ids of the records held.
+    pub fn ids(&self) -> Vec<(ClientId, u64)> {
+        self.records.keys().copied().collect()
+    }
+
+    /// Accepts `record` if it commutes with everything held and its term is current; the event
+    /// to persist before answering, if any. The same record again is accepted again (a client's
+    /// retry); one whose write has already applied here is accepted and not held.
+    pub fn accept(&mut self, record: Record) -> Result<Option<Event>, Rejection> {
         if record.term < self.collected_for {
             return Err(Rejection::StaleTerm {
                 collected_for: self.collected_for,
             });
         }
+        if self.recently_applied.contains(&record.id()) {
+            return Ok(None);
+        }
         if let Some(held) = self.records.get(&record.id()) {
             return if *held == record {
-                Ok(Event::Accepted(record))
+                Ok(Some(Event::Accepted(record)))
             } else {
                 Err(Rejection::Conflict)
             };
@@ -167,7 +187,7 @@ impl Witness {
             return Err(Rejection::Full);
         }
         self.insert(record.clone());
-        Ok(Event::Accepted(record))
+        Ok(Some(Event::Accepted(record)))
     }
 
     fn insert(&mut self, record: Record) {
@@ -181,7 +201,16 @@ impl Witness {
 
     /// The write `(client, seq)` has been applied: the log keeps it now.
     pub fn applied(&mut self, client: ClientId, seq: u64) -> Option<Event> {
-        let record = self.records.remove(&(client, seq))?;
+        let Some(record) = self.records.remove(&(client, seq)) else {
+            if self.recently_applied.insert((client, seq)) {
+                self.applied_order.push_back((client, seq));
+                if self.applied_order.len() > RECENTLY_APPLIED {
+                    let oldest = self.applied_order.pop_front().expect("not empty");
+                    self.recently_applied.remove(&oldest);
+                }
+            }
+            return None;
+        };
         for key in &record.keys {
             self.by_key.remove(key);
         }
@@ -499,6 +528,13 @@ mod tests {
         assert!(w.applied(client(1), 1).is_some());
         assert!(w.applied(client(1), 1).is_none());
         assert!(w.accept(record(2, 2, 5, &["b"])).is_ok(), "b is free again");
+        assert!(w.applied(client(3), 1).is_none());
+        assert_eq!(
+            w.accept(record(3, 1, 5, &["b"])),
+            Ok(None),
+            "a record overtaken by its write's apply is accepted, not held"
+        );
+        assert_eq!(w.len(), 2);
         let mut tiny = Witness::new(10);
         assert_eq!(tiny.accept(record(1, 1, 1, &["k"])), Err(Rejection::Full));
     }
@@ -626,11 +662,11 @@ mod tests {
         let mut w = Witness::new(1 << 20);
         let mut file = Vec::new();
         let log = |e: Event, file: &mut Vec<u8>| file::encode(&e, file);
-        log(w.accept(record(1, 1, 5, &["a", "b"])).unwrap(), &mut file);
-        log(w.accept(record(2, 1, 5, &["c"])).unwrap(), &mut file);
+        log(w.accept(record(1, 1, 5, &["a", "b"])).unwrap().unwrap(), &mut file);
+        log(w.accept(record(2, 1, 5, &["c"])).unwrap().unwrap(), &mut file);
         log(w.applied(client(1), 1).unwrap(), &mut file);
         log(w.collect(6).1.unwrap(), &mut file);
-        log(w.accept(record(3, 1, 6, &["a"])).unwrap(), &mut file);
+        log(w.accept(record(3, 1, 6, &["a"])).unwrap().unwrap(), &mut file);
         log(w.reset(6), &mut file);
         let events = file::decode_all(&file).unwrap();
         let replayed = Witness::replay(1 << 20, events).unwrap();

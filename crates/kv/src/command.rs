@@ -290,11 +290,13 @@ impl Command {
 pub(crate) const ARGS_VERSION: u8 = 1;
 /// A write with its RIFL envelope: `[2][envelope]` then the argument list as in version 1.
 pub(crate) const ENVELOPE_VERSION: u8 = 2;
-/// RIFL's lease commands: `[3][1]` registers an incarnation; `[3][2][incarnation u64]
-/// [forgotten_below u64]` renews one.
+/// Control commands. RIFL's leases: `[3][1]` registers an incarnation; `[3][2][incarnation u64]
+/// [forgotten_below u64]` renews one. CURP: `[3][3][term u64]` ends the recovery of the leader
+/// of `term`.
 const CONTROL_VERSION: u8 = 3;
 const REGISTER: u8 = 1;
 const RENEW: u8 = 2;
+const CURP_RECOVERED: u8 = 3;
 
 /// A command as the log holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -306,6 +308,11 @@ pub enum Logged {
     Renew {
         incarnation: u64,
         forgotten_below: u64,
+    },
+    /// The leader of `term` has proposed every write it recovered from the witnesses (they
+    /// precede this in the log): every witness lets go of records from older terms.
+    CurpRecovered {
+        term: u64,
     },
 }
 
@@ -366,6 +373,13 @@ pub fn encode_renew(incarnation: u64, forgotten_below: u64) -> Bytes {
     Bytes::from(out)
 }
 
+pub fn encode_curp_recovered(term: u64) -> Bytes {
+    let mut out = Vec::with_capacity(10);
+    out.extend_from_slice(&[CONTROL_VERSION, CURP_RECOVERED]);
+    out.extend_from_slice(&term.to_le_bytes());
+    Bytes::from(out)
+}
+
 /// Decodes a write's arguments as slices of one copy of `buf`: key and value of a SET share a
 /// single allocation, which is what the state machine then holds.
 pub fn decode_args(buf: &[u8]) -> Result<Vec<Bytes>, &'static str> {
@@ -390,7 +404,10 @@ pub fn decode_logged(buf: &[u8]) -> Result<Logged, &'static str> {
                 incarnation: u64::from_le_bytes(numbers[..8].try_into().expect("eight bytes")),
                 forgotten_below: u64::from_le_bytes(numbers[8..].try_into().expect("eight bytes")),
             }),
-            _ => Err("malformed RIFL lease command"),
+            [CURP_RECOVERED, term @ ..] if term.len() == 8 => Ok(Logged::CurpRecovered {
+                term: u64::from_le_bytes(term.try_into().expect("eight bytes")),
+            }),
+            _ => Err("malformed control command"),
         },
         _ => Err("unknown command encoding version"),
     }
@@ -507,7 +524,9 @@ mod tests {
             }
         );
         assert_eq!(decode_logged(&encode_register()).unwrap(), Logged::Register);
-        for whole in [encoded, renew] {
+        let recovered = encode_curp_recovered(12);
+        assert_eq!(decode_logged(&recovered).unwrap(), Logged::CurpRecovered { term: 12 });
+        for whole in [encoded, renew, recovered] {
             for cut in 0..whole.len() {
                 assert!(decode_logged(&whole[..cut]).is_err(), "cut at {cut}");
             }

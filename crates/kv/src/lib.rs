@@ -2,6 +2,7 @@
 //! RESP front end that routes writes through the replicated log and reads through ReadIndex.
 
 pub mod command;
+pub mod curp;
 pub mod server;
 mod speculation;
 pub mod state;

@@ -34,6 +34,7 @@ use crate::command::{
     command_name, encode_enveloped, encode_register, encode_renew, reenvelope, short_name, Command, CommandError,
     MAX_COMMAND_NAME_BYTES,
 };
+use crate::curp::{Curp, FastOutcome};
 use crate::state::{KvState, EXPIRED, OUT_OF_ORDER};
 
 pub type KvNode = NodeHandle<KvState>;
@@ -164,6 +165,8 @@ impl FrontEndMetrics {
 struct Shared {
     node: KvNode,
     options: FrontEndOptions,
+    /// With `--curp on`: writes try CURP's fast path first.
+    curp: Option<Arc<Curp>>,
     metrics: FrontEndMetrics,
     next_client_id: AtomicU64,
     started: Instant,
@@ -335,10 +338,11 @@ fn client_owned_write(args: &[Bytes]) -> Option<Result<(Envelope, Vec<Bytes>), V
 }
 
 /// Serves RESP clients on `listener` until the process exits.
-pub async fn serve(listener: TcpListener, node: KvNode, options: FrontEndOptions) {
+pub async fn serve(listener: TcpListener, node: KvNode, options: FrontEndOptions, curp: Option<Arc<Curp>>) {
     let shared = Arc::new(Shared {
         node,
         options,
+        curp,
         metrics: FrontEndMetrics::new(),
         next_client_id: AtomicU64::new(1),
         started: Instant::now(),
@@ -410,6 +414,14 @@ struct WriteSlot {
     owned: bool,
     started: Instant,
     attempt: Result<chorus_log::node::Pending<Value>, NodeError>,
+    /// CURP's fast-path attempt, in flight (then `attempt` is not started).
+    fast: Option<tokio::task::JoinHandle<FastOutcome>>,
+    /// Every write of this client before it had been answered when this one was sent: if its
+    /// fast path completes, recovery could replay it with nothing missing before it.
+    first_in_line: bool,
+    /// Settled from the attempt that first put it in the log (a fast path or its leader's
+    /// apply), so the writes after it may use their fast-path replies.
+    settled_in_place: bool,
     /// An attempt may have executed (or may still): a retry is the only way to learn.
     uncertain: bool,
     /// Why the last attempt did not settle it.
@@ -550,6 +562,8 @@ impl Connection {
     async fn resolve(&mut self, slots: &mut Vec<Slot>, output: &mut Vec<u8>) {
         let mut values = Vec::with_capacity(slots.len());
         let mut unsettled = Vec::new();
+        // Every earlier write of this batch settled where it first joined the log.
+        let mut in_place_so_far = true;
         for slot in slots.drain(..) {
             let value = match slot {
                 Slot::Ready(v) => Some(v),
@@ -562,14 +576,20 @@ impl Connection {
                     self.shared.metrics.read_seconds.observe(started.elapsed());
                     Some(value)
                 }
-                Slot::Write(mut write) => match self.attempt(&mut write).await {
-                    Attempt::Settled(v) => Some(v),
-                    Attempt::GiveUp => Some(self.give_up(&write)),
-                    outcome => {
-                        unsettled.push((values.len(), write, outcome));
-                        None
+                Slot::Write(mut write) => {
+                    write.first_in_line &= in_place_so_far;
+                    let outcome = self.attempt(&mut write).await;
+                    // Settled, and not by a reply saying it did not execute (OUTOFORDER, EXPIRED).
+                    in_place_so_far &= write.settled_in_place && matches!(outcome, Attempt::Settled(_));
+                    match outcome {
+                        Attempt::Settled(v) => Some(v),
+                        Attempt::GiveUp => Some(self.give_up(&write)),
+                        outcome => {
+                            unsettled.push((values.len(), write, outcome));
+                            None
+                        }
                     }
-                },
+                }
             };
             values.push(value);
         }
@@ -590,9 +610,12 @@ impl Connection {
 
     /// Awaits one attempt of a write and says what it came to.
     async fn attempt(&self, write: &mut WriteSlot) -> Attempt {
-        let result = match std::mem::replace(&mut write.attempt, Err(NodeError::ShuttingDown)) {
-            Ok(reply) => reply.await.unwrap_or(Err(NodeError::ShuttingDown)),
-            Err(e) => Err(e),
+        let result = match write.fast.take() {
+            Some(fast) => match self.settle_fast(write, fast).await {
+                Some(result) => result,
+                None => self.await_attempt(write).await,
+            },
+            None => self.await_attempt(write).await,
         };
         let outcome = match result {
             Ok(Value::Error(e)) if e == OUT_OF_ORDER => {
@@ -621,6 +644,66 @@ impl Connection {
             self.shared.metrics.write_seconds.observe(write.started.elapsed());
         }
         outcome
+    }
+
+    async fn await_attempt(&self, write: &mut WriteSlot) -> Result<Value, NodeError> {
+        match std::mem::replace(&mut write.attempt, Err(NodeError::ShuttingDown)) {
+            Ok(reply) => reply.await.unwrap_or(Err(NodeError::ShuttingDown)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// What a fast-path attempt came to: its reply, or `None` once the write has been sent again
+    /// the ordinary way (same RIFL id, so it executes once). A speculative reply counts only if
+    /// the write was first in line: otherwise recovery might replay it with an earlier write of
+    /// its client missing, which RIFL would refuse; such a write, and one the leader has in its
+    /// log but not enough witnesses hold, is answered when it applies on this node.
+    async fn settle_fast(
+        &self,
+        write: &mut WriteSlot,
+        fast: tokio::task::JoinHandle<FastOutcome>,
+    ) -> Option<Result<Value, NodeError>> {
+        let outcome = fast.await.unwrap_or(FastOutcome::Slow {
+            reason: crate::curp::SlowReason::LeaderUnanswered,
+            in_doubt: true,
+            applied: None,
+        });
+        let curp = self.shared.curp.as_ref().expect("a fast path runs only with CURP on");
+        match outcome {
+            FastOutcome::Fast(value, applied) if write.first_in_line => {
+                curp.settled_fast(applied);
+                write.settled_in_place = true;
+                return Some(Ok(value));
+            }
+            FastOutcome::Fast(_, applied) => {
+                // The reply of its first application here, which follows its client's earlier
+                // writes.
+                write.uncertain = true;
+                let result = curp.applied_here(applied).await.unwrap_or(Err(NodeError::ShuttingDown));
+                write.settled_in_place = result.is_ok();
+                return Some(result);
+            }
+            FastOutcome::Applied(value) => {
+                write.settled_in_place = true;
+                return Some(Ok(value));
+            }
+            FastOutcome::Slow {
+                applied: Some(applied), ..
+            } => {
+                // The write is in the leader's log: the reply of its first application here.
+                write.uncertain = true;
+                let result = applied.await.unwrap_or(Err(NodeError::ShuttingDown));
+                write.settled_in_place = result.is_ok();
+                return Some(result);
+            }
+            FastOutcome::Slow { in_doubt, .. } => write.uncertain |= in_doubt,
+        }
+        if write.uncertain {
+            // The attempt may have executed: this is a retry under the same id.
+            self.shared.metrics.write_retries.inc();
+        }
+        write.attempt = self.shared.node.submit_write(write.command.clone()).await;
+        None
     }
 
     /// The answer for a write that retrying did not settle. Its sequence number stays a gap
@@ -753,7 +836,7 @@ impl Connection {
         let started = Instant::now();
         match parsed {
             Err(e) => (Slot::Ready(Value::error(e)), Flow::Continue),
-            Ok(Some(Command::Write(_))) => {
+            Ok(Some(Command::Write(write))) => {
                 let envelope = match owned {
                     Some(envelope) => {
                         self.shared.note_client_incarnation(envelope.client.incarnation);
@@ -765,13 +848,27 @@ impl Connection {
                     },
                 };
                 let command = encode_enveloped(&envelope, &args);
-                let attempt = self.shared.node.submit_write(command.clone()).await;
+                let (attempt, fast) = match &self.shared.curp {
+                    Some(curp) if curp.fast_path_pays() => {
+                        let curp = curp.clone();
+                        let (command, keys) = (command.clone(), write.keys());
+                        let fast =
+                            tokio::spawn(async move { curp.write(command, envelope.client, envelope.seq, keys).await });
+                        (Err(NodeError::ShuttingDown), Some(fast))
+                    }
+                    _ => (self.shared.node.submit_write(command.clone()).await, None),
+                };
                 let slot = Slot::Write(WriteSlot {
                     command,
                     client: envelope.client,
                     owned: owned.is_some(),
                     started,
                     attempt,
+                    fast,
+                    // A connection's earlier writes are settled or in this batch (see `resolve`);
+                    // a client that owns its id says so by acknowledging them.
+                    first_in_line: owned.is_none() || envelope.first_unacked == envelope.seq,
+                    settled_in_place: false,
                     uncertain: false,
                     last_error: None,
                     last_in_doubt: false,

@@ -18,6 +18,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use chorus_curp::durable_witness::DurableWitness;
 use chorus_curp::rifl::{Completions, Envelope, Verdict};
 use chorus_log::{SnapshotFiles, StateMachine};
 use chorus_metrics::Gauge;
@@ -25,6 +26,7 @@ use chorus_resp::{parse_value, write_value, Limits, Value};
 use chorus_storage::{Manifest, Store, StoreError, StoreOptions};
 
 use crate::command::{decode_logged, Command, Logged, Read, SetCondition, Write};
+use crate::curp::ApplyWatch;
 use crate::speculation::Proposed;
 use crate::storage_metrics::StorageMetrics;
 
@@ -93,6 +95,9 @@ pub struct KvState {
     proposed: Proposed,
     metrics: StorageMetrics,
     rifl_clients: Arc<Gauge>,
+    /// With CURP: this node's witness (a record leaves it when its write applies here), and the
+    /// front ends waiting for writes to apply here.
+    curp: Option<(Arc<DurableWitness>, Arc<ApplyWatch>)>,
 }
 
 /// Rebuilds the completion records from the store's `r` keys.
@@ -150,7 +155,24 @@ impl KvState {
                 "chorus_rifl_clients",
                 "RIFL clients whose completion records this replica keeps",
             ),
+            curp: None,
         })
+    }
+
+    /// With CURP: this node's witness, which lets go of each record as its write applies, and
+    /// the front ends' watch on applied writes.
+    pub fn with_curp(mut self, witness: Arc<DurableWitness>, applies: Arc<ApplyWatch>) -> KvState {
+        self.curp = Some((witness, applies));
+        self.drop_settled_records();
+        self
+    }
+
+    /// Drops the witness records of writes this state has executed without applying them here
+    /// one by one (they came in a snapshot, or applied before a restart).
+    fn drop_settled_records(&self) {
+        if let Some((witness, _)) = &self.curp {
+            witness.drop_settled(|client, seq| self.completions.settled(client, seq));
+        }
     }
 
     pub fn store(&self) -> &Store {
@@ -353,8 +375,10 @@ impl KvState {
     }
 
     /// Executes an enveloped write unless RIFL says it executed before or must not execute.
+    /// A witness record of it is dropped once the write has executed (now or before); not when
+    /// it could not execute yet (`OUTOFORDER`: recovery may still replay it in order).
     fn execute_once(&mut self, index: u64, envelope: &Envelope, args: &[Bytes]) -> Value {
-        match self.completions.admit(index, envelope) {
+        let reply = match self.completions.admit(index, envelope) {
             Verdict::Execute => {
                 let reply = self.execute_args(index, args);
                 self.completions.complete(envelope, reply.clone());
@@ -362,9 +386,20 @@ impl KvState {
             }
             Verdict::Duplicate(reply) => reply,
             Verdict::Stale => Value::error(STALE),
-            Verdict::OutOfOrder => Value::error(OUT_OF_ORDER),
+            Verdict::OutOfOrder => {
+                let reply = Value::error(OUT_OF_ORDER);
+                if let Some((_, applies)) = &self.curp {
+                    applies.applied(envelope.client, envelope.seq, &reply);
+                }
+                return reply;
+            }
             Verdict::Expired => Value::error(EXPIRED),
+        };
+        if let Some((witness, applies)) = &self.curp {
+            witness.applied(envelope.client, envelope.seq);
+            applies.applied(envelope.client, envelope.seq, &reply);
         }
+        reply
     }
 
     /// The reply applying `write` now would give, without applying it. Mirrors
@@ -565,6 +600,12 @@ impl StateMachine for KvState {
                     Value::error(EXPIRED)
                 }
             }
+            Logged::CurpRecovered { term } => {
+                if let Some((witness, _)) = &self.curp {
+                    witness.reset(term);
+                }
+                Value::ok()
+            }
         }
     }
 
@@ -613,7 +654,7 @@ impl StateMachine for KvState {
                 let next = expected.map(|e| if e == envelope.seq { e + 1 } else { e });
                 (args, next.map(|next| (envelope.client, next)))
             }
-            Ok(Logged::Register | Logged::Renew { .. }) | Err(_) => return,
+            Ok(Logged::Register | Logged::Renew { .. } | Logged::CurpRecovered { .. }) | Err(_) => return,
         };
         let keys = match Command::parse(&args) {
             Ok(Some(Command::Write(write))) => write.keys(),
@@ -671,6 +712,7 @@ impl StateMachine for KvState {
         let manifest = Manifest::decode(snapshot).map_err(|e| format!("snapshot manifest: {e}"))?;
         self.store.install(&manifest, files_dir).map_err(|e| e.to_string())?;
         self.completions = read_completions(&mut self.store)?;
+        self.drop_settled_records();
         Ok(())
     }
 }

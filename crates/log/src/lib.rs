@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod codec;
+mod curp_leader;
 pub mod error;
 pub mod frame;
 pub mod node;

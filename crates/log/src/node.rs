@@ -30,6 +30,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::batch::{self, Origin, BATCH_HEADER_BYTES, COMMAND_OVERHEAD_BYTES};
 use crate::codec::{EntryCodec, Prepared, Preparer, RaftLogView, CODEC_ENTRY};
+use crate::curp_leader::CurpLeader;
 use crate::error::{NodeError, StorageError};
 use crate::shipment::{self, Shipper, SnapshotFiles};
 use crate::storage::{write_snapshot_file, DiskStorage, StorageOptions};
@@ -112,9 +113,11 @@ pub struct NodeConfig {
     /// The leader serves linearizable reads from its own state while it holds a read lease,
     /// without a round of heartbeats per batch of reads (see `ReadLease`).
     pub read_lease: bool,
-    /// CURP: as leader, tell the state machine what joins the log (`StateMachine::proposed`) and
-    /// answer writes that ask for it speculatively (`NodeHandle::submit_speculative_write`).
-    pub speculate: bool,
+    /// CURP: as leader, recover first (`NodeHandle::submit_recovery`), then tell the state
+    /// machine what joins the log (`StateMachine::proposed`) and answer writes that ask for it
+    /// speculatively (`NodeHandle::submit_speculative_write`); reads wait for speculated writes
+    /// (see `curp_leader`).
+    pub curp: bool,
     pub snapshot_interval_entries: u64,
     pub snapshot_interval_bytes: u64,
     /// Entries kept behind a snapshot so slightly lagging followers need no snapshot.
@@ -190,12 +193,23 @@ pub enum ReadConsistency {
 type Reply<O> = oneshot::Sender<Result<O, NodeError>>;
 pub type Pending<O> = oneshot::Receiver<Result<O, NodeError>>;
 
+/// Where a speculative reply goes, if the leader of `term` gives one.
+struct Speculative<O> {
+    term: u64,
+    reply: oneshot::Sender<O>,
+}
+
 enum Request<SM: StateMachine> {
     Write {
         command: Bytes,
         prepared: Option<Prepared>,
         reply: Reply<SM::Output>,
-        speculative: Option<oneshot::Sender<SM::Output>>,
+        speculative: Option<Speculative<SM::Output>>,
+    },
+    Recover {
+        term: u64,
+        commands: Vec<Bytes>,
+        reply: Reply<()>,
     },
     Read {
         query: SM::Query,
@@ -237,22 +251,36 @@ impl<SM: StateMachine> NodeHandle<SM> {
         self.queue_write(command, None).await
     }
 
-    /// Queues a write like `submit_write`; if this node is the leader (with `speculate` on) and
-    /// the state machine knows the write's reply when it joins the log, the second receiver
-    /// gets that reply then, before the write commits. It is dropped unanswered otherwise.
+    /// Queues a write like `submit_write`; if this node is the recovered leader of `term` (with
+    /// `curp` on) when it proposes the write and the state machine knows the write's reply then,
+    /// the second receiver gets that reply at once, before the write commits. It is dropped
+    /// unanswered otherwise.
     pub async fn submit_speculative_write(
         &self,
         command: Bytes,
+        term: u64,
     ) -> Result<(Pending<SM::Output>, oneshot::Receiver<SM::Output>), NodeError> {
-        let (speculative, speculated) = oneshot::channel();
-        let applied = self.queue_write(command, Some(speculative)).await?;
+        let (reply, speculated) = oneshot::channel();
+        let applied = self.queue_write(command, Some(Speculative { term, reply })).await?;
         Ok((applied, speculated))
+    }
+
+    /// As the new leader of `term` (with `curp` on), proposes what it recovered from the
+    /// witnesses, ahead of every client write; once these entries apply it may speculate and
+    /// serve reads. Fails if this node is not that leader (any more) or has already recovered.
+    pub async fn submit_recovery(&self, term: u64, commands: Vec<Bytes>) -> Result<(), NodeError> {
+        let (reply, rx) = oneshot::channel();
+        self.requests
+            .send(Request::Recover { term, commands, reply })
+            .await
+            .map_err(|_| NodeError::ShuttingDown)?;
+        rx.await.unwrap_or(Err(NodeError::ShuttingDown))
     }
 
     async fn queue_write(
         &self,
         command: Bytes,
-        speculative: Option<oneshot::Sender<SM::Output>>,
+        speculative: Option<Speculative<SM::Output>>,
     ) -> Result<Pending<SM::Output>, NodeError> {
         let (reply, rx) = oneshot::channel();
         let prepared = self.preparer.as_ref().map(|prepare| prepare(&command));
@@ -324,8 +352,15 @@ impl<SM: StateMachine> NodeHandle<SM> {
         self.status.borrow().clone()
     }
 
+    /// Waits until the status changes, or `within` passes.
+    pub async fn status_changed(&self, within: Duration) {
+        let mut status = self.status.clone();
+        status.mark_unchanged();
+        let _ = tokio::time::timeout(within, status.changed()).await;
+    }
+
     /// Calls services other than raft on peers.
-    pub fn peer_calls(&self) -> &PeerCalls {
+    pub fn peer_calls(&self) -> &Arc<PeerCalls> {
         &self.peer_calls
     }
 }
@@ -456,7 +491,7 @@ struct QueuedWrite<O> {
     command: Bytes,
     prepared: Option<Prepared>,
     waiter: Waiter<O>,
-    speculative: Option<oneshot::Sender<O>>,
+    speculative: Option<Speculative<O>>,
 }
 
 struct ReadWaiter<SM: StateMachine> {
@@ -473,6 +508,9 @@ struct IssuedReads<SM: StateMachine> {
     issued_at: Instant,
     /// Term the ReadIndex was issued in: a confirmation extends the read lease only within it.
     term: u64,
+    /// The reads wait at least for this index: the last write answered speculatively when they
+    /// were issued (CURP).
+    speculated_through: u64,
     reads: Vec<ReadWaiter<SM>>,
 }
 
@@ -545,10 +583,7 @@ struct RaftLoop<SM: StateMachine> {
     applied_term: u64,
     applied_bytes_since_snapshot: u64,
     snapshot_job: Option<SnapshotJob>,
-    /// The term whose log this node, as speculating leader, has told the state machine of (0:
-    /// none), and through which index.
-    noted_in_term: u64,
-    noted_through: u64,
+    curp: CurpLeader,
     last_leader: u64,
     /// Writes of this node answered since the leader last proposed.
     answered_writes: usize,
@@ -731,8 +766,7 @@ pub async fn start<SM: StateMachine>(
         applied_term: 0,
         applied_bytes_since_snapshot: 0,
         snapshot_job: None,
-        noted_in_term: 0,
-        noted_through: 0,
+        curp: CurpLeader::default(),
         last_leader: 0,
         answered_writes: 0,
         refill: None,
@@ -873,6 +907,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 // Raft state on disk can no longer be trusted to match memory: stop loudly.
                 panic!("raft storage failed: {e}");
             }
+            self.release_curp_holds();
             self.update_refill();
             self.note_leadership_transfer();
             self.maybe_snapshot();
@@ -886,7 +921,10 @@ impl<SM: StateMachine> RaftLoop<SM> {
 
     /// Whether queued writes would be proposed by the next iteration.
     fn proposable_now(&self) -> bool {
-        !self.unproposed.is_empty() && self.leader_known() && !self.proposal_refused
+        let recovering = self.config.curp
+            && self.raw.raft.state == StateRole::Leader
+            && !self.curp.recovery_proposed(self.raw.raft.term);
+        !self.unproposed.is_empty() && self.leader_known() && !self.proposal_refused && !recovering
     }
 
     /// Once a node has been idle for `IDLE_BEFORE_RELEASE` after a burst, gives back what the
@@ -974,9 +1012,97 @@ impl<SM: StateMachine> RaftLoop<SM> {
                     None => self.reads_unissued.push(read),
                 }
             }
+            Request::Recover { term, commands, reply } => {
+                let _ = reply.send(self.propose_recovery(term, commands));
+            }
             Request::TransferLeader { to, reply } => {
                 let _ = reply.send(self.transfer_leader(to));
             }
+        }
+    }
+
+    /// Proposes a new leader's recovered writes, ahead of every client write it holds.
+    fn propose_recovery(&mut self, term: u64, commands: Vec<Bytes>) -> Result<(), NodeError> {
+        if self.curp_leading_term() != Some(term) || self.curp.recovery_proposed(term) {
+            return Err(NodeError::LeaderChanged);
+        }
+        let mut rest = commands.as_slice();
+        while !rest.is_empty() {
+            let mut bytes = BATCH_HEADER_BYTES;
+            let take = rest
+                .iter()
+                .take_while(|c| {
+                    bytes += c.len() + COMMAND_OVERHEAD_BYTES;
+                    bytes <= self.config.max_batch_bytes
+                })
+                .count()
+                .max(1);
+            let (batch, after) = rest.split_at(take);
+            // Fresh request ids that no waiter holds: nobody here waits for these replies.
+            let first_id = self.next_request_id;
+            self.next_request_id += take as u64;
+            let data = batch::encode_commands(
+                self.origin,
+                batch.iter().enumerate().map(|(n, c)| (first_id + n as u64, c.as_ref())),
+            );
+            if let Err(e) = self.raw.propose(Vec::new(), data) {
+                tracing::warn!(error = %e, "recovery proposal not accepted");
+                return Err(NodeError::LeaderChanged);
+            }
+            self.metrics.entries_proposed.inc();
+            rest = after;
+        }
+        let index = self.raw.raft.raft_log.last_index();
+        self.curp.note_recovery(term, index);
+        tracing::info!(term, index, writes = commands.len(), "CURP recovery proposed");
+        for msg in self.curp.take_held_proposals() {
+            self.step_peer_message(msg);
+        }
+        Ok(())
+    }
+
+    /// `Some(term)` while this node leads `term` with CURP on. When that changes, what the last
+    /// term's leadership noted and held is forgotten.
+    fn curp_leading_term(&mut self) -> Option<u64> {
+        let leading = (self.config.curp && self.raw.raft.state == StateRole::Leader).then_some(self.raw.raft.term);
+        let noted = (self.curp.noted_in_term != 0).then_some(self.curp.noted_in_term);
+        if noted.is_some() && noted != leading {
+            self.sm.forget_proposed();
+        }
+        if self.curp.leading_term() != leading {
+            self.curp.step_down();
+            self.curp.set_leading_term(leading);
+        }
+        leading
+    }
+
+    /// Whether this node, as CURP leader, has finished its recovery: it may speculate and serve
+    /// reads. Always true without CURP.
+    fn curp_recovered(&mut self) -> bool {
+        match self.curp_leading_term() {
+            Some(term) => self.curp.recovered(term, self.applied_index),
+            None => !self.config.curp || self.raw.raft.state != StateRole::Leader,
+        }
+    }
+
+    /// Whether a follower's ReadIndex request must wait here, at the CURP leader: it has not
+    /// recovered yet, or a write it answered speculatively has not committed.
+    fn curp_holds_read_index(&mut self) -> bool {
+        self.curp_leading_term().is_some()
+            && (!self.curp_recovered() || self.curp.speculated_through > self.raw.raft.raft_log.committed)
+    }
+
+    /// Lets go of what a CURP leader held once it may: followers' ReadIndex requests whose
+    /// speculated writes have committed.
+    fn release_curp_holds(&mut self) {
+        if !self.curp.holds_read_indexes() && self.curp_leading_term().is_none() {
+            return;
+        }
+        if !self.curp_recovered() {
+            return;
+        }
+        for msg in self.curp.release_read_indexes(self.raw.raft.raft_log.committed) {
+            self.step_peer_message(msg);
         }
     }
 
@@ -1022,6 +1148,18 @@ impl<SM: StateMachine> RaftLoop<SM> {
                     self.hand_off_leadership();
                     return;
                 }
+                if let Some(term) = self.curp_leading_term() {
+                    if !self.curp.recovery_proposed(term) {
+                        if !self.curp.hold_proposal(msg) {
+                            tracing::debug!("dropping a forwarded write while recovering: too many held");
+                        }
+                        return;
+                    }
+                }
+            }
+            MessageType::MsgReadIndex if self.curp_holds_read_index() => {
+                self.curp.hold_read_index(msg);
+                return;
             }
             MessageType::MsgAppendResponse => {
                 self.codec.observe_response(&msg);
@@ -1034,6 +1172,10 @@ impl<SM: StateMachine> RaftLoop<SM> {
             }
             _ => {}
         }
+        self.step_peer_message(msg);
+    }
+
+    fn step_peer_message(&mut self, msg: Message) {
         if let Err(e) = self.raw.step(msg) {
             tracing::debug!(error = %e, "raft rejected a peer message");
         }
@@ -1118,6 +1260,11 @@ impl<SM: StateMachine> RaftLoop<SM> {
 
     /// Proposes queued writes in batches bounded by count and bytes.
     fn propose_pending(&mut self) {
+        if let Some(term) = self.curp_leading_term() {
+            if !self.curp.recovery_proposed(term) {
+                return;
+            }
+        }
         while !self.unproposed.is_empty() && self.leader_known() && self.group_commit_deadline().is_none() {
             let mut bytes = BATCH_HEADER_BYTES;
             let mut take = 0;
@@ -1149,9 +1296,12 @@ impl<SM: StateMachine> RaftLoop<SM> {
                     let index = self.raw.raft.raft_log.last_index();
                     for mut write in self.unproposed.drain(..take) {
                         if speculating {
-                            let speculated = self.sm.speculate(index, &write.command);
-                            if let (Some(reply), Some(sender)) = (speculated, write.speculative.take()) {
-                                let _ = sender.send(reply);
+                            if let Some(asked) = write.speculative.take().filter(|s| s.term == term) {
+                                if let Some(reply) = self.sm.speculate(index, &write.command) {
+                                    if asked.reply.send(reply).is_ok() {
+                                        self.curp.speculated_through = index;
+                                    }
+                                }
                             }
                             self.sm.proposed(index, &write.command);
                         }
@@ -1163,7 +1313,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
                         self.proposed.insert(write.id, write.waiter);
                     }
                     if speculating {
-                        self.noted_through = index;
+                        self.curp.noted_through = index;
                     }
                 }
                 Err(e) => {
@@ -1176,29 +1326,26 @@ impl<SM: StateMachine> RaftLoop<SM> {
         }
     }
 
-    /// Whether this node, as leader with `speculate` on, tells the state machine what joins its
-    /// log. Notes from a term this node no longer leads are forgotten first: entries of that term
-    /// past the commit may have been overwritten, and a client's write the notes count on may
-    /// never execute.
+    /// Whether this node, as recovered CURP leader, tells the state machine what joins its log
+    /// and speculates. Notes from a term this node no longer leads are forgotten first (see
+    /// `curp_leading_term`): entries of that term past the commit may have been overwritten, and
+    /// a client's write the notes count on may never execute.
     fn speculating(&mut self) -> bool {
-        let leading = self.config.speculate && self.raw.raft.state == StateRole::Leader;
-        let term = self.raw.raft.term;
-        if self.noted_in_term != 0 && (!leading || self.noted_in_term != term) {
-            self.sm.forget_proposed();
-            self.noted_in_term = 0;
-            self.noted_through = 0;
+        let Some(term) = self.curp_leading_term() else {
+            return false;
+        };
+        if !self.curp.recovered(term, self.applied_index) {
+            return false;
         }
-        if leading {
-            self.noted_in_term = term;
-        }
-        leading
+        self.curp.noted_in_term = term;
+        true
     }
 
     /// Tells the state machine of every command that joined the log up to `upto` and has been
     /// neither noted nor applied: followers' forwarded writes, and the tail a new leader
     /// inherits.
     fn note_log_tail(&mut self, upto: u64) {
-        let from = self.noted_through.max(self.applied_index) + 1;
+        let from = self.curp.noted_through.max(self.applied_index) + 1;
         if from > upto {
             return;
         }
@@ -1219,7 +1366,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 }
             }
         }
-        self.noted_through = upto;
+        self.curp.noted_through = upto;
     }
 
     /// Whether this node can take `bytes` more of the log: the raft log has room for them without
@@ -1332,6 +1479,9 @@ impl<SM: StateMachine> RaftLoop<SM> {
         if self.reads_unissued.is_empty() || !self.leader_known() || self.read_index_deadline().is_some() {
             return;
         }
+        if !self.curp_recovered() {
+            return;
+        }
         let reads = std::mem::take(&mut self.reads_unissued);
         self.issue_read_index(reads);
     }
@@ -1344,6 +1494,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             IssuedReads {
                 issued_at: Instant::now(),
                 term: self.raw.raft.term,
+                speculated_through: self.curp.speculated_through,
                 reads,
             },
         );
@@ -1360,7 +1511,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
     /// The index a linearizable read may be served at without a ReadIndex round: the leader's
     /// commit index, while it holds a read lease and has committed an entry of its term.
     fn lease_read_index(&mut self) -> Option<u64> {
-        if !self.config.read_lease || self.raw.raft.state != StateRole::Leader {
+        if !self.config.read_lease || self.raw.raft.state != StateRole::Leader || !self.curp_recovered() {
             return None;
         }
         // A transfer asked for earlier in this loop iteration counts at once.
@@ -1371,7 +1522,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             && self.read_lease_refused_term != raft.term
             && Instant::now() < lease.until
             && raft.commit_to_current_term();
-        held.then_some(raft.raft_log.committed)
+        held.then_some(raft.raft_log.committed.max(self.curp.speculated_through))
     }
 
     /// Whether `msg` asks for a vote this node may have promised, before it restarted, not to
@@ -1440,8 +1591,8 @@ impl<SM: StateMachine> RaftLoop<SM> {
                         }
                     }
                 }
-                self.reads_ready
-                    .extend(issued.reads.into_iter().map(|r| (state.index, r)));
+                let index = state.index.max(issued.speculated_through);
+                self.reads_ready.extend(issued.reads.into_iter().map(|r| (index, r)));
             }
         }
         self.serve_ready_reads();

@@ -191,6 +191,12 @@ impl Drop for PendingCall<'_> {
 }
 
 impl PeerCalls {
+    /// The link's measured round trip to `peer` (`None` until measured).
+    pub fn rtt(&self, peer: u64) -> Option<Duration> {
+        let rtt_us = self.peers.rtts.get(&peer)?.load(Ordering::Relaxed);
+        (rtt_us > 0).then(|| Duration::from_micros(rtt_us))
+    }
+
     /// Sends `body` to `service` on `peer` and awaits the response body.
     pub async fn call(&self, peer: u64, service: u8, body: &[u8], timeout: Duration) -> Result<Vec<u8>, CallError> {
         let queue = self.peers.service.get(&peer).ok_or(CallError::UnknownPeer(peer))?;

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use chorus_curp::rifl::{ClientId, Envelope};
 use chorus_curp::witness::{file as witness_file, Event, Record};
 use chorus_fuzz::{append_after_resume, entry, resumed_codec, OneEntryLog, CACHE};
-use chorus_kv::command::{encode_args, encode_enveloped, encode_register, encode_renew};
+use chorus_kv::command::{encode_args, encode_curp_recovered, encode_enveloped, encode_register, encode_renew};
 use chorus_kv::unicache::KvPreprocessor;
 use chorus_kv::KvState;
 use chorus_log::batch::{self, Origin};
@@ -213,6 +213,7 @@ fn main() {
     write(&out, "kv", "rifl-register", &encode_register());
     write(&out, "kv", "rifl-write", &encode_enveloped(&envelope, &incr));
     write(&out, "kv", "rifl-renew", &encode_renew(1 << 16, 2));
+    write(&out, "kv", "curp-recovered", &encode_curp_recovered(7));
 
     // A witness file: acceptances, a drop, a collection and a reset.
     let mut witness_file = Vec::new();

@@ -15,6 +15,7 @@ struct ProfileSpec {
     node_rtt_ms: Vec<Vec<u64>>,
     #[serde(default)]
     client_rtt_ms: Vec<u64>,
+    uniform_rtt_ms: Option<u64>,
     bandwidth_mbit: Option<f64>,
     #[serde(default)]
     proxied: bool,
@@ -28,6 +29,8 @@ pub struct Profile {
     pub node_rtt_ms: Vec<Vec<u64>>,
     /// Round-trip time from the benchmark client to each node.
     pub client_rtt_ms: Vec<u64>,
+    /// Without `node_rtt_ms`: the round-trip time between any two nodes, for any cluster size.
+    pub uniform_rtt_ms: Option<u64>,
     /// Cap on every emulated link, each direction.
     pub bandwidth_mbit: Option<f64>,
     /// Proxies on every link even though nothing is added, so links can be cut.
@@ -54,6 +57,7 @@ impl Profile {
             description: spec.description,
             node_rtt_ms: spec.node_rtt_ms,
             client_rtt_ms: spec.client_rtt_ms,
+            uniform_rtt_ms: spec.uniform_rtt_ms,
             bandwidth_mbit: bandwidth_mbit.or(spec.bandwidth_mbit),
             proxied: spec.proxied,
         };
@@ -83,6 +87,12 @@ impl Profile {
                 }
             }
         }
+        if self.uniform_rtt_ms.is_some() && n > 0 {
+            bail!(
+                "profile '{}': uniform_rtt_ms and node_rtt_ms exclude each other",
+                self.name
+            );
+        }
         if self.bandwidth_mbit.is_some_and(|b| b.is_nan() || b <= 0.0) {
             bail!("bandwidth must be a positive number of Mbit/s");
         }
@@ -91,7 +101,7 @@ impl Profile {
 
     /// True when the profile adds neither latency nor a bandwidth cap: no proxies are needed.
     pub fn is_passthrough(&self) -> bool {
-        self.node_rtt_ms.is_empty() && self.bandwidth_mbit.is_none() && !self.proxied
+        self.node_rtt_ms.is_empty() && self.uniform_rtt_ms.is_none() && self.bandwidth_mbit.is_none() && !self.proxied
     }
 
     /// Fails unless the profile fits a cluster of `nodes`.
@@ -108,6 +118,9 @@ impl Profile {
 
     /// RTT between nodes `a` and `b` (1-based ids); 0 when the profile adds no latency.
     pub fn rtt_ms(&self, a: u64, b: u64) -> u64 {
+        if let (Some(rtt), true) = (self.uniform_rtt_ms, a != b) {
+            return rtt;
+        }
         self.node_rtt_ms
             .get(a as usize - 1)
             .and_then(|row| row.get(b as usize - 1))
@@ -156,6 +169,9 @@ mod tests {
         assert!(!proxied.is_passthrough());
         proxied.check_nodes(5).unwrap();
         assert_eq!(proxied.rtt_ms(1, 4), 0);
+        let slow = Profile::load("lan-slow-proxied", None).unwrap();
+        slow.check_nodes(5).unwrap();
+        assert_eq!((slow.rtt_ms(1, 4), slow.rtt_ms(5, 2), slow.rtt_ms(3, 3)), (20, 20, 0));
         let lan = Profile::load("lan", None).unwrap();
         assert!(lan.is_passthrough());
         lan.check_nodes(7).unwrap();
