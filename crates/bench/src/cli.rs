@@ -8,6 +8,7 @@ use chorus_cluster::netem::Profile;
 use chorus_cluster::NetOptions;
 
 use crate::compare;
+use crate::curp_target::CurpTarget;
 use crate::driver::{self, RunConfig};
 use crate::etcd_target::EtcdTarget;
 use crate::generator::Distribution;
@@ -223,6 +224,7 @@ pub struct RunArgs {
 pub enum TargetSpec {
     Resp(RespTarget),
     Etcd(EtcdTarget),
+    Curp(CurpTarget),
 }
 
 impl TargetSpec {
@@ -230,6 +232,7 @@ impl TargetSpec {
         match self {
             TargetSpec::Resp(t) => t.name(),
             TargetSpec::Etcd(t) => t.name(),
+            TargetSpec::Curp(t) => t.name(),
         }
     }
 
@@ -238,6 +241,12 @@ impl TargetSpec {
         match self {
             TargetSpec::Resp(t) => TargetSpec::Resp(RespTarget { fields, ..t.clone() }),
             TargetSpec::Etcd(t) => TargetSpec::Etcd(t.with_fields(fields)),
+            TargetSpec::Curp(t) => TargetSpec::Curp(CurpTarget {
+                resp: RespTarget {
+                    fields,
+                    ..t.resp.clone()
+                },
+            }),
         }
     }
 }
@@ -359,6 +368,7 @@ pub async fn run_target(
     match target {
         TargetSpec::Resp(t) => execute(t.clone(), config, load, server_pids).await,
         TargetSpec::Etcd(t) => execute(t.clone(), config, load, server_pids).await,
+        TargetSpec::Curp(t) => execute(t.clone(), config, load, server_pids).await,
     }
 }
 

@@ -13,12 +13,22 @@ use chorus_cluster::netem::Profile;
 use serde::Serialize;
 
 use crate::cli::{resp_target, run_target, save_run, CommonArgs, NetArgs, TargetSpec};
+use crate::curp_target::CurpTarget;
 use crate::etcd_target::EtcdTarget;
 use crate::peers::{PeerCluster, System};
 use crate::plot::{self, BarGroup};
 use crate::report::{self, NetworkReport, RunResult};
+use crate::resp_target::RespTarget;
 
-const TARGETS: &[&str] = &["chorus", "chorus-curp", "etcd", "redis", "redis-wait", "redis-alone"];
+const TARGETS: &[&str] = &[
+    "chorus",
+    "chorus-curp",
+    "chorus-curp-client",
+    "etcd",
+    "redis",
+    "redis-wait",
+    "redis-alone",
+];
 
 /// Which Chorus nodes the clients talk to.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,7 +189,7 @@ async fn start_system(
                 dir.display()
             )
         })?;
-        let addrs = states
+        let addrs: Vec<_> = states
             .iter()
             .filter(|s| match clients_at {
                 ClientsAt::Leader => s.is_leader(),
@@ -188,11 +198,28 @@ async fn start_system(
             })
             .map(|s| s.entry.client_addr)
             .collect();
-        let target = resp_target(system, addrs, 1, None);
+        // The CURP-aware client talks to every node, the leader first (its reads go there).
+        let mut leader_first: Vec<_> = states.iter().collect();
+        leader_first.sort_by_key(|s| !s.is_leader());
+        let every_node: Vec<_> = leader_first.iter().map(|s| s.entry.client_addr).collect();
+        let specs = targets
+            .iter()
+            .map(|t| match t.as_str() {
+                "chorus-curp-client" => TargetSpec::Curp(CurpTarget {
+                    resp: RespTarget {
+                        name: t.clone(),
+                        addrs: every_node.clone(),
+                        fields: 1,
+                        wait_replicas: None,
+                    },
+                }),
+                _ => resp_target(t, addrs.clone(), 1, None),
+            })
+            .collect();
         let measured = file.net.map(|n| n.measured_rtt_ms).unwrap_or_default();
         return Ok(Started {
             running: Running::Chorus(dir.to_path_buf()),
-            specs: vec![target],
+            specs,
             measured,
             server_pids: states.iter().filter_map(|s| s.pid).collect(),
         });
@@ -234,7 +261,7 @@ fn display_name(target: &str) -> String {
 fn chorus_curp_setting(system: &str) -> Option<&'static str> {
     match system {
         "chorus" => Some("off"),
-        "chorus-curp" => Some("on"),
+        "chorus-curp" | "chorus-curp-client" => Some("on"),
         _ => None,
     }
 }
@@ -242,7 +269,7 @@ fn chorus_curp_setting(system: &str) -> Option<&'static str> {
 fn system_of(target: &str) -> &'static str {
     match target {
         "chorus" => "chorus",
-        "chorus-curp" => "chorus-curp",
+        "chorus-curp" | "chorus-curp-client" => "chorus-curp",
         "etcd" => "etcd",
         "redis-alone" => "redis-alone",
         _ => "redis",

@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod compare;
 pub mod cpu;
+pub mod curp_target;
 pub mod driver;
 pub mod etcd_target;
 pub mod generator;

@@ -60,7 +60,7 @@ fn rejected(value: &Value) -> Option<OpError> {
     }
 }
 
-fn insert_command(hashes: bool, key: &str, fields: &[Bytes]) -> Vec<Bytes> {
+pub(crate) fn insert_command(hashes: bool, key: &str, fields: &[Bytes]) -> Vec<Bytes> {
     if hashes {
         let mut args = Vec::with_capacity(2 + fields.len() * 2);
         args.push(Bytes::from_static(b"HSET"));
@@ -76,6 +76,20 @@ fn insert_command(hashes: bool, key: &str, fields: &[Bytes]) -> Vec<Bytes> {
             Bytes::from(key.to_string()),
             fields[0].clone(),
         ]
+    }
+}
+
+pub(crate) fn update_command(hashes: bool, key: &str, field: usize, value: &Bytes) -> Vec<Bytes> {
+    let key = Bytes::from(key.to_string());
+    if hashes {
+        vec![
+            Bytes::from_static(b"HSET"),
+            key,
+            Bytes::from(field_name(field)),
+            value.clone(),
+        ]
+    } else {
+        vec![Bytes::from_static(b"SET"), key, value.clone()]
     }
 }
 
@@ -132,18 +146,7 @@ impl Session for RespSession {
     }
 
     async fn update(&mut self, key: &str, field: usize, value: &Bytes) -> Result<(), OpError> {
-        let key = Bytes::from(key.to_string());
-        let command = if self.hashes {
-            vec![
-                Bytes::from_static(b"HSET"),
-                key,
-                Bytes::from(field_name(field)),
-                value.clone(),
-            ]
-        } else {
-            vec![Bytes::from_static(b"SET"), key, value.clone()]
-        };
-        self.write(vec![command]).await
+        self.write(vec![update_command(self.hashes, key, field, value)]).await
     }
 
     async fn scan(&mut self, keys: &[String]) -> Result<usize, OpError> {

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use chorus_client::{Client, RiflSession, Value};
+use chorus_client::{Client, CurpReply, CurpSession, RiflSession, Value};
 use serde::Deserialize;
 
 mod common;
@@ -1106,6 +1106,35 @@ async fn sigkill_during_heavy_writes_never_loses_an_acknowledged_write() {
         .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains("snap"))
         .count();
     assert!(snapshots > 0, "the test meant to cross snapshots but none was written");
+}
+
+/// A client that takes CURP's fast path itself (`CurpSession`: to the leader and every witness at
+/// once): its increments are answered in one round trip while all nodes are up, and exactly once
+/// and in order through a SIGKILL of the leader, after which it falls back to the ordinary path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_curp_client_writes_in_one_round_trip_and_exactly_once_through_a_leader_crash() {
+    let cluster = Cluster::start(3, &["--curp", "on"]);
+    let addrs: Vec<_> = (1..=3).map(|id| cluster.node(id).resp_addr).collect();
+    let mut session = CurpSession::connect(&addrs, Duration::from_secs(10)).await.unwrap();
+    let (leader, followers) = cluster.leader_and_followers().await;
+    let mut counts = [0i64; 7];
+    let mut fast = 0;
+    for i in 0..400 {
+        if i == 200 {
+            cluster.kill(leader);
+        }
+        let key = format!("curp-counter{}", i % 7);
+        let reply = session.write(&["INCR", &key]).await.unwrap();
+        counts[i % 7] += 1;
+        assert_eq!(reply.value(), &Value::Integer(counts[i % 7]), "write {i} on {key}");
+        fast += usize::from(matches!(reply, CurpReply::Fast(_)));
+    }
+    assert!(fast > 100, "only {fast} of 400 writes were answered in one round trip");
+    let mut c = cluster.client(followers[0]).await;
+    for (n, count) in counts.iter().enumerate() {
+        let value = c.command(&["GET", &format!("curp-counter{n}")]).await.unwrap();
+        assert_eq!(value, bulk(&count.to_string()), "counter {n}");
+    }
 }
 
 /// CURP answers a write before it commits, so a crash of every node right after must not lose

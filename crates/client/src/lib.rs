@@ -1,6 +1,9 @@
 //! A small async client for Chorus over RESP, with pipelining. It speaks the public protocol
 //! only, so it works against any node (and against Redis) — except [`RiflSession`], Chorus's
-//! exactly-once writes under an id the application owns.
+//! exactly-once writes under an id the application owns, and [`CurpSession`], which also takes
+//! CURP's fast path itself.
+
+mod curp;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -8,6 +11,7 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 pub use chorus_resp::Value;
 use chorus_resp::{parse_value, write_command, Limits};
+pub use curp::{CurpReply, CurpSession};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

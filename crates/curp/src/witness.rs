@@ -283,8 +283,10 @@ impl Witness {
 }
 
 /// The records recovery replays from `pools` (at least `f + 1`, each from a different node):
-/// those found in [`recovery_quorum`]`(f)` of them, each client's in sequence order.
-pub fn recoverable(pools: &[Vec<Record>], f: usize) -> Vec<Record> {
+/// those found in [`recovery_quorum`]`(f)` of them, each client's in sequence order. Pools that
+/// no correct witnesses could have given (two different records under one id, or two records
+/// that both reach the quorum and conflict) are an error: recovery must not guess.
+pub fn recoverable(pools: &[Vec<Record>], f: usize) -> Result<Vec<Record>, String> {
     assert!(
         pools.len() > f,
         "recovery needs f + 1 pools, got {} for f = {f}",
@@ -293,7 +295,11 @@ pub fn recoverable(pools: &[Vec<Record>], f: usize) -> Vec<Record> {
     let mut seen: BTreeMap<(ClientId, u64), (usize, &Record)> = BTreeMap::new();
     for pool in pools {
         for record in pool {
-            seen.entry(record.id()).or_insert((0, record)).0 += 1;
+            let (count, first) = seen.entry(record.id()).or_insert((0, record));
+            if *first != record {
+                return Err(format!("two different records under id {:?}", record.id()));
+            }
+            *count += 1;
         }
     }
     let chosen: Vec<Record> = seen
@@ -304,15 +310,15 @@ pub fn recoverable(pools: &[Vec<Record>], f: usize) -> Vec<Record> {
     let mut keys = HashMap::new();
     for record in &chosen {
         for key in &record.keys {
-            let other = keys.insert(key, record.id());
-            assert!(
-                other.is_none(),
-                "records {other:?} and {:?} both reached the recovery quorum but conflict on {key:?}",
-                record.id()
-            );
+            if let Some(other) = keys.insert(key, record.id()) {
+                return Err(format!(
+                    "records {other:?} and {:?} both reached the recovery quorum but conflict on {key:?}",
+                    record.id()
+                ));
+            }
         }
     }
-    chosen
+    Ok(chosen)
 }
 
 /// Events as a witness file holds them: `[len u32][crc32 u32][payload]`, the payload
@@ -605,7 +611,7 @@ mod tests {
             vec![done.clone(), partial.clone(), earlier.clone()],
             vec![earlier.clone(), done.clone()],
         ];
-        assert_eq!(recoverable(&pools, 1), vec![earlier, done]);
+        assert_eq!(recoverable(&pools, 1).unwrap(), vec![earlier, done]);
         // f = 2: five nodes; collected pools from three of them.
         let everywhere = record(3, 1, 7, &["x"]);
         let two = record(4, 1, 7, &["y"]);
@@ -615,7 +621,18 @@ mod tests {
             vec![everywhere.clone(), two.clone(), one],
             vec![everywhere.clone()],
         ];
-        assert_eq!(recoverable(&pools, 2), vec![everywhere, two]);
+        assert_eq!(recoverable(&pools, 2).unwrap(), vec![everywhere, two.clone()]);
+        let mut forged = two.clone();
+        forged.command = Bytes::from_static(b"something else");
+        assert!(
+            recoverable(&[vec![two], vec![forged]], 1).is_err(),
+            "one id, two records"
+        );
+        let (a, b) = (record(6, 1, 7, &["k"]), record(7, 1, 7, &["k"]));
+        assert!(
+            recoverable(&[vec![a.clone(), b.clone()], vec![a, b]], 1).is_err(),
+            "conflicting records cannot both have completed"
+        );
     }
 
     /// Random acceptances at five witnesses with random losses: every record a superquorum
@@ -650,7 +667,7 @@ mod tests {
                 chosen.remove(below(chosen.len() as u64) as usize);
             }
             let pools: Vec<Vec<Record>> = chosen.iter().map(|i| witnesses[*i].collect(4).0).collect();
-            let recovered = recoverable(&pools, f);
+            let recovered = recoverable(&pools, f).unwrap();
             for r in &completed {
                 assert!(recovered.contains(r), "{r:?} completed but was not recovered");
             }

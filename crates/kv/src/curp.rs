@@ -22,14 +22,14 @@
 //! Peers' requests to this node's services arrive through [`serve_peer_requests`].
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chorus_curp::durable_witness::{self, decode_verdict, DurableWitness};
-use chorus_curp::rifl::ClientId;
-use chorus_curp::witness::{file, recoverable, superquorum, Event, Record};
+use chorus_curp::rifl::{ClientId, Envelope};
+use chorus_curp::witness::{file, recoverable, superquorum, Event, Record, Rejection};
 use chorus_log::node::Pending;
 use chorus_log::{NodeError, PeerRequest, Role};
 use chorus_metrics::{counter, gauge, labeled_counter, Counter, Gauge};
@@ -45,7 +45,7 @@ pub const SERVICE_PROPOSE: u8 = 3;
 
 const SPECULATED: u8 = 1;
 const APPLIED: u8 = 2;
-/// The write's outcome at the leader is unknown (a node error; the text follows).
+/// The write's outcome at the leader is unknown (it timed out, or leadership moved).
 const IN_DOUBT: u8 = 3;
 
 /// After the leader's speculative reply, how long the witnesses' acceptances are waited for, at
@@ -78,29 +78,42 @@ pub enum FastOutcome {
 pub struct AppliedHere {
     client: ClientId,
     seq: u64,
+    token: u64,
     rx: oneshot::Receiver<Value>,
 }
 
+/// A watcher's token, and where its write's reply goes.
+type Watcher = (u64, oneshot::Sender<Value>);
+
 /// Front ends waiting for particular writes to apply on this node, by RIFL id: the state
 /// machine hands each the reply its write's first application gave (`KvState::with_curp`).
+/// One write may be watched more than once at a time (a client that owns its id sends it again
+/// through this node): each watcher has its own token.
 #[derive(Default)]
 pub struct ApplyWatch {
-    waiting: Mutex<HashMap<(ClientId, u64), oneshot::Sender<Value>>>,
+    waiting: Mutex<HashMap<(ClientId, u64), Vec<Watcher>>>,
     count: AtomicUsize,
+    next_token: AtomicU64,
 }
 
 impl ApplyWatch {
-    fn register(&self, client: ClientId, seq: u64) -> oneshot::Receiver<Value> {
+    fn register(&self, client: ClientId, seq: u64) -> AppliedHere {
         let (tx, rx) = oneshot::channel();
+        let token = self.next_token.fetch_add(1, Ordering::Relaxed);
         let mut waiting = self.waiting.lock().expect("not poisoned");
-        waiting.insert((client, seq), tx);
+        waiting.entry((client, seq)).or_default().push((token, tx));
         self.count.store(waiting.len(), Ordering::Relaxed);
-        rx
+        AppliedHere { client, seq, token, rx }
     }
 
-    fn forget(&self, client: ClientId, seq: u64) {
+    fn forget(&self, client: ClientId, seq: u64, token: u64) {
         let mut waiting = self.waiting.lock().expect("not poisoned");
-        waiting.remove(&(client, seq));
+        if let Some(watchers) = waiting.get_mut(&(client, seq)) {
+            watchers.retain(|(t, _)| *t != token);
+            if watchers.is_empty() {
+                waiting.remove(&(client, seq));
+            }
+        }
         self.count.store(waiting.len(), Ordering::Relaxed);
     }
 
@@ -110,27 +123,21 @@ impl ApplyWatch {
             return;
         }
         let mut waiting = self.waiting.lock().expect("not poisoned");
-        if let Some(tx) = waiting.remove(&(client, seq)) {
+        for (_, tx) in waiting.remove(&(client, seq)).unwrap_or_default() {
             let _ = tx.send(reply.clone());
         }
         self.count.store(waiting.len(), Ordering::Relaxed);
     }
 
-    /// `rx` as a write's pending reply: a timeout if the write has not applied within `within`.
-    fn pending(
-        self: &Arc<Self>,
-        client: ClientId,
-        seq: u64,
-        rx: oneshot::Receiver<Value>,
-        within: Duration,
-    ) -> Pending<Value> {
+    /// The watched write's pending reply: a timeout if it has not applied within `within`.
+    fn pending(self: &Arc<Self>, applied: AppliedHere, within: Duration) -> Pending<Value> {
         let (tx, pending) = oneshot::channel();
         let watch = self.clone();
         tokio::spawn(async move {
-            let reply = match tokio::time::timeout(within, rx).await {
+            let reply = match tokio::time::timeout(within, applied.rx).await {
                 Ok(Ok(value)) => Ok(value),
                 _ => {
-                    watch.forget(client, seq);
+                    watch.forget(applied.client, applied.seq, applied.token);
                     Err(NodeError::Timeout {
                         waited_ms: within.as_millis() as u64,
                     })
@@ -281,26 +288,24 @@ impl Curp {
     /// One fast-path attempt of the enveloped write `command` of `(client, seq)`, touching
     /// `keys`.
     pub async fn write(self: &Arc<Self>, command: Bytes, client: ClientId, seq: u64, keys: Vec<Bytes>) -> FastOutcome {
-        let rx = self.watch.register(client, seq);
-        let outcome = self
-            .attempt(command, client, seq, keys, AppliedHere { client, seq, rx })
-            .await;
+        let watched = self.watch.register(client, seq);
+        let token = watched.token;
+        let outcome = self.attempt(command, client, seq, keys, watched).await;
         self.metrics.count(&outcome);
         if let FastOutcome::Slow { applied: None, .. } | FastOutcome::Applied(_) = outcome {
-            self.watch.forget(client, seq);
+            self.watch.forget(client, seq, token);
         }
         outcome
     }
 
     /// A fast-path reply the front end used: it no longer waits for the write's apply.
     pub fn settled_fast(&self, applied: AppliedHere) {
-        self.watch.forget(applied.client, applied.seq);
+        self.watch.forget(applied.client, applied.seq, applied.token);
     }
 
     /// The reply of the write's first application here, or a timeout after the request timeout.
     pub fn applied_here(&self, applied: AppliedHere) -> Pending<Value> {
-        self.watch
-            .pending(applied.client, applied.seq, applied.rx, self.request_timeout)
+        self.watch.pending(applied, self.request_timeout)
     }
 
     async fn attempt(
@@ -324,6 +329,10 @@ impl Curp {
         let mut verdicts = self.record_everywhere(record);
         let leader = self.propose(status.leader_id, status.term, command);
         tokio::pin!(leader);
+        // A leader that dies does not answer; its successor is known an election timeout later,
+        // well before the request timeout.
+        let moved = self.node.leadership_moved(status.leader_id, status.term);
+        tokio::pin!(moved);
         let needed = superquorum(self.failures_tolerated());
         let (mut accepted, mut refused) = (0, 0);
         let mut speculated: Option<Value> = None;
@@ -373,6 +382,9 @@ impl Curp {
                             return FastOutcome::Slow { reason: SlowReason::LeaderUnanswered, in_doubt: true, applied: None }
                         }
                     }
+                }
+                _ = &mut moved, if !leader_done => {
+                    return FastOutcome::Slow { reason: SlowReason::LeaderUnanswered, in_doubt: true, applied: None };
                 }
                 _ = tokio::time::sleep_until(deadline) => {
                     if speculated.is_some() {
@@ -442,6 +454,28 @@ impl Curp {
         }
     }
 
+    /// `CURP PROPOSE` from a client: `[SPECULATED reply]` or `[APPLIED reply]`.
+    pub async fn propose_for_client(&self, command: Bytes, term: u64) -> Value {
+        match propose_locally(&self.node, command, term).await {
+            ProposeReply::Speculated(reply) => Value::array(vec![Value::bulk("SPECULATED"), reply]),
+            ProposeReply::Applied(reply) => Value::array(vec![Value::bulk("APPLIED"), reply]),
+            ProposeReply::InDoubt => Value::error("TRYAGAIN the write's outcome at the leader is unknown"),
+        }
+    }
+
+    /// `CURP RECORD` from a client: this node's witness accepts the write or says why not.
+    pub async fn record_for_client(&self, envelope: &Envelope, term: u64, keys: Vec<Bytes>, command: Bytes) -> Value {
+        let record = Record::new(envelope.client, envelope.seq, term, keys, command);
+        match self.witness.accept(record).await {
+            Ok(()) => Value::ok(),
+            Err(Rejection::Conflict) => Value::error("CONFLICT a held record touches one of its keys"),
+            Err(Rejection::StaleTerm { collected_for }) => {
+                Value::error(format!("STALETERM a leader of term {collected_for} has recovered"))
+            }
+            Err(Rejection::Full) => Value::error("FULL the witness holds as much as it may"),
+        }
+    }
+
     /// Publishes the witness's size.
     pub fn publish(&self) {
         let (records, bytes) = self.witness.size();
@@ -504,7 +538,7 @@ impl Curp {
                 return Err("no longer the leader of this term".into());
             }
         }
-        let records = recoverable(&pools, f);
+        let records = recoverable(&pools, f).map_err(|e| format!("the witness pools are inconsistent: {e}"))?;
         let count = records.len();
         let mut commands: Vec<Bytes> = records.into_iter().map(|r| r.command).collect();
         commands.push(encode_curp_recovered(term));
@@ -633,14 +667,21 @@ mod tests {
             connection: 3,
         };
         watch.applied(client, 1, &Value::Integer(1));
-        let rx = watch.register(client, 2);
-        let pending = watch.pending(client, 2, rx, Duration::from_secs(5));
+        let first = watch.pending(watch.register(client, 2), Duration::from_secs(5));
+        let again = watch.register(client, 2);
+        let (again_client, again_seq, again_token) = (again.client, again.seq, again.token);
+        let second = watch.pending(watch.register(client, 2), Duration::from_secs(5));
+        watch.forget(again_client, again_seq, again_token);
         watch.applied(client, 2, &Value::Integer(2));
         watch.applied(client, 2, &Value::Integer(99));
-        assert_eq!(pending.await.unwrap().unwrap(), Value::Integer(2));
+        assert_eq!(first.await.unwrap().unwrap(), Value::Integer(2));
+        assert_eq!(
+            second.await.unwrap().unwrap(),
+            Value::Integer(2),
+            "each watcher is told"
+        );
         assert_eq!(watch.count.load(Ordering::Relaxed), 0);
-        let rx = watch.register(client, 3);
-        let pending = watch.pending(client, 3, rx, Duration::from_millis(20));
+        let pending = watch.pending(watch.register(client, 3), Duration::from_millis(20));
         assert!(matches!(pending.await.unwrap(), Err(NodeError::Timeout { .. })));
         assert_eq!(watch.count.load(Ordering::Relaxed), 0, "a timed-out watch is forgotten");
     }

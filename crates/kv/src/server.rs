@@ -309,32 +309,40 @@ fn client_owned_write(args: &[Bytes]) -> Option<Result<(Envelope, Vec<Bytes>), V
     if !is(args.first(), b"rifl") || !is(args.get(1), b"write") {
         return None;
     }
-    let number = |i: usize| {
-        args.get(i)
-            .and_then(|a| std::str::from_utf8(a).ok()?.parse::<u64>().ok())
-            .ok_or_else(|| Value::error("ERR RIFL WRITE takes incarnation seq first_unacked command..."))
+    Some(owned_envelope(
+        args,
+        2,
+        "RIFL WRITE incarnation seq first_unacked command...",
+    ))
+}
+
+/// A decimal argument, or the usage as the error.
+fn number_arg(args: &[Bytes], at: usize, usage: &str) -> Result<u64, Value> {
+    args.get(at)
+        .and_then(|a| std::str::from_utf8(a).ok()?.parse::<u64>().ok())
+        .ok_or_else(|| Value::error(format!("ERR {usage}")))
+}
+
+/// `incarnation seq first_unacked command...` from `args[at..]`: a client-owned write's
+/// envelope and command, or why not.
+fn owned_envelope(args: &[Bytes], at: usize, usage: &str) -> Result<(Envelope, Vec<Bytes>), Value> {
+    let envelope = Envelope {
+        client: ClientId {
+            incarnation: number_arg(args, at, usage)?,
+            connection: 1,
+        },
+        seq: number_arg(args, at + 1, usage)?,
+        first_unacked: number_arg(args, at + 2, usage)?,
     };
-    Some((|| {
-        let envelope = Envelope {
-            client: ClientId {
-                incarnation: number(2)?,
-                connection: 1,
-            },
-            seq: number(3)?,
-            first_unacked: number(4)?,
-        };
-        if envelope.seq == 0 || envelope.first_unacked == 0 || envelope.first_unacked > envelope.seq {
-            return Err(Value::error(
-                "ERR RIFL WRITE sequence numbers start at 1 and a write cannot acknowledge itself",
-            ));
-        }
-        if args.len() < 6 {
-            return Err(Value::error(
-                "ERR RIFL WRITE takes incarnation seq first_unacked command...",
-            ));
-        }
-        Ok((envelope, args[5..].to_vec()))
-    })())
+    if envelope.seq == 0 || envelope.first_unacked == 0 || envelope.first_unacked > envelope.seq {
+        return Err(Value::error(
+            "ERR RIFL sequence numbers start at 1 and a write cannot acknowledge itself",
+        ));
+    }
+    if args.len() <= at + 3 {
+        return Err(Value::error(format!("ERR {usage}")));
+    }
+    Ok((envelope, args[at + 3..].to_vec()))
 }
 
 /// Serves RESP clients on `listener` until the process exits.
@@ -964,6 +972,7 @@ impl Connection {
             },
             // Standalone Redis answers every CLUSTER subcommand with this error; cluster-aware
             // clients rely on it. FAILOVER keeps its Redis meaning: make this node the primary.
+            "curp" => self.curp_command(&sub, rest).await,
             "rifl" => match (sub.as_str(), rest.len()) {
                 ("register", 1) => self.shared.register_client().await,
                 _ => Value::error("ERR RIFL takes REGISTER, or WRITE incarnation seq first_unacked command..."),
@@ -1009,6 +1018,43 @@ impl Connection {
             }
         };
         (value, Flow::Continue)
+    }
+
+    /// `CURP STATUS | PROPOSE | RECORD`: the two halves of the fast path for a client that
+    /// talks to the leader and the witnesses itself (`chorus_client::CurpSession`).
+    async fn curp_command(&mut self, sub: &str, rest: &[Bytes]) -> Value {
+        const USAGE: &str = "CURP takes STATUS, or PROPOSE|RECORD term incarnation seq first_unacked command...";
+        let Some(curp) = self.shared.curp.clone() else {
+            return Value::error("ERR CURP is off on this node (--curp on)");
+        };
+        if sub == "status" && rest.len() == 1 {
+            let status = self.shared.node.status();
+            return Value::array(vec![
+                Value::Integer(status.id as i64),
+                Value::Integer(status.leader_id as i64),
+                Value::Integer(status.term as i64),
+            ]);
+        }
+        if sub != "propose" && sub != "record" {
+            return Value::error(format!("ERR {USAGE}"));
+        }
+        let parsed = number_arg(rest, 1, USAGE).and_then(|term| Ok((term, owned_envelope(rest, 2, USAGE)?)));
+        let (term, (envelope, args)) = match parsed {
+            Ok(parsed) => parsed,
+            Err(e) => return e,
+        };
+        let write = match Command::parse(&args) {
+            Ok(Some(Command::Write(write))) => write,
+            Ok(_) => return Value::error("ERR CURP takes a write command"),
+            Err(e) => return Value::error(e),
+        };
+        self.shared.note_client_incarnation(envelope.client.incarnation);
+        let command = encode_enveloped(&envelope, &args);
+        if sub == "propose" {
+            curp.propose_for_client(command, term).await
+        } else {
+            curp.record_for_client(&envelope, term, write.keys(), command).await
+        }
     }
 
     fn consistency_name(&self) -> &'static str {

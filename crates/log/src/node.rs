@@ -359,6 +359,13 @@ impl<SM: StateMachine> NodeHandle<SM> {
         let _ = tokio::time::timeout(within, status.changed()).await;
     }
 
+    /// Resolves once this node no longer sees `leader` leading `term` (a new election, or the
+    /// node shutting down).
+    pub async fn leadership_moved(&self, leader: u64, term: u64) {
+        let mut status = self.status.clone();
+        let _ = status.wait_for(|s| s.leader_id != leader || s.term != term).await;
+    }
+
     /// Calls services other than raft on peers.
     pub fn peer_calls(&self) -> &Arc<PeerCalls> {
         &self.peer_calls
