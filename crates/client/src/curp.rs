@@ -109,13 +109,17 @@ impl CurpSession {
             .as_mut()
             .expect("connected");
         let rifl = RiflSession::register(first).await?;
-        Ok(CurpSession {
+        let mut session = CurpSession {
             rifl,
             nodes,
             leader: None,
             in_flight: JoinSet::new(),
             timeout,
-        })
+        };
+        // Found now, so the first write does not pay for asking every node; without a leader
+        // yet, the first write asks again.
+        let _ = session.find_leader().await;
+        Ok(session)
     }
 
     /// Asks every node whom it follows; the leader of the highest term any reports.
