@@ -65,7 +65,8 @@ fn node_config(config: &ServerConfig, peers: Vec<(u64, std::net::SocketAddr)>) -
         leader_wait_ms: config.leader_wait_ms,
         request_timeout_ms: config.request_timeout_ms,
         read_lease: config.read_lease,
-        curp: config.curp == "on",
+        // `run` has refused a value other than on or off.
+        curp: curp_on(config).unwrap_or(false),
         snapshot_interval_entries: config.snapshot_interval_entries,
         snapshot_interval_bytes: config.snapshot_interval_bytes,
         log_keep_entries: config.log_keep_entries,
