@@ -85,6 +85,18 @@ struct Invocation<'a> {
     invoke_us: u64,
 }
 
+impl<'a> Invocation<'a> {
+    fn starting_now(recorder: &Recorder, client: u64, kind: OpKind, key: &'a str, value: Option<i64>) -> Self {
+        Invocation {
+            client,
+            kind,
+            key,
+            value,
+            invoke_us: recorder.now_us(),
+        }
+    }
+}
+
 /// A tiny PRNG so a client's choices follow from the run's seed.
 pub struct Rng(u64);
 
@@ -133,13 +145,7 @@ pub async fn execute(
     key: &str,
     value: Option<i64>,
 ) -> bool {
-    let invocation = Invocation {
-        client: id,
-        kind,
-        key,
-        value,
-        invoke_us: recorder.now_us(),
-    };
+    let invocation = Invocation::starting_now(recorder, id, kind, key, value);
     let reply = match kind {
         OpKind::Read => client.command(&["GET", key]).await,
         OpKind::Write => {
@@ -219,13 +225,7 @@ pub async fn execute_resending(
         (OpKind::Write, Some(v)) => session.wrap(&["SET", key, v]),
         _ => session.wrap(&["INCR", key]),
     };
-    let invocation = Invocation {
-        client: id,
-        kind,
-        key,
-        value,
-        invoke_us: recorder.now_us(),
-    };
+    let invocation = Invocation::starting_now(recorder, id, kind, key, value);
     let mut node = connection.as_ref().map_or(0, |(node, _)| *node);
     let mut settled = None;
     for _ in 0..MAX_SENDS {

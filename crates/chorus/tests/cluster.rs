@@ -1137,6 +1137,32 @@ async fn a_curp_client_writes_in_one_round_trip_and_exactly_once_through_a_leade
     }
 }
 
+/// Eight writers on the followers of a CURP cluster for `kill_after_ms`, then SIGKILL of every
+/// node; returns how many writes the followers answered by the fast path before the kill.
+async fn curp_burst_then_kill_every_node(
+    cluster: &Cluster,
+    round: usize,
+    kill_after_ms: u64,
+    acked: &std::sync::Arc<std::sync::Mutex<Acknowledged>>,
+) -> f64 {
+    let (_, followers) = cluster.leader_and_followers().await;
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let addr = cluster.node(followers[w % 2]).resp_addr;
+            tokio::spawn(write_until_killed(addr, w, round, acked.clone()))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(kill_after_ms)).await;
+    let fast = metric_sum_over(cluster, &followers, "chorus_curp_fast_path_writes_total");
+    for id in 1..=3 {
+        cluster.kill(id);
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    fast
+}
+
 /// CURP answers a write before it commits, so a crash of every node right after must not lose
 /// it: the witnesses hold it on disk, and the leader elected after the restart replays it.
 /// Writers on both followers; every node is killed mid-burst, three times.
@@ -1146,21 +1172,7 @@ async fn curp_fast_path_writes_survive_killing_every_node() {
     let acked = std::sync::Arc::new(std::sync::Mutex::new(Acknowledged::default()));
     let mut fast = 0.0;
     for (round, kill_after_ms) in [180u64, 420, 260].into_iter().enumerate() {
-        let (_, followers) = cluster.leader_and_followers().await;
-        let writers: Vec<_> = (0..8)
-            .map(|w| {
-                let addr = cluster.node(followers[w % 2]).resp_addr;
-                tokio::spawn(write_until_killed(addr, w, round, acked.clone()))
-            })
-            .collect();
-        tokio::time::sleep(Duration::from_millis(kill_after_ms)).await;
-        fast += metric_sum_over(&cluster, &followers, "chorus_curp_fast_path_writes_total");
-        for id in 1..=3 {
-            cluster.kill(id);
-        }
-        for w in writers {
-            w.await.unwrap();
-        }
+        fast += curp_burst_then_kill_every_node(&cluster, round, kill_after_ms, &acked).await;
         cluster.restart_stopped();
         let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(10)).await;
         let recoveries = metric_value(&cluster.metrics(leader), "chorus_curp_recoveries_total");
@@ -1194,21 +1206,8 @@ async fn curp_fast_path_writes_survive_power_cuts_of_every_node() {
     let (mut fast, mut recovered) = (0.0, 0.0);
     let mut rolled_back = 0;
     for round in 0..CUTS {
-        let (_, followers) = cluster.leader_and_followers().await;
-        let writers: Vec<_> = (0..8)
-            .map(|w| {
-                let addr = cluster.node(followers[w % 2]).resp_addr;
-                tokio::spawn(write_until_killed(addr, w, round, acked.clone()))
-            })
-            .collect();
-        tokio::time::sleep(Duration::from_millis(100 + 37 * (round as u64 % 7))).await;
-        fast += metric_sum_over(&cluster, &followers, "chorus_curp_fast_path_writes_total");
-        for id in 1..=3 {
-            cluster.kill(id);
-        }
-        for w in writers {
-            w.await.unwrap();
-        }
+        let kill_after_ms = 100 + 37 * (round as u64 % 7);
+        fast += curp_burst_then_kill_every_node(&cluster, round, kill_after_ms, &acked).await;
         for (id, disk, mount) in disks.iter_mut() {
             drop(mount.take());
             let report = disk.cut_power();
