@@ -20,11 +20,72 @@ use fuser::{
     ReplyEntry, ReplyOpen, ReplyWrite, Request, TimeOrNow, FUSE_ROOT_ID,
 };
 
+/// A file's bytes as the kernel sees them and as they would be after a power cut.
+#[derive(Default)]
+struct FileBytes {
+    data: Vec<u8>,
+    durable: Vec<u8>,
+    /// Outside this range, `data` equals `durable` padded with zeros, so a sync copies only the
+    /// range: logs append and sync often into preallocated files, and copying whole files each
+    /// time would be quadratic.
+    unsynced: Option<std::ops::Range<usize>>,
+}
+
+impl FileBytes {
+    fn mark_unsynced(&mut self, range: std::ops::Range<usize>) {
+        if range.is_empty() {
+            return;
+        }
+        self.unsynced = Some(match self.unsynced.take() {
+            Some(r) => r.start.min(range.start)..r.end.max(range.end),
+            None => range,
+        });
+    }
+
+    fn write_at(&mut self, start: usize, bytes: &[u8], synchronous: bool) {
+        let end = start + bytes.len();
+        for target in [Some(&mut self.data), synchronous.then_some(&mut self.durable)]
+            .into_iter()
+            .flatten()
+        {
+            if target.len() < end {
+                target.resize(end, 0);
+            }
+            target[start..end].copy_from_slice(bytes);
+        }
+        self.mark_unsynced(start..end);
+    }
+
+    /// Growing adds zeros, which the padded `durable` already holds; shrinking marks what was
+    /// cut off, since growing again must not bring back the durable bytes there.
+    fn resize(&mut self, len: usize) {
+        let old_len = self.data.len();
+        self.data.resize(len, 0);
+        self.mark_unsynced(len..old_len);
+    }
+
+    fn sync(&mut self) {
+        self.durable.resize(self.data.len(), 0);
+        if let Some(range) = self.unsynced.take() {
+            let range = range.start.min(self.data.len())..range.end.min(self.data.len());
+            self.durable[range.clone()].copy_from_slice(&self.data[range]);
+        }
+        debug_assert!(self.data == self.durable, "a sync leaves the file durable");
+    }
+
+    /// Goes back to the durable bytes; whether anything was lost.
+    fn roll_back(&mut self) -> bool {
+        let lost = self.data != self.durable;
+        if lost {
+            self.data.clone_from(&self.durable);
+        }
+        self.unsynced = None;
+        lost
+    }
+}
+
 enum Content {
-    File {
-        data: Vec<u8>,
-        durable: Vec<u8>,
-    },
+    File(FileBytes),
     Dir {
         entries: BTreeMap<OsString, u64>,
         durable: BTreeMap<OsString, u64>,
@@ -54,7 +115,12 @@ struct State {
     next_fh: u64,
     /// Most bytes of file data the disk holds; a write past it fails with `ENOSPC`.
     capacity_bytes: Option<u64>,
+    /// While syncs stall (`Some`), the answers owed to the syncs that came in meanwhile.
+    stalled_syncs: Option<Vec<StalledSync>>,
 }
+
+/// Answers a stalled sync with `EIO`; what it was to make durable never became so.
+type StalledSync = Box<dyn FnOnce() + Send>;
 
 /// The device: its contents survive mounts and lose what was never synced on `cut_power`.
 #[derive(Clone)]
@@ -146,6 +212,25 @@ impl Disk {
         self.state.lock().expect("not poisoned").capacity_bytes = capacity_bytes;
     }
 
+    /// Stops completing syncs, like a device that has stopped flushing as its power fails: an
+    /// fsync, a directory fsync or a write through an `O_SYNC`/`O_DSYNC` handle (whose bytes
+    /// are written, not durable) waits unanswered until `fail_stalled_syncs`. Other requests
+    /// are served meanwhile.
+    pub fn stall_syncs(&self) {
+        let mut state = self.state.lock().expect("not poisoned");
+        state.stalled_syncs.get_or_insert_with(Vec::new);
+    }
+
+    /// Answers every stalled sync with `EIO` and ends the stall. A process waiting on a sync
+    /// cannot die before it is answered (the kernel waits for a request already handed to the
+    /// file system), so a killed process that used a stalled disk needs this before it is gone.
+    pub fn fail_stalled_syncs(&self) {
+        let stalled = self.state.lock().expect("not poisoned").stalled_syncs.take();
+        for answer in stalled.into_iter().flatten() {
+            answer();
+        }
+    }
+
     /// Bytes of data in all files now (synced or not).
     pub fn used_bytes(&self) -> u64 {
         self.state.lock().expect("not poisoned").used_bytes()
@@ -165,10 +250,9 @@ impl Disk {
             }
             let inode = state.inodes.get_mut(&ino).expect("durable entries name kept inodes");
             match &mut inode.content {
-                Content::File { data, durable } => {
-                    if data != durable {
+                Content::File(file) => {
+                    if file.roll_back() {
                         report.files_rolled_back += 1;
-                        data.clone_from(durable);
                     }
                 }
                 Content::Dir { entries, durable } => {
@@ -185,6 +269,8 @@ impl Disk {
         }
         state.inodes.retain(|ino, _| reachable.contains(ino));
         state.handles.clear();
+        drop(state);
+        self.fail_stalled_syncs();
         report
     }
 }
@@ -198,7 +284,7 @@ struct PowerCutFs {
 
 fn attr(ino: u64, inode: &Inode) -> FileAttr {
     let (kind, size) = match &inode.content {
-        Content::File { data, .. } => (FileType::RegularFile, data.len() as u64),
+        Content::File(file) => (FileType::RegularFile, file.data.len() as u64),
         Content::Dir { .. } => (FileType::Directory, 0),
     };
     FileAttr {
@@ -224,7 +310,7 @@ impl State {
     fn entries_mut(&mut self, dir: u64) -> Result<&mut BTreeMap<OsString, u64>, i32> {
         match self.inodes.get_mut(&dir).map(|i| &mut i.content) {
             Some(Content::Dir { entries, .. }) => Ok(entries),
-            Some(Content::File { .. }) => Err(libc::ENOTDIR),
+            Some(Content::File(_)) => Err(libc::ENOTDIR),
             None => Err(libc::ENOENT),
         }
     }
@@ -238,7 +324,7 @@ impl State {
         self.inodes
             .values()
             .map(|inode| match &inode.content {
-                Content::File { data, .. } => data.len() as u64,
+                Content::File(file) => file.data.len() as u64,
                 Content::Dir { .. } => 0,
             })
             .sum()
@@ -250,7 +336,7 @@ impl State {
             return Ok(());
         };
         let current = match self.inodes.get(&ino).map(|i| &i.content) {
-            Some(Content::File { data, .. }) => data.len() as u64,
+            Some(Content::File(file)) => file.data.len() as u64,
             _ => return Ok(()),
         };
         if len > current && self.used_bytes() + (len - current) > capacity {
@@ -259,9 +345,9 @@ impl State {
         Ok(())
     }
 
-    fn file_mut(&mut self, ino: u64) -> Result<(&mut Vec<u8>, &mut Vec<u8>), i32> {
+    fn file_mut(&mut self, ino: u64) -> Result<&mut FileBytes, i32> {
         match self.inodes.get_mut(&ino).map(|i| &mut i.content) {
-            Some(Content::File { data, durable }) => Ok((data, durable)),
+            Some(Content::File(file)) => Ok(file),
             Some(Content::Dir { .. }) => Err(libc::EISDIR),
             None => Err(libc::ENOENT),
         }
@@ -293,6 +379,36 @@ impl State {
 impl PowerCutFs {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().expect("not poisoned")
+    }
+}
+
+/// A FUSE reply that can be answered with an error.
+trait ErrorReply: Send + 'static {
+    fn error(self, errno: i32);
+}
+
+impl ErrorReply for ReplyEmpty {
+    fn error(self, errno: i32) {
+        ReplyEmpty::error(self, errno)
+    }
+}
+
+impl ErrorReply for ReplyWrite {
+    fn error(self, errno: i32) {
+        ReplyWrite::error(self, errno)
+    }
+}
+
+impl State {
+    /// While syncs stall, keeps a sync's reply to fail later (`None`); else hands it back.
+    fn unless_stalled<R: ErrorReply>(&mut self, reply: R) -> Option<R> {
+        match &mut self.stalled_syncs {
+            Some(stalled) => {
+                stalled.push(Box::new(move || reply.error(libc::EIO)));
+                None
+            }
+            None => Some(reply),
+        }
     }
 }
 
@@ -336,7 +452,7 @@ impl Filesystem for PowerCutFs {
                 return reply.error(e);
             }
             match state.file_mut(ino) {
-                Ok((data, _)) => data.resize(size as usize, 0),
+                Ok(file) => file.resize(size as usize),
                 Err(e) => return reply.error(e),
             }
         }
@@ -373,10 +489,7 @@ impl Filesystem for PowerCutFs {
         reply: ReplyCreate,
     ) {
         let mut state = self.state();
-        let content = Content::File {
-            data: Vec::new(),
-            durable: Vec::new(),
-        };
+        let content = Content::File(FileBytes::default());
         match state.add(parent, name, content, (mode & 0o7777) as u16) {
             Ok((_, attr)) => {
                 let fh = state.open_handle(flags);
@@ -443,8 +556,8 @@ impl Filesystem for PowerCutFs {
             return reply.error(libc::ENOENT);
         }
         if flags & libc::O_TRUNC != 0 {
-            if let Ok((data, _)) = state.file_mut(ino) {
-                data.clear();
+            if let Ok(file) = state.file_mut(ino) {
+                file.resize(0);
             }
         }
         let fh = state.open_handle(flags);
@@ -464,10 +577,10 @@ impl Filesystem for PowerCutFs {
     ) {
         let mut state = self.state();
         match state.file_mut(ino) {
-            Ok((data, _)) => {
-                let start = (offset.max(0) as usize).min(data.len());
-                let end = start.saturating_add(size as usize).min(data.len());
-                reply.data(&data[start..end]);
+            Ok(file) => {
+                let start = (offset.max(0) as usize).min(file.data.len());
+                let end = start.saturating_add(size as usize).min(file.data.len());
+                reply.data(&file.data[start..end]);
             }
             Err(e) => reply.error(e),
         }
@@ -490,19 +603,18 @@ impl Filesystem for PowerCutFs {
         if let Err(e) = state.reserve(ino, offset.max(0) as u64 + bytes.len() as u64) {
             return reply.error(e);
         }
+        let stalled = synchronous && state.stalled_syncs.is_some();
         match state.file_mut(ino) {
-            Ok((data, durable)) => {
-                let start = offset.max(0) as usize;
-                let end = start + bytes.len();
-                for target in [Some(data), synchronous.then_some(durable)].into_iter().flatten() {
-                    if target.len() < end {
-                        target.resize(end, 0);
-                    }
-                    target[start..end].copy_from_slice(bytes);
-                }
-                reply.written(bytes.len() as u32);
-            }
-            Err(e) => reply.error(e),
+            Ok(file) => file.write_at(offset.max(0) as usize, bytes, synchronous && !stalled),
+            Err(e) => return reply.error(e),
+        }
+        let reply = if synchronous {
+            state.unless_stalled(reply)
+        } else {
+            Some(reply)
+        };
+        if let Some(reply) = reply {
+            reply.written(bytes.len() as u32);
         }
     }
 
@@ -525,9 +637,13 @@ impl Filesystem for PowerCutFs {
     }
 
     fn fsync(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty) {
-        match self.state().file_mut(ino) {
-            Ok((data, durable)) => {
-                durable.clone_from(data);
+        let mut state = self.state();
+        let Some(reply) = state.unless_stalled(reply) else {
+            return;
+        };
+        match state.file_mut(ino) {
+            Ok(file) => {
+                file.sync();
                 reply.ok();
             }
             Err(e) => reply.error(e),
@@ -551,10 +667,10 @@ impl Filesystem for PowerCutFs {
             }
         }
         match state.file_mut(ino) {
-            Ok((data, _)) => {
+            Ok(file) => {
                 let end = (offset + length).max(0) as usize;
-                if mode & libc::FALLOC_FL_KEEP_SIZE == 0 && data.len() < end {
-                    data.resize(end, 0);
+                if mode & libc::FALLOC_FL_KEEP_SIZE == 0 && file.data.len() < end {
+                    file.resize(end);
                 }
                 reply.ok();
             }
@@ -582,7 +698,7 @@ impl Filesystem for PowerCutFs {
         .into_iter()
         .chain(entries.into_iter().map(|(child, name)| {
             let kind = match state.inodes[&child].content {
-                Content::File { .. } => FileType::RegularFile,
+                Content::File(_) => FileType::RegularFile,
                 Content::Dir { .. } => FileType::Directory,
             };
             (child, kind, name)
@@ -596,12 +712,16 @@ impl Filesystem for PowerCutFs {
     }
 
     fn fsyncdir(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty) {
-        match self.state().inodes.get_mut(&ino).map(|i| &mut i.content) {
+        let mut state = self.state();
+        let Some(reply) = state.unless_stalled(reply) else {
+            return;
+        };
+        match state.inodes.get_mut(&ino).map(|i| &mut i.content) {
             Some(Content::Dir { entries, durable }) => {
                 durable.clone_from(entries);
                 reply.ok();
             }
-            Some(Content::File { .. }) => reply.error(libc::ENOTDIR),
+            Some(Content::File(_)) => reply.error(libc::ENOTDIR),
             None => reply.error(libc::ENOENT),
         }
     }
@@ -641,14 +761,29 @@ mod tests {
         File::open(dir).unwrap().sync_all().unwrap();
     }
 
+    /// A fresh disk mounted at a temporary directory, or `None` (the test skips) without FUSE.
+    fn mounted_disk() -> Option<(tempfile::TempDir, Disk, Mount)> {
+        let mountpoint = tempfile::tempdir().unwrap();
+        let disk = Disk::new();
+        let mount = mount_for_test(&disk, mountpoint.path()).ok()?;
+        Some((mountpoint, disk, mount))
+    }
+
+    /// A file in `dir` holding `bytes`, its data and its entry synced.
+    fn durable_file(dir: &Path, name: &str, bytes: &[u8]) -> File {
+        let mut f = File::create(dir.join(name)).unwrap();
+        f.write_all(bytes).unwrap();
+        f.sync_data().unwrap();
+        sync_dir(dir);
+        f
+    }
+
     #[test]
     fn a_power_cut_keeps_exactly_what_was_synced() {
-        let mountpoint = tempfile::tempdir().unwrap();
-        let m = mountpoint.path();
-        let disk = Disk::new();
-        let Ok(mount) = mount_for_test(&disk, m) else {
+        let Some((mountpoint, disk, mount)) = mounted_disk() else {
             return;
         };
+        let m = mountpoint.path();
         std::fs::create_dir(m.join("d")).unwrap();
         sync_dir(m);
         // Synced data and entry: survives.
@@ -685,13 +820,70 @@ mod tests {
     }
 
     #[test]
-    fn a_full_disk_refuses_growth_and_takes_writes_again_once_space_returns() {
-        let mountpoint = tempfile::tempdir().unwrap();
-        let m = mountpoint.path();
-        let disk = Disk::new();
-        let Ok(_mount) = mount_for_test(&disk, m) else {
+    fn a_sync_keeps_overwrites_and_truncations_made_before_it_and_nothing_after() {
+        use std::io::{Seek, SeekFrom};
+        let Some((mountpoint, disk, mount)) = mounted_disk() else {
             return;
         };
+        let m = mountpoint.path();
+        let mut f = durable_file(m, "f", b"aaaaaaaaaa");
+        f.seek(SeekFrom::Start(2)).unwrap();
+        f.write_all(b"bb").unwrap();
+        f.set_len(6).unwrap();
+        f.seek(SeekFrom::Start(6)).unwrap();
+        f.write_all(b"cc").unwrap();
+        f.sync_data().unwrap();
+        f.seek(SeekFrom::Start(0)).unwrap();
+        f.write_all(b"dd").unwrap();
+        f.set_len(3).unwrap();
+        drop(f);
+        drop(mount);
+
+        assert_eq!(disk.cut_power().files_rolled_back, 1);
+        let mount = disk.mount(m).unwrap();
+        assert_eq!(std::fs::read(m.join("f")).unwrap(), b"aabbaacc");
+
+        // Shrinking and growing again gives zeros, not the bytes that were durable there.
+        let f = OpenOptions::new().write(true).open(m.join("f")).unwrap();
+        f.set_len(2).unwrap();
+        f.set_len(6).unwrap();
+        f.sync_data().unwrap();
+        drop(f);
+        drop(mount);
+        assert_eq!(disk.cut_power().files_rolled_back, 0);
+        let _mount = disk.mount(m).unwrap();
+        assert_eq!(std::fs::read(m.join("f")).unwrap(), b"aa\0\0\0\0");
+    }
+
+    #[test]
+    fn a_stalled_sync_waits_until_failed_and_makes_nothing_durable() {
+        let Some((mountpoint, disk, mount)) = mounted_disk() else {
+            return;
+        };
+        let m = mountpoint.path();
+        let mut f = durable_file(m, "f", b"before");
+        disk.stall_syncs();
+        f.write_all(b" stalled").unwrap();
+        let stalled = std::thread::spawn(move || f.sync_data());
+        std::thread::sleep(Duration::from_millis(300));
+        // Reads are served while the sync stalls.
+        assert_eq!(std::fs::read(m.join("f")).unwrap(), b"before stalled");
+        assert!(!stalled.is_finished(), "a stalled sync is not answered");
+        disk.fail_stalled_syncs();
+        let error = stalled.join().unwrap().unwrap_err();
+        assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
+        drop(mount);
+        assert_eq!(disk.cut_power().files_rolled_back, 1);
+        let _mount = disk.mount(m).unwrap();
+        assert_eq!(std::fs::read(m.join("f")).unwrap(), b"before");
+    }
+
+    #[test]
+    fn a_full_disk_refuses_growth_and_takes_writes_again_once_space_returns() {
+        let Some((mountpoint, disk, _mount)) = mounted_disk() else {
+            return;
+        };
+        let m = mountpoint.path();
         std::fs::write(m.join("a"), vec![1u8; 6000]).unwrap();
         disk.set_capacity_bytes(Some(10_000));
         let mut b = File::create(m.join("b")).unwrap();
