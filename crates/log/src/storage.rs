@@ -257,6 +257,24 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), StorageError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
 }
 
+/// Creates `dir` and its missing parents, each new entry synced into its parent: files synced
+/// into a directory whose own entry a power cut can take away are not durable.
+pub fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let parent = match dir.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    create_dir_durably(parent)?;
+    match fs::create_dir(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    File::open(parent)?.sync_all()
+}
+
 fn encode_record(out: &mut Vec<u8>, kind: u8, payload: &[u8]) {
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&[kind]);
@@ -510,7 +528,7 @@ impl DiskStorage {
         initial_voters: &[u64],
         options: StorageOptions,
     ) -> Result<(DiskStorage, RecoveryReport), StorageError> {
-        fs::create_dir_all(dir).map_err(io_error(dir))?;
+        create_dir_durably(dir).map_err(io_error(dir))?;
         let mut segment_seqs = Vec::new();
         let mut snapshot_indices = Vec::new();
         for dirent in fs::read_dir(dir).map_err(io_error(dir))? {

@@ -943,6 +943,24 @@ pub fn sync_dir(dir: &Path) -> Result<(), SegmentError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
 }
 
+/// Creates `dir` if missing, its entry synced into its parent (which must exist or be creatable
+/// the same way): segments synced into a directory a power cut can take away are not durable.
+pub fn create_dir_durably(dir: &Path) -> Result<(), SegmentError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let parent = match dir.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    create_dir_durably(parent)?;
+    match std::fs::create_dir(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(io_error(dir)(e)),
+        _ => {}
+    }
+    sync_dir(parent)
+}
+
 /// Verifies every part of a segment held in memory and returns its index.
 pub fn verify_segment(buf: &[u8]) -> Result<SegmentIndex, SegmentError> {
     let index = decode_segment_index(buf)?;

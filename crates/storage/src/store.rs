@@ -36,9 +36,9 @@ use crate::manifest::Manifest;
 use crate::reduce::{CutBatch, ReducedBatch, Reducer};
 use crate::scan_map::{no_groups, GroupOf, ScanMap};
 use crate::segment::{
-    decode_record, in_file, io_error, parse_spare_name, read_segment_index, record_len, segment_bytes_per_record,
-    segment_file_name, spare_file_name, sync_dir, verify_segment, write_segment, IndexEntry, Record, RecordStream,
-    SegmentError, SegmentIndex, SegmentWriter, FOOTER_BYTES, HEADER_BYTES, RECORD_OVERHEAD_BYTES,
+    create_dir_durably, decode_record, in_file, io_error, parse_spare_name, read_segment_index, record_len,
+    segment_bytes_per_record, segment_file_name, spare_file_name, sync_dir, verify_segment, write_segment, IndexEntry,
+    Record, RecordStream, SegmentError, SegmentIndex, SegmentWriter, FOOTER_BYTES, HEADER_BYTES, RECORD_OVERHEAD_BYTES,
 };
 use crate::startup_index::{
     deleted_since_start_up, index_records, IndexBuild, LiveTally, SegmentLiveness, DELETED_SINCE_START_UP,
@@ -941,7 +941,7 @@ impl Store {
         let mut unlisted = Vec::new();
         let mut spares = Vec::new();
         for dir in options.all_dirs() {
-            std::fs::create_dir_all(dir).map_err(io_error(dir))?;
+            create_dir_durably(dir)?;
             for (range, path) in segment_files(dir)? {
                 match range {
                     Some(range) if listed.contains(&range) && !found.contains_key(&range) => {
