@@ -6,12 +6,14 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use chorus_cluster::{process, ClusterFile, NetOptions};
 use serde::{Deserialize, Serialize};
 
+use crate::disks::PowerCutDisks;
 use crate::workload::Rng;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -33,10 +35,15 @@ pub enum FaultKind {
     PartitionBridge,
     /// SIGKILL every node, then start them all again.
     RestartAll,
+    /// SIGKILL a random node and cut its disk's power (its unsynced writes vanish); restart it
+    /// when the fault ends.
+    PowerCutRandom,
+    /// SIGKILL every node and cut every disk's power, then start them all again.
+    PowerCutAll,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 8] = [
+    pub const ALL: [FaultKind; 10] = [
         FaultKind::KillLeader,
         FaultKind::KillRandom,
         FaultKind::PauseLeader,
@@ -45,8 +52,19 @@ impl FaultKind {
         FaultKind::PartitionLeader,
         FaultKind::PartitionBridge,
         FaultKind::RestartAll,
+        FaultKind::PowerCutRandom,
+        FaultKind::PowerCutAll,
     ];
+
+    /// Needs each node's data on a power-cut disk.
+    pub fn cuts_power(self) -> bool {
+        matches!(self, FaultKind::PowerCutRandom | FaultKind::PowerCutAll)
+    }
 }
+
+/// For this long before the power goes, syncs stop completing, as on a device that has stopped
+/// flushing.
+const SYNC_STALL_BEFORE_CUT: Duration = Duration::from_millis(100);
 
 /// One fault of the schedule: start after `quiet_ms` of healthy cluster, last `duration_ms`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -89,6 +107,9 @@ pub struct Applied {
     /// Directed links cut, as (from, to).
     pub cut: Vec<(u64, u64)>,
     pub healed_at_ms: Option<u64>,
+    /// Files and directory entries a power cut took back to their last synced state.
+    #[serde(default)]
+    pub rolled_back_by_cut: usize,
 }
 
 /// The cluster faults are done to.
@@ -96,6 +117,8 @@ pub struct Target<'a> {
     pub dir: &'a Path,
     pub file: &'a ClusterFile,
     pub net: &'a NetOptions,
+    /// The nodes' power-cut disks, when the run's faults cut power.
+    pub disks: Option<&'a Mutex<PowerCutDisks>>,
 }
 
 impl Target<'_> {
@@ -145,6 +168,7 @@ impl Target<'_> {
             nodes: Vec::new(),
             cut: Vec::new(),
             healed_at_ms: None,
+            rolled_back_by_cut: 0,
         };
         match planned.kind {
             FaultKind::KillLeader | FaultKind::KillRandom => {
@@ -194,21 +218,89 @@ impl Target<'_> {
                 applied.cut = self.cut(&[left, right], Some(bridge))?;
             }
             FaultKind::RestartAll => {
-                for id in &ids {
-                    if chorus_cluster::read_pid(self.dir, *id).is_some() {
-                        chorus_cluster::kill_node(self.dir, *id)?;
-                    }
-                }
+                self.kill_every_node()?;
+                applied.nodes = ids;
+            }
+            FaultKind::PowerCutRandom => {
+                applied.rolled_back_by_cut = self.power_cut(&[random]).await?;
+                applied.nodes.push(random);
+            }
+            FaultKind::PowerCutAll => {
+                applied.rolled_back_by_cut = self.power_cut(&ids).await?;
                 applied.nodes = ids;
             }
         }
         Ok(applied)
     }
 
+    fn kill_every_node(&self) -> anyhow::Result<()> {
+        for id in self.ids() {
+            if chorus_cluster::read_pid(self.dir, id).is_some() {
+                chorus_cluster::kill_node(self.dir, id)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn disks(&self) -> anyhow::Result<std::sync::MutexGuard<'_, PowerCutDisks>> {
+        let disks = self
+            .disks
+            .context("a power-cut fault needs the nodes' data on power-cut disks")?;
+        Ok(disks.lock().expect("disks lock"))
+    }
+
+    /// Cuts the power of running nodes under load. For a moment before, their syncs stop
+    /// completing: the cut then finds writes that were written but never made durable, and
+    /// exposes any reply that ran ahead of durability — a window too short to hit by chance
+    /// while syncs are fast. Returns what the cuts rolled back.
+    async fn power_cut(&self, ids: &[u64]) -> anyhow::Result<usize> {
+        let pids: Vec<u32> = ids
+            .iter()
+            .filter_map(|id| chorus_cluster::read_pid(self.dir, *id))
+            .collect();
+        {
+            let disks = self.disks()?;
+            for &id in ids {
+                disks.stall_syncs(id)?;
+            }
+        }
+        tokio::time::sleep(SYNC_STALL_BEFORE_CUT).await;
+        for pid in pids {
+            process::signal(pid, libc::SIGKILL);
+        }
+        {
+            let disks = self.disks()?;
+            for &id in ids {
+                disks.fail_stalled_syncs(id)?;
+            }
+        }
+        for &id in ids {
+            if chorus_cluster::read_pid(self.dir, id).is_some() {
+                chorus_cluster::kill_node(self.dir, id)?;
+            }
+        }
+        self.cut_power(ids)
+    }
+
+    /// Cuts the power of the (already killed) nodes' disks; returns what the cuts rolled back.
+    fn cut_power(&self, ids: &[u64]) -> anyhow::Result<usize> {
+        let mut disks = self.disks()?;
+        let mut rolled_back = 0;
+        for &id in ids {
+            let report = disks.cut(id)?;
+            rolled_back += report.files_rolled_back + report.entries_rolled_back;
+        }
+        Ok(rolled_back)
+    }
+
     /// Undoes a fault: restarts killed nodes, resumes paused ones, restores cut links.
     pub async fn heal(&self, applied: &Applied) -> anyhow::Result<()> {
         match applied.kind {
-            FaultKind::KillLeader | FaultKind::KillRandom | FaultKind::RestartAll => self.restart_stopped().await?,
+            FaultKind::KillLeader
+            | FaultKind::KillRandom
+            | FaultKind::RestartAll
+            | FaultKind::PowerCutRandom
+            | FaultKind::PowerCutAll => self.restart_stopped().await?,
             FaultKind::PauseLeader | FaultKind::PauseRandom => {
                 for id in &applied.nodes {
                     process::signal(self.pid(*id)?, libc::SIGCONT);
@@ -230,16 +322,18 @@ impl Target<'_> {
         Ok(())
     }
 
-    /// Kills every node and starts them all again (what "no acknowledged write is lost after a
-    /// full restart" is checked against).
-    pub async fn full_restart(&self) -> anyhow::Result<()> {
-        for id in self.ids() {
-            if chorus_cluster::read_pid(self.dir, id).is_some() {
-                chorus_cluster::kill_node(self.dir, id)?;
-            }
-        }
+    /// Kills every node (and cuts every disk's power, when the nodes are on power-cut disks) and
+    /// starts them all again: what "no acknowledged write is lost" is checked against.
+    pub async fn full_restart(&self) -> anyhow::Result<usize> {
+        self.kill_every_node()?;
+        let rolled_back = if self.disks.is_some() {
+            self.cut_power(&self.ids())?
+        } else {
+            0
+        };
         tokio::time::sleep(Duration::from_millis(200)).await;
-        self.restart_stopped().await
+        self.restart_stopped().await?;
+        Ok(rolled_back)
     }
 }
 

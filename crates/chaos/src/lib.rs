@@ -1,9 +1,10 @@
 //! Proof under faults: a history-recording workload against a real local cluster, a fault
-//! schedule (crashes, pauses, partitions, full restarts) seeded for replay, and a
+//! schedule (crashes, pauses, partitions, full restarts, power cuts) seeded for replay, and a
 //! linearizability checker.
 
 pub mod checker;
 pub mod curp_tally;
+pub mod disks;
 pub mod faults;
 pub mod history;
 pub mod run;

@@ -1,9 +1,9 @@
 //! `chorus chaos run` and `chorus chaos campaign`: a local cluster, recording clients, the fault
 //! schedule, then healing, a full restart, final reads from every node, and the check.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::checker::{self, Verdict};
 use crate::curp_tally::CurpTally;
+use crate::disks::PowerCutDisks;
 use crate::faults::{self, Applied, FaultKind, Planned, Target};
 use crate::history::{self, OpKind, Outcome};
 use crate::workload::{self, Mix, Recorder};
@@ -70,6 +71,9 @@ pub struct RunSummary {
     pub failed: usize,
     pub unknown: usize,
     pub faults: Vec<Applied>,
+    /// Files and directory entries that power cuts (faults and the final one) rolled back to
+    /// their synced state: zero would mean the cuts never caught a node with unsynced writes.
+    pub rolled_back_by_cuts: usize,
     /// How often CURP's paths ran (all zero with CURP off).
     pub curp: CurpTally,
     pub verdict: String,
@@ -159,11 +163,24 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
     let plan = faults::schedule(args.seed, &kinds, Duration::from_secs(args.duration_secs));
     std::fs::write(dir.join("schedule.json"), serde_json::to_string_pretty(&plan)?)?;
 
+    let disks = if kinds.iter().any(|k| k.cuts_power()) {
+        let ids: Vec<u64> = (1..=args.nodes as u64).collect();
+        Some(Mutex::new(PowerCutDisks::mount(&cluster_dir, &ids)?))
+    } else {
+        None
+    };
+
     let recorder = Recorder::new();
     let mut applied = Vec::new();
     let driven = match chorus_cluster::start(&cluster_dir, args.nodes, server_args, &net).await {
         Ok(file) => {
-            let driven = drive(args, &cluster_dir, &file, &net, &plan, &recorder, &mut applied).await;
+            let target = Target {
+                dir: &cluster_dir,
+                file: &file,
+                net: &net,
+                disks: disks.as_ref(),
+            };
+            let driven = drive(args, &target, &plan, &recorder, &mut applied).await;
             let _ = chorus_cluster::stop(&cluster_dir);
             driven
         }
@@ -175,8 +192,9 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
 
     let ops = std::mem::take(&mut *recorder.ops.lock().expect("history lock"));
     history::write_history(&dir.join("history.jsonl"), &ops)?;
+    let final_rolled_back = *driven.as_ref().unwrap_or(&0);
     let verdict = match driven {
-        Ok(()) => {
+        Ok(_) => {
             eprintln!("  checking {} operations", ops.len());
             match checker::check(&ops, Duration::from_secs(args.check_secs)) {
                 Verdict::Linearizable => "linearizable".to_string(),
@@ -198,12 +216,19 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
         ok: count(Outcome::Ok),
         failed: count(Outcome::Fail),
         unknown: count(Outcome::Unknown),
+        rolled_back_by_cuts: applied.iter().map(|a| a.rolled_back_by_cut).sum::<usize>() + final_rolled_back,
         faults: applied,
         curp: recorder.curp.total(),
         verdict,
         dir: dir.clone(),
     };
     std::fs::write(dir.join("result.json"), serde_json::to_string_pretty(&summary)?)?;
+    if let Some(disks) = disks {
+        let disks = disks.into_inner().expect("disks lock");
+        if !summary.passed() {
+            disks.save()?;
+        }
+    }
     if summary.passed() {
         // The data of a passing run is not needed; its history, schedule and result stay.
         let _ = std::fs::remove_dir_all(&cluster_dir);
@@ -215,18 +240,12 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
 /// node restarts and every key is read from every node.
 async fn drive(
     args: &RunArgs,
-    cluster_dir: &Path,
-    file: &chorus_cluster::ClusterFile,
-    net: &NetOptions,
+    target: &Target<'_>,
     plan: &[Planned],
     recorder: &Arc<Recorder>,
     applied: &mut Vec<Applied>,
-) -> anyhow::Result<()> {
-    let target = Target {
-        dir: cluster_dir,
-        file,
-        net,
-    };
+) -> anyhow::Result<usize> {
+    let file = target.file;
     // Straight to the nodes: a client proxy would accept connections for a node that is down,
     // and every request sent that way would end with an unknown outcome.
     let nodes: Vec<_> = file.nodes.iter().map(|n| (n.id, n.resp_addr)).collect();
@@ -277,8 +296,13 @@ async fn drive(
     for planned in plan {
         tokio::time::sleep(Duration::from_millis(planned.quiet_ms)).await;
         let mut fault = target.apply(planned, recorder.elapsed().as_millis() as u64).await?;
+        let cut = if fault.kind.cuts_power() {
+            format!(" ({} files and entries rolled back)", fault.rolled_back_by_cut)
+        } else {
+            String::new()
+        };
         eprintln!(
-            "  {:>4.0}s  fault {:?} on {:?} for {} ms",
+            "  {:>4.0}s  fault {:?} on {:?} for {} ms{cut}",
             recorder.elapsed().as_secs_f64(),
             fault.kind,
             fault.nodes,
@@ -292,15 +316,25 @@ async fn drive(
     recorder.stop.store(true, Ordering::Relaxed);
     while clients.join_next().await.is_some() {}
     progress.abort_all();
-    eprintln!("  healing, restarting every node, reading every key from every node");
+    let power = if target.disks.is_some() {
+        ", cutting its power"
+    } else {
+        ""
+    };
+    eprintln!("  healing, restarting every node{power}, reading every key from every node");
     recorder.curp.sample(&metrics_addrs).await;
-    target.full_restart().await?;
-    let read = final_reads(recorder, file, args.keys).await;
+    let rolled_back = target.full_restart().await?;
+    final_reads(recorder, file, args.keys).await?;
     recorder.curp.sample(&metrics_addrs).await;
-    read
+    Ok(rolled_back)
 }
 
 pub fn print_summary(s: &RunSummary) {
+    let cuts = if s.faults.iter().any(|f| f.kind.cuts_power()) {
+        format!(" (power cuts rolled back {} files and entries)", s.rolled_back_by_cuts)
+    } else {
+        String::new()
+    };
     let curp = if s.curp.any() {
         format!(
             " (CURP: {} fast-path writes, {} slow, {} recoveries replaying {})",
@@ -310,7 +344,7 @@ pub fn print_summary(s: &RunSummary) {
         String::new()
     };
     println!(
-        "seed {} nodes {}: {} operations ({} ok, {} failed, {} unknown), {} faults{curp}: {}  [{}]",
+        "seed {} nodes {}: {} operations ({} ok, {} failed, {} unknown), {} faults{cuts}{curp}: {}  [{}]",
         s.seed,
         s.nodes,
         s.operations,
