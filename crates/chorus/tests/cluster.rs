@@ -448,8 +448,17 @@ async fn increments_through_a_leader_crash(server_args: &[&str]) -> (Cluster, Ve
     let pid = chorus_cluster::read_pid(cluster.dir.path(), leader).expect("the leader runs");
     // SAFETY: kill(2) has no memory-safety preconditions.
     unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) };
+    // Writes sent after the stop reach a leader that never takes them: certainly in doubt when
+    // it dies (the clients above may all be waiting on writes it had already replicated).
+    let mut late = cluster.client(followers[0]).await;
+    let late_writes = tokio::spawn(async move {
+        let batch = vec![vec!["INCR".to_string(), "after-the-stop".to_string()]; 4];
+        late.pipeline(&batch).await.expect("the follower stays up")
+    });
     tokio::time::sleep(Duration::from_millis(300)).await;
     cluster.kill(leader);
+    let late_replies = late_writes.await.unwrap();
+    assert_eq!(late_replies, (1..=4).map(Value::Integer).collect::<Vec<_>>());
     for client in clients {
         let (key, replies, last) = client.await.unwrap();
         for (i, reply) in replies.iter().enumerate() {
