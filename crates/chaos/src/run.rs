@@ -78,6 +78,8 @@ pub struct RunSummary {
     pub curp: CurpTally,
     pub verdict: String,
     pub dir: PathBuf,
+    /// Stopped by an interrupt (Ctrl-C): a campaign ends there.
+    pub interrupted: bool,
 }
 
 impl RunSummary {
@@ -172,6 +174,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
 
     let recorder = Recorder::new();
     let mut applied = Vec::new();
+    let mut interrupted = false;
     let driven = match chorus_cluster::start(&cluster_dir, args.nodes, server_args, &net).await {
         Ok(file) => {
             let target = Target {
@@ -180,7 +183,14 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
                 net: &net,
                 disks: disks.as_ref(),
             };
-            let driven = drive(args, &target, &plan, &recorder, &mut applied).await;
+            // Interrupted, the run still stops its nodes, unmounts its disks and keeps its records.
+            let driven = tokio::select! {
+                driven = drive(args, &target, &plan, &recorder, &mut applied) => driven,
+                _ = tokio::signal::ctrl_c() => {
+                    interrupted = true;
+                    Err(anyhow::anyhow!("interrupted"))
+                }
+            };
             let _ = chorus_cluster::stop(&cluster_dir);
             driven
         }
@@ -221,6 +231,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
         curp: recorder.curp.total(),
         verdict,
         dir: dir.clone(),
+        interrupted,
     };
     std::fs::write(dir.join("result.json"), serde_json::to_string_pretty(&summary)?)?;
     if let Some(disks) = disks {
@@ -390,7 +401,11 @@ pub async fn campaign(args: &CampaignArgs) -> anyhow::Result<()> {
         );
         let summary = run(&run_args).await?;
         print_summary(&summary);
+        let interrupted = summary.interrupted;
         summaries.push(summary);
+        if interrupted {
+            break;
+        }
     }
     let passed = summaries.iter().filter(|s| s.passed()).count();
     let campaign = Campaign {
