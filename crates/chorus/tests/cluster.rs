@@ -759,6 +759,86 @@ fn run_tool(tool: &str, args: &[&str], stdin: Option<&str>) -> String {
     text
 }
 
+/// A connection that speaks raw RESP, for replies our client's decoder does not read (RESP3).
+struct RawConnection(std::net::TcpStream);
+
+impl RawConnection {
+    fn connect(addr: SocketAddr) -> RawConnection {
+        let stream = std::net::TcpStream::connect(addr).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        RawConnection(stream)
+    }
+
+    fn send(&mut self, args: &[&str]) {
+        let mut request = Vec::new();
+        chorus_resp::write_command(args, &mut request);
+        std::io::Write::write_all(&mut self.0, &request).unwrap();
+    }
+
+    /// Sends `args` and asserts the reply is exactly `expected`.
+    fn expect(&mut self, args: &[&str], expected: &[u8]) {
+        self.send(args);
+        let mut reply = vec![0; expected.len()];
+        std::io::Read::read_exact(&mut self.0, &mut reply).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&reply),
+            String::from_utf8_lossy(expected),
+            "{args:?}"
+        );
+    }
+
+    /// Sends a HELLO and returns its reply (whose last field is the empty module list).
+    fn hello(&mut self, args: &[&str]) -> String {
+        self.send(args);
+        let mut reply = Vec::new();
+        let mut byte = [0u8];
+        while !reply.ends_with(b"$7\r\nmodules\r\n*0\r\n") {
+            std::io::Read::read_exact(&mut self.0, &mut byte).unwrap();
+            reply.push(byte[0]);
+        }
+        String::from_utf8(reply).unwrap()
+    }
+}
+
+/// A client that opens with `HELLO 3` (go-redis v9 and redis-py with protocol=3 do) gets RESP3:
+/// maps for HELLO, HGETALL and CONFIG GET, `_` for nulls — the bytes Redis 7 sends — and
+/// `HELLO 2` takes it back to RESP2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resp3_clients_negotiate_with_hello_and_get_maps_and_nulls() {
+    let cluster = Cluster::start(3, &[]);
+    let (leader, followers) = cluster.leader_and_followers().await;
+    let mut c = cluster.client(leader).await;
+    assert_eq!(
+        c.command(&["HSET", "h3", "f1", "v1", "f2", "v2"]).await.unwrap(),
+        Value::Integer(2)
+    );
+    let mut raw = RawConnection::connect(cluster.node(followers[0]).resp_addr);
+    let hello = raw.hello(&["HELLO", "3", "AUTH", "default", "any", "SETNAME", "app"]);
+    assert!(hello.starts_with("%7\r\n$6\r\nserver\r\n$6\r\nchorus\r\n"), "{hello}");
+    assert!(hello.contains("$5\r\nproto\r\n:3\r\n"), "{hello}");
+    raw.expect(
+        &["HGETALL", "h3"],
+        b"%2\r\n$2\r\nf1\r\n$2\r\nv1\r\n$2\r\nf2\r\n$2\r\nv2\r\n",
+    );
+    raw.expect(&["GET", "no-such-key"], b"_\r\n");
+    raw.expect(&["HGETALL", "no-such-key"], b"%0\r\n");
+    raw.expect(&["CONFIG", "GET", "save"], b"%1\r\n$4\r\nsave\r\n$0\r\n\r\n");
+    raw.expect(&["HMGET", "h3", "f1", "no-such-field"], b"*2\r\n$2\r\nv1\r\n_\r\n");
+    raw.expect(&["CLIENT", "GETNAME"], b"$3\r\napp\r\n");
+    raw.expect(&["HELLO", "4"], b"-NOPROTO unsupported protocol version\r\n");
+    raw.expect(
+        &["HELLO", "3", "AUTH", "bob", "secret"],
+        b"-WRONGPASS invalid username-password pair or user is disabled.\r\n",
+    );
+    let hello = raw.hello(&["HELLO", "2"]);
+    assert!(hello.starts_with("*14\r\n"), "{hello}");
+    raw.expect(
+        &["HGETALL", "h3"],
+        b"*4\r\n$2\r\nf1\r\n$2\r\nv1\r\n$2\r\nf2\r\n$2\r\nv2\r\n",
+    );
+    raw.expect(&["GET", "no-such-key"], b"$-1\r\n");
+}
+
 #[test]
 fn redis_cli_and_redis_benchmark_work_against_any_node() {
     require_tool("redis-cli");

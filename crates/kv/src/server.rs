@@ -26,7 +26,7 @@ use bytes::{Bytes, BytesMut};
 use chorus_curp::rifl::{ClientId, Envelope};
 use chorus_log::{NodeError, NodeHandle, ReadConsistency};
 use chorus_metrics::{labeled_counter, labeled_histogram, Counter, Histogram};
-use chorus_resp::{take_command, write_value, Limits, Value};
+use chorus_resp::{take_command, write_value_as, Limits, Protocol, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -389,6 +389,7 @@ pub async fn serve(listener: TcpListener, node: KvNode, options: FrontEndOptions
             let mut conn = Connection {
                 id,
                 name: None,
+                protocol: Protocol::Resp2,
                 consistency: shared.options.default_consistency,
                 rifl: None,
                 shared,
@@ -449,6 +450,8 @@ struct RiflClient {
 struct Connection {
     id: u64,
     name: Option<Bytes>,
+    /// RESP2 until the client says `HELLO 3`.
+    protocol: Protocol,
     consistency: ReadConsistency,
     /// Set on the first write.
     rifl: Option<RiflClient>,
@@ -612,7 +615,7 @@ impl Connection {
             if value.is_error() {
                 self.shared.metrics.errors.inc();
             }
-            write_value(&value, output);
+            write_value_as(&value, self.protocol, output);
         }
     }
 
@@ -984,27 +987,7 @@ impl Connection {
                 },
                 _ => Value::error("ERR This instance has cluster support disabled"),
             },
-            "hello" => match sub.as_str() {
-                "" | "2" if rest.len() <= 1 => Value::array(vec![
-                    Value::bulk("server"),
-                    Value::bulk("chorus"),
-                    Value::bulk("version"),
-                    Value::bulk(env!("CARGO_PKG_VERSION")),
-                    Value::bulk("proto"),
-                    Value::Integer(2),
-                    Value::bulk("id"),
-                    Value::Integer(self.id as i64),
-                    Value::bulk("mode"),
-                    Value::bulk("standalone"),
-                    Value::bulk("role"),
-                    Value::bulk("master"),
-                    Value::bulk("modules"),
-                    Value::array(Vec::new()),
-                ]),
-                "" | "2" => Value::error("ERR HELLO options (AUTH, SETNAME) are not supported"),
-                "3" => Value::error("NOPROTO RESP3 is not supported; use HELLO 2"),
-                _ => Value::error("NOPROTO unsupported protocol version"),
-            },
+            "hello" => self.hello(rest),
             _ => {
                 let first = rest
                     .iter()
@@ -1062,6 +1045,63 @@ impl Connection {
             ReadConsistency::Linearizable => "linearizable",
             ReadConsistency::Stale => "stale",
         }
+    }
+
+    /// `HELLO [protover [AUTH username password] [SETNAME clientname]]`, as Redis 7 answers it:
+    /// switches the connection's protocol and describes the server. Without authentication
+    /// configured, the only user is `default`, and any password is its password (Redis's
+    /// `nopass` default user).
+    fn hello(&mut self, args: &[Bytes]) -> Value {
+        let mut protocol = self.protocol;
+        let mut name = None;
+        if let Some(version) = args.first() {
+            protocol = match version.as_ref() {
+                b"2" => Protocol::Resp2,
+                b"3" => Protocol::Resp3,
+                _ if std::str::from_utf8(version).is_ok_and(|v| v.parse::<i64>().is_ok()) => {
+                    return Value::error("NOPROTO unsupported protocol version")
+                }
+                _ => return Value::error("ERR Protocol version is not an integer or out of range"),
+            };
+            let mut options = &args[1..];
+            while let Some(option) = options.first() {
+                match (option.to_ascii_lowercase().as_slice(), options.len()) {
+                    (b"auth", n) if n >= 3 => {
+                        if options[1].as_ref() != b"default" {
+                            return Value::error("WRONGPASS invalid username-password pair or user is disabled.");
+                        }
+                        options = &options[3..];
+                    }
+                    (b"setname", n) if n >= 2 => {
+                        name = Some(Bytes::copy_from_slice(&options[1]));
+                        options = &options[2..];
+                    }
+                    _ => {
+                        return Value::error(format!(
+                            "ERR Syntax error in HELLO option '{}'",
+                            String::from_utf8_lossy(option)
+                        ))
+                    }
+                }
+            }
+        }
+        self.protocol = protocol;
+        if name.is_some() {
+            self.name = name;
+        }
+        let proto = match protocol {
+            Protocol::Resp2 => 2,
+            Protocol::Resp3 => 3,
+        };
+        Value::map(vec![
+            (Value::bulk("server"), Value::bulk("chorus")),
+            (Value::bulk("version"), Value::bulk(env!("CARGO_PKG_VERSION"))),
+            (Value::bulk("proto"), Value::Integer(proto)),
+            (Value::bulk("id"), Value::Integer(self.id as i64)),
+            (Value::bulk("mode"), Value::bulk("standalone")),
+            (Value::bulk("role"), Value::bulk("master")),
+            (Value::bulk("modules"), Value::array(Vec::new())),
+        ])
     }
 
     async fn info(&self, section: &str) -> String {
@@ -1125,17 +1165,16 @@ fn config_get(patterns: &[Bytes]) -> Value {
         ("maxmemory", "0"),
         ("save", ""),
     ];
-    let mut out = Vec::new();
+    let mut pairs = Vec::new();
     for (key, value) in KNOWN {
         if patterns
             .iter()
             .any(|p| glob_match(&String::from_utf8_lossy(p).to_ascii_lowercase(), key))
         {
-            out.push(Value::bulk(*key));
-            out.push(Value::bulk(*value));
+            pairs.push((Value::bulk(*key), Value::bulk(*value)));
         }
     }
-    Value::array(out)
+    Value::map(pairs)
 }
 
 /// Glob with `*` and `?`, enough for CONFIG GET patterns.
@@ -1160,13 +1199,13 @@ mod tests {
     fn config_get_matches_globs() {
         assert_eq!(
             config_get(&[Bytes::from("save")]),
-            Value::array(vec![Value::bulk("save"), Value::bulk("")])
+            Value::map(vec![(Value::bulk("save"), Value::bulk(""))])
         );
-        let Value::Array(Some(all)) = config_get(&[Bytes::from("*")]) else {
+        let Value::Map(all) = config_get(&[Bytes::from("*")]) else {
             panic!()
         };
-        assert_eq!(all.len(), 10);
-        assert_eq!(config_get(&[Bytes::from("nothing*")]), Value::array(vec![]));
+        assert_eq!(all.len(), 5);
+        assert_eq!(config_get(&[Bytes::from("nothing*")]), Value::map(vec![]));
         assert!(glob_match("append*", "appendfsync"));
         assert!(!glob_match("append?", "appendonly"));
     }

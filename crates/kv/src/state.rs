@@ -545,12 +545,13 @@ impl KvState {
                     if fields.is_empty() {
                         self.hash_check(key)?;
                     }
-                    let mut items = Vec::with_capacity(2 * fields.len());
-                    for (storage_key, value) in fields {
-                        items.push(Value::bulk(storage_key.slice(prefix.len()..)));
-                        items.push(Value::bulk(value));
-                    }
-                    Value::array(items)
+                    let pairs = fields
+                        .into_iter()
+                        .map(|(storage_key, value)| {
+                            (Value::bulk(storage_key.slice(prefix.len()..)), Value::bulk(value))
+                        })
+                        .collect();
+                    Value::map(pairs)
                 }
                 Read::HLen(key) => {
                     self.hash_check(key)?;
@@ -845,11 +846,9 @@ mod tests {
         assert_eq!(s.run("HLEN h"), Value::Integer(2));
         assert_eq!(
             s.run("HGETALL h"),
-            Value::array(vec![
-                Value::bulk("f1"),
-                Value::bulk("v9"),
-                Value::bulk("f2"),
-                Value::bulk("v2")
+            Value::map(vec![
+                (Value::bulk("f1"), Value::bulk("v9")),
+                (Value::bulk("f2"), Value::bulk("v2"))
             ])
         );
         assert_eq!(s.run("HDEL h f1 f2 f3"), Value::Integer(2));

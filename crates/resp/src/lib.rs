@@ -17,6 +17,17 @@ pub enum Value {
     Bulk(Option<Bytes>),
     /// `None` is the null array (`*-1`).
     Array(Option<Vec<Value>>),
+    /// Field-value pairs: a RESP3 map (`%`); in RESP2, a flat array of its pairs. Only replies
+    /// carry it; the decoder never makes one.
+    Map(Vec<(Value, Value)>),
+}
+
+/// The protocol a connection speaks: RESP2 until a client asks for RESP3 (`HELLO 3`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    #[default]
+    Resp2,
+    Resp3,
 }
 
 impl Value {
@@ -31,6 +42,9 @@ impl Value {
     }
     pub fn error(message: impl Into<String>) -> Value {
         Value::Error(message.into())
+    }
+    pub fn map(pairs: Vec<(Value, Value)>) -> Value {
+        Value::Map(pairs)
     }
     pub fn array(values: Vec<Value>) -> Value {
         Value::Array(Some(values))
@@ -318,6 +332,12 @@ fn parse_at(buf: &[u8], pos: usize, limits: &Limits, depth: usize) -> Result<Opt
 
 /// Appends the RESP2 encoding of `value` to `out`.
 pub fn write_value(value: &Value, out: &mut Vec<u8>) {
+    write_value_as(value, Protocol::Resp2, out)
+}
+
+/// Appends the encoding of `value` in `protocol` to `out`. RESP3 differs where Redis 7 differs:
+/// maps are maps, and a null is `_` whatever its RESP2 type.
+pub fn write_value_as(value: &Value, protocol: Protocol, out: &mut Vec<u8>) {
     match value {
         Value::Simple(s) => {
             out.push(b'+');
@@ -334,6 +354,7 @@ pub fn write_value(value: &Value, out: &mut Vec<u8>) {
             out.extend_from_slice(n.to_string().as_bytes());
             out.extend_from_slice(b"\r\n");
         }
+        Value::Bulk(None) | Value::Array(None) if protocol == Protocol::Resp3 => out.extend_from_slice(b"_\r\n"),
         Value::Bulk(None) => out.extend_from_slice(b"$-1\r\n"),
         Value::Bulk(Some(b)) => {
             out.push(b'$');
@@ -348,7 +369,20 @@ pub fn write_value(value: &Value, out: &mut Vec<u8>) {
             out.extend_from_slice(items.len().to_string().as_bytes());
             out.extend_from_slice(b"\r\n");
             for item in items {
-                write_value(item, out);
+                write_value_as(item, protocol, out);
+            }
+        }
+        Value::Map(pairs) => {
+            let (tag, len) = match protocol {
+                Protocol::Resp2 => (b'*', pairs.len() * 2),
+                Protocol::Resp3 => (b'%', pairs.len()),
+            };
+            out.push(tag);
+            out.extend_from_slice(len.to_string().as_bytes());
+            out.extend_from_slice(b"\r\n");
+            for (field, value) in pairs {
+                write_value_as(field, protocol, out);
+                write_value_as(value, protocol, out);
             }
         }
     }
@@ -384,6 +418,24 @@ mod tests {
 
     fn limits() -> Limits {
         Limits::default()
+    }
+
+    #[test]
+    fn maps_and_nulls_are_written_as_each_protocol_writes_them() {
+        let reply = Value::array(vec![
+            Value::map(vec![(Value::bulk("f"), Value::Integer(1))]),
+            Value::null(),
+            Value::Array(None),
+        ]);
+        let mut resp2 = Vec::new();
+        write_value_as(&reply, Protocol::Resp2, &mut resp2);
+        assert_eq!(resp2, b"*3\r\n*2\r\n$1\r\nf\r\n:1\r\n$-1\r\n*-1\r\n");
+        let mut resp3 = Vec::new();
+        write_value_as(&reply, Protocol::Resp3, &mut resp3);
+        assert_eq!(resp3, b"*3\r\n%1\r\n$1\r\nf\r\n:1\r\n_\r\n_\r\n");
+        let mut default = Vec::new();
+        write_value(&reply, &mut default);
+        assert_eq!(default, resp2, "RESP2 unless asked");
     }
 
     #[test]
