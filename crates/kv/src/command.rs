@@ -92,11 +92,24 @@ pub fn syntax_error() -> CommandError {
     "ERR syntax error".into()
 }
 
+/// An integer as Redis reads one (its `string2ll`): an optional `-`, then digits with no leading
+/// zero (`0` alone excepted), nothing else — no `+`, no spaces, no `-0` — within 64 bits. Rust's
+/// own parsing takes `+1` and `01`, and INCR would then succeed where Redis refuses.
 pub fn parse_i64(arg: &[u8]) -> Result<i64, CommandError> {
+    let not_integer = || CommandError::from("ERR value is not an integer or out of range");
+    let digits = arg.strip_prefix(b"-").unwrap_or(arg);
+    let canonical = match digits {
+        [b'0'] => digits.len() == arg.len(),
+        [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
+        _ => false,
+    };
+    if !canonical {
+        return Err(not_integer());
+    }
     std::str::from_utf8(arg)
         .ok()
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| "ERR value is not an integer or out of range".into())
+        .ok_or_else(not_integer)
 }
 
 fn pairs(args: &[Bytes], name: &str) -> Result<Vec<(Bytes, Bytes)>, CommandError> {
@@ -448,6 +461,32 @@ mod tests {
 
     fn args(s: &str) -> Vec<Bytes> {
         s.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect()
+    }
+
+    #[test]
+    fn integers_are_read_as_redis_reads_them() {
+        for (text, value) in [("0", 0), ("-1", -1), ("42", 42), ("9223372036854775807", i64::MAX)] {
+            assert_eq!(parse_i64(text.as_bytes()), Ok(value), "{text}");
+        }
+        assert_eq!(parse_i64(b"-9223372036854775808"), Ok(i64::MIN));
+        for text in [
+            "",
+            "-",
+            "+1",
+            "01",
+            "-0",
+            "-01",
+            " 1",
+            "1 ",
+            "1.0",
+            "9223372036854775808",
+            "abc",
+        ] {
+            assert!(
+                parse_i64(text.as_bytes()).is_err(),
+                "{text:?} is not an integer to Redis"
+            );
+        }
     }
 
     #[test]
