@@ -887,7 +887,7 @@ impl Drop for RedisServer {
 /// `count` random string and hash commands on six keys named `prefix`0..5 (values that are and
 /// are not integers, keys of both types, wrong arities), each sent to Redis and to Chorus; the
 /// replies must be equal, errors word for word. HGETALL's pairs are compared as a set: Redis
-/// keeps a small hash in insertion order, Chorus in field order.
+/// keeps a small hash in insertion order, Chorus in field order (likewise HKEYS and HVALS).
 async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64, count: usize, prefix: &str) {
     let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut below = |n: usize| {
@@ -902,7 +902,7 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
         let other = format!("{prefix}{}", below(6));
         let field = format!("f{}", below(4));
         let value = VALUES[below(VALUES.len())].to_string();
-        let command: Vec<String> = match below(26) {
+        let command: Vec<String> = match below(29) {
             0 => vec!["SET".into(), key, value],
             1 => vec!["SET".into(), key, value, ["NX", "XX"][below(2)].into()],
             2 => vec!["GET".into(), key],
@@ -928,6 +928,9 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
             22 => vec!["UNLINK".into(), key],
             23 => vec!["HMSET".into(), key, field, value],
             24 => vec!["SET".into(), key],
+            25 => vec!["HKEYS".into(), key],
+            26 => vec!["HVALS".into(), key],
+            27 => vec!["HSTRLEN".into(), key, field],
             _ => vec!["HSET".into(), key, field],
         };
         let args: Vec<&str> = command.iter().map(String::as_str).collect();
@@ -938,6 +941,10 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
                 let mut pairs: Vec<(Value, Value)> = items.chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
                 pairs.sort_by_key(|(field, _)| format!("{field:?}"));
                 Value::Array(Some(pairs.into_iter().flat_map(|(f, v)| [f, v]).collect()))
+            }
+            Value::Array(Some(mut items)) if args[0] == "HKEYS" || args[0] == "HVALS" => {
+                items.sort_by_key(|item| format!("{item:?}"));
+                Value::Array(Some(items))
             }
             other => other,
         };

@@ -70,6 +70,9 @@ pub enum Read {
     HGet { key: Bytes, field: Bytes },
     HMGet { key: Bytes, fields: Vec<Bytes> },
     HGetAll(Bytes),
+    HKeys(Bytes),
+    HVals(Bytes),
+    HStrLen { key: Bytes, field: Bytes },
     HLen(Bytes),
     HExists { key: Bytes, field: Bytes },
     DbSize,
@@ -277,6 +280,21 @@ impl Command {
                 Command::Write(Write::HDel {
                     key: rest[0].clone(),
                     fields: rest[1..].to_vec(),
+                })
+            }
+            "hkeys" => {
+                exact(1)?;
+                Command::Read(Read::HKeys(rest[0].clone()))
+            }
+            "hvals" => {
+                exact(1)?;
+                Command::Read(Read::HVals(rest[0].clone()))
+            }
+            "hstrlen" => {
+                exact(2)?;
+                Command::Read(Read::HStrLen {
+                    key: rest[0].clone(),
+                    field: rest[1].clone(),
                 })
             }
             "hlen" => {

@@ -236,6 +236,19 @@ impl KvState {
         }
     }
 
+    /// A hash's fields and values, in field order (`WRONGTYPE` for a string).
+    fn hash_fields(&mut self, key: &[u8]) -> Result<Vec<(Bytes, Bytes)>, Value> {
+        let prefix = hash_prefix(key);
+        let fields = self.store.scan_group(&prefix).map_err(storage_error)?;
+        if fields.is_empty() {
+            self.hash_check(key)?;
+        }
+        Ok(fields
+            .into_iter()
+            .map(|(storage_key, value)| (storage_key.slice(prefix.len()..), value))
+            .collect())
+    }
+
     fn field(&mut self, key: &[u8], field: &[u8]) -> Result<Option<Bytes>, Value> {
         self.store.get(&field_key(key, field)).map_err(storage_error)
     }
@@ -540,18 +553,25 @@ impl KvState {
                     )
                 }
                 Read::HGetAll(key) => {
-                    let prefix = hash_prefix(key);
-                    let fields = self.store.scan_group(&prefix).map_err(storage_error)?;
-                    if fields.is_empty() {
-                        self.hash_check(key)?;
-                    }
-                    let pairs = fields
+                    let pairs = self
+                        .hash_fields(key)?
                         .into_iter()
-                        .map(|(storage_key, value)| {
-                            (Value::bulk(storage_key.slice(prefix.len()..)), Value::bulk(value))
-                        })
+                        .map(|(field, value)| (Value::bulk(field), Value::bulk(value)))
                         .collect();
                     Value::map(pairs)
+                }
+                Read::HKeys(key) => {
+                    let fields = self.hash_fields(key)?;
+                    Value::array(fields.into_iter().map(|(field, _)| Value::bulk(field)).collect())
+                }
+                Read::HVals(key) => {
+                    let fields = self.hash_fields(key)?;
+                    Value::array(fields.into_iter().map(|(_, value)| Value::bulk(value)).collect())
+                }
+                Read::HStrLen { key, field } => {
+                    self.hash_check(key)?;
+                    let value = self.field(key, field)?;
+                    Value::Integer(value.map_or(0, |v| v.len() as i64))
                 }
                 Read::HLen(key) => {
                     self.hash_check(key)?;
