@@ -78,7 +78,7 @@ pub struct RunSummary {
     pub curp: CurpTally,
     pub verdict: String,
     pub dir: PathBuf,
-    /// Stopped by an interrupt (Ctrl-C): a campaign ends there.
+    /// Stopped by an interrupt (Ctrl-C or SIGTERM): a campaign ends there.
     pub interrupted: bool,
 }
 
@@ -183,12 +183,18 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
                 net: &net,
                 disks: disks.as_ref(),
             };
-            // Interrupted, the run still stops its nodes, unmounts its disks and keeps its records.
+            // Interrupted (Ctrl-C, or SIGTERM as `timeout` sends), the run still stops its nodes,
+            // unmounts its disks and keeps its records.
+            let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
             let driven = tokio::select! {
                 driven = drive(args, &target, &plan, &recorder, &mut applied) => driven,
                 _ = tokio::signal::ctrl_c() => {
                     interrupted = true;
                     Err(anyhow::anyhow!("interrupted"))
+                }
+                _ = terminate.recv() => {
+                    interrupted = true;
+                    Err(anyhow::anyhow!("terminated"))
                 }
             };
             let _ = chorus_cluster::stop(&cluster_dir);
