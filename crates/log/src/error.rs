@@ -27,9 +27,8 @@ pub enum StorageError {
         source: std::io::Error,
     },
     #[error(
-        "corrupt {path} at byte {offset}: {reason}. Intact records follow, so this is not a torn \
-         write at the end of the log; move the data directory aside and let the node catch up from \
-         its peers"
+        "corrupt {path} at byte {offset}: {reason}. This is not a torn write at the end of the log; \
+         move the data directory aside and let the node catch up from its peers"
     )]
     Corrupt {
         path: PathBuf,

@@ -241,6 +241,25 @@ fn zero_tail(buf: &[u8], offset: usize) -> bool {
     buf[offset..].iter().all(|b| *b == 0)
 }
 
+/// A roll renames the spare into place (or creates a plain file) and then writes the segment's
+/// header durably before any record goes in, so a crash in between leaves a last segment holding
+/// nothing but zeros. It never held anything: it is removed (durably), and the segment before
+/// it is the active one again. Returns whether `seq` was such a segment.
+fn remove_unstarted_segment(dir: &Path, seq: u64) -> Result<bool, StorageError> {
+    let path = segment_path(dir, seq);
+    let mut buf = Vec::new();
+    File::open(&path)
+        .and_then(|mut f| f.read_to_end(&mut buf))
+        .map_err(io_error(&path))?;
+    if !zero_tail(&buf, 0) {
+        return Ok(false);
+    }
+    tracing::warn!(path = %path.display(), "removing a raft log segment that a crash left before its header was written");
+    fs::remove_file(&path).map_err(io_error(&path))?;
+    sync_dir(dir)?;
+    Ok(true)
+}
+
 fn segment_path(dir: &Path, seq: u64) -> PathBuf {
     dir.join(format!("wal-{seq:020}.log"))
 }
@@ -545,6 +564,11 @@ impl DiskStorage {
         }
         segment_seqs.sort_unstable();
         snapshot_indices.sort_unstable();
+        if let Some(&last) = segment_seqs.last() {
+            if remove_unstarted_segment(dir, last)? {
+                segment_seqs.pop();
+            }
+        }
 
         let mut report = RecoveryReport::default();
         if segment_seqs.is_empty() {
@@ -1702,6 +1726,41 @@ mod tests {
         assert_eq!(s.hard_state().commit, 90);
         let es = s.entries(1, 201, None, GetEntriesContext::empty(false)).unwrap();
         assert!(es.iter().enumerate().all(|(i, e)| e.index == i as u64 + 1));
+    }
+
+    #[test]
+    fn a_roll_cut_short_before_its_header_leaves_a_log_that_opens_and_keeps_writing() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = 64 * 1024;
+        let next_path = {
+            let (mut s, _) = open_preallocated(dir.path(), size, false);
+            for i in 1..=3 {
+                s.append(&[entry(i, 1, "payload")]).unwrap();
+                s.persist(true).unwrap();
+            }
+            segment_path(dir.path(), s.segments.last().unwrap().seq + 1)
+        };
+        // A crash right after the spare was renamed into place (all zeros), and, in a second
+        // crash, right after a plain segment was created (empty).
+        for (last, unstarted) in [(3, vec![0u8; size as usize]), (4, Vec::new())] {
+            fs::write(&next_path, &unstarted).unwrap();
+            let (mut s, report) = open_preallocated(dir.path(), size, false);
+            assert!(!next_path.exists(), "the segment that never started is removed");
+            assert_eq!((s.first_entry_index(), s.last_entry_index()), (1, last));
+            assert_eq!(report.torn_tail_bytes, 0);
+            s.append(&[entry(last + 1, 1, "after")]).unwrap();
+            s.persist(true).unwrap();
+        }
+        let (s, _) = open_preallocated(dir.path(), size, false);
+        let after = s.entries(4, 6, None, GetEntriesContext::empty(false)).unwrap();
+        assert!(after.iter().all(|e| e.data == "after") && after.len() == 2);
+        drop(s);
+        // A last segment with anything but zeros before its magic is still corruption.
+        fs::write(&next_path, b"garbage").unwrap();
+        assert!(matches!(
+            DiskStorage::open(dir.path(), &[1], plain(size)),
+            Err(StorageError::Corrupt { .. })
+        ));
     }
 
     #[test]
