@@ -4,11 +4,46 @@
 use bytes::Bytes;
 use chorus_curp::rifl::{Envelope, ENVELOPE_BYTES};
 
+pub use crate::expiry::ExpireAt;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SetCondition {
     Always,
     IfAbsent,
     IfPresent,
+}
+
+/// What a write that replaces a string's value does to the key's time to live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TtlChange {
+    /// The key no longer expires (SET without options, MSET, GETSET).
+    Clear,
+    /// KEEPTTL.
+    Keep,
+    Set(ExpireAt),
+}
+
+/// EXPIRE's NX / XX / GT / LT (XX may join GT or LT; NX joins none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExpireCondition {
+    /// Only if the key has no time to live.
+    pub if_none: bool,
+    /// Only if it has one.
+    pub if_some: bool,
+    /// Only if the new deadline is later (a key without one counts as never expiring).
+    pub if_later: bool,
+    /// Only if the new deadline is earlier.
+    pub if_earlier: bool,
+}
+
+impl ExpireCondition {
+    /// Whether a key whose deadline is `current` (`None`: it has none) takes `new`.
+    pub fn allows(&self, current: Option<i64>, new: i64) -> bool {
+        !(self.if_none && current.is_some()
+            || self.if_some && current.is_none()
+            || self.if_later && current.is_none_or(|c| new <= c)
+            || self.if_earlier && current.is_some_and(|c| new >= c))
+    }
 }
 
 /// A command that changes state; goes through the log.
@@ -20,7 +55,29 @@ pub enum Write {
         condition: SetCondition,
         /// SETNX answers 1/0 instead of OK/nil.
         reply_as_int: bool,
+        ttl: TtlChange,
+        /// SET ... GET and GETSET answer the value the key held.
+        reply_old: bool,
+        /// The command's name, for errors that name it.
+        name: &'static str,
     },
+    GetDel(Bytes),
+    /// GETEX with an option: the value, and the key's time to live changed (`None`: PERSIST).
+    /// A malformed time is an error only if the key holds a string, as in Redis.
+    GetEx {
+        key: Bytes,
+        expire: Result<Option<ExpireAt>, CommandError>,
+    },
+    Expire {
+        key: Bytes,
+        at: ExpireAt,
+        condition: ExpireCondition,
+        name: &'static str,
+    },
+    Persist(Bytes),
+    /// Internal (the leader's sweep, never a client's): deletes those of `keys` that have
+    /// expired by the entry's time.
+    DeleteExpired(Vec<Bytes>),
     Del(Vec<Bytes>),
     MSet(Vec<(Bytes, Bytes)>),
     IncrBy {
@@ -49,12 +106,29 @@ impl Write {
     pub fn keys(&self) -> Vec<Bytes> {
         match self {
             Write::Set { key, .. }
+            | Write::GetDel(key)
+            | Write::GetEx { key, .. }
+            | Write::Expire { key, .. }
+            | Write::Persist(key)
             | Write::IncrBy { key, .. }
             | Write::Append { key, .. }
             | Write::HSet { key, .. }
             | Write::HDel { key, .. } => vec![key.clone()],
-            Write::Del(keys) => keys.clone(),
+            Write::Del(keys) | Write::DeleteExpired(keys) => keys.clone(),
             Write::MSet(pairs) => pairs.iter().map(|(k, _)| k.clone()).collect(),
+        }
+    }
+
+    /// Whether what the write does depends on when it applies (beyond whether its keys have
+    /// expired by then): it gives a key a deadline relative to the entry's time, or one that may
+    /// already have passed. Such a write is never answered before it commits (CURP), because
+    /// a write recovered from witnesses applies later than it was first ordered.
+    pub fn reads_the_clock(&self) -> bool {
+        match self {
+            Write::Set { ttl, .. } => matches!(ttl, TtlChange::Set(_)),
+            Write::GetEx { expire, .. } => !matches!(expire, Ok(None)),
+            Write::Expire { .. } | Write::DeleteExpired(_) => true,
+            _ => false,
         }
     }
 }
@@ -67,15 +141,41 @@ pub enum Read {
     Exists(Vec<Bytes>),
     StrLen(Bytes),
     Type(Bytes),
-    HGet { key: Bytes, field: Bytes },
-    HMGet { key: Bytes, fields: Vec<Bytes> },
+    HGet {
+        key: Bytes,
+        field: Bytes,
+    },
+    HMGet {
+        key: Bytes,
+        fields: Vec<Bytes>,
+    },
     HGetAll(Bytes),
     HKeys(Bytes),
     HVals(Bytes),
-    HStrLen { key: Bytes, field: Bytes },
+    HStrLen {
+        key: Bytes,
+        field: Bytes,
+    },
     HLen(Bytes),
-    HExists { key: Bytes, field: Bytes },
+    HExists {
+        key: Bytes,
+        field: Bytes,
+    },
     DbSize,
+    /// TTL / PTTL (`in_ms`).
+    Ttl {
+        key: Bytes,
+        in_ms: bool,
+    },
+    /// EXPIRETIME / PEXPIRETIME (`in_ms`).
+    ExpireTime {
+        key: Bytes,
+        in_ms: bool,
+    },
+    /// Internal (the leader's sweep): up to `limit` keys whose time to live has run out.
+    ExpiredKeys {
+        limit: usize,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +193,101 @@ fn wrong_arity(name: &str) -> CommandError {
 
 pub fn syntax_error() -> CommandError {
     "ERR syntax error".into()
+}
+
+pub fn invalid_expire_time(name: &str) -> CommandError {
+    format!("ERR invalid expire time in '{name}' command")
+}
+
+/// The time to live given to SET, SETEX, PSETEX or GETEX, as Redis checks it: a positive
+/// integer (seconds small enough to be counted in milliseconds).
+fn expire_arg(arg: &[u8], seconds: bool, absolute: bool, name: &str) -> Result<ExpireAt, CommandError> {
+    let n = parse_i64(arg)?;
+    if n <= 0 || (seconds && n > i64::MAX / 1000) {
+        return Err(invalid_expire_time(name));
+    }
+    let ms = if seconds { n * 1000 } else { n };
+    Ok(if absolute {
+        ExpireAt::UnixMs(ms)
+    } else {
+        ExpireAt::AfterMs(ms)
+    })
+}
+
+/// The options of SET (`for_set`) or GETEX, read as Redis reads them: an option may repeat, but
+/// not be combined with one it excludes.
+struct StringOptions {
+    condition: SetCondition,
+    reply_old: bool,
+    keep_ttl: bool,
+    persist: bool,
+    /// A malformed time is kept as its error: GETEX reports it only after looking up the key.
+    expire: Result<Option<ExpireAt>, CommandError>,
+}
+
+fn string_options(opts: &[Bytes], for_set: bool, name: &str) -> Result<StringOptions, CommandError> {
+    let mut o = StringOptions {
+        condition: SetCondition::Always,
+        reply_old: false,
+        keep_ttl: false,
+        persist: false,
+        expire: Ok(None),
+    };
+    // Which of EX / PX / EXAT / PXAT was given (by its upper-case name) and its argument, read
+    // once every option has passed the syntax check, as Redis does.
+    let mut expire_kind: Option<Vec<u8>> = None;
+    let mut expire_arg_given: Option<&Bytes> = None;
+    let mut i = 0;
+    while i < opts.len() {
+        let opt = opts[i].to_ascii_uppercase();
+        let next = opts.get(i + 1);
+        let other_expiry = |kind: &[u8]| expire_kind.as_deref().is_some_and(|k| k != kind);
+        match opt.as_slice() {
+            b"NX" if for_set && o.condition != SetCondition::IfPresent => o.condition = SetCondition::IfAbsent,
+            b"XX" if for_set && o.condition != SetCondition::IfAbsent => o.condition = SetCondition::IfPresent,
+            b"GET" if for_set => o.reply_old = true,
+            b"KEEPTTL" if for_set && expire_kind.is_none() => o.keep_ttl = true,
+            b"PERSIST" if !for_set && expire_kind.is_none() => o.persist = true,
+            b"EX" | b"PX" | b"EXAT" | b"PXAT" if !o.keep_ttl && !o.persist && !other_expiry(&opt) && next.is_some() => {
+                expire_kind = Some(opt);
+                expire_arg_given = next;
+                i += 1;
+            }
+            _ => return Err(syntax_error()),
+        }
+        i += 1;
+    }
+    if let (Some(kind), Some(arg)) = (expire_kind, expire_arg_given) {
+        let seconds = kind == b"EX" || kind == b"EXAT";
+        o.expire = expire_arg(arg, seconds, kind.ends_with(b"AT"), name).map(Some);
+    }
+    Ok(o)
+}
+
+/// EXPIRE's options, checked as Redis checks them.
+fn expire_condition(opts: &[Bytes]) -> Result<ExpireCondition, CommandError> {
+    let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+    for opt in opts {
+        match opt.to_ascii_uppercase().as_slice() {
+            b"NX" => nx = true,
+            b"XX" => xx = true,
+            b"GT" => gt = true,
+            b"LT" => lt = true,
+            _ => return Err(format!("ERR Unsupported option {}", String::from_utf8_lossy(opt))),
+        }
+    }
+    if nx && (xx || gt || lt) {
+        return Err("ERR NX and XX, GT or LT options at the same time are not compatible".into());
+    }
+    if gt && lt {
+        return Err("ERR GT and LT options at the same time are not compatible".into());
+    }
+    Ok(ExpireCondition {
+        if_none: nx,
+        if_some: xx,
+        if_later: gt,
+        if_earlier: lt,
+    })
 }
 
 /// An integer as Redis reads one (its `string2ll`): an optional `-`, then digits with no leading
@@ -171,23 +366,20 @@ impl Command {
             }
             "set" => {
                 at_least(2)?;
-                let mut condition = SetCondition::Always;
-                for opt in &rest[2..] {
-                    match opt.to_ascii_uppercase().as_slice() {
-                        b"NX" if condition == SetCondition::Always => condition = SetCondition::IfAbsent,
-                        b"XX" if condition == SetCondition::Always => condition = SetCondition::IfPresent,
-                        b"EX" | b"PX" | b"EXAT" | b"PXAT" | b"KEEPTTL" => {
-                            return Err("ERR key expiry (EX/PX/EXAT/PXAT/KEEPTTL) is not supported by Chorus".into())
-                        }
-                        b"GET" => return Err("ERR SET ... GET is not supported by Chorus".into()),
-                        _ => return Err(syntax_error()),
-                    }
-                }
+                let o = string_options(&rest[2..], true, "set")?;
+                let ttl = match (o.expire?, o.keep_ttl) {
+                    (Some(at), _) => TtlChange::Set(at),
+                    (None, true) => TtlChange::Keep,
+                    (None, false) => TtlChange::Clear,
+                };
                 Command::Write(Write::Set {
                     key: rest[0].clone(),
                     value: rest[1].clone(),
-                    condition,
+                    condition: o.condition,
                     reply_as_int: false,
+                    ttl,
+                    reply_old: o.reply_old,
+                    name: "set",
                 })
             }
             "setnx" => {
@@ -197,6 +389,95 @@ impl Command {
                     value: rest[1].clone(),
                     condition: SetCondition::IfAbsent,
                     reply_as_int: true,
+                    ttl: TtlChange::Clear,
+                    reply_old: false,
+                    name: "setnx",
+                })
+            }
+            "setex" | "psetex" => {
+                exact(3)?;
+                let (seconds, name) = if name == "setex" {
+                    (true, "setex")
+                } else {
+                    (false, "psetex")
+                };
+                Command::Write(Write::Set {
+                    key: rest[0].clone(),
+                    value: rest[2].clone(),
+                    condition: SetCondition::Always,
+                    reply_as_int: false,
+                    ttl: TtlChange::Set(expire_arg(&rest[1], seconds, false, name)?),
+                    reply_old: false,
+                    name,
+                })
+            }
+            "getset" => {
+                exact(2)?;
+                Command::Write(Write::Set {
+                    key: rest[0].clone(),
+                    value: rest[1].clone(),
+                    condition: SetCondition::Always,
+                    reply_as_int: false,
+                    ttl: TtlChange::Clear,
+                    reply_old: true,
+                    name: "getset",
+                })
+            }
+            "getdel" => {
+                exact(1)?;
+                Command::Write(Write::GetDel(rest[0].clone()))
+            }
+            "getex" => {
+                at_least(1)?;
+                let o = string_options(&rest[1..], false, "getex")?;
+                let key = rest[0].clone();
+                match (o.expire, o.persist) {
+                    (Ok(None), false) => Command::Read(Read::Get(key)),
+                    (expire, _) => Command::Write(Write::GetEx { key, expire }),
+                }
+            }
+            "expire" | "pexpire" | "expireat" | "pexpireat" => {
+                at_least(2)?;
+                let condition = expire_condition(&rest[2..])?;
+                let (seconds, absolute, name) = match name {
+                    "expire" => (true, false, "expire"),
+                    "pexpire" => (false, false, "pexpire"),
+                    "expireat" => (true, true, "expireat"),
+                    _ => (false, true, "pexpireat"),
+                };
+                let n = parse_i64(&rest[1])?;
+                let ms = if seconds {
+                    n.checked_mul(1000).ok_or_else(|| invalid_expire_time(name))?
+                } else {
+                    n
+                };
+                Command::Write(Write::Expire {
+                    key: rest[0].clone(),
+                    at: if absolute {
+                        ExpireAt::UnixMs(ms)
+                    } else {
+                        ExpireAt::AfterMs(ms)
+                    },
+                    condition,
+                    name,
+                })
+            }
+            "persist" => {
+                exact(1)?;
+                Command::Write(Write::Persist(rest[0].clone()))
+            }
+            "ttl" | "pttl" => {
+                exact(1)?;
+                Command::Read(Read::Ttl {
+                    key: rest[0].clone(),
+                    in_ms: name == "pttl",
+                })
+            }
+            "expiretime" | "pexpiretime" => {
+                exact(1)?;
+                Command::Read(Read::ExpireTime {
+                    key: rest[0].clone(),
+                    in_ms: name == "pexpiretime",
                 })
             }
             "del" | "unlink" => {
@@ -323,11 +604,12 @@ pub(crate) const ARGS_VERSION: u8 = 1;
 pub(crate) const ENVELOPE_VERSION: u8 = 2;
 /// Control commands. RIFL's leases: `[3][1]` registers an incarnation; `[3][2][incarnation u64]
 /// [forgotten_below u64]` renews one. CURP: `[3][3][term u64]` ends the recovery of the leader
-/// of `term`.
+/// of `term`. Expiry: `[3][4]` then keys as an argument list deletes those that have expired.
 const CONTROL_VERSION: u8 = 3;
 const REGISTER: u8 = 1;
 const RENEW: u8 = 2;
 const CURP_RECOVERED: u8 = 3;
+const DELETE_EXPIRED: u8 = 4;
 
 /// A command as the log holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -345,6 +627,8 @@ pub enum Logged {
     CurpRecovered {
         term: u64,
     },
+    /// The leader's sweep of keys whose time to live ran out.
+    DeleteExpired(Vec<Bytes>),
 }
 
 fn put_args(args: &[Bytes], out: &mut Vec<u8>) {
@@ -411,6 +695,13 @@ pub fn encode_curp_recovered(term: u64) -> Bytes {
     Bytes::from(out)
 }
 
+pub fn encode_delete_expired(keys: &[Bytes]) -> Bytes {
+    let mut out = Vec::with_capacity(2 + args_size(keys));
+    out.extend_from_slice(&[CONTROL_VERSION, DELETE_EXPIRED]);
+    put_args(keys, &mut out);
+    Bytes::from(out)
+}
+
 /// Decodes a write's arguments as slices of one copy of `buf`: key and value of a SET share a
 /// single allocation, which is what the state machine then holds.
 pub fn decode_args(buf: &[u8]) -> Result<Vec<Bytes>, &'static str> {
@@ -438,6 +729,7 @@ pub fn decode_logged(buf: &[u8]) -> Result<Logged, &'static str> {
             [CURP_RECOVERED, term @ ..] if term.len() == 8 => Ok(Logged::CurpRecovered {
                 term: u64::from_le_bytes(term.try_into().expect("eight bytes")),
             }),
+            [DELETE_EXPIRED, ..] => Ok(Logged::DeleteExpired(decode_arg_list(buf, 2)?)),
             _ => Err("malformed control command"),
         },
         _ => Err("unknown command encoding version"),
@@ -515,7 +807,10 @@ mod tests {
                 key: "k".into(),
                 value: "v".into(),
                 condition: SetCondition::IfAbsent,
-                reply_as_int: false
+                reply_as_int: false,
+                ttl: TtlChange::Clear,
+                reply_old: false,
+                name: "set",
             }))
         );
         assert_eq!(
@@ -523,7 +818,6 @@ mod tests {
             "ERR wrong number of arguments for 'get' command"
         );
         assert_eq!(Command::parse(&args("SET k v NX XX")).unwrap_err(), "ERR syntax error");
-        assert!(Command::parse(&args("SET k v EX 10")).is_err());
         assert!(Command::parse(&args("INCRBY k nope")).is_err());
         assert!(Command::parse(&args("MSET a 1 b")).is_err());
         assert!(Command::parse(&args("DECRBY k -9223372036854775808")).is_err());
@@ -537,6 +831,107 @@ mod tests {
             Command::parse(&args("gEt k")),
             Ok(Some(Command::Read(Read::Get(_))))
         ));
+    }
+
+    #[test]
+    fn expiry_options_are_read_as_redis_reads_them() {
+        let set = |cmd: &str| match Command::parse(&args(cmd)) {
+            Ok(Some(Command::Write(Write::Set {
+                ttl,
+                condition,
+                reply_old,
+                ..
+            }))) => Ok((ttl, condition, reply_old)),
+            Ok(other) => panic!("{cmd}: {other:?}"),
+            Err(e) => Err(e),
+        };
+        assert_eq!(
+            set("SET k v px 1500 NX NX GET"),
+            Ok((TtlChange::Set(ExpireAt::AfterMs(1500)), SetCondition::IfAbsent, true))
+        );
+        assert_eq!(
+            set("SET k v EX 2 EX 3"),
+            Ok((TtlChange::Set(ExpireAt::AfterMs(3000)), SetCondition::Always, false))
+        );
+        assert_eq!(
+            set("SET k v EXAT 17 XX"),
+            Ok((TtlChange::Set(ExpireAt::UnixMs(17_000)), SetCondition::IfPresent, false))
+        );
+        assert_eq!(set("SET k v KEEPTTL").unwrap().0, TtlChange::Keep);
+        for bad in [
+            "SET k v EX 1 PX 1",
+            "SET k v KEEPTTL EX 1",
+            "SET k v EX",
+            "SET k v PERSIST",
+            "SET k v NX XX",
+            "SET k v PX -1 KEEPTTL",
+        ] {
+            assert_eq!(set(bad).unwrap_err(), "ERR syntax error", "{bad}");
+        }
+        for bad in ["SET k v EX 0", "SET k v PX -5", "SET k v EX 9223372036854776"] {
+            assert_eq!(
+                set(bad).unwrap_err(),
+                "ERR invalid expire time in 'set' command",
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            set("SET k v EX 1.5").unwrap_err(),
+            "ERR value is not an integer or out of range"
+        );
+        assert_eq!(
+            Command::parse(&args("SETEX k 0 v")).unwrap_err(),
+            "ERR invalid expire time in 'setex' command"
+        );
+        assert!(matches!(
+            Command::parse(&args("GETEX k")),
+            Ok(Some(Command::Read(Read::Get(_))))
+        ));
+        assert!(matches!(
+            Command::parse(&args("GETEX k PERSIST")),
+            Ok(Some(Command::Write(Write::GetEx { expire: Ok(None), .. })))
+        ));
+        assert_eq!(Command::parse(&args("GETEX k NX")).unwrap_err(), "ERR syntax error");
+
+        let expire = |cmd: &str| match Command::parse(&args(cmd)) {
+            Ok(Some(Command::Write(Write::Expire { at, condition, .. }))) => Ok((at, condition)),
+            Ok(other) => panic!("{cmd}: {other:?}"),
+            Err(e) => Err(e),
+        };
+        let (at, condition) = expire("EXPIRE k -3 xx gt").unwrap();
+        assert_eq!(at, ExpireAt::AfterMs(-3000));
+        assert!(condition.if_some && condition.if_later && !condition.if_none);
+        assert_eq!(expire("PEXPIREAT k 5").unwrap().0, ExpireAt::UnixMs(5));
+        assert_eq!(
+            expire("EXPIRE k 1 NX GT").unwrap_err(),
+            "ERR NX and XX, GT or LT options at the same time are not compatible"
+        );
+        assert_eq!(
+            expire("EXPIRE k 1 GT LT").unwrap_err(),
+            "ERR GT and LT options at the same time are not compatible"
+        );
+        assert_eq!(expire("EXPIRE k 1 FOO").unwrap_err(), "ERR Unsupported option FOO");
+        assert_eq!(
+            expire("EXPIRE k 9223372036854775807").unwrap_err(),
+            "ERR invalid expire time in 'expire' command"
+        );
+    }
+
+    #[test]
+    fn expire_conditions_treat_a_key_without_a_deadline_as_never_expiring() {
+        let c = |if_none, if_some, if_later, if_earlier| ExpireCondition {
+            if_none,
+            if_some,
+            if_later,
+            if_earlier,
+        };
+        assert!(c(false, false, false, false).allows(Some(5), 1));
+        assert!(c(true, false, false, false).allows(None, 1) && !c(true, false, false, false).allows(Some(5), 1));
+        assert!(!c(false, true, false, false).allows(None, 1) && c(false, true, false, false).allows(Some(5), 1));
+        assert!(!c(false, false, true, false).allows(None, 9) && c(false, false, true, false).allows(Some(5), 6));
+        assert!(!c(false, false, true, false).allows(Some(5), 5));
+        assert!(c(false, false, false, true).allows(None, 9) && !c(false, false, false, true).allows(Some(5), 5));
+        assert!(!c(false, true, false, true).allows(None, 9), "XX LT needs a deadline");
     }
 
     #[test]
@@ -583,7 +978,10 @@ mod tests {
         assert_eq!(decode_logged(&encode_register()).unwrap(), Logged::Register);
         let recovered = encode_curp_recovered(12);
         assert_eq!(decode_logged(&recovered).unwrap(), Logged::CurpRecovered { term: 12 });
-        for whole in [encoded, renew, recovered] {
+        let keys = args("lock:a lock:b");
+        let expired = encode_delete_expired(&keys);
+        assert_eq!(decode_logged(&expired).unwrap(), Logged::DeleteExpired(keys));
+        for whole in [encoded, renew, recovered, expired] {
             for cut in 0..whole.len() {
                 assert!(decode_logged(&whole[..cut]).is_err(), "cut at {cut}");
             }

@@ -3,6 +3,7 @@
 
 pub mod command;
 pub mod curp;
+mod expiry;
 pub mod server;
 mod speculation;
 pub mod state;

@@ -15,6 +15,9 @@
 //! `RIFL REGISTER` gives it an incarnation of its own, and `RIFL WRITE incarnation seq
 //! first_unacked command...` sends a write under it, to any node, as often as it takes. Nodes
 //! renew the incarnations their clients used in the last [`CLIENT_INCARNATION_IDLE`].
+//!
+//! The leader's front end deletes keys whose time to live ran out every [`SWEEP_EVERY`], through
+//! the log (reads hide them from the moment they expire; this frees what they hold).
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -24,15 +27,15 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use chorus_curp::rifl::{ClientId, Envelope};
-use chorus_log::{NodeError, NodeHandle, ReadConsistency};
+use chorus_log::{NodeError, NodeHandle, ReadConsistency, Role};
 use chorus_metrics::{labeled_counter, labeled_histogram, Counter, Histogram};
 use chorus_resp::{take_command, write_value_as, Limits, Protocol, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::command::{
-    command_name, encode_enveloped, encode_register, encode_renew, reenvelope, short_name, Command, CommandError,
-    MAX_COMMAND_NAME_BYTES,
+    command_name, encode_delete_expired, encode_enveloped, encode_register, encode_renew, reenvelope, short_name,
+    Command, CommandError, Read, MAX_COMMAND_NAME_BYTES,
 };
 use crate::curp::{Curp, FastOutcome};
 use crate::state::{KvState, EXPIRED, OUT_OF_ORDER};
@@ -59,6 +62,12 @@ pub const RENEW_EVERY: Duration = Duration::from_secs(5);
 /// A client-owned incarnation not used through this node for this long is no longer renewed by
 /// it (and expires with its lease unless the client writes again).
 pub const CLIENT_INCARNATION_IDLE: Duration = Duration::from_secs(60);
+
+/// How often the leader looks for expired keys to delete (Redis's active expiry runs as often).
+pub const SWEEP_EVERY: Duration = Duration::from_millis(100);
+/// Most keys one sweep entry deletes, and most entries one sweep proposes.
+const SWEEP_BATCH_KEYS: usize = 256;
+const SWEEP_MAX_BATCHES: usize = 16;
 
 /// Command names we count individually; anything else is counted as "other".
 const COUNTED_COMMANDS: &[&str] = &[
@@ -89,6 +98,20 @@ const COUNTED_COMMANDS: &[&str] = &[
     "hlen",
     "hexists",
     "dbsize",
+    "setex",
+    "psetex",
+    "getset",
+    "getdel",
+    "getex",
+    "expire",
+    "pexpire",
+    "expireat",
+    "pexpireat",
+    "persist",
+    "ttl",
+    "pttl",
+    "expiretime",
+    "pexpiretime",
     "ping",
     "echo",
     "info",
@@ -292,6 +315,41 @@ impl Shared {
         }
     }
 
+    /// On the leader: deletes keys whose time to live has run out, through the log.
+    async fn sweep_expired_keys(&self) {
+        for _ in 0..SWEEP_MAX_BATCHES {
+            if self.node.status().role != Role::Leader {
+                return;
+            }
+            let due = self.node.read(
+                Read::ExpiredKeys {
+                    limit: SWEEP_BATCH_KEYS,
+                },
+                ReadConsistency::Stale,
+            );
+            let keys: Vec<Bytes> = match due.await {
+                Ok(Value::Array(Some(keys))) => keys
+                    .into_iter()
+                    .filter_map(|key| match key {
+                        Value::Bulk(Some(key)) => Some(key),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => return,
+            };
+            if keys.is_empty() {
+                return;
+            }
+            if let Err(e) = self.node.write(encode_delete_expired(&keys)).await {
+                tracing::debug!(error = %e, "deleting expired keys failed; the next sweep retries");
+                return;
+            }
+            if keys.len() < SWEEP_BATCH_KEYS {
+                return;
+            }
+        }
+    }
+
     /// Registers an incarnation for a client that owns its id.
     async fn register_client(&self) -> Value {
         match self.node.write(encode_register()).await {
@@ -373,6 +431,15 @@ pub async fn serve(listener: TcpListener, node: KvNode, options: FrontEndOptions
             every.tick().await;
             renewing.renew().await;
             renewing.renew_client_incarnations().await;
+        }
+    });
+    let sweeping = shared.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(SWEEP_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            sweeping.sweep_expired_keys().await;
         }
     });
     loop {

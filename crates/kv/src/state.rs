@@ -13,6 +13,13 @@
 //! `DBSIZE` leaves out. They are held in memory and written to the store when a snapshot is taken:
 //! a restart opens the state as of its snapshot and replays the log from there, so the records
 //! need be in the store only at that point.
+//!
+//! Key expiry: a key's deadline is the key `x` then the key (8 big-endian bytes of milliseconds
+//! since the Unix epoch), also held in memory (`Deadlines`); the log's clock (`crate::expiry`)
+//! is the key `c`, written with the completion records. Both form groups of their own, which
+//! `DBSIZE` leaves out. A write first deletes those of its keys that have expired by its
+//! entry's time, through the log like any deletion; a read hides them; the leader's sweep
+//! deletes the rest (`Logged::DeleteExpired`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -25,8 +32,9 @@ use chorus_metrics::Gauge;
 use chorus_resp::{parse_value, write_value, Limits, Value};
 use chorus_storage::{Manifest, Store, StoreError, StoreOptions};
 
-use crate::command::{decode_logged, Command, Logged, Read, SetCondition, Write};
+use crate::command::{decode_logged, invalid_expire_time, Command, Logged, Read, SetCondition, TtlChange, Write};
 use crate::curp::ApplyWatch;
+use crate::expiry::{wall_clock_ms, Deadlines};
 use crate::speculation::Proposed;
 use crate::storage_metrics::StorageMetrics;
 
@@ -34,6 +42,10 @@ const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kin
 const STRING_TAG: u8 = b's';
 const HASH_TAG: u8 = b'h';
 const RIFL_TAG: u8 = b'r';
+const EXPIRY_TAG: u8 = b'x';
+const CLOCK_KEY: &[u8] = b"c";
+/// Tags of keys that hold no client key: each is one group, left out of `DBSIZE`.
+const BOOKKEEPING_TAGS: [u8; 3] = [RIFL_TAG, EXPIRY_TAG, CLOCK_KEY[0]];
 
 /// Replies to writes that did not execute, which the front end acts on (a client sees them only
 /// if it sends enveloped writes of its own).
@@ -63,6 +75,13 @@ fn rifl_key(suffix: &[u8]) -> Bytes {
     k.freeze()
 }
 
+fn expiry_key(key: &[u8]) -> Bytes {
+    let mut k = BytesMut::with_capacity(1 + key.len());
+    k.put_u8(EXPIRY_TAG);
+    k.put_slice(key);
+    k.freeze()
+}
+
 fn field_key(key: &[u8], field: &[u8]) -> Bytes {
     let mut k = hash_prefix(key);
     k.put_slice(field);
@@ -77,7 +96,7 @@ fn is_field_key(storage_key: &[u8]) -> bool {
 /// The fields of one hash form a group in the store: kept together, scanned together, counted
 /// without a scan. The group is the field key's prefix naming the hash; strings are in no group.
 fn group_of(storage_key: &[u8]) -> Option<usize> {
-    if storage_key.first() == Some(&RIFL_TAG) {
+    if storage_key.first().is_some_and(|tag| BOOKKEEPING_TAGS.contains(tag)) {
         return Some(1);
     }
     if !is_field_key(storage_key) {
@@ -98,6 +117,29 @@ pub struct KvState {
     /// With CURP: this node's witness (a record leaves it when its write applies here), and the
     /// front ends waiting for writes to apply here.
     curp: Option<(Arc<DurableWitness>, Arc<ApplyWatch>)>,
+    deadlines: Deadlines,
+    /// The largest time a leader fixed for an entry applied so far (ms since the Unix epoch).
+    log_clock_ms: u64,
+    /// The log's clock moved since it was last written to the store.
+    log_clock_unwritten: bool,
+    /// The time the command being executed runs at: the log's clock while applying, the later
+    /// of it and the wall clock while reading.
+    now_ms: u64,
+}
+
+/// Rebuilds the deadlines and the log's clock from the store.
+fn read_expiry(store: &mut Store) -> Result<(Deadlines, u64), String> {
+    let corrupt = |what: &str| format!("expiry records: malformed {what}");
+    let mut deadlines = Deadlines::default();
+    for (storage_key, value) in store.scan_group(&[EXPIRY_TAG]).map_err(|e| e.to_string())? {
+        let deadline = <[u8; 8]>::try_from(value.as_ref()).map_err(|_| corrupt("deadline"))?;
+        deadlines.set(storage_key.slice(1..), u64::from_be_bytes(deadline));
+    }
+    let clock = match store.get(CLOCK_KEY).map_err(|e| e.to_string())? {
+        Some(value) => u64::from_be_bytes(value.as_ref().try_into().map_err(|_| corrupt("clock"))?),
+        None => 0,
+    };
+    Ok((deadlines, clock))
 }
 
 /// Rebuilds the completion records from the store's `r` keys.
@@ -146,6 +188,7 @@ impl KvState {
         let options = StoreOptions { group_of, ..options };
         let mut store = Store::open(options, manifest.as_ref()).map_err(|e| e.to_string())?;
         let completions = read_completions(&mut store)?;
+        let (deadlines, log_clock_ms) = read_expiry(&mut store)?;
         Ok(KvState {
             store,
             completions,
@@ -156,6 +199,10 @@ impl KvState {
                 "RIFL clients whose completion records this replica keeps",
             ),
             curp: None,
+            deadlines,
+            log_clock_ms,
+            log_clock_unwritten: false,
+            now_ms: log_clock_ms,
         })
     }
 
@@ -180,10 +227,14 @@ impl KvState {
     }
 
     /// Keys: every string is an ungrouped key of the store, every hash one group (and the
-    /// completion records one more).
+    /// bookkeeping records a few more). Like Redis, it counts keys that expired and are not
+    /// deleted yet.
     pub fn len(&mut self) -> usize {
-        let records = usize::from(self.store.group_has_keys(&[RIFL_TAG]));
-        self.store.ungrouped_keys() + self.store.groups() - records
+        let bookkeeping = BOOKKEEPING_TAGS
+            .iter()
+            .filter(|tag| self.store.group_has_keys(&[**tag]))
+            .count();
+        self.store.ungrouped_keys() + self.store.groups() - bookkeeping
     }
 
     /// Clients with completion records.
@@ -195,21 +246,46 @@ impl KvState {
         self.len() == 0
     }
 
-    fn is_string(&self, key: &[u8]) -> bool {
+    /// Whether `key` has expired at the time of the command being executed.
+    fn expired(&self, key: &[u8]) -> bool {
+        self.deadlines.expired(key, self.now_ms)
+    }
+
+    /// Whether a string is stored under `key`, expired or not.
+    fn stores_string(&self, key: &[u8]) -> bool {
         self.store.contains(&string_key(key))
     }
 
-    fn hash_len(&mut self, key: &[u8]) -> usize {
-        self.store.group_len(&hash_prefix(key))
+    /// Whether a hash is stored under `key`, expired or not.
+    fn stores_hash(&self, key: &[u8]) -> bool {
+        self.store.group_has_keys(&hash_prefix(key))
+    }
+
+    fn is_string(&self, key: &[u8]) -> bool {
+        !self.expired(key) && self.stores_string(key)
     }
 
     fn is_hash(&self, key: &[u8]) -> bool {
-        self.store.group_has_keys(&hash_prefix(key))
+        !self.expired(key) && self.stores_hash(key)
+    }
+
+    fn exists(&self, key: &[u8]) -> bool {
+        self.is_hash(key) || self.is_string(key)
+    }
+
+    fn hash_len(&mut self, key: &[u8]) -> usize {
+        if self.expired(key) {
+            return 0;
+        }
+        self.store.group_len(&hash_prefix(key))
     }
 
     /// A string's value for a client's read: a storage error is the client's error reply. (A
     /// key is a string or a hash, never both: only a missing string needs the hash check.)
     fn string(&mut self, key: &[u8]) -> Result<Option<Bytes>, Value> {
+        if self.expired(key) {
+            return Ok(None);
+        }
         match self.store.get(&string_key(key)).map_err(storage_error)? {
             None if self.is_hash(key) => Err(Value::error(WRONGTYPE)),
             value => Ok(value),
@@ -219,6 +295,9 @@ impl KvState {
     /// A string's value for a write: every replica must compute the same result, so a replica
     /// that cannot read its own storage stops.
     fn string_to_update(&mut self, key: &[u8]) -> Result<Option<Bytes>, Value> {
+        if self.expired(key) {
+            return Ok(None);
+        }
         match self.store.get(&string_key(key)).unwrap_or_else(|e| unreadable(e)) {
             None if self.is_hash(key) => Err(Value::error(WRONGTYPE)),
             value => Ok(value),
@@ -238,6 +317,9 @@ impl KvState {
 
     /// A hash's fields and values, in field order (`WRONGTYPE` for a string).
     fn hash_fields(&mut self, key: &[u8]) -> Result<Vec<(Bytes, Bytes)>, Value> {
+        if self.expired(key) {
+            return Ok(Vec::new());
+        }
         let prefix = hash_prefix(key);
         let fields = self.store.scan_group(&prefix).map_err(storage_error)?;
         if fields.is_empty() {
@@ -250,17 +332,20 @@ impl KvState {
     }
 
     fn field(&mut self, key: &[u8], field: &[u8]) -> Result<Option<Bytes>, Value> {
+        if self.expired(key) {
+            return Ok(None);
+        }
         self.store.get(&field_key(key, field)).map_err(storage_error)
     }
 
-    /// Deletes whatever `key` holds; whether it held anything.
-    fn delete(&mut self, index: u64, key: &[u8]) -> bool {
-        if self.is_hash(key) {
+    /// Deletes the value `key` holds, expired or not, keeping its deadline; whether it held one.
+    fn delete_value(&mut self, index: u64, key: &[u8]) -> bool {
+        if self.stores_hash(key) {
             for field in self.store.group_keys(&hash_prefix(key)) {
                 self.store.write(index, field, None);
             }
             true
-        } else if self.is_string(key) {
+        } else if self.stores_string(key) {
             self.store.write(index, string_key(key), None);
             true
         } else {
@@ -268,40 +353,158 @@ impl KvState {
         }
     }
 
+    /// Deletes whatever `key` holds, and its deadline; whether it held anything live.
+    fn delete(&mut self, index: u64, key: &[u8]) -> bool {
+        let live = self.exists(key);
+        self.delete_value(index, key);
+        self.set_deadline(index, key, None);
+        live
+    }
+
+    /// Gives `key` a deadline, or (`None`) takes its deadline away.
+    fn set_deadline(&mut self, index: u64, key: &[u8], deadline_ms: Option<u64>) {
+        match deadline_ms {
+            Some(deadline) => {
+                self.deadlines.set(Bytes::copy_from_slice(key), deadline);
+                let value = Bytes::copy_from_slice(&deadline.to_be_bytes());
+                self.store.write(index, expiry_key(key), Some(value));
+            }
+            None => {
+                if self.deadlines.remove(key).is_some() {
+                    self.store.write(index, expiry_key(key), None);
+                }
+            }
+        }
+    }
+
+    /// Expires `key` at `deadline` (milliseconds since the Unix epoch): at once, deleting it, if
+    /// that is not after the entry's time.
+    fn expire_at(&mut self, index: u64, key: &[u8], deadline_ms: i64) {
+        match u64::try_from(deadline_ms) {
+            Ok(deadline) if deadline > self.now_ms => self.set_deadline(index, key, Some(deadline)),
+            _ => {
+                self.delete(index, key);
+            }
+        }
+    }
+
+    /// Deletes `key` through the log if it has expired by the entry's time.
+    fn delete_if_expired(&mut self, index: u64, key: &[u8]) {
+        if self.expired(key) {
+            self.delete_value(index, key);
+            self.set_deadline(index, key, None);
+        }
+    }
+
+    /// Replaces the value of `key` with a string, keeping its deadline.
     fn set_string(&mut self, index: u64, key: &[u8], value: Bytes) {
-        if self.is_hash(key) {
-            self.delete(index, key);
+        if self.stores_hash(key) {
+            self.delete_value(index, key);
         }
         self.store.write(index, string_key(key), Some(value));
     }
 
     /// Applies a write from the entry at `index`.
     pub fn execute_write(&mut self, index: u64, write: Write) -> Value {
+        if !self.deadlines.is_empty() {
+            for key in write.keys() {
+                self.delete_if_expired(index, &key);
+            }
+        }
         match write {
             Write::Set {
                 key,
                 value,
                 condition,
                 reply_as_int,
+                ttl,
+                reply_old,
+                name,
             } => {
+                let deadline = match ttl {
+                    TtlChange::Set(at) => match at.resolve(self.now_ms) {
+                        Some(deadline) => Some(deadline),
+                        None => return Value::error(invalid_expire_time(name)),
+                    },
+                    TtlChange::Keep | TtlChange::Clear => None,
+                };
+                let old = match reply_old.then(|| self.string_to_update(&key)) {
+                    Some(Err(e)) => return e,
+                    Some(Ok(old)) => Some(old),
+                    None => None,
+                };
                 let allowed = match condition {
                     SetCondition::Always => true,
-                    SetCondition::IfAbsent => !self.is_hash(&key) && !self.is_string(&key),
-                    SetCondition::IfPresent => self.is_hash(&key) || self.is_string(&key),
+                    SetCondition::IfAbsent => !self.exists(&key),
+                    SetCondition::IfPresent => self.exists(&key),
                 };
                 if allowed {
                     self.set_string(index, &key, value);
+                    match deadline {
+                        Some(deadline) => self.expire_at(index, &key, deadline),
+                        None if ttl == TtlChange::Clear => self.set_deadline(index, &key, None),
+                        None => {}
+                    }
                 }
-                match (reply_as_int, allowed) {
-                    (true, _) => Value::Integer(allowed as i64),
-                    (false, true) => Value::ok(),
-                    (false, false) => Value::null(),
+                match (old, reply_as_int, allowed) {
+                    (Some(old), _, _) => Value::Bulk(old),
+                    (None, true, _) => Value::Integer(allowed as i64),
+                    (None, false, true) => Value::ok(),
+                    (None, false, false) => Value::null(),
                 }
             }
+            Write::GetDel(key) => match self.string_to_update(&key) {
+                Err(e) => e,
+                Ok(None) => Value::null(),
+                Ok(Some(value)) => {
+                    self.delete(index, &key);
+                    Value::Bulk(Some(value))
+                }
+            },
+            Write::GetEx { key, expire } => {
+                let value = match self.string_to_update(&key) {
+                    Err(e) => return e,
+                    Ok(None) => return Value::null(),
+                    Ok(Some(value)) => value,
+                };
+                match expire.map(|at| at.map(|at| at.resolve(self.now_ms))) {
+                    Err(e) => return Value::error(e),
+                    Ok(Some(None)) => return Value::error(invalid_expire_time("getex")),
+                    Ok(Some(Some(deadline))) => self.expire_at(index, &key, deadline),
+                    Ok(None) => self.set_deadline(index, &key, None),
+                }
+                Value::Bulk(Some(value))
+            }
+            Write::Expire {
+                key,
+                at,
+                condition,
+                name,
+            } => {
+                let Some(deadline) = at.resolve(self.now_ms) else {
+                    return Value::error(invalid_expire_time(name));
+                };
+                let current = self.deadlines.get(&key).map(|d| d as i64);
+                if !self.exists(&key) || !condition.allows(current, deadline) {
+                    return Value::Integer(0);
+                }
+                self.expire_at(index, &key, deadline);
+                Value::Integer(1)
+            }
+            Write::Persist(key) => {
+                let volatile = self.exists(&key) && self.deadlines.get(&key).is_some();
+                if volatile {
+                    self.set_deadline(index, &key, None);
+                }
+                Value::Integer(volatile as i64)
+            }
+            // Those that had expired are gone already, like every write's expired keys.
+            Write::DeleteExpired(_) => Value::ok(),
             Write::Del(keys) => Value::Integer(keys.iter().filter(|k| self.delete(index, k)).count() as i64),
             Write::MSet(pairs) => {
                 for (k, v) in pairs {
                     self.set_string(index, &k, v);
+                    self.set_deadline(index, &k, None);
                 }
                 Value::ok()
             }
@@ -366,17 +569,26 @@ impl KvState {
                         removed += 1;
                     }
                 }
+                if self.hash_len(&key) == 0 {
+                    self.set_deadline(index, &key, None);
+                }
                 Value::Integer(removed as i64)
             }
         }
     }
 
-    /// Writes the completion records that changed, as of the entry at `index`.
-    fn flush_completions(&mut self, index: u64) {
+    /// Writes the completion records and the log's clock, if they changed, as of the entry at
+    /// `index`: a restart replays the log from the last snapshot and needs both as they were.
+    fn flush_bookkeeping(&mut self, index: u64) {
         let store = &mut self.store;
         self.completions.flush(&encode_reply, &mut |key, value| {
             store.write(index, rifl_key(key), value);
         });
+        if self.log_clock_unwritten {
+            let clock = Bytes::copy_from_slice(&self.log_clock_ms.to_be_bytes());
+            self.store.write(index, Bytes::from_static(CLOCK_KEY), Some(clock));
+            self.log_clock_unwritten = false;
+        }
     }
 
     fn execute_args(&mut self, index: u64, args: &[Bytes]) -> Value {
@@ -418,28 +630,68 @@ impl KvState {
     /// The reply applying `write` now would give, without applying it. Mirrors
     /// `execute_write` (a randomized test holds them equal).
     fn preview_write(&mut self, write: &Write) -> Value {
-        let exists = |state: &KvState, key: &[u8]| state.is_hash(key) || state.is_string(key);
         match write {
             Write::Set {
                 key,
                 condition,
                 reply_as_int,
+                ttl,
+                reply_old,
+                name,
                 ..
             } => {
+                if let TtlChange::Set(at) = ttl {
+                    if at.resolve(self.now_ms).is_none() {
+                        return Value::error(invalid_expire_time(name));
+                    }
+                }
+                let old = match reply_old.then(|| self.string_to_update(key)) {
+                    Some(Err(e)) => return e,
+                    Some(Ok(old)) => Some(old),
+                    None => None,
+                };
                 let allowed = match condition {
                     SetCondition::Always => true,
-                    SetCondition::IfAbsent => !exists(self, key),
-                    SetCondition::IfPresent => exists(self, key),
+                    SetCondition::IfAbsent => !self.exists(key),
+                    SetCondition::IfPresent => self.exists(key),
                 };
-                match (reply_as_int, allowed) {
-                    (true, _) => Value::Integer(allowed as i64),
-                    (false, true) => Value::ok(),
-                    (false, false) => Value::null(),
+                match (old, reply_as_int, allowed) {
+                    (Some(old), _, _) => Value::Bulk(old),
+                    (None, true, _) => Value::Integer(allowed as i64),
+                    (None, false, true) => Value::ok(),
+                    (None, false, false) => Value::null(),
                 }
             }
+            Write::GetDel(key) => match self.string_to_update(key) {
+                Err(e) => e,
+                Ok(value) => Value::Bulk(value),
+            },
+            Write::GetEx { key, expire } => match self.string_to_update(key) {
+                Err(e) => e,
+                Ok(None) => Value::null(),
+                Ok(Some(value)) => match expire {
+                    Err(e) => Value::error(e.clone()),
+                    Ok(Some(at)) if at.resolve(self.now_ms).is_none() => Value::error(invalid_expire_time("getex")),
+                    Ok(_) => Value::Bulk(Some(value)),
+                },
+            },
+            Write::Expire {
+                key,
+                at,
+                condition,
+                name,
+            } => {
+                let Some(deadline) = at.resolve(self.now_ms) else {
+                    return Value::error(invalid_expire_time(name));
+                };
+                let current = self.deadlines.get(key).map(|d| d as i64);
+                Value::Integer((self.exists(key) && condition.allows(current, deadline)) as i64)
+            }
+            Write::Persist(key) => Value::Integer((self.exists(key) && self.deadlines.get(key).is_some()) as i64),
+            Write::DeleteExpired(_) => Value::ok(),
             Write::Del(keys) => {
                 let mut seen = std::collections::HashSet::new();
-                let deleted = keys.iter().filter(|k| seen.insert(*k) && exists(self, k)).count();
+                let deleted = keys.iter().filter(|k| seen.insert(*k) && self.exists(k)).count();
                 Value::Integer(deleted as i64)
             }
             Write::MSet(_) => Value::ok(),
@@ -509,6 +761,13 @@ impl KvState {
             return None;
         }
         match Command::parse(&args) {
+            // Its effect depends on the time of the entry it lands in, which a recovery from the
+            // witnesses would change.
+            Ok(Some(Command::Write(write)))
+                if write.reads_the_clock() || write.keys().iter().any(|k| self.deadlines.get(k).is_some()) =>
+            {
+                None
+            }
             Ok(Some(Command::Write(write))) => Some((write.keys(), self.preview_write(&write))),
             // Applying it answers the same error and touches nothing.
             Err(e) => Some((Vec::new(), Value::error(e))),
@@ -517,6 +776,15 @@ impl KvState {
     }
 
     pub fn execute_read(&mut self, read: &Read) -> Value {
+        // A read changes nothing, so it may read this node's clock; never earlier than the log's,
+        // so no read shows a key that a write already found expired.
+        self.now_ms = wall_clock_ms().max(self.log_clock_ms);
+        let reply = self.read_now(read);
+        self.now_ms = self.log_clock_ms;
+        reply
+    }
+
+    fn read_now(&mut self, read: &Read) -> Value {
         let mut result = || -> Result<Value, Value> {
             Ok(match read {
                 Read::Get(key) => Value::Bulk(self.string(key)?),
@@ -525,9 +793,7 @@ impl KvState {
                         .map(|k| Value::Bulk(self.string(k).ok().flatten()))
                         .collect(),
                 ),
-                Read::Exists(keys) => {
-                    Value::Integer(keys.iter().filter(|k| self.is_hash(k) || self.is_string(k)).count() as i64)
-                }
+                Read::Exists(keys) => Value::Integer(keys.iter().filter(|k| self.exists(k)).count() as i64),
                 Read::StrLen(key) => Value::Integer(self.string(key)?.map_or(0, |s| s.len()) as i64),
                 Read::Type(key) => Value::Simple(
                     if self.is_hash(key) {
@@ -578,10 +844,35 @@ impl KvState {
                     Value::Integer(self.hash_len(key) as i64)
                 }
                 Read::HExists { key, field } => {
-                    self.hash_check(key)?;
-                    Value::Integer(self.store.contains(&field_key(key, field)) as i64)
+                    let present = self.hash_check(key)? && self.store.contains(&field_key(key, field));
+                    Value::Integer(present as i64)
                 }
                 Read::DbSize => Value::Integer(self.len() as i64),
+                Read::Ttl { key, in_ms } => Value::Integer(match (self.exists(key), self.deadlines.get(key)) {
+                    (false, _) => -2,
+                    (true, None) => -1,
+                    (true, Some(deadline)) => {
+                        let left_ms = deadline.saturating_sub(self.now_ms) as i64;
+                        if *in_ms {
+                            left_ms
+                        } else {
+                            (left_ms + 500) / 1000
+                        }
+                    }
+                }),
+                Read::ExpireTime { key, in_ms } => Value::Integer(match (self.exists(key), self.deadlines.get(key)) {
+                    (false, _) => -2,
+                    (true, None) => -1,
+                    (true, Some(deadline)) if *in_ms => deadline as i64,
+                    (true, Some(deadline)) => (deadline as i64 + 500) / 1000,
+                }),
+                Read::ExpiredKeys { limit } => Value::array(
+                    self.deadlines
+                        .due(self.now_ms, *limit)
+                        .into_iter()
+                        .map(Value::bulk)
+                        .collect(),
+                ),
             })
         };
         result().unwrap_or_else(|e| e)
@@ -627,14 +918,23 @@ impl StateMachine for KvState {
                 }
                 Value::ok()
             }
+            Logged::DeleteExpired(keys) => self.execute_write(index, Write::DeleteExpired(keys)),
         }
+    }
+
+    fn entry_time(&mut self, leader_time_ms: u64) {
+        if leader_time_ms > self.log_clock_ms {
+            self.log_clock_ms = leader_time_ms;
+            self.log_clock_unwritten = true;
+        }
+        self.now_ms = self.log_clock_ms;
     }
 
     fn entry_applied(&mut self, index: u64) {
         // A snapshot taken right after this entry could no longer write at its index once the
         // batch is cut, so the records join the batch now.
         if self.store.cut_due() {
-            self.flush_completions(index);
+            self.flush_bookkeeping(index);
         }
         self.store.entry_applied(index);
         if !self.proposed.is_empty() {
@@ -675,6 +975,10 @@ impl StateMachine for KvState {
                 let next = expected.map(|e| if e == envelope.seq { e + 1 } else { e });
                 (args, next.map(|next| (envelope.client, next)))
             }
+            Ok(Logged::DeleteExpired(keys)) => {
+                self.proposed.note(index, keys, None);
+                return;
+            }
             Ok(Logged::Register | Logged::Renew { .. } | Logged::CurpRecovered { .. }) | Err(_) => return,
         };
         let keys = match Command::parse(&args) {
@@ -706,7 +1010,7 @@ impl StateMachine for KvState {
     /// The snapshot is the manifest of the segments holding the state; waiting for them is the
     /// only work, and it happens on the caller's thread.
     fn snapshot_later(&mut self) -> Box<dyn FnOnce() -> Vec<u8> + Send> {
-        self.flush_completions(self.store.applied_index());
+        self.flush_bookkeeping(self.store.applied_index());
         let manifest = self.store.manifest_later();
         Box::new(move || manifest().encode())
     }
@@ -733,6 +1037,9 @@ impl StateMachine for KvState {
         let manifest = Manifest::decode(snapshot).map_err(|e| format!("snapshot manifest: {e}"))?;
         self.store.install(&manifest, files_dir).map_err(|e| e.to_string())?;
         self.completions = read_completions(&mut self.store)?;
+        (self.deadlines, self.log_clock_ms) = read_expiry(&mut self.store)?;
+        self.log_clock_unwritten = false;
+        self.now_ms = self.log_clock_ms;
         self.drop_settled_records();
         Ok(())
     }
@@ -747,6 +1054,9 @@ mod tests {
     struct Replica {
         state: KvState,
         index: u64,
+        /// The time of the next entry: far ahead of the wall clock, so reads go by the log's
+        /// clock too, and time passes only when a test says so.
+        time_ms: u64,
         /// Last, so it is removed after the state closes.
         dir: tempfile::TempDir,
     }
@@ -775,7 +1085,12 @@ mod tests {
         fn new() -> Replica {
             let dir = tempfile::tempdir().unwrap();
             let state = KvState::open(options(dir.path()), None).unwrap();
-            Replica { dir, state, index: 0 }
+            Replica {
+                dir,
+                state,
+                index: 0,
+                time_ms: wall_clock_ms() + 1_000_000_000,
+            }
         }
 
         fn run(&mut self, cmd: &str) -> Value {
@@ -783,6 +1098,7 @@ mod tests {
             match Command::parse(&args).map(|c| c.expect("a data command")) {
                 Ok(Command::Write(_)) => {
                     self.index += 1;
+                    self.state.entry_time(self.time_ms);
                     let reply = self.state.apply(self.index, &encode_args(&args));
                     self.state.entry_applied(self.index);
                     reply
@@ -790,6 +1106,14 @@ mod tests {
                 Ok(Command::Read(r)) => self.state.query(&r),
                 Err(e) => Value::error(e),
             }
+        }
+
+        /// Lets `ms` pass: an entry without commands, stamped that much later.
+        fn advance(&mut self, ms: u64) {
+            self.time_ms += ms;
+            self.index += 1;
+            self.state.entry_time(self.time_ms);
+            self.state.entry_applied(self.index);
         }
 
         /// Takes a snapshot, drops the state (a restart) and reopens it from the snapshot.
@@ -819,6 +1143,7 @@ mod tests {
                 seen.push(self.run(&format!("GET {k}")));
                 seen.push(self.run(&format!("HGETALL {k}")));
                 seen.push(self.run(&format!("HLEN {k}")));
+                seen.push(self.run(&format!("PTTL {k}")));
             }
             seen
         }
@@ -849,6 +1174,142 @@ mod tests {
         assert_eq!(s.run("SET max 9223372036854775807"), Value::ok());
         assert!(s.run("INCR max").is_error());
         assert_eq!(s.run("GET max"), Value::bulk("9223372036854775807"));
+    }
+
+    #[test]
+    fn keys_expire_at_the_time_the_log_gives_as_in_redis() {
+        let mut s = Replica::new();
+        let int = Value::Integer;
+        assert_eq!(s.run("SET a 1 PX 1500"), Value::ok());
+        assert_eq!(s.run("PTTL a"), int(1500));
+        assert_eq!(s.run("TTL a"), int(2), "seconds are rounded");
+        assert_eq!(s.run("PEXPIRETIME a"), int((s.time_ms + 1500) as i64));
+        assert_eq!(s.run("HSET h f v"), int(1));
+        assert_eq!(s.run("EXPIRE h 1"), int(1));
+        assert_eq!(
+            (s.run("TTL nope"), s.run("TTL a"), s.run("PERSIST nope")),
+            (int(-2), int(2), int(0))
+        );
+        assert_eq!(s.run("INCR a"), int(2), "INCR keeps the time to live");
+        assert_eq!(s.run("PTTL a"), int(1500));
+        s.advance(1000);
+        assert_eq!(s.run("HGETALL h"), Value::map(vec![]));
+        assert_eq!(
+            (s.run("EXISTS h"), s.run("TYPE h")),
+            (int(0), Value::Simple("none".into()))
+        );
+        assert_eq!(s.run("HSET h g w"), int(1), "an expired hash is gone before the write");
+        assert_eq!((s.run("HLEN h"), s.run("TTL h")), (int(1), int(-1)));
+        assert_eq!(s.run("GET a"), Value::bulk("2"));
+        s.advance(500);
+        assert_eq!(
+            (s.run("GET a"), s.run("PTTL a"), s.run("EXISTS a")),
+            (Value::null(), int(-2), int(0))
+        );
+        assert_eq!(s.run("DBSIZE"), int(2), "like Redis, counted until deleted");
+        assert_eq!(s.run("SET a 5 NX"), Value::ok());
+        assert_eq!(s.run("DBSIZE"), int(2));
+
+        // SET clears a time to live unless KEEPTTL; GET answers the old value.
+        assert_eq!(s.run("SETEX k 10 v"), Value::ok());
+        assert_eq!(s.run("SET k w KEEPTTL GET"), Value::bulk("v"));
+        assert_eq!(s.run("TTL k"), int(10));
+        assert_eq!(s.run("GETSET k x"), Value::bulk("w"));
+        assert_eq!(s.run("TTL k"), int(-1));
+        assert_eq!(s.run("SET h v GET"), Value::error(WRONGTYPE));
+        assert_eq!(s.run("SET k y NX GET"), Value::bulk("x"), "not set, old value answered");
+
+        // EXPIRE's conditions; a deadline in the past deletes.
+        assert_eq!(s.run("PEXPIRE k 500 XX"), int(0));
+        assert_eq!(s.run("PEXPIRE k 500 NX"), int(1));
+        assert_eq!(s.run("PEXPIRE k 400 GT"), int(0));
+        assert_eq!(s.run("PEXPIRE k 900 GT"), int(1));
+        assert_eq!(s.run("PEXPIRE k 950 LT"), int(0));
+        assert_eq!(s.run("PERSIST k"), int(1));
+        assert_eq!(s.run("PEXPIRE k 100 GT"), int(0), "no deadline counts as never");
+        assert_eq!(s.run("PEXPIRE k 100 LT"), int(1));
+        assert_eq!(s.run("EXPIREAT k 1"), int(1));
+        assert_eq!(s.run("EXISTS k"), int(0));
+        assert_eq!(s.run(&format!("PEXPIREAT a {}", s.time_ms + 20)), int(1));
+        assert_eq!(s.run("PTTL a"), int(20));
+        assert_eq!(
+            s.run("PEXPIRE a 9223372036854775807"),
+            Value::error("ERR invalid expire time in 'pexpire' command")
+        );
+
+        // GETEX and GETDEL.
+        assert_eq!(s.run("GETEX a PERSIST"), Value::bulk("5"));
+        assert_eq!(s.run("TTL a"), int(-1));
+        assert_eq!(s.run("GETEX a EX 3"), Value::bulk("5"));
+        assert_eq!(s.run("TTL a"), int(3));
+        assert_eq!(s.run("GETEX a PXAT 1"), Value::bulk("5"));
+        assert_eq!(s.run("GET a"), Value::null());
+        assert_eq!(s.run("GETEX h PERSIST"), Value::error(WRONGTYPE));
+        assert_eq!(
+            (s.run("SET d 1 EX 5"), s.run("GETDEL d"), s.run("GETDEL d")),
+            (Value::ok(), Value::bulk("1"), Value::null())
+        );
+        assert_eq!(s.run("SET d 2"), Value::ok());
+        assert_eq!(s.run("TTL d"), int(-1), "a deleted key's deadline went with it");
+        assert_eq!(s.run("HDEL h g"), int(1));
+        assert_eq!(s.run("DBSIZE"), int(1), "bookkeeping keys are not counted");
+    }
+
+    /// The distributed-lock idiom: whoever takes the lock holds it until it expires, and only
+    /// then can someone else take it.
+    #[test]
+    fn a_lock_taken_with_nx_px_is_held_for_its_time_and_no_longer() {
+        let mut s = Replica::new();
+        assert_eq!(s.run("SET lock:x alice NX PX 1000"), Value::ok());
+        assert_eq!(s.run("SET lock:x bob NX PX 1000"), Value::null());
+        s.advance(999);
+        assert_eq!(s.run("SET lock:x bob NX PX 1000"), Value::null());
+        assert_eq!(s.run("GET lock:x"), Value::bulk("alice"));
+        s.advance(1);
+        assert_eq!(s.run("GET lock:x"), Value::null());
+        assert_eq!(s.run("SET lock:x bob NX PX 1000"), Value::ok());
+        // A leader whose clock is behind cannot give the lock back early: the log's clock
+        // never goes backwards.
+        s.time_ms -= 5_000;
+        assert_eq!(s.run("SET lock:x carol NX PX 1000"), Value::null());
+        assert_eq!(s.run("PTTL lock:x"), Value::Integer(1000));
+    }
+
+    #[test]
+    fn deadlines_and_the_log_clock_survive_restarts_and_shipping_and_the_sweep_deletes() {
+        let mut s = Replica::new();
+        for i in 0..10 {
+            assert_eq!(s.run(&format!("SET k{i} v PX {}", 100 * (i + 1))), Value::ok());
+        }
+        s.run("HSET h f v");
+        s.run("PEXPIRE h 5000");
+        s.advance(250);
+        s.restart();
+        assert_eq!(s.run("PTTL h"), Value::Integer(4750));
+        assert_eq!(s.run("EXISTS k1 k2 k3"), Value::Integer(2));
+        // The clock came back too: an entry stamped earlier does not turn it back.
+        s.time_ms -= 10_000;
+        s.advance(0);
+        assert_eq!(s.run("PTTL h"), Value::Integer(4750));
+        s.time_ms += 10_000;
+
+        let due = s.state.execute_read(&Read::ExpiredKeys { limit: 100 });
+        assert_eq!(due, Value::array(vec![Value::bulk("k0"), Value::bulk("k1")]));
+        assert_eq!(s.run("DBSIZE"), Value::Integer(11));
+        s.index += 1;
+        let sweep = crate::command::encode_delete_expired(&[Bytes::from("k0"), Bytes::from("k1"), Bytes::from("k2")]);
+        s.state.entry_time(s.time_ms);
+        assert_eq!(s.state.apply(s.index, &sweep), Value::ok());
+        s.state.entry_applied(s.index);
+        assert_eq!(s.run("DBSIZE"), Value::Integer(9), "k2 has not expired and stays");
+        assert_eq!(s.run("PTTL k2"), Value::Integer(50));
+
+        let (snapshot, files) = s.ship();
+        let mut follower = Replica::new();
+        follower.state.install_snapshot(&snapshot, files.path()).unwrap();
+        follower.time_ms = s.time_ms;
+        assert_eq!(follower.run("PTTL h"), Value::Integer(4750));
+        assert_eq!(follower.observe(&["k2", "k9", "h"]), s.observe(&["k2", "k9", "h"]));
     }
 
     #[test]
@@ -985,6 +1446,7 @@ mod tests {
                 first_unacked,
             };
             s.index += 1;
+            s.state.entry_time(s.time_ms);
             let reply = s
                 .state
                 .apply(s.index, &crate::command::encode_enveloped(&envelope, &args));
@@ -1055,7 +1517,22 @@ mod tests {
         let key = |r: u64| ["a", "b", "c", "h", "g"][r as usize];
         let (k1, k2, f) = (key(next(5)), key(next(5)), ["x", "y"][next(2) as usize]);
         let v = ["1", "-3", "v", "9223372036854775807"][next(4) as usize];
-        match next(12) {
+        let ms = ["1", "400", "900"][next(3) as usize];
+        match next(26) {
+            12 => format!("SET {k1} {v} PX {ms}"),
+            13 => format!("SET {k1} {v} KEEPTTL GET"),
+            14 => format!("SET {k1} {v} NX PX {ms}"),
+            15 => format!("SETEX {k1} 1 {v}"),
+            16 => format!("PEXPIRE {k1} {ms}"),
+            17 => format!("PEXPIRE {k1} {ms} GT"),
+            18 => format!("PEXPIRE {k1} {ms} XX LT"),
+            19 => format!("EXPIRE {k1} 1 NX"),
+            20 => format!("EXPIREAT {k1} 1"),
+            21 => format!("PERSIST {k1}"),
+            22 => format!("GETEX {k1} PX {ms}"),
+            23 => format!("GETEX {k1} PERSIST"),
+            24 => format!("GETDEL {k1}"),
+            25 => format!("GETSET {k1} {v}"),
             0 => format!("SET {k1} {v}"),
             1 => format!("SET {k1} {v} NX"),
             2 => format!("SET {k1} {v} XX"),
@@ -1072,15 +1549,27 @@ mod tests {
     }
 
     /// A CURP leader answers before a write applies: for every kind of write, on whatever state
-    /// random writes left, the predicted reply is the one applying it gives.
+    /// random writes left, the previewed reply is the one applying it gives, and it is
+    /// predicted unless what the write does depends on the time of its entry.
     #[test]
     fn a_predicted_reply_is_the_reply_applying_gives() {
         let mut s = Replica::new();
         let c = RiflClient::register(&mut s, 1);
         let mut rng = 0x2545_F491_4F6C_DD1Du64;
-        for seq in 1..=2_000 {
+        let mut predicted_count = 0;
+        for seq in 1..=3_000 {
+            s.time_ms += below(&mut rng, 300);
+            s.state.entry_time(s.time_ms);
             let cmd = random_write(&mut rng);
             let args = args(&cmd);
+            let (previewed, timed) = match Command::parse(&args) {
+                Ok(Some(Command::Write(write))) => (
+                    s.state.preview_write(&write),
+                    write.reads_the_clock() || write.keys().iter().any(|k| s.state.deadlines.get(k).is_some()),
+                ),
+                Err(e) => (Value::error(e), false),
+                Ok(_) => panic!("{cmd} is a write"),
+            };
             let envelope = Envelope {
                 client: chorus_curp::rifl::ClientId {
                     incarnation: c.incarnation,
@@ -1091,10 +1580,17 @@ mod tests {
             };
             let logged = crate::command::encode_enveloped(&envelope, &args);
             assert_eq!(s.state.predict(s.index, &logged, Some(seq + 1)), None, "not its turn");
-            let (keys, predicted) = s.state.predict(s.index, &logged, None).expect("its turn");
-            assert_eq!(c.write(&mut s, seq, seq, &cmd), predicted, "{cmd}");
-            assert!(keys.iter().all(|k| cmd.contains(std::str::from_utf8(k).unwrap())));
+            let predicted = s.state.predict(s.index, &logged, None);
+            assert_eq!(predicted.is_none(), timed, "{cmd}");
+            let applied = c.write(&mut s, seq, seq, &cmd);
+            assert_eq!(applied, previewed, "{cmd}");
+            if let Some((keys, predicted)) = predicted {
+                assert_eq!(applied, predicted, "{cmd}");
+                assert!(keys.iter().all(|k| cmd.contains(std::str::from_utf8(k).unwrap())));
+                predicted_count += 1;
+            }
         }
+        assert!(predicted_count > 1_000, "only {predicted_count} predicted");
     }
 
     /// A leader speculating while it proposes, with commands applying later, interleaved at
@@ -1143,6 +1639,8 @@ mod tests {
             } else if let Some((index, logged, spec)) = queue.pop_front() {
                 s.index += 1;
                 assert_eq!(s.index, index);
+                s.time_ms += next(300);
+                s.state.entry_time(s.time_ms);
                 let reply = s.state.apply(index, &logged);
                 s.state.entry_applied(index);
                 if let Some(spec) = spec {
@@ -1185,6 +1683,9 @@ mod tests {
                 one.run(cmd);
                 other.run(cmd);
             }
+            // Some of the prefix's deadlines pass.
+            one.advance(500);
+            other.advance(500);
             let (a1, b1) = (one.run(&first), one.run(&second));
             let (b2, a2) = (other.run(&second), other.run(&first));
             assert_eq!((a1, b1), (a2, b2), "{prefix:?} then {first} and {second}");

@@ -43,8 +43,13 @@ pub trait StateMachine: Send + 'static {
     type Query: Send + 'static;
     type Output: Send + 'static;
 
-    /// Applies one committed command. Must depend only on the state and the command.
+    /// Applies one committed command. Must depend only on the state and the command (and the
+    /// entry's time, which `entry_time` gave).
     fn apply(&mut self, index: u64, command: &[u8]) -> Self::Output;
+    /// Called before the commands of an entry are applied with the time the leader fixed for
+    /// them (milliseconds since the Unix epoch; 0 in entries from before leaders fixed one). The
+    /// only clock a deterministic state machine may read while applying.
+    fn entry_time(&mut self, _leader_time_ms: u64) {}
     /// Every command of the entry at `index` has been applied; called for every entry, commands
     /// or not, in log order.
     fn entry_applied(&mut self, index: u64);
@@ -551,6 +556,9 @@ struct RaftLoop<SM: StateMachine> {
     raw: RawNode<DiskStorage>,
     sm: SM,
     origin: Origin,
+    /// The last time this node stamped on a batch as leader: stamps never go backwards, even
+    /// when the wall clock does.
+    last_stamp_ms: u64,
     codec: Box<dyn EntryCodec>,
     peers: HashMap<u64, mpsc::Sender<Message>>,
     shipper: Shipper,
@@ -745,6 +753,7 @@ pub async fn start<SM: StateMachine>(
             node_id: config.id,
             incarnation,
         },
+        last_stamp_ms: 0,
         config,
         raw,
         sm,
@@ -1050,6 +1059,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             self.next_request_id += take as u64;
             let data = batch::encode_commands(
                 self.origin,
+                self.stamp_ms(),
                 batch.iter().enumerate().map(|(n, c)| (first_id + n as u64, c.as_ref())),
             );
             if let Err(e) = self.raw.propose(Vec::new(), data) {
@@ -1155,6 +1165,12 @@ impl<SM: StateMachine> RaftLoop<SM> {
                     self.hand_off_leadership();
                     return;
                 }
+                let stamp_ms = self.stamp_ms();
+                for entry in msg.entries.iter_mut() {
+                    if let Some(stamped) = batch::restamp(&entry.data, stamp_ms) {
+                        entry.data = stamped.into();
+                    }
+                }
                 if let Some(term) = self.curp_leading_term() {
                     if !self.curp.recovery_proposed(term) {
                         if !self.curp.hold_proposal(msg) {
@@ -1180,6 +1196,16 @@ impl<SM: StateMachine> RaftLoop<SM> {
             _ => {}
         }
         self.step_peer_message(msg);
+    }
+
+    /// The time to fix for a batch taken into the log now: the wall clock in milliseconds since
+    /// the Unix epoch, never less than the last stamp.
+    fn stamp_ms(&mut self) -> u64 {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.last_stamp_ms = self.last_stamp_ms.max(now_ms);
+        self.last_stamp_ms
     }
 
     fn step_peer_message(&mut self, msg: Message) {
@@ -1288,8 +1314,10 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 self.refuse_unproposed_writes();
                 return;
             }
+            // A follower's stamp is replaced by the leader's when the batch reaches it.
+            let stamp_ms = self.stamp_ms();
             let commands = self.unproposed.iter().take(take).map(|w| (w.id, w.command.as_ref()));
-            let data = batch::encode_commands(self.origin, commands);
+            let data = batch::encode_commands(self.origin, stamp_ms, commands);
             let speculating = self.speculating();
             if speculating {
                 // What joined the log before this entry is noted before it is.
@@ -1867,6 +1895,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             }
         };
         let mine = batch.origin == self.origin;
+        self.sm.entry_time(batch.leader_time_ms);
         for (request_id, command) in batch.commands {
             let output = self.sm.apply(index, &command);
             if mine {

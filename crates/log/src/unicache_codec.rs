@@ -52,7 +52,7 @@ use crate::batch::{self, Origin, BATCH_VERSION};
 use crate::codec::{CodecError, EntryCodec, LogView, Prepared, Preparer, CODEC_ENTRY};
 
 const MAGIC: u8 = 0xEC;
-const FORMAT: u8 = 1;
+const FORMAT: u8 = 2;
 /// Feedback in the `context` of a rejection: MAGIC, FEEDBACK, kind, varint version.
 const FEEDBACK: u8 = b'F';
 const FEEDBACK_AHEAD: u8 = 1;
@@ -382,6 +382,7 @@ impl UniCacheCodec {
         out.extend_from_slice(&self.fingerprint.to_le_bytes());
         varint::put(&mut out, self.version);
         out.extend_from_slice(&crc32fast::hash(data).to_le_bytes());
+        varint::put(&mut out, batch.leader_time_ms);
         varint::put(&mut out, batch.origin.node_id);
         varint::put(&mut out, batch.origin.incarnation);
         varint::put(&mut out, batch.commands.len() as u64);
@@ -421,6 +422,7 @@ impl UniCacheCodec {
                 "entries of one append carry different versions",
             ));
         }
+        let leader_time_ms = reader.varint().map_err(malformed)?;
         let origin = Origin {
             node_id: reader.varint().map_err(malformed)?,
             incarnation: reader.varint().map_err(malformed)?,
@@ -437,7 +439,7 @@ impl UniCacheCodec {
             commands.push((request_id, Bytes::from(command)));
         }
         reader.finish().map_err(malformed)?;
-        let rebuilt = batch::encode(origin, &commands);
+        let rebuilt = batch::encode(origin, leader_time_ms, &commands);
         let crc = crc32fast::hash(&rebuilt);
         if crc != header.crc {
             return Err(failure(

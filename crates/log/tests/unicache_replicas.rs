@@ -190,7 +190,8 @@ fn run(seed: u64) -> u64 {
                     ..Default::default()
                 };
                 entry.set_entry_type(EntryType::EntryNormal);
-                entry.data = batch::encode(origin, &commands);
+                // Times of all sizes, so the encoding of each is exercised.
+                entry.data = batch::encode(origin, rng.below(1 << 50), &commands);
                 replicas[leader].log.push(entry);
             }
         } else if roll < 85 {

@@ -7,6 +7,9 @@
 
 use std::path::{Path, PathBuf};
 
+/// The leader time in seeded batches: a plausible wall-clock time in milliseconds.
+const SEED_TIME_MS: u64 = 1_764_000_000_000;
+
 use bytes::Bytes;
 use chorus_curp::rifl::{ClientId, Envelope};
 use chorus_curp::witness::{file as witness_file, Event, Record};
@@ -86,6 +89,7 @@ fn main() {
                 node_id: 1,
                 incarnation: 9,
             },
+            SEED_TIME_MS,
             &[(1, commands[0].clone())],
         ),
     )]
@@ -146,6 +150,7 @@ fn main() {
                         node_id: 1,
                         incarnation: 1,
                     },
+                    SEED_TIME_MS,
                     &[(i as u64, c.clone())],
                 ),
             )
@@ -188,6 +193,7 @@ fn main() {
                 node_id: 2,
                 incarnation: 5,
             },
+            SEED_TIME_MS,
             &commands
                 .iter()
                 .cloned()
@@ -270,6 +276,7 @@ fn main() {
             node_id: 1,
             incarnation: 3,
         },
+        SEED_TIME_MS,
         &[(5, commands[0].clone())],
     ));
     leader.encode(&mut msg, &OneEntryLog, 1);
