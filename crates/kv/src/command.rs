@@ -4,6 +4,8 @@
 use bytes::Bytes;
 use chorus_curp::rifl::{Envelope, ENVELOPE_BYTES};
 
+pub use crate::decimal::Decimal;
+use crate::decimal::{parse_float, Float};
 pub use crate::expiry::ExpireAt;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +80,45 @@ pub enum Write {
     /// Internal (the leader's sweep, never a client's): deletes those of `keys` that have
     /// expired by the entry's time.
     DeleteExpired(Vec<Bytes>),
+    SetRange {
+        key: Bytes,
+        offset: usize,
+        value: Bytes,
+    },
+    /// The increment as given: Redis reads it only once it knows the key holds a string.
+    IncrByFloat {
+        key: Bytes,
+        increment: Bytes,
+    },
+    MSetNx(Vec<(Bytes, Bytes)>),
+    HIncrBy {
+        key: Bytes,
+        field: Bytes,
+        delta: i64,
+    },
+    HIncrByFloat {
+        key: Bytes,
+        field: Bytes,
+        increment: Decimal,
+    },
+    HSetNx {
+        key: Bytes,
+        field: Bytes,
+        value: Bytes,
+    },
+    /// RENAME, or RENAMENX (`only_if_absent`).
+    Rename {
+        from: Bytes,
+        to: Bytes,
+        only_if_absent: bool,
+    },
+    Copy {
+        from: Bytes,
+        to: Bytes,
+        replace: bool,
+    },
+    /// FLUSHALL / FLUSHDB: every key (see `touches_every_key`).
+    FlushAll,
     Del(Vec<Bytes>),
     MSet(Vec<(Bytes, Bytes)>),
     IncrBy {
@@ -111,12 +152,27 @@ impl Write {
             | Write::Expire { key, .. }
             | Write::Persist(key)
             | Write::IncrBy { key, .. }
+            | Write::SetRange { key, .. }
+            | Write::IncrByFloat { key, .. }
+            | Write::HIncrBy { key, .. }
+            | Write::HIncrByFloat { key, .. }
+            | Write::HSetNx { key, .. }
             | Write::Append { key, .. }
             | Write::HSet { key, .. }
             | Write::HDel { key, .. } => vec![key.clone()],
             Write::Del(keys) | Write::DeleteExpired(keys) => keys.clone(),
-            Write::MSet(pairs) => pairs.iter().map(|(k, _)| k.clone()).collect(),
+            Write::MSet(pairs) | Write::MSetNx(pairs) => pairs.iter().map(|(k, _)| k.clone()).collect(),
+            Write::Rename { from, to, .. } | Write::Copy { from, to, .. } => vec![from.clone(), to.clone()],
+            // See `touches_every_key`.
+            Write::FlushAll => Vec::new(),
         }
+    }
+
+    /// Whether the write touches every key, so commutes with none: it is never recorded by
+    /// CURP's witnesses or answered before it commits, and nothing proposed after it is either
+    /// until it applies.
+    pub fn touches_every_key(&self) -> bool {
+        matches!(self, Write::FlushAll)
     }
 
     /// Whether what the write does depends on when it applies (beyond whether its keys have
@@ -176,6 +232,35 @@ pub enum Read {
     ExpiredKeys {
         limit: usize,
     },
+    GetRange {
+        key: Bytes,
+        start: i64,
+        end: i64,
+    },
+    /// HRANDFIELD key [count [WITHVALUES]].
+    HRandField {
+        key: Bytes,
+        count: Option<i64>,
+        with_values: bool,
+    },
+    Keys(Bytes),
+    Scan(ScanArgs),
+    HScan {
+        key: Bytes,
+        args: ScanArgs,
+        no_values: bool,
+    },
+    RandomKey,
+}
+
+/// What SCAN and HSCAN take after the key: where to go on from, MATCH, COUNT and (SCAN) TYPE.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanArgs {
+    pub cursor: u64,
+    pub pattern: Option<Bytes>,
+    pub count: usize,
+    /// `string` or `hash` (another type matches nothing).
+    pub type_name: Option<Bytes>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,6 +278,10 @@ fn wrong_arity(name: &str) -> CommandError {
 
 pub fn syntax_error() -> CommandError {
     "ERR syntax error".into()
+}
+
+pub fn not_a_float() -> CommandError {
+    "ERR value is not a valid float".into()
 }
 
 pub fn invalid_expire_time(name: &str) -> CommandError {
@@ -288,6 +377,44 @@ fn expire_condition(opts: &[Bytes]) -> Result<ExpireCondition, CommandError> {
         if_later: gt,
         if_earlier: lt,
     })
+}
+
+/// SCAN's cursor, COUNT, MATCH and TYPE (`with_type`) or HSCAN's (and NOVALUES, returned).
+fn scan_args(rest: &[Bytes], with_type: bool, allow_no_values: bool) -> Result<(ScanArgs, bool), CommandError> {
+    let cursor = std::str::from_utf8(&rest[0])
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .ok_or_else(|| CommandError::from("ERR invalid cursor"))?;
+    let mut args = ScanArgs {
+        cursor,
+        pattern: None,
+        count: 10,
+        type_name: None,
+    };
+    let mut no_values = false;
+    let mut i = 1;
+    while i < rest.len() {
+        let opt = rest[i].to_ascii_uppercase();
+        if opt.as_slice() == b"NOVALUES" && allow_no_values {
+            no_values = true;
+            i += 1;
+            continue;
+        }
+        match (opt.as_slice(), rest.get(i + 1)) {
+            (b"COUNT", Some(v)) => {
+                let count = parse_i64(v)?;
+                if count < 1 {
+                    return Err(syntax_error());
+                }
+                args.count = usize::try_from(count).unwrap_or(usize::MAX);
+            }
+            (b"MATCH", Some(v)) => args.pattern = Some(v.clone()),
+            (b"TYPE", Some(v)) if with_type => args.type_name = Some(Bytes::from(v.to_ascii_lowercase())),
+            _ => return Err(syntax_error()),
+        }
+        i += 2;
+    }
+    Ok((args, no_values))
 }
 
 /// An integer as Redis reads one (its `string2ll`): an optional `-`, then digits with no leading
@@ -593,6 +720,132 @@ impl Command {
                 exact(0)?;
                 Command::Read(Read::DbSize)
             }
+            "getrange" | "substr" => {
+                exact(3)?;
+                Command::Read(Read::GetRange {
+                    key: rest[0].clone(),
+                    start: parse_i64(&rest[1])?,
+                    end: parse_i64(&rest[2])?,
+                })
+            }
+            "setrange" => {
+                exact(3)?;
+                let offset = parse_i64(&rest[1])?;
+                let offset = usize::try_from(offset).map_err(|_| CommandError::from("ERR offset is out of range"))?;
+                Command::Write(Write::SetRange {
+                    key: rest[0].clone(),
+                    offset,
+                    value: rest[2].clone(),
+                })
+            }
+            "incrbyfloat" => {
+                exact(2)?;
+                Command::Write(Write::IncrByFloat {
+                    key: rest[0].clone(),
+                    increment: rest[1].clone(),
+                })
+            }
+            "msetnx" => Command::Write(Write::MSetNx(pairs(rest, name)?)),
+            "hincrby" => {
+                exact(3)?;
+                Command::Write(Write::HIncrBy {
+                    key: rest[0].clone(),
+                    field: rest[1].clone(),
+                    delta: parse_i64(&rest[2])?,
+                })
+            }
+            "hincrbyfloat" => {
+                exact(3)?;
+                let increment = match parse_float(&rest[2]) {
+                    Some(Float::Finite(increment)) => increment,
+                    Some(Float::Infinite) => return Err("ERR value is NaN or Infinity".into()),
+                    None => return Err(not_a_float()),
+                };
+                Command::Write(Write::HIncrByFloat {
+                    key: rest[0].clone(),
+                    field: rest[1].clone(),
+                    increment,
+                })
+            }
+            "hsetnx" => {
+                exact(3)?;
+                Command::Write(Write::HSetNx {
+                    key: rest[0].clone(),
+                    field: rest[1].clone(),
+                    value: rest[2].clone(),
+                })
+            }
+            "hrandfield" => {
+                at_least(1)?;
+                if rest.len() > 3 || (rest.len() == 3 && !rest[2].eq_ignore_ascii_case(b"withvalues")) {
+                    return Err(syntax_error());
+                }
+                Command::Read(Read::HRandField {
+                    key: rest[0].clone(),
+                    count: rest.get(1).map(|c| parse_i64(c)).transpose()?,
+                    with_values: rest.len() == 3,
+                })
+            }
+            "keys" => {
+                exact(1)?;
+                Command::Read(Read::Keys(rest[0].clone()))
+            }
+            "scan" => {
+                at_least(1)?;
+                Command::Read(Read::Scan(scan_args(rest, true, false)?.0))
+            }
+            "hscan" => {
+                at_least(2)?;
+                let (args, no_values) = scan_args(&rest[1..], false, true)?;
+                Command::Read(Read::HScan {
+                    key: rest[0].clone(),
+                    args,
+                    no_values,
+                })
+            }
+            "randomkey" => {
+                exact(0)?;
+                Command::Read(Read::RandomKey)
+            }
+            "rename" | "renamenx" => {
+                exact(2)?;
+                Command::Write(Write::Rename {
+                    from: rest[0].clone(),
+                    to: rest[1].clone(),
+                    only_if_absent: name == "renamenx",
+                })
+            }
+            "copy" => {
+                at_least(2)?;
+                let mut replace = false;
+                let mut i = 2;
+                while i < rest.len() {
+                    match rest[i].to_ascii_uppercase().as_slice() {
+                        b"REPLACE" => replace = true,
+                        b"DB" if i + 1 < rest.len() => {
+                            if parse_i64(&rest[i + 1])? != 0 {
+                                return Err("ERR DB index is out of range".into());
+                            }
+                            i += 1;
+                        }
+                        _ => return Err(syntax_error()),
+                    }
+                    i += 1;
+                }
+                Command::Write(Write::Copy {
+                    from: rest[0].clone(),
+                    to: rest[1].clone(),
+                    replace,
+                })
+            }
+            "flushall" | "flushdb" => {
+                let mode_known =
+                    |mode: &Bytes| mode.eq_ignore_ascii_case(b"async") || mode.eq_ignore_ascii_case(b"sync");
+                if rest.len() > 1 || rest.first().is_some_and(|mode| !mode_known(mode)) {
+                    return Err(syntax_error());
+                }
+                Command::Write(Write::FlushAll)
+            }
             _ => return Ok(None),
         };
         Ok(Some(cmd))
@@ -821,7 +1074,7 @@ mod tests {
         assert!(Command::parse(&args("INCRBY k nope")).is_err());
         assert!(Command::parse(&args("MSET a 1 b")).is_err());
         assert!(Command::parse(&args("DECRBY k -9223372036854775808")).is_err());
-        assert_eq!(Command::parse(&args("FLUSHALL")).unwrap(), None);
+        assert_eq!(Command::parse(&args("SUBSCRIBE news")).unwrap(), None);
         assert_eq!(Command::parse(&args("aCommandNameLongerThanAny k")).unwrap(), None);
         assert_eq!(
             Command::parse(&[Bytes::from_static(b"g\xffet"), Bytes::from_static(b"k")]).unwrap(),

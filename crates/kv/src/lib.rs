@@ -3,7 +3,9 @@
 
 pub mod command;
 pub mod curp;
+mod decimal;
 mod expiry;
+mod glob;
 pub mod server;
 mod speculation;
 pub mod state;

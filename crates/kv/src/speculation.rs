@@ -21,6 +21,8 @@ pub struct Proposed {
     clients: HashMap<ClientId, (u64, u64)>,
     /// By entry: the keys and clients it noted, to forget when it applies.
     by_entry: BTreeMap<u64, (Vec<Bytes>, Vec<ClientId>)>,
+    /// The last entry holding a command that touches every key (FLUSHALL), until it applies.
+    every_key_until: Option<u64>,
 }
 
 impl Proposed {
@@ -30,7 +32,13 @@ impl Proposed {
 
     /// Whether a proposed, unapplied command touches any of `keys`.
     pub fn touches(&self, keys: &[Bytes]) -> bool {
-        keys.iter().any(|k| self.keys.contains_key(k))
+        self.every_key_until.is_some() || keys.iter().any(|k| self.keys.contains_key(k))
+    }
+
+    /// A command at `index` touches every key.
+    pub fn note_every_key(&mut self, index: u64) {
+        self.every_key_until = Some(index);
+        self.by_entry.entry(index).or_default();
     }
 
     /// The sequence number `client`'s next write carries to execute once the client's proposed
@@ -58,6 +66,9 @@ impl Proposed {
 
     /// Every entry up to `index` has applied.
     pub fn applied_through(&mut self, index: u64) {
+        if self.every_key_until.is_some_and(|until| until <= index) {
+            self.every_key_until = None;
+        }
         while let Some(entry) = self.by_entry.first_entry() {
             if *entry.key() > index {
                 break;

@@ -32,13 +32,20 @@ use chorus_metrics::Gauge;
 use chorus_resp::{parse_value, write_value, Limits, Value};
 use chorus_storage::{Manifest, Store, StoreError, StoreOptions};
 
-use crate::command::{decode_logged, invalid_expire_time, Command, Logged, Read, SetCondition, TtlChange, Write};
+use crate::command::{
+    decode_logged, invalid_expire_time, not_a_float, Command, Decimal, Logged, Read, ScanArgs, SetCondition, TtlChange,
+    Write,
+};
 use crate::curp::ApplyWatch;
+use crate::decimal::{parse_float, Float};
 use crate::expiry::{wall_clock_ms, Deadlines};
+use crate::glob::glob_match;
 use crate::speculation::Proposed;
 use crate::storage_metrics::StorageMetrics;
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+/// Redis's `proto-max-bulk-len`: no string grows past it.
+const MAX_STRING_BYTES: usize = 512 * 1024 * 1024;
 const STRING_TAG: u8 = b's';
 const HASH_TAG: u8 = b'h';
 const RIFL_TAG: u8 = b'r';
@@ -125,6 +132,82 @@ pub struct KvState {
     /// The time the command being executed runs at: the log's clock while applying, the later
     /// of it and the wall clock while reading.
     now_ms: u64,
+    /// For the random picks of reads (RANDOMKEY, HRANDFIELD), which no replica need repeat.
+    read_rng: u64,
+}
+
+/// A key's type, as TYPE names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum KeyType {
+    String,
+    Hash,
+}
+
+impl KeyType {
+    fn name(self) -> &'static str {
+        match self {
+            KeyType::String => "string",
+            KeyType::Hash => "hash",
+        }
+    }
+}
+
+/// What a key holds, read whole (RENAME, COPY).
+enum Stored {
+    String(Bytes),
+    Hash(Vec<(Bytes, Bytes)>),
+}
+
+/// SCAN's order: a key's place is this 64-bit hash of it (FNV-1a, the same on every node and in
+/// every version, so a cursor stays good on any node), never 0, which ends a scan.
+fn scan_position(key: &[u8]) -> u64 {
+    let hash = key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    hash.max(1)
+}
+
+/// The sum INCRBYFLOAT / HINCRBYFLOAT stores, or the error Redis gives; `current` is what the
+/// key or field holds and `not_a_float` what Redis says when that is no number.
+fn float_sum(current: Option<&[u8]>, increment: Float, not_a_float: &str) -> Result<Decimal, Value> {
+    let current = match current.map(parse_float) {
+        None => Float::Finite(Decimal::default()),
+        Some(Some(value)) => value,
+        Some(None) => return Err(Value::error(not_a_float)),
+    };
+    match (current, increment) {
+        (Float::Finite(a), Float::Finite(b)) => a.checked_add(b).ok_or_else(|| {
+            Value::error("ERR increment would take the value past 1.7e21, beyond the range Chorus keeps exactly")
+        }),
+        _ => Err(Value::error("ERR increment would produce NaN or Infinity")),
+    }
+}
+
+/// The sum HINCRBY stores, or the error Redis gives.
+fn hash_int_sum(current: Option<&[u8]>, delta: i64) -> Result<i64, Value> {
+    let current = match current {
+        None => 0,
+        Some(value) => {
+            crate::command::parse_i64(value).map_err(|_| Value::error("ERR hash value is not an integer"))?
+        }
+    };
+    current
+        .checked_add(delta)
+        .ok_or_else(|| Value::error("ERR increment or decrement would overflow"))
+}
+
+/// The length SETRANGE leaves, or its error, for a string of `current_len` bytes (`None`: no
+/// key); an empty value changes nothing.
+fn set_range_len(current_len: Option<usize>, offset: usize, value_len: usize) -> Result<usize, Value> {
+    if value_len == 0 {
+        return Ok(current_len.unwrap_or(0));
+    }
+    match offset.checked_add(value_len) {
+        Some(end) if end <= MAX_STRING_BYTES => Ok(end.max(current_len.unwrap_or(0))),
+        _ => Err(Value::error(
+            "ERR string exceeds maximum allowed size (proto-max-bulk-len)",
+        )),
+    }
 }
 
 /// Rebuilds the deadlines and the log's clock from the store.
@@ -174,6 +257,11 @@ fn unreadable(e: StoreError) -> ! {
     panic!("the state machine cannot read its own storage: {e}")
 }
 
+/// A field read for a write failed: like `unreadable`, for the reads that return a reply.
+fn unreadable_value() -> ! {
+    panic!("the state machine cannot read its own storage while applying a write")
+}
+
 fn storage_error(e: StoreError) -> Value {
     Value::error(format!("ERR storage: {e}"))
 }
@@ -203,6 +291,7 @@ impl KvState {
             log_clock_ms,
             log_clock_unwritten: false,
             now_ms: log_clock_ms,
+            read_rng: wall_clock_ms() | 1,
         })
     }
 
@@ -404,6 +493,57 @@ impl KvState {
         self.store.write(index, string_key(key), Some(value));
     }
 
+    /// The string or hash `key` holds, read for a write.
+    fn stored(&mut self, key: &[u8]) -> Option<Stored> {
+        if self.is_hash(key) {
+            let prefix = hash_prefix(key);
+            let fields = self.store.scan_group(&prefix).unwrap_or_else(|e| unreadable(e));
+            let fields = fields.into_iter().map(|(k, v)| (k.slice(prefix.len()..), v)).collect();
+            return Some(Stored::Hash(fields));
+        }
+        self.string_to_update(key).ok().flatten().map(Stored::String)
+    }
+
+    /// Replaces whatever `to` holds with `value` and gives it `deadline`.
+    fn put_stored(&mut self, index: u64, to: &[u8], value: Stored, deadline: Option<u64>) {
+        self.delete(index, to);
+        match value {
+            Stored::String(value) => self.set_string(index, to, value),
+            Stored::Hash(fields) => {
+                for (field, value) in fields {
+                    self.store.write(index, field_key(to, &field), Some(value));
+                }
+            }
+        }
+        self.set_deadline(index, to, deadline);
+    }
+
+    /// Every live key and its type, in no particular order.
+    fn live_keys(&mut self) -> Vec<(Bytes, KeyType)> {
+        let strings = self
+            .store
+            .ungrouped_key_list()
+            .into_iter()
+            .filter_map(|k| (k.first() == Some(&STRING_TAG)).then(|| (k.slice(1..), KeyType::String)));
+        let hashes = self
+            .store
+            .group_prefixes()
+            .into_iter()
+            .filter_map(|prefix| (prefix.first() == Some(&HASH_TAG)).then(|| (prefix.slice(5..), KeyType::Hash)));
+        let mut keys: Vec<(Bytes, KeyType)> = strings.chain(hashes).collect();
+        keys.retain(|(key, _)| !self.expired(key));
+        keys
+    }
+
+    /// A number below `n` (which is not 0) for a read's random pick.
+    fn random_below(&mut self, n: usize) -> usize {
+        let x = &mut self.read_rng;
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        (*x % n as u64) as usize
+    }
+
     /// Applies a write from the entry at `index`.
     pub fn execute_write(&mut self, index: u64, write: Write) -> Value {
         if !self.deadlines.is_empty() {
@@ -500,6 +640,142 @@ impl KvState {
             }
             // Those that had expired are gone already, like every write's expired keys.
             Write::DeleteExpired(_) => Value::ok(),
+            Write::SetRange { key, offset, value } => {
+                let current = match self.string_to_update(&key) {
+                    Err(e) => return e,
+                    Ok(current) => current,
+                };
+                let len = match set_range_len(current.as_ref().map(Bytes::len), offset, value.len()) {
+                    Err(e) => return e,
+                    Ok(len) => len,
+                };
+                if !value.is_empty() {
+                    let mut updated = current.map_or_else(Vec::new, |c| c.to_vec());
+                    updated.resize(len, 0);
+                    updated[offset..offset + value.len()].copy_from_slice(&value);
+                    self.set_string(index, &key, Bytes::from(updated));
+                }
+                Value::Integer(len as i64)
+            }
+            Write::IncrByFloat { key, increment } => {
+                let current = match self.string_to_update(&key) {
+                    Err(e) => return e,
+                    Ok(current) => current,
+                };
+                let sum = parse_float(&increment)
+                    .ok_or_else(|| Value::error(not_a_float()))
+                    .and_then(|increment| float_sum(current.as_deref(), increment, &not_a_float()));
+                match sum {
+                    Err(e) => e,
+                    Ok(sum) => {
+                        let sum = Bytes::from(sum.to_string());
+                        self.set_string(index, &key, sum.clone());
+                        Value::Bulk(Some(sum))
+                    }
+                }
+            }
+            Write::MSetNx(pairs) => {
+                if pairs.iter().any(|(k, _)| self.exists(k)) {
+                    return Value::Integer(0);
+                }
+                for (k, v) in pairs {
+                    self.set_string(index, &k, v);
+                    self.set_deadline(index, &k, None);
+                }
+                Value::Integer(1)
+            }
+            Write::HIncrBy { key, field, delta } => {
+                if let Err(e) = self.hash_check(&key) {
+                    return e;
+                }
+                let current = self.field(&key, &field).unwrap_or_else(|_| unreadable_value());
+                match hash_int_sum(current.as_deref(), delta) {
+                    Err(e) => e,
+                    Ok(n) => {
+                        self.store
+                            .write(index, field_key(&key, &field), Some(Bytes::from(n.to_string())));
+                        Value::Integer(n)
+                    }
+                }
+            }
+            Write::HIncrByFloat { key, field, increment } => {
+                if let Err(e) = self.hash_check(&key) {
+                    return e;
+                }
+                let current = self.field(&key, &field).unwrap_or_else(|_| unreadable_value());
+                match float_sum(
+                    current.as_deref(),
+                    Float::Finite(increment),
+                    "ERR hash value is not a float",
+                ) {
+                    Err(e) => e,
+                    Ok(sum) => {
+                        let sum = Bytes::from(sum.to_string());
+                        self.store.write(index, field_key(&key, &field), Some(sum.clone()));
+                        Value::Bulk(Some(sum))
+                    }
+                }
+            }
+            Write::HSetNx { key, field, value } => {
+                if let Err(e) = self.hash_check(&key) {
+                    return e;
+                }
+                let storage_key = field_key(&key, &field);
+                if self.store.contains(&storage_key) {
+                    return Value::Integer(0);
+                }
+                self.store.write(index, storage_key, Some(value));
+                Value::Integer(1)
+            }
+            Write::Rename {
+                from,
+                to,
+                only_if_absent,
+            } => {
+                if !self.exists(&from) {
+                    return Value::error("ERR no such key");
+                }
+                if from == to || (only_if_absent && self.exists(&to)) {
+                    return if only_if_absent { Value::Integer(0) } else { Value::ok() };
+                }
+                let deadline = self.deadlines.get(&from);
+                let value = self.stored(&from).expect("the key exists");
+                self.delete(index, &from);
+                self.put_stored(index, &to, value, deadline);
+                if only_if_absent {
+                    Value::Integer(1)
+                } else {
+                    Value::ok()
+                }
+            }
+            Write::Copy { from, to, replace } => {
+                if from == to {
+                    return Value::error("ERR source and destination objects are the same");
+                }
+                if !self.exists(&from) || (!replace && self.exists(&to)) {
+                    return Value::Integer(0);
+                }
+                let deadline = self.deadlines.get(&from);
+                let value = self.stored(&from).expect("the key exists");
+                self.put_stored(index, &to, value, deadline);
+                Value::Integer(1)
+            }
+            Write::FlushAll => {
+                for key in self.store.ungrouped_key_list() {
+                    if key.first() == Some(&STRING_TAG) {
+                        self.store.write(index, key, None);
+                    }
+                }
+                for prefix in self.store.group_prefixes() {
+                    if matches!(prefix.first(), Some(&HASH_TAG | &EXPIRY_TAG)) {
+                        for key in self.store.group_keys(&prefix) {
+                            self.store.write(index, key, None);
+                        }
+                    }
+                }
+                self.deadlines = Deadlines::default();
+                Value::ok()
+            }
             Write::Del(keys) => Value::Integer(keys.iter().filter(|k| self.delete(index, k)).count() as i64),
             Write::MSet(pairs) => {
                 for (k, v) in pairs {
@@ -688,7 +964,65 @@ impl KvState {
                 Value::Integer((self.exists(key) && condition.allows(current, deadline)) as i64)
             }
             Write::Persist(key) => Value::Integer((self.exists(key) && self.deadlines.get(key).is_some()) as i64),
-            Write::DeleteExpired(_) => Value::ok(),
+            Write::DeleteExpired(_) | Write::FlushAll => Value::ok(),
+            Write::SetRange { key, offset, value } => match self.string_to_update(key) {
+                Err(e) => e,
+                Ok(current) => match set_range_len(current.as_ref().map(Bytes::len), *offset, value.len()) {
+                    Err(e) => e,
+                    Ok(len) => Value::Integer(len as i64),
+                },
+            },
+            Write::IncrByFloat { key, increment } => match self.string_to_update(key) {
+                Err(e) => e,
+                Ok(current) => parse_float(increment)
+                    .ok_or_else(|| Value::error(not_a_float()))
+                    .and_then(|increment| float_sum(current.as_deref(), increment, &not_a_float()))
+                    .map_or_else(|e| e, |sum| Value::bulk(sum.to_string())),
+            },
+            Write::MSetNx(pairs) => Value::Integer(i64::from(!pairs.iter().any(|(k, _)| self.exists(k)))),
+            Write::HIncrBy { key, field, delta } => {
+                if let Err(e) = self.hash_check(key) {
+                    return e;
+                }
+                let current = self.field(key, field).unwrap_or_else(|_| unreadable_value());
+                hash_int_sum(current.as_deref(), *delta).map_or_else(|e| e, Value::Integer)
+            }
+            Write::HIncrByFloat { key, field, increment } => {
+                if let Err(e) = self.hash_check(key) {
+                    return e;
+                }
+                let current = self.field(key, field).unwrap_or_else(|_| unreadable_value());
+                float_sum(
+                    current.as_deref(),
+                    Float::Finite(*increment),
+                    "ERR hash value is not a float",
+                )
+                .map_or_else(|e| e, |sum| Value::bulk(sum.to_string()))
+            }
+            Write::HSetNx { key, field, .. } => match self.hash_check(key) {
+                Err(e) => e,
+                Ok(is_hash) => Value::Integer(i64::from(!(is_hash && self.store.contains(&field_key(key, field))))),
+            },
+            Write::Rename {
+                from,
+                to,
+                only_if_absent,
+            } => {
+                if !self.exists(from) {
+                    Value::error("ERR no such key")
+                } else if !only_if_absent {
+                    Value::ok()
+                } else {
+                    Value::Integer(i64::from(from != to && !self.exists(to)))
+                }
+            }
+            Write::Copy { from, to, replace } => {
+                if from == to {
+                    Value::error("ERR source and destination objects are the same")
+                } else {
+                    Value::Integer(i64::from(self.exists(from) && (*replace || !self.exists(to))))
+                }
+            }
             Write::Del(keys) => {
                 let mut seen = std::collections::HashSet::new();
                 let deleted = keys.iter().filter(|k| seen.insert(*k) && self.exists(k)).count();
@@ -714,16 +1048,18 @@ impl KvState {
                 Ok(current) => Value::Integer((current.map_or(0, |s| s.len()) + value.len()) as i64),
             },
             Write::HSet { key, pairs, reply_ok } => {
-                if let Err(e) = self.hash_check(key) {
-                    return e;
-                }
+                let is_hash = match self.hash_check(key) {
+                    Err(e) => return e,
+                    Ok(is_hash) => is_hash,
+                };
                 if *reply_ok {
                     return Value::ok();
                 }
+                // An expired hash's fields are still stored until the write deletes them.
                 let mut seen = std::collections::HashSet::new();
                 let added = pairs
                     .iter()
-                    .filter(|(f, _)| seen.insert(f) && !self.store.contains(&field_key(key, f)))
+                    .filter(|(f, _)| seen.insert(f) && !(is_hash && self.store.contains(&field_key(key, f))))
                     .count();
                 Value::Integer(added as i64)
             }
@@ -764,7 +1100,9 @@ impl KvState {
             // Its effect depends on the time of the entry it lands in, which a recovery from the
             // witnesses would change.
             Ok(Some(Command::Write(write)))
-                if write.reads_the_clock() || write.keys().iter().any(|k| self.deadlines.get(k).is_some()) =>
+                if write.reads_the_clock()
+                    || write.touches_every_key()
+                    || write.keys().iter().any(|k| self.deadlines.get(k).is_some()) =>
             {
                 None
             }
@@ -866,6 +1204,63 @@ impl KvState {
                     (true, Some(deadline)) if *in_ms => deadline as i64,
                     (true, Some(deadline)) => (deadline as i64 + 500) / 1000,
                 }),
+                Read::GetRange { key, start, end } => {
+                    let value = self.string(key)?.unwrap_or_default();
+                    Value::Bulk(Some(string_range(&value, *start, *end)))
+                }
+                Read::HRandField {
+                    key,
+                    count,
+                    with_values,
+                } => {
+                    let fields = self.hash_fields(key)?;
+                    match count {
+                        None if fields.is_empty() => Value::null(),
+                        None => Value::bulk(fields[self.random_below(fields.len())].0.clone()),
+                        Some(count) => {
+                            let picks = self.random_picks(fields.len(), *count);
+                            let mut out = Vec::with_capacity(picks.len() * (1 + usize::from(*with_values)));
+                            for pick in picks {
+                                out.push(Value::bulk(fields[pick].0.clone()));
+                                if *with_values {
+                                    out.push(Value::bulk(fields[pick].1.clone()));
+                                }
+                            }
+                            Value::array(out)
+                        }
+                    }
+                }
+                Read::Keys(pattern) => Value::array(
+                    self.live_keys()
+                        .into_iter()
+                        .filter(|(key, _)| glob_match(pattern, key, false))
+                        .map(|(key, _)| Value::bulk(key))
+                        .collect(),
+                ),
+                Read::Scan(args) => self.scan(args),
+                Read::HScan { key, args, no_values } => {
+                    let fields = self.hash_fields(key)?;
+                    let mut out = Vec::new();
+                    for (field, value) in fields {
+                        if args.pattern.as_ref().is_some_and(|p| !glob_match(p, &field, false)) {
+                            continue;
+                        }
+                        out.push(Value::bulk(field));
+                        if !no_values {
+                            out.push(Value::bulk(value));
+                        }
+                    }
+                    // The whole hash at once, as Redis answers for small hashes: cursor 0.
+                    Value::array(vec![Value::bulk("0"), Value::array(out)])
+                }
+                Read::RandomKey => {
+                    let keys = self.live_keys();
+                    if keys.is_empty() {
+                        Value::null()
+                    } else {
+                        Value::bulk(keys[self.random_below(keys.len())].0.clone())
+                    }
+                }
                 Read::ExpiredKeys { limit } => Value::array(
                     self.deadlines
                         .due(self.now_ms, *limit)
@@ -876,6 +1271,76 @@ impl KvState {
             })
         };
         result().unwrap_or_else(|e| e)
+    }
+}
+
+/// GETRANGE's bytes of `value`, its indices read as Redis reads them.
+fn string_range(value: &Bytes, start: i64, end: i64) -> Bytes {
+    let len = value.len() as i64;
+    if (start < 0 && end < 0 && start > end) || len == 0 {
+        return Bytes::new();
+    }
+    let from_end = |i: i64| if i < 0 { (len + i).max(0) } else { i };
+    let (start, end) = (from_end(start), from_end(end).min(len - 1));
+    if start > end {
+        return Bytes::new();
+    }
+    value.slice(start as usize..=end as usize)
+}
+
+impl KvState {
+    /// HRANDFIELD's picks among `n` fields: `count` distinct ones (all if fewer), or, for a
+    /// negative count, that many with repeats.
+    fn random_picks(&mut self, n: usize, count: i64) -> Vec<usize> {
+        if n == 0 {
+            return Vec::new();
+        }
+        if count < 0 {
+            let wanted = count.unsigned_abs().min(MAX_STRING_BYTES as u64) as usize;
+            return (0..wanted).map(|_| self.random_below(n)).collect();
+        }
+        let mut order: Vec<usize> = (0..n).collect();
+        let wanted = (count as u64).min(n as u64) as usize;
+        for i in 0..wanted {
+            let j = i + self.random_below(n - i);
+            order.swap(i, j);
+        }
+        order.truncate(wanted);
+        order
+    }
+
+    /// SCAN: the `count` keys next in `scan_position` order from the cursor on, then those of
+    /// them that pass MATCH and TYPE; the next cursor is the place of the first key not taken.
+    /// Every key present for a whole scan is returned at least once. A call reads every key's
+    /// place (Redis's reads only the few it returns), so a scan of N keys costs N²/COUNT.
+    fn scan(&mut self, args: &ScanArgs) -> Value {
+        let mut taken: std::collections::BinaryHeap<(u64, Bytes, KeyType)> = Default::default();
+        let mut next_cursor = u64::MAX;
+        for (key, key_type) in self.live_keys() {
+            let position = scan_position(&key);
+            if position < args.cursor {
+                continue;
+            }
+            taken.push((position, key, key_type));
+            if taken.len() > args.count {
+                let (left_out, ..) = taken.pop().expect("over count");
+                next_cursor = next_cursor.min(left_out);
+            }
+        }
+        let next_cursor = if next_cursor == u64::MAX { 0 } else { next_cursor };
+        let keys = taken
+            .into_sorted_vec()
+            .into_iter()
+            .filter(|(_, key, key_type)| {
+                args.pattern.as_ref().is_none_or(|p| glob_match(p, key, false))
+                    && args
+                        .type_name
+                        .as_ref()
+                        .is_none_or(|t| t.as_ref() == key_type.name().as_bytes())
+            })
+            .map(|(_, key, _)| Value::bulk(key))
+            .collect();
+        Value::array(vec![Value::bulk(next_cursor.to_string()), Value::array(keys)])
     }
 }
 
@@ -982,6 +1447,10 @@ impl StateMachine for KvState {
             Ok(Logged::Register | Logged::Renew { .. } | Logged::CurpRecovered { .. }) | Err(_) => return,
         };
         let keys = match Command::parse(&args) {
+            Ok(Some(Command::Write(write))) if write.touches_every_key() => {
+                self.proposed.note_every_key(index);
+                Vec::new()
+            }
             Ok(Some(Command::Write(write))) => write.keys(),
             _ => Vec::new(),
         };
@@ -1255,6 +1724,176 @@ mod tests {
         assert_eq!(s.run("DBSIZE"), int(1), "bookkeeping keys are not counted");
     }
 
+    #[test]
+    fn more_string_hash_and_key_commands_behave_like_redis() {
+        let mut s = Replica::new();
+        let int = Value::Integer;
+        assert_eq!(s.run("SETRANGE s 3 ab"), int(5));
+        assert_eq!(s.run("GET s"), Value::bulk("\0\0\0ab"));
+        assert_eq!(s.run("SET s Hello"), Value::ok());
+        assert_eq!(s.run("SETRANGE s 1 EY"), int(5));
+        assert_eq!(
+            (s.run("GETRANGE s 0 -1"), s.run("GETRANGE s -3 -2")),
+            (Value::bulk("HEYlo"), Value::bulk("Yl"))
+        );
+        assert_eq!(
+            (s.run("GETRANGE s 3 1"), s.run("GETRANGE s 4 100")),
+            (Value::bulk(""), Value::bulk("o"))
+        );
+        assert_eq!(s.run("GETRANGE nope 0 -1"), Value::bulk(""));
+        assert_eq!(s.run("SETRANGE empty 5 "), int(0));
+        assert_eq!(s.run("EXISTS empty"), int(0));
+        assert_eq!(s.run("SETRANGE s -1 x"), Value::error("ERR offset is out of range"));
+
+        assert_eq!(s.run("INCRBYFLOAT f 0.1"), Value::bulk("0.1"));
+        assert_eq!(s.run("INCRBYFLOAT f 0.2"), Value::bulk("0.3"));
+        assert_eq!(s.run("INCRBYFLOAT f -3"), Value::bulk("-2.7"));
+        assert_eq!(s.run("INCRBYFLOAT f 5.0e3"), Value::bulk("4997.3"));
+        assert_eq!(
+            s.run("INCRBYFLOAT f inf"),
+            Value::error("ERR increment would produce NaN or Infinity")
+        );
+        assert_eq!(s.run("INCRBYFLOAT s 1"), Value::error("ERR value is not a valid float"));
+        assert_eq!(s.run("INCRBYFLOAT f x"), Value::error("ERR value is not a valid float"));
+
+        assert_eq!(s.run("MSETNX a 1 b 2"), int(1));
+        assert_eq!(s.run("MSETNX b 3 c 4"), int(0));
+        assert_eq!(s.run("EXISTS c"), int(0));
+
+        assert_eq!(s.run("HINCRBY h n 5"), int(5));
+        assert_eq!(s.run("HINCRBY h n -7"), int(-2));
+        assert_eq!(s.run("HSETNX h n 1"), int(0));
+        assert_eq!(s.run("HSETNX h t x"), int(1));
+        assert_eq!(s.run("HINCRBY h t 1"), Value::error("ERR hash value is not an integer"));
+        assert_eq!(s.run("HINCRBYFLOAT h n 0.5"), Value::bulk("-1.5"));
+        assert_eq!(
+            s.run("HINCRBYFLOAT h t 1"),
+            Value::error("ERR hash value is not a float")
+        );
+        assert_eq!(
+            s.run("HINCRBYFLOAT h n inf"),
+            Value::error("ERR value is NaN or Infinity")
+        );
+        assert_eq!(s.run("HINCRBY a n 1"), Value::error(WRONGTYPE));
+
+        // RENAME and COPY move the value and its deadline.
+        assert_eq!(s.run("PEXPIRE h 5000"), int(1));
+        assert_eq!(s.run("RENAME h h2"), Value::ok());
+        assert_eq!(
+            (s.run("EXISTS h"), s.run("HGET h2 t"), s.run("PTTL h2")),
+            (int(0), Value::bulk("x"), int(5000))
+        );
+        assert_eq!(s.run("RENAME nope x"), Value::error("ERR no such key"));
+        assert_eq!(s.run("RENAMENX a b"), int(0));
+        assert_eq!(s.run("RENAMENX a a2"), int(1));
+        assert_eq!(s.run("RENAME b a2"), Value::ok());
+        assert_eq!(s.run("GET a2"), Value::bulk("2"));
+        assert_eq!(s.run("COPY h2 h3"), int(1));
+        assert_eq!(s.run("COPY a2 h3"), int(0));
+        assert_eq!(s.run("COPY a2 h3 REPLACE"), int(1));
+        assert_eq!(
+            (s.run("TYPE h3"), s.run("TYPE h2")),
+            (Value::Simple("string".into()), Value::Simple("hash".into()))
+        );
+        assert_eq!(
+            s.run("COPY a2 a2"),
+            Value::error("ERR source and destination objects are the same")
+        );
+        assert_eq!(s.run("COPY a2 x DB 1"), Value::error("ERR DB index is out of range"));
+
+        // KEYS, SCAN, HSCAN, RANDOMKEY, HRANDFIELD.
+        let sorted = |v: Value| match v {
+            Value::Array(Some(mut items)) => {
+                items.sort_by_key(|i| format!("{i:?}"));
+                items
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(sorted(s.run("KEYS h*")), vec![Value::bulk("h2"), Value::bulk("h3")]);
+        assert_eq!(sorted(s.run("KEYS *")).len(), 5, "s f a2 h2 h3");
+        assert_eq!(
+            s.run("HSCAN h2 0 MATCH n*"),
+            Value::array(vec![
+                Value::bulk("0"),
+                Value::array(vec![Value::bulk("n"), Value::bulk("-1.5")])
+            ])
+        );
+        assert!(matches!(s.run("RANDOMKEY"), Value::Bulk(Some(_))));
+        assert!(matches!(s.run("HRANDFIELD h2"), Value::Bulk(Some(_))));
+        assert_eq!(
+            sorted(s.run("HRANDFIELD h2 5")),
+            vec![Value::bulk("n"), Value::bulk("t")]
+        );
+        match s.run("HRANDFIELD h2 -5 WITHVALUES") {
+            Value::Array(Some(items)) => assert_eq!(items.len(), 10, "five picks, repeats allowed"),
+            other => panic!("{other:?}"),
+        }
+
+        assert_eq!(s.run("FLUSHALL"), Value::ok());
+        assert_eq!(
+            (s.run("DBSIZE"), s.run("KEYS *"), s.run("RANDOMKEY")),
+            (int(0), Value::array(vec![]), Value::null())
+        );
+        assert_eq!(s.run("PTTL h2"), int(-2));
+        assert_eq!(s.run("FLUSHDB ASYNC"), Value::ok());
+        assert!(Command::parse(&args("FLUSHALL NOW")).is_err());
+    }
+
+    /// SCAN returns every key present for the whole scan at least once, whatever COUNT, with
+    /// keys added and deleted while it runs.
+    #[test]
+    fn a_scan_returns_every_key_present_throughout() {
+        let mut s = Replica::new();
+        for i in 0..500 {
+            s.run(&format!("SET k{i} v"));
+        }
+        s.run("HSET hash f v");
+        for count in [1, 7, 100, 1000] {
+            let mut seen = std::collections::HashSet::new();
+            let mut cursor = "0".to_string();
+            let mut calls = 0;
+            loop {
+                calls += 1;
+                s.run(&format!("SET new{calls}-{count} v"));
+                s.run(&format!("DEL new{}-{count}", calls - 1));
+                let Value::Array(Some(reply)) = s.run(&format!("SCAN {cursor} COUNT {count}")) else {
+                    panic!()
+                };
+                let Value::Bulk(Some(next)) = &reply[0] else { panic!() };
+                let Value::Array(Some(keys)) = &reply[1] else { panic!() };
+                assert!(keys.len() <= count);
+                seen.extend(keys.iter().map(|k| format!("{k:?}")));
+                cursor = String::from_utf8(next.to_vec()).unwrap();
+                if cursor == "0" {
+                    break;
+                }
+            }
+            for i in 0..500 {
+                let key = format!("{:?}", Value::bulk(format!("k{i}")));
+                assert!(seen.contains(&key), "k{i} with COUNT {count}");
+            }
+            assert!(seen.contains(&format!("{:?}", Value::bulk("hash"))));
+            assert!(calls >= 501 / count, "{calls} calls with COUNT {count}");
+        }
+        let Value::Array(Some(reply)) = s.run("SCAN 0 COUNT 10000 MATCH k1? TYPE string") else {
+            panic!()
+        };
+        assert_eq!(sorted_len(&reply[1]), 10);
+        let Value::Array(Some(reply)) = s.run("SCAN 0 COUNT 10000 TYPE hash") else {
+            panic!()
+        };
+        assert_eq!(reply[1], Value::array(vec![Value::bulk("hash")]));
+        assert_eq!(s.run("SCAN x"), Value::error("ERR invalid cursor"));
+        assert_eq!(s.run("SCAN 0 COUNT 0"), Value::error("ERR syntax error"));
+    }
+
+    fn sorted_len(v: &Value) -> usize {
+        match v {
+            Value::Array(Some(items)) => items.len(),
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// The distributed-lock idiom: whoever takes the lock holds it until it expires, and only
     /// then can someone else take it.
     #[test]
@@ -1518,7 +2157,19 @@ mod tests {
         let (k1, k2, f) = (key(next(5)), key(next(5)), ["x", "y"][next(2) as usize]);
         let v = ["1", "-3", "v", "9223372036854775807"][next(4) as usize];
         let ms = ["1", "400", "900"][next(3) as usize];
-        match next(26) {
+        let float = ["0.5", "-2.25", "abc", "1e2"][next(4) as usize];
+        match next(37) {
+            26 => format!("SETRANGE {k1} {} {v}", next(4)),
+            27 => format!("INCRBYFLOAT {k1} {float}"),
+            28 => format!("MSETNX {k1} {v} {k2} {v}"),
+            29 => format!("HINCRBY {k1} {f} {v}"),
+            30 => format!("HINCRBYFLOAT {k1} {f} {float}"),
+            31 => format!("HSETNX {k1} {f} {v}"),
+            32 => format!("RENAME {k1} {k2}"),
+            33 => format!("RENAMENX {k1} {k2}"),
+            34 => format!("COPY {k1} {k2}"),
+            35 => format!("COPY {k1} {k2} REPLACE"),
+            36 => format!("SETRANGE {k1} 2 \"\""),
             12 => format!("SET {k1} {v} PX {ms}"),
             13 => format!("SET {k1} {v} KEEPTTL GET"),
             14 => format!("SET {k1} {v} NX PX {ms}"),
@@ -1654,6 +2305,35 @@ mod tests {
         );
         s.state.forget_proposed();
         assert!(s.state.proposed.is_empty());
+    }
+
+    /// FLUSHALL touches every key: while it is proposed and unapplied, a CURP leader answers no
+    /// write early, whatever its keys.
+    #[test]
+    fn nothing_is_speculated_behind_a_flushall_until_it_applies() {
+        let mut s = Replica::new();
+        let incarnation = RiflClient::register(&mut s, 1).incarnation;
+        s.run("SET k 1");
+        let logged = |connection: u64, cmd: &str| {
+            let envelope = Envelope {
+                client: chorus_curp::rifl::ClientId {
+                    incarnation,
+                    connection,
+                },
+                seq: 1,
+                first_unacked: 1,
+            };
+            crate::command::encode_enveloped(&envelope, &args(cmd))
+        };
+        let (flush, set) = (logged(1, "FLUSHALL"), logged(2, "SET k 2 NX"));
+        let flush_index = s.index + 1;
+        assert_eq!(s.state.speculate(flush_index, &flush), None, "FLUSHALL itself is not");
+        s.state.proposed(flush_index, &flush);
+        assert_eq!(s.state.speculate(flush_index + 1, &set), None);
+        s.index = flush_index;
+        s.state.apply(flush_index, &flush);
+        s.state.entry_applied(flush_index);
+        assert_eq!(s.state.speculate(flush_index + 1, &set), Some(Value::ok()));
     }
 
     /// Writes whose keys are disjoint commute: in either order they give the same replies and

@@ -235,6 +235,16 @@ impl<V> ScanMap<V> {
         )
     }
 
+    /// Every key in no group, in no particular order.
+    pub fn ungrouped_keys(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        self.singles.keys().map(SingleKey::as_slice)
+    }
+
+    /// The prefix of every group holding a key, in no particular order.
+    pub fn group_prefixes(&self) -> impl Iterator<Item = &Bytes> + '_ {
+        self.groups.keys()
+    }
+
     /// How many keys are in no group.
     pub fn ungrouped_len(&self) -> usize {
         self.singles.len()

@@ -1359,6 +1359,19 @@ impl Store {
         self.index.group_len(group)
     }
 
+    /// Every live key in no group, in no particular order (for what needs them all: listing
+    /// every key, deleting every key).
+    pub fn ungrouped_key_list(&mut self) -> Vec<Bytes> {
+        self.wait_for_index();
+        self.index.ungrouped_keys().map(Bytes::copy_from_slice).collect()
+    }
+
+    /// The prefix of every group holding a live key, in no particular order.
+    pub fn group_prefixes(&mut self) -> Vec<Bytes> {
+        self.wait_for_index();
+        self.index.group_prefixes().cloned().collect()
+    }
+
     /// Live keys in no group.
     pub fn ungrouped_keys(&mut self) -> usize {
         self.wait_for_index();
