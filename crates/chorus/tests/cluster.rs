@@ -908,7 +908,26 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
         let float_key = format!("{prefix}f{}", below(2));
         let float = ["0.5", "-2.25", "3", "abc", "1e2", "inf", ""][below(7)].to_string();
         let offset = ["0", "3", "-1"][below(3)].to_string();
-        let command: Vec<String> = match below(62) {
+        let command: Vec<String> = match below(76) {
+            62 => vec!["SADD".into(), key, field, value],
+            63 => vec!["SREM".into(), key, field, "f0".into()],
+            64 => vec!["SMEMBERS".into(), key],
+            65 => vec!["SISMEMBER".into(), key, field],
+            66 => vec!["SMISMEMBER".into(), key, field, "f1".into()],
+            67 => vec!["SCARD".into(), key],
+            68 => vec![["SINTER", "SUNION", "SDIFF"][below(3)].into(), key, other],
+            69 => vec![
+                ["SINTERSTORE", "SUNIONSTORE", "SDIFFSTORE"][below(3)].into(),
+                key,
+                other,
+                field,
+            ],
+            70 => vec!["SMOVE".into(), key, other, field],
+            71 => vec!["SINTERCARD".into(), "2".into(), key, other],
+            // Counts past any set's size: every member, so Redis's pick and Chorus's agree.
+            72 => vec!["SPOP".into(), key, "20".into()],
+            73 => vec!["SRANDMEMBER".into(), key, "20".into()],
+            74 => vec!["SADD".into(), key, "f0".into(), "f1".into(), "f2".into()],
             45 => vec!["SETRANGE".into(), key, offset, value],
             46 => vec!["GETRANGE".into(), key, offset, ["-1", "2", "-3"][below(3)].into()],
             47 => vec!["MSETNX".into(), key, value.clone(), other, value],
@@ -979,7 +998,20 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
                 pairs.sort_by_key(|(field, _)| format!("{field:?}"));
                 Value::Array(Some(pairs.into_iter().flat_map(|(f, v)| [f, v]).collect()))
             }
-            Value::Array(Some(mut items)) if ["HKEYS", "HVALS", "KEYS"].contains(&args[0]) => {
+            Value::Array(Some(mut items))
+                if [
+                    "HKEYS",
+                    "HVALS",
+                    "KEYS",
+                    "SMEMBERS",
+                    "SINTER",
+                    "SUNION",
+                    "SDIFF",
+                    "SPOP",
+                    "SRANDMEMBER",
+                ]
+                .contains(&args[0]) =>
+            {
                 items.sort_by_key(|item| format!("{item:?}"));
                 Value::Array(Some(items))
             }
@@ -1091,6 +1123,38 @@ async fn a_lock_taken_with_nx_px_is_not_taken_twice_nor_held_long_past_its_ttl_a
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// Applications' own client libraries, installed by `scripts/install-client-libs`: redis-py
+/// (over RESP2 and RESP3) and go-redis v9 (RESP3, its default, and RESP2) run their checks in
+/// `tests/clients` against a 3-node cluster — locks, a rate limiter, pipelines, strings, hashes,
+/// sets, expiry, SCAN and errors — writing through one follower and reading on the other node.
+#[test]
+fn redis_py_and_go_redis_pass_their_checks_against_a_cluster() {
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let libs = manifest_dir.join("../../target/client-libs");
+    let (python, go_check) = (libs.join("python/bin/python"), libs.join("go-redis-check"));
+    assert!(
+        python.exists() && go_check.exists(),
+        "the client libraries are not installed; run scripts/install-client-libs (scripts/test does)"
+    );
+    let script = manifest_dir.join("tests/clients/redis_py_check.py");
+    let cluster = Cluster::start(3, &[]);
+    let leader = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(cluster.leader_and_followers())
+        .0;
+    let others: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    let port = |id: u64| cluster.node(id).resp_addr.port().to_string();
+    let addr = |id: u64| cluster.node(id).resp_addr.to_string();
+    let out = run_tool(
+        python.to_str().unwrap(),
+        &[script.to_str().unwrap(), &port(others[0]), &port(others[1])],
+        None,
+    );
+    assert_eq!(out.trim(), "ok", "redis-py: {out}");
+    let out = run_tool(go_check.to_str().unwrap(), &[&addr(others[1]), &addr(leader)], None);
+    assert_eq!(out.trim(), "ok", "go-redis: {out}");
 }
 
 #[test]

@@ -119,6 +119,7 @@ pub enum Write {
     },
     /// FLUSHALL / FLUSHDB: every key (see `touches_every_key`).
     FlushAll,
+    Sets(SetWrite),
     Del(Vec<Bytes>),
     MSet(Vec<(Bytes, Bytes)>),
     IncrBy {
@@ -138,6 +139,85 @@ pub enum Write {
     HDel {
         key: Bytes,
         fields: Vec<Bytes>,
+    },
+}
+
+/// SINTER, SUNION, SDIFF.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetOp {
+    Inter,
+    Union,
+    Diff,
+}
+
+/// Writes to sets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetWrite {
+    Add {
+        key: Bytes,
+        members: Vec<Bytes>,
+    },
+    Remove {
+        key: Bytes,
+        members: Vec<Bytes>,
+    },
+    /// SPOP; `count` given or not (the reply differs).
+    Pop {
+        key: Bytes,
+        count: Option<usize>,
+    },
+    Move {
+        from: Bytes,
+        to: Bytes,
+        member: Bytes,
+    },
+    /// SINTERSTORE, SUNIONSTORE, SDIFFSTORE.
+    Store {
+        op: SetOp,
+        destination: Bytes,
+        keys: Vec<Bytes>,
+    },
+}
+
+impl SetWrite {
+    fn keys(&self) -> Vec<Bytes> {
+        match self {
+            SetWrite::Add { key, .. } | SetWrite::Remove { key, .. } | SetWrite::Pop { key, .. } => vec![key.clone()],
+            SetWrite::Move { from, to, .. } => vec![from.clone(), to.clone()],
+            SetWrite::Store { destination, keys, .. } => std::iter::once(destination).chain(keys).cloned().collect(),
+        }
+    }
+}
+
+/// Reads of sets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetRead {
+    Members(Bytes),
+    IsMember {
+        key: Bytes,
+        member: Bytes,
+    },
+    MIsMember {
+        key: Bytes,
+        members: Vec<Bytes>,
+    },
+    Card(Bytes),
+    RandMember {
+        key: Bytes,
+        count: Option<i64>,
+    },
+    Operation {
+        op: SetOp,
+        keys: Vec<Bytes>,
+    },
+    /// SINTERCARD; a limit of 0 is none.
+    InterCard {
+        keys: Vec<Bytes>,
+        limit: usize,
+    },
+    Scan {
+        key: Bytes,
+        args: ScanArgs,
     },
 }
 
@@ -165,6 +245,7 @@ impl Write {
             Write::Rename { from, to, .. } | Write::Copy { from, to, .. } => vec![from.clone(), to.clone()],
             // See `touches_every_key`.
             Write::FlushAll => Vec::new(),
+            Write::Sets(write) => write.keys(),
         }
     }
 
@@ -183,7 +264,8 @@ impl Write {
         match self {
             Write::Set { ttl, .. } => matches!(ttl, TtlChange::Set(_)),
             Write::GetEx { expire, .. } => !matches!(expire, Ok(None)),
-            Write::Expire { .. } | Write::DeleteExpired(_) => true,
+            // SPOP's pick is drawn from the entry's time.
+            Write::Expire { .. } | Write::DeleteExpired(_) | Write::Sets(SetWrite::Pop { .. }) => true,
             _ => false,
         }
     }
@@ -251,6 +333,7 @@ pub enum Read {
         no_values: bool,
     },
     RandomKey,
+    Sets(SetRead),
 }
 
 /// What SCAN and HSCAN take after the key: where to go on from, MATCH, COUNT and (SCAN) TYPE.
@@ -278,6 +361,17 @@ fn wrong_arity(name: &str) -> CommandError {
 
 pub fn syntax_error() -> CommandError {
     "ERR syntax error".into()
+}
+
+/// The set operation a command's name says.
+fn set_op(name: &str) -> SetOp {
+    if name.starts_with("sinter") {
+        SetOp::Inter
+    } else if name.starts_with("sunion") {
+        SetOp::Union
+    } else {
+        SetOp::Diff
+    }
 }
 
 pub fn not_a_float() -> CommandError {
@@ -837,6 +931,123 @@ impl Command {
                     to: rest[1].clone(),
                     replace,
                 })
+            }
+            "sadd" | "srem" => {
+                at_least(2)?;
+                let (key, members) = (rest[0].clone(), rest[1..].to_vec());
+                Command::Write(Write::Sets(if name == "sadd" {
+                    SetWrite::Add { key, members }
+                } else {
+                    SetWrite::Remove { key, members }
+                }))
+            }
+            "spop" => {
+                at_least(1)?;
+                if rest.len() > 2 {
+                    return Err(syntax_error());
+                }
+                let count = rest
+                    .get(1)
+                    .map(|c| {
+                        parse_i64(c)
+                            .ok()
+                            .and_then(|c| usize::try_from(c).ok())
+                            .ok_or_else(|| CommandError::from("ERR value is out of range, must be positive"))
+                    })
+                    .transpose()?;
+                Command::Write(Write::Sets(SetWrite::Pop {
+                    key: rest[0].clone(),
+                    count,
+                }))
+            }
+            "smove" => {
+                exact(3)?;
+                Command::Write(Write::Sets(SetWrite::Move {
+                    from: rest[0].clone(),
+                    to: rest[1].clone(),
+                    member: rest[2].clone(),
+                }))
+            }
+            "sinterstore" | "sunionstore" | "sdiffstore" => {
+                at_least(2)?;
+                Command::Write(Write::Sets(SetWrite::Store {
+                    op: set_op(name),
+                    destination: rest[0].clone(),
+                    keys: rest[1..].to_vec(),
+                }))
+            }
+            "sinter" | "sunion" | "sdiff" => {
+                at_least(1)?;
+                Command::Read(Read::Sets(SetRead::Operation {
+                    op: set_op(name),
+                    keys: rest.to_vec(),
+                }))
+            }
+            "smembers" => {
+                exact(1)?;
+                Command::Read(Read::Sets(SetRead::Members(rest[0].clone())))
+            }
+            "sismember" => {
+                exact(2)?;
+                Command::Read(Read::Sets(SetRead::IsMember {
+                    key: rest[0].clone(),
+                    member: rest[1].clone(),
+                }))
+            }
+            "smismember" => {
+                at_least(2)?;
+                Command::Read(Read::Sets(SetRead::MIsMember {
+                    key: rest[0].clone(),
+                    members: rest[1..].to_vec(),
+                }))
+            }
+            "scard" => {
+                exact(1)?;
+                Command::Read(Read::Sets(SetRead::Card(rest[0].clone())))
+            }
+            "srandmember" => {
+                at_least(1)?;
+                if rest.len() > 2 {
+                    return Err(syntax_error());
+                }
+                Command::Read(Read::Sets(SetRead::RandMember {
+                    key: rest[0].clone(),
+                    count: rest.get(1).map(|c| parse_i64(c)).transpose()?,
+                }))
+            }
+            "sintercard" => {
+                at_least(2)?;
+                let numkeys = parse_i64(&rest[0])
+                    .ok()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| CommandError::from("ERR numkeys should be greater than 0"))?;
+                if numkeys > rest.len() - 1 {
+                    return Err("ERR Number of keys can't be greater than number of args".into());
+                }
+                let mut limit = 0;
+                let options = &rest[1 + numkeys..];
+                match options {
+                    [] => {}
+                    [word, value] if word.eq_ignore_ascii_case(b"limit") => {
+                        limit = parse_i64(value)
+                            .ok()
+                            .and_then(|l| usize::try_from(l).ok())
+                            .ok_or_else(|| CommandError::from("ERR LIMIT can't be negative"))?;
+                    }
+                    _ => return Err(syntax_error()),
+                }
+                Command::Read(Read::Sets(SetRead::InterCard {
+                    keys: rest[1..1 + numkeys].to_vec(),
+                    limit,
+                }))
+            }
+            "sscan" => {
+                at_least(2)?;
+                Command::Read(Read::Sets(SetRead::Scan {
+                    key: rest[0].clone(),
+                    args: scan_args(&rest[1..], false, false)?.0,
+                }))
             }
             "flushall" | "flushdb" => {
                 let mode_known =

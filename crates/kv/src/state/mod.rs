@@ -1,13 +1,14 @@
 //! The key-value state machine: what each command reads and writes. The state itself lives in
 //! `chorus_storage::Store` (reduced segments on disk, an index and an object cache in memory);
 //! this module maps Redis types onto its flat key space. What must be answered without reading
-//! values — which keys are hashes, how many fields each has, how many keys exist — the store's
-//! index answers: a hash is a group of keys there.
+//! values — which keys are hashes or sets, how many fields or members each has, how many keys
+//! exist — the store's index answers: a hash or a set is a group of keys there.
 //!
 //! Storage keys: a string `k` is `s k`; field `f` of hash `k` is `h len(k) k f` (length as 4
 //! big-endian bytes), so one hash's fields are adjacent and each field is its own record: HSET of
 //! one field in a 10,000-field hash writes one record, and a reduced batch keeps only the fields
-//! it touched. A non-idempotent command (INCR, APPEND, …) is recorded as the value it produced.
+//! it touched. Member `m` of set `k` is `S len(k) k m` with an empty value, likewise
+//! (`sets.rs`). A non-idempotent command (INCR, APPEND, SPOP, …) is recorded as what it did.
 //! RIFL's completion records (`chorus_curp::rifl`) are keys too, `r` then the record's key, so
 //! snapshots, restarts and catch-up carry them like any other state; they form one group, which
 //! `DBSIZE` leaves out. They are held in memory and written to the store when a snapshot is taken:
@@ -41,6 +42,9 @@ use crate::decimal::{parse_float, Float};
 use crate::expiry::{wall_clock_ms, Deadlines};
 use crate::glob::glob_match;
 use crate::speculation::Proposed;
+use sets::{member_key, set_prefix};
+
+mod sets;
 use crate::storage_metrics::StorageMetrics;
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
@@ -49,6 +53,7 @@ const MAX_STRING_BYTES: usize = 512 * 1024 * 1024;
 const STRING_TAG: u8 = b's';
 const HASH_TAG: u8 = b'h';
 const RIFL_TAG: u8 = b'r';
+const SET_TAG: u8 = b'S';
 const EXPIRY_TAG: u8 = b'x';
 const CLOCK_KEY: &[u8] = b"c";
 /// Tags of keys that hold no client key: each is one group, left out of `DBSIZE`.
@@ -97,7 +102,7 @@ fn field_key(key: &[u8], field: &[u8]) -> Bytes {
 
 /// Hash fields are the keys the store must scan by prefix (HGETALL, deleting a hash).
 fn is_field_key(storage_key: &[u8]) -> bool {
-    storage_key.first() == Some(&HASH_TAG)
+    matches!(storage_key.first(), Some(&HASH_TAG | &SET_TAG))
 }
 
 /// The fields of one hash form a group in the store: kept together, scanned together, counted
@@ -141,6 +146,7 @@ pub struct KvState {
 enum KeyType {
     String,
     Hash,
+    Set,
 }
 
 impl KeyType {
@@ -148,6 +154,7 @@ impl KeyType {
         match self {
             KeyType::String => "string",
             KeyType::Hash => "hash",
+            KeyType::Set => "set",
         }
     }
 }
@@ -156,6 +163,7 @@ impl KeyType {
 enum Stored {
     String(Bytes),
     Hash(Vec<(Bytes, Bytes)>),
+    Set(Vec<Bytes>),
 }
 
 /// SCAN's order: a key's place is this 64-bit hash of it (FNV-1a, the same on every node and in
@@ -359,7 +367,30 @@ impl KvState {
     }
 
     fn exists(&self, key: &[u8]) -> bool {
-        self.is_hash(key) || self.is_string(key)
+        self.is_hash(key) || self.is_string(key) || self.is_set(key)
+    }
+
+    /// What `key` holds, if anything live.
+    fn key_type(&self, key: &[u8]) -> Option<KeyType> {
+        if self.is_string(key) {
+            Some(KeyType::String)
+        } else if self.is_hash(key) {
+            Some(KeyType::Hash)
+        } else if self.is_set(key) {
+            Some(KeyType::Set)
+        } else {
+            None
+        }
+    }
+
+    /// Whether `key` holds a `wanted`: `Ok(false)` if it holds nothing, `WRONGTYPE` if it holds
+    /// something else.
+    fn type_check(&self, key: &[u8], wanted: KeyType) -> Result<bool, Value> {
+        match self.key_type(key) {
+            None => Ok(false),
+            Some(held) if held == wanted => Ok(true),
+            Some(_) => Err(Value::error(WRONGTYPE)),
+        }
     }
 
     fn hash_len(&mut self, key: &[u8]) -> usize {
@@ -376,7 +407,7 @@ impl KvState {
             return Ok(None);
         }
         match self.store.get(&string_key(key)).map_err(storage_error)? {
-            None if self.is_hash(key) => Err(Value::error(WRONGTYPE)),
+            None if self.is_hash(key) || self.is_set(key) => Err(Value::error(WRONGTYPE)),
             value => Ok(value),
         }
     }
@@ -388,20 +419,14 @@ impl KvState {
             return Ok(None);
         }
         match self.store.get(&string_key(key)).unwrap_or_else(|e| unreadable(e)) {
-            None if self.is_hash(key) => Err(Value::error(WRONGTYPE)),
+            None if self.is_hash(key) || self.is_set(key) => Err(Value::error(WRONGTYPE)),
             value => Ok(value),
         }
     }
 
-    /// Errors when `key` holds a string; otherwise whether it is a hash.
+    /// Whether `key` is a hash; `WRONGTYPE` when it holds something else.
     fn hash_check(&self, key: &[u8]) -> Result<bool, Value> {
-        if self.is_hash(key) {
-            Ok(true)
-        } else if self.is_string(key) {
-            Err(Value::error(WRONGTYPE))
-        } else {
-            Ok(false)
-        }
+        self.type_check(key, KeyType::Hash)
     }
 
     /// A hash's fields and values, in field order (`WRONGTYPE` for a string).
@@ -432,6 +457,11 @@ impl KvState {
         if self.stores_hash(key) {
             for field in self.store.group_keys(&hash_prefix(key)) {
                 self.store.write(index, field, None);
+            }
+            true
+        } else if self.stores_set(key) {
+            for member in self.store.group_keys(&set_prefix(key)) {
+                self.store.write(index, member, None);
             }
             true
         } else if self.stores_string(key) {
@@ -487,14 +517,17 @@ impl KvState {
 
     /// Replaces the value of `key` with a string, keeping its deadline.
     fn set_string(&mut self, index: u64, key: &[u8], value: Bytes) {
-        if self.stores_hash(key) {
+        if self.stores_hash(key) || self.stores_set(key) {
             self.delete_value(index, key);
         }
         self.store.write(index, string_key(key), Some(value));
     }
 
-    /// The string or hash `key` holds, read for a write.
+    /// The string, hash or set `key` holds, read for a write.
     fn stored(&mut self, key: &[u8]) -> Option<Stored> {
+        if self.is_set(key) {
+            return self.set_members(key).ok().map(Stored::Set);
+        }
         if self.is_hash(key) {
             let prefix = hash_prefix(key);
             let fields = self.store.scan_group(&prefix).unwrap_or_else(|e| unreadable(e));
@@ -514,6 +547,11 @@ impl KvState {
                     self.store.write(index, field_key(to, &field), Some(value));
                 }
             }
+            Stored::Set(members) => {
+                for member in members {
+                    self.store.write(index, member_key(to, &member), Some(Bytes::new()));
+                }
+            }
         }
         self.set_deadline(index, to, deadline);
     }
@@ -525,12 +563,15 @@ impl KvState {
             .ungrouped_key_list()
             .into_iter()
             .filter_map(|k| (k.first() == Some(&STRING_TAG)).then(|| (k.slice(1..), KeyType::String)));
-        let hashes = self
-            .store
-            .group_prefixes()
-            .into_iter()
-            .filter_map(|prefix| (prefix.first() == Some(&HASH_TAG)).then(|| (prefix.slice(5..), KeyType::Hash)));
-        let mut keys: Vec<(Bytes, KeyType)> = strings.chain(hashes).collect();
+        let containers = self.store.group_prefixes().into_iter().filter_map(|prefix| {
+            let key_type = match prefix.first() {
+                Some(&HASH_TAG) => KeyType::Hash,
+                Some(&SET_TAG) => KeyType::Set,
+                _ => return None,
+            };
+            Some((prefix.slice(5..), key_type))
+        });
+        let mut keys: Vec<(Bytes, KeyType)> = strings.chain(containers).collect();
         keys.retain(|(key, _)| !self.expired(key));
         keys
     }
@@ -760,6 +801,7 @@ impl KvState {
                 self.put_stored(index, &to, value, deadline);
                 Value::Integer(1)
             }
+            Write::Sets(write) => self.execute_set_write(index, write),
             Write::FlushAll => {
                 for key in self.store.ungrouped_key_list() {
                     if key.first() == Some(&STRING_TAG) {
@@ -767,7 +809,7 @@ impl KvState {
                     }
                 }
                 for prefix in self.store.group_prefixes() {
-                    if matches!(prefix.first(), Some(&HASH_TAG | &EXPIRY_TAG)) {
+                    if matches!(prefix.first(), Some(&HASH_TAG | &SET_TAG | &EXPIRY_TAG)) {
                         for key in self.store.group_keys(&prefix) {
                             self.store.write(index, key, None);
                         }
@@ -965,6 +1007,7 @@ impl KvState {
             }
             Write::Persist(key) => Value::Integer((self.exists(key) && self.deadlines.get(key).is_some()) as i64),
             Write::DeleteExpired(_) | Write::FlushAll => Value::ok(),
+            Write::Sets(write) => self.preview_set_write(write),
             Write::SetRange { key, offset, value } => match self.string_to_update(key) {
                 Err(e) => e,
                 Ok(current) => match set_range_len(current.as_ref().map(Bytes::len), *offset, value.len()) {
@@ -1133,16 +1176,7 @@ impl KvState {
                 ),
                 Read::Exists(keys) => Value::Integer(keys.iter().filter(|k| self.exists(k)).count() as i64),
                 Read::StrLen(key) => Value::Integer(self.string(key)?.map_or(0, |s| s.len()) as i64),
-                Read::Type(key) => Value::Simple(
-                    if self.is_hash(key) {
-                        "hash"
-                    } else if self.is_string(key) {
-                        "string"
-                    } else {
-                        "none"
-                    }
-                    .into(),
-                ),
+                Read::Type(key) => Value::Simple(self.key_type(key).map_or("none", KeyType::name).into()),
                 Read::HGet { key, field } => {
                     self.hash_check(key)?;
                     Value::Bulk(self.field(key, field)?)
@@ -1253,6 +1287,7 @@ impl KvState {
                     // The whole hash at once, as Redis answers for small hashes: cursor 0.
                     Value::array(vec![Value::bulk("0"), Value::array(out)])
                 }
+                Read::Sets(read) => self.read_set(read)?,
                 Read::RandomKey => {
                     let keys = self.live_keys();
                     if keys.is_empty() {
@@ -1839,6 +1874,99 @@ mod tests {
         assert!(Command::parse(&args("FLUSHALL NOW")).is_err());
     }
 
+    #[test]
+    fn set_commands_behave_like_redis() {
+        let mut s = Replica::new();
+        let int = Value::Integer;
+        let members = |v: Value| match v {
+            Value::Array(Some(items)) => {
+                let mut m: Vec<String> = items
+                    .into_iter()
+                    .map(|i| match i {
+                        Value::Bulk(Some(b)) => String::from_utf8(b.to_vec()).unwrap(),
+                        other => panic!("{other:?}"),
+                    })
+                    .collect();
+                m.sort();
+                m.join(",")
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(s.run("SADD s a b c a"), int(3));
+        assert_eq!(s.run("SADD t b c d"), int(3));
+        assert_eq!(
+            (s.run("SCARD s"), s.run("TYPE s")),
+            (int(3), Value::Simple("set".into()))
+        );
+        assert_eq!(members(s.run("SMEMBERS s")), "a,b,c");
+        assert_eq!((s.run("SISMEMBER s a"), s.run("SISMEMBER s z")), (int(1), int(0)));
+        assert_eq!(s.run("SMISMEMBER s a z"), Value::array(vec![int(1), int(0)]));
+        assert_eq!(members(s.run("SINTER s t")), "b,c");
+        assert_eq!(members(s.run("SUNION s t nope")), "a,b,c,d");
+        assert_eq!(members(s.run("SDIFF s t")), "a");
+        assert_eq!(s.run("SINTERCARD 2 s t LIMIT 1"), int(1));
+        assert_eq!(s.run("SINTERSTORE u s t"), int(2));
+        assert_eq!(members(s.run("SMEMBERS u")), "b,c");
+        assert_eq!(s.run("SDIFFSTORE u s s"), int(0));
+        assert_eq!(s.run("EXISTS u"), int(0), "an empty result deletes the destination");
+        assert_eq!(s.run("SMOVE s t a"), int(1));
+        assert_eq!((s.run("SMOVE s t a"), s.run("SMOVE nope t a")), (int(0), int(0)));
+        assert_eq!(s.run("SREM s b c z"), int(2));
+        assert_eq!(s.run("EXISTS s"), int(0), "a set without members is gone");
+
+        s.run("SET str x");
+        let wrong = Value::error(WRONGTYPE);
+        assert_eq!(
+            (s.run("SADD str a"), s.run("SMEMBERS str"), s.run("SINTER t str")),
+            (wrong.clone(), wrong.clone(), wrong.clone())
+        );
+        assert_eq!(
+            (s.run("GET t"), s.run("HGET t f"), s.run("SMOVE t str b")),
+            (wrong.clone(), wrong.clone(), wrong)
+        );
+        assert_eq!(s.run("SET t x"), Value::ok(), "SET replaces a set");
+        assert_eq!(s.run("SCARD t"), Value::error(WRONGTYPE));
+
+        // SPOP takes members fixed by the entry: two replicas applying it alike pop alike.
+        let mut other = Replica::new();
+        for r in [&mut s, &mut other] {
+            r.run("SADD pool 1 2 3 4 5 6 7 8 9");
+        }
+        other.time_ms = s.time_ms;
+        let (a, b) = (s.run("SPOP pool 3"), other.run("SPOP pool 3"));
+        assert_eq!(a, b);
+        assert_eq!(members(s.run("SMEMBERS pool")), members(other.run("SMEMBERS pool")));
+        assert_eq!(s.run("SCARD pool"), int(6));
+        assert!(matches!(s.run("SPOP pool"), Value::Bulk(Some(_))));
+        assert_eq!(
+            (s.run("SPOP nope"), s.run("SPOP nope 2")),
+            (Value::null(), Value::array(vec![]))
+        );
+        assert_eq!(
+            s.run("SPOP pool -1"),
+            Value::error("ERR value is out of range, must be positive")
+        );
+        assert_eq!(members(s.run("SRANDMEMBER pool 100")).split(',').count(), 5);
+        match s.run("SRANDMEMBER pool -7") {
+            Value::Array(Some(items)) => assert_eq!(items.len(), 7),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(s.run("SSCAN pool 0 MATCH 1*"), s.run("SSCAN pool 0 MATCH 1*"));
+        assert_eq!(
+            s.run("SINTERCARD 3 a b"),
+            Value::error("ERR Number of keys can't be greater than number of args")
+        );
+
+        // A set survives a restart, a snapshot shipped to another replica, RENAME and expiry.
+        s.run("RENAME pool pool2");
+        s.run("PEXPIRE pool2 100");
+        s.restart();
+        assert_eq!(s.run("SCARD pool2"), int(5));
+        s.advance(100);
+        assert_eq!((s.run("SCARD pool2"), s.run("SADD pool2 x")), (int(0), int(1)));
+        assert_eq!(s.run("TTL pool2"), int(-1));
+    }
+
     /// SCAN returns every key present for the whole scan at least once, whatever COUNT, with
     /// keys added and deleted while it runs.
     #[test]
@@ -2158,7 +2286,7 @@ mod tests {
         let v = ["1", "-3", "v", "9223372036854775807"][next(4) as usize];
         let ms = ["1", "400", "900"][next(3) as usize];
         let float = ["0.5", "-2.25", "abc", "1e2"][next(4) as usize];
-        match next(37) {
+        match next(45) {
             26 => format!("SETRANGE {k1} {} {v}", next(4)),
             27 => format!("INCRBYFLOAT {k1} {float}"),
             28 => format!("MSETNX {k1} {v} {k2} {v}"),
@@ -2170,6 +2298,14 @@ mod tests {
             34 => format!("COPY {k1} {k2}"),
             35 => format!("COPY {k1} {k2} REPLACE"),
             36 => format!("SETRANGE {k1} 2 \"\""),
+            37 => format!("SADD {k1} {f} {v} {f}"),
+            38 => format!("SREM {k1} {f} z {f}"),
+            39 => format!("SMOVE {k1} {k2} {f}"),
+            40 => format!("SINTERSTORE {k1} {k2} {k1}"),
+            41 => format!("SUNIONSTORE {k1} {k2} c"),
+            42 => format!("SDIFFSTORE {k2} {k1} {k2}"),
+            43 => format!("SPOP {k1} {}", next(3)),
+            44 => format!("SPOP {k1}"),
             12 => format!("SET {k1} {v} PX {ms}"),
             13 => format!("SET {k1} {v} KEEPTTL GET"),
             14 => format!("SET {k1} {v} NX PX {ms}"),
