@@ -72,12 +72,26 @@ fn string_key(key: &[u8]) -> Bytes {
     k.freeze()
 }
 
-fn hash_prefix(key: &[u8]) -> BytesMut {
+/// The prefix of a hash's fields or a set's members: the type's tag, the key's length as 4
+/// big-endian bytes, the key.
+fn group_prefix(tag: u8, key: &[u8]) -> BytesMut {
     let mut k = BytesMut::with_capacity(5 + key.len() + 16);
-    k.put_u8(HASH_TAG);
+    k.put_u8(tag);
     k.put_u32(u32::try_from(key.len()).expect("keys are shorter than 4 GiB"));
     k.put_slice(key);
     k
+}
+
+fn hash_prefix(key: &[u8]) -> BytesMut {
+    group_prefix(HASH_TAG, key)
+}
+
+/// A xorshift step: the pseudo-random numbers of random picks.
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
 }
 
 fn rifl_key(suffix: &[u8]) -> Bytes {
@@ -578,11 +592,7 @@ impl KvState {
 
     /// A number below `n` (which is not 0) for a read's random pick.
     fn random_below(&mut self, n: usize) -> usize {
-        let x = &mut self.read_rng;
-        *x ^= *x << 13;
-        *x ^= *x >> 7;
-        *x ^= *x << 17;
-        (*x % n as u64) as usize
+        (xorshift(&mut self.read_rng) % n as u64) as usize
     }
 
     /// Applies a write from the entry at `index`.
@@ -1569,12 +1579,9 @@ mod tests {
         cmd.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect()
     }
 
-    /// A xorshift step: the next number below `n` from `state`.
+    /// The next number below `n` from `state`.
     fn below(state: &mut u64, n: u64) -> u64 {
-        *state ^= *state << 13;
-        *state ^= *state >> 7;
-        *state ^= *state << 17;
-        *state % n
+        xorshift(state) % n
     }
 
     fn options(dir: &std::path::Path) -> StoreOptions {

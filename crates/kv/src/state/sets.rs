@@ -9,30 +9,18 @@ use std::collections::BTreeSet;
 use bytes::{BufMut, Bytes, BytesMut};
 use chorus_resp::Value;
 
-use super::{scan_position, KeyType, KvState, SET_TAG};
+use super::{group_prefix, scan_position, xorshift, KeyType, KvState, SET_TAG};
 use crate::command::{SetOp, SetRead, SetWrite};
 use crate::glob::glob_match;
 
 pub(super) fn set_prefix(key: &[u8]) -> BytesMut {
-    let mut k = BytesMut::with_capacity(5 + key.len() + 16);
-    k.put_u8(SET_TAG);
-    k.put_u32(u32::try_from(key.len()).expect("keys are shorter than 4 GiB"));
-    k.put_slice(key);
-    k
+    group_prefix(SET_TAG, key)
 }
 
 pub(super) fn member_key(key: &[u8], member: &[u8]) -> Bytes {
     let mut k = set_prefix(key);
     k.put_slice(member);
     k.freeze()
-}
-
-/// A xorshift step.
-fn next_random(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
 }
 
 impl KvState {
@@ -96,7 +84,7 @@ impl KvState {
         let mut state = (self.now_ms ^ scan_position(key) ^ (members.len() as u64).rotate_left(32)) | 1;
         let mut order: Vec<usize> = (0..members.len()).collect();
         for i in 0..count {
-            let j = i + (next_random(&mut state) % (members.len() - i) as u64) as usize;
+            let j = i + (xorshift(&mut state) % (members.len() - i) as u64) as usize;
             order.swap(i, j);
         }
         order[..count].iter().map(|i| members[*i].clone()).collect()
