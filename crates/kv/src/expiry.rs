@@ -6,10 +6,11 @@
 //! same entries has the same clock. Reads, which change nothing, take the later of the local wall
 //! clock and the log's clock; see `docs/reliability.md` for the clock bound this gives.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use foldhash::HashMap;
 
 /// Every key with a deadline, by key and by deadline (for removing the ones due).
 #[derive(Default)]
@@ -24,6 +25,9 @@ impl Deadlines {
     }
 
     pub(crate) fn get(&self, key: &[u8]) -> Option<u64> {
+        if self.by_key.is_empty() {
+            return None;
+        }
         self.by_key.get(key).copied()
     }
 
@@ -39,6 +43,10 @@ impl Deadlines {
 
     /// Removes `key`'s deadline; the one it had, if any.
     pub(crate) fn remove(&mut self, key: &[u8]) -> Option<u64> {
+        // Every SET asks, and most stores have no deadline at all: no hashing then.
+        if self.by_key.is_empty() {
+            return None;
+        }
         let (key, previous) = self.by_key.remove_entry(key)?;
         self.by_time.remove(&(previous, key));
         Some(previous)

@@ -369,7 +369,21 @@ impl KvState {
 
     /// Whether a hash is stored under `key`, expired or not.
     fn stores_hash(&self, key: &[u8]) -> bool {
-        self.store.group_has_keys(&hash_prefix(key))
+        self.stores_group(HASH_TAG, key)
+    }
+
+    /// Whether the store holds a group (a hash's fields, a set's members) for `key` under
+    /// `tag`, expired or not. Every string written asks, so the prefix is built on the stack.
+    fn stores_group(&self, tag: u8, key: &[u8]) -> bool {
+        let mut buf = [0u8; 128];
+        let len = 5 + key.len();
+        if len > buf.len() {
+            return self.store.group_has_keys(&group_prefix(tag, key));
+        }
+        buf[0] = tag;
+        buf[1..5].copy_from_slice(&u32::try_from(key.len()).expect("short key").to_be_bytes());
+        buf[5..len].copy_from_slice(key);
+        self.store.group_has_keys(&buf[..len])
     }
 
     fn is_string(&self, key: &[u8]) -> bool {

@@ -25,7 +25,7 @@ pub(super) fn member_key(key: &[u8], member: &[u8]) -> Bytes {
 
 impl KvState {
     pub(super) fn stores_set(&self, key: &[u8]) -> bool {
-        self.store.group_has_keys(&set_prefix(key))
+        self.stores_group(SET_TAG, key)
     }
 
     pub(super) fn is_set(&self, key: &[u8]) -> bool {
