@@ -908,7 +908,36 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
         let float_key = format!("{prefix}f{}", below(2));
         let float = ["0.5", "-2.25", "3", "abc", "1e2", "inf", ""][below(7)].to_string();
         let offset = ["0", "3", "-1"][below(3)].to_string();
-        let command: Vec<String> = match below(76) {
+        let index = ["0", "1", "-1", "-2", "5"][below(5)].to_string();
+        let command: Vec<String> = match below(91) {
+            76 => vec![
+                ["LPUSH", "RPUSH", "LPUSHX", "RPUSHX"][below(4)].into(),
+                key,
+                value,
+                field,
+            ],
+            77 => vec![["LPOP", "RPOP"][below(2)].into(), key],
+            78 => vec![
+                ["LPOP", "RPOP"][below(2)].into(),
+                key,
+                ["0", "1", "3", "-1"][below(4)].into(),
+            ],
+            79 => vec!["LRANGE".into(), key, index, ["-1", "2", "0"][below(3)].into()],
+            80 => vec!["LLEN".into(), key],
+            81 => vec!["LINDEX".into(), key, index],
+            82 => vec!["LSET".into(), key, index, value],
+            83 => vec!["LREM".into(), key, ["0", "1", "-1"][below(3)].into(), value],
+            84 => vec!["LTRIM".into(), key, index, ["-1", "2", "0"][below(3)].into()],
+            85 => vec![
+                "LMOVE".into(),
+                key,
+                other,
+                ["LEFT", "RIGHT"][below(2)].into(),
+                ["LEFT", "RIGHT", "UP"][below(3)].into(),
+            ],
+            86 => vec!["RPOPLPUSH".into(), key, other],
+            87 => vec!["RPUSH".into(), key, "f0".into(), "f1".into(), "f0".into()],
+            88 => vec!["LRANGE".into(), key, "0".into(), "-1".into()],
             62 => vec!["SADD".into(), key, field, value],
             63 => vec!["SREM".into(), key, field, "f0".into()],
             64 => vec!["SMEMBERS".into(), key],
@@ -952,7 +981,14 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
             34 => vec!["GETEX".into(), key, "EX".into(), seconds],
             35 => vec!["GETEX".into(), key, "PERSIST".into()],
             36 => vec!["EXPIRE".into(), key, seconds],
-            37 => vec!["EXPIRE".into(), key, seconds, ["NX", "XX", "GT", "LT"][below(4)].into()],
+            // Absolute times: GT and LT compare deadlines, which relative times would make
+            // depend on the millisecond each system ran the command in.
+            37 => vec![
+                "EXPIREAT".into(),
+                key,
+                ["4102444800", "4102448400", "1"][below(3)].into(),
+                ["NX", "XX", "GT", "LT"][below(4)].into(),
+            ],
             38 => vec!["EXPIRE".into(), key, seconds, "NX".into(), "GT".into()],
             39 => vec!["PERSIST".into(), key],
             40 => vec!["TTL".into(), key],

@@ -120,6 +120,7 @@ pub enum Write {
     /// FLUSHALL / FLUSHDB: every key (see `touches_every_key`).
     FlushAll,
     Sets(SetWrite),
+    Lists(ListWrite),
     Del(Vec<Bytes>),
     MSet(Vec<(Bytes, Bytes)>),
     IncrBy {
@@ -140,6 +141,74 @@ pub enum Write {
         key: Bytes,
         fields: Vec<Bytes>,
     },
+}
+
+/// A list's head (LEFT) or tail (RIGHT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    Left,
+    Right,
+}
+
+/// Writes to lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListWrite {
+    /// LPUSH / RPUSH, or (`only_if_exists`) LPUSHX / RPUSHX.
+    Push {
+        key: Bytes,
+        elements: Vec<Bytes>,
+        end: End,
+        only_if_exists: bool,
+    },
+    /// LPOP / RPOP; `count` given or not (the reply differs).
+    Pop {
+        key: Bytes,
+        count: Option<usize>,
+        end: End,
+    },
+    Set {
+        key: Bytes,
+        at: i64,
+        element: Bytes,
+    },
+    Remove {
+        key: Bytes,
+        count: i64,
+        element: Bytes,
+    },
+    Trim {
+        key: Bytes,
+        start: i64,
+        stop: i64,
+    },
+    /// LMOVE, RPOPLPUSH.
+    Move {
+        from: Bytes,
+        to: Bytes,
+        from_end: End,
+        to_end: End,
+    },
+}
+
+impl ListWrite {
+    fn keys(&self) -> Vec<Bytes> {
+        match self {
+            ListWrite::Push { key, .. }
+            | ListWrite::Pop { key, .. }
+            | ListWrite::Set { key, .. }
+            | ListWrite::Remove { key, .. }
+            | ListWrite::Trim { key, .. } => vec![key.clone()],
+            ListWrite::Move { from, to, .. } => vec![from.clone(), to.clone()],
+        }
+    }
+}
+
+/// Reads of lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListRead {
+    Len(Bytes),
+    Range { key: Bytes, start: i64, stop: i64 },
+    Index { key: Bytes, at: i64 },
 }
 
 /// SINTER, SUNION, SDIFF.
@@ -246,6 +315,7 @@ impl Write {
             // See `touches_every_key`.
             Write::FlushAll => Vec::new(),
             Write::Sets(write) => write.keys(),
+            Write::Lists(write) => write.keys(),
         }
     }
 
@@ -334,6 +404,7 @@ pub enum Read {
     },
     RandomKey,
     Sets(SetRead),
+    Lists(ListRead),
 }
 
 /// What SCAN and HSCAN take after the key: where to go on from, MATCH, COUNT and (SCAN) TYPE.
@@ -361,6 +432,17 @@ fn wrong_arity(name: &str) -> CommandError {
 
 pub fn syntax_error() -> CommandError {
     "ERR syntax error".into()
+}
+
+/// LEFT or RIGHT.
+fn end_arg(arg: &[u8]) -> Result<End, CommandError> {
+    if arg.eq_ignore_ascii_case(b"left") {
+        Ok(End::Left)
+    } else if arg.eq_ignore_ascii_case(b"right") {
+        Ok(End::Right)
+    } else {
+        Err(syntax_error())
+    }
 }
 
 /// The set operation a command's name says.
@@ -1047,6 +1129,93 @@ impl Command {
                 Command::Read(Read::Sets(SetRead::Scan {
                     key: rest[0].clone(),
                     args: scan_args(&rest[1..], false, false)?.0,
+                }))
+            }
+            "lpush" | "rpush" | "lpushx" | "rpushx" => {
+                at_least(2)?;
+                Command::Write(Write::Lists(ListWrite::Push {
+                    key: rest[0].clone(),
+                    elements: rest[1..].to_vec(),
+                    end: if name.starts_with('l') { End::Left } else { End::Right },
+                    only_if_exists: name.ends_with('x'),
+                }))
+            }
+            "lpop" | "rpop" => {
+                at_least(1)?;
+                if rest.len() > 2 {
+                    return Err(wrong_arity(name));
+                }
+                let count = rest
+                    .get(1)
+                    .map(|c| {
+                        parse_i64(c)
+                            .ok()
+                            .and_then(|c| usize::try_from(c).ok())
+                            .ok_or_else(|| CommandError::from("ERR value is out of range, must be positive"))
+                    })
+                    .transpose()?;
+                Command::Write(Write::Lists(ListWrite::Pop {
+                    key: rest[0].clone(),
+                    count,
+                    end: if name == "lpop" { End::Left } else { End::Right },
+                }))
+            }
+            "lset" => {
+                exact(3)?;
+                Command::Write(Write::Lists(ListWrite::Set {
+                    key: rest[0].clone(),
+                    at: parse_i64(&rest[1])?,
+                    element: rest[2].clone(),
+                }))
+            }
+            "lrem" => {
+                exact(3)?;
+                Command::Write(Write::Lists(ListWrite::Remove {
+                    key: rest[0].clone(),
+                    count: parse_i64(&rest[1])?,
+                    element: rest[2].clone(),
+                }))
+            }
+            "ltrim" => {
+                exact(3)?;
+                Command::Write(Write::Lists(ListWrite::Trim {
+                    key: rest[0].clone(),
+                    start: parse_i64(&rest[1])?,
+                    stop: parse_i64(&rest[2])?,
+                }))
+            }
+            "lmove" | "rpoplpush" => {
+                let (from_end, to_end) = if name == "lmove" {
+                    exact(4)?;
+                    (end_arg(&rest[2])?, end_arg(&rest[3])?)
+                } else {
+                    exact(2)?;
+                    (End::Right, End::Left)
+                };
+                Command::Write(Write::Lists(ListWrite::Move {
+                    from: rest[0].clone(),
+                    to: rest[1].clone(),
+                    from_end,
+                    to_end,
+                }))
+            }
+            "llen" => {
+                exact(1)?;
+                Command::Read(Read::Lists(ListRead::Len(rest[0].clone())))
+            }
+            "lrange" => {
+                exact(3)?;
+                Command::Read(Read::Lists(ListRead::Range {
+                    key: rest[0].clone(),
+                    start: parse_i64(&rest[1])?,
+                    stop: parse_i64(&rest[2])?,
+                }))
+            }
+            "lindex" => {
+                exact(2)?;
+                Command::Read(Read::Lists(ListRead::Index {
+                    key: rest[0].clone(),
+                    at: parse_i64(&rest[1])?,
                 }))
             }
             "flushall" | "flushdb" => {

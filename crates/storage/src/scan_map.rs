@@ -191,7 +191,7 @@ impl<V> ScanMap<V> {
     }
 
     /// Entries of the group whose prefix is `group`, in key order.
-    pub fn group<'a>(&'a self, group: &[u8]) -> impl Iterator<Item = (&'a Bytes, &'a V)> + 'a {
+    pub fn group<'a>(&'a self, group: &[u8]) -> impl DoubleEndedIterator<Item = (&'a Bytes, &'a V)> + 'a {
         debug_assert_eq!(
             (self.group_of)(group),
             Some(group.len()),

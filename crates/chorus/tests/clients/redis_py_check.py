@@ -1,5 +1,5 @@
 """What an application does with redis-py, against a Chorus cluster: the lock and rate-limiter
-idioms, strings, hashes, sets, expiry, pipelines, SCAN and errors, over RESP2 and RESP3, writing
+idioms, strings, hashes, sets, a list queue, expiry, pipelines, SCAN and errors, over RESP2 and RESP3, writing
 on one node and reading on another. Run by crates/chorus/tests/cluster.rs with the nodes' ports;
 prints "ok" and exits 0 when every check passed.
 
@@ -53,6 +53,13 @@ def check(protocol, ports):
     assert read.smembers(p + "s1") == {"a", "b", "c"}
     assert read.sinter(p + "s1", p + "s2") == {"b", "c"}
     assert write.sinterstore(p + "s3", [p + "s1", p + "s2"]) == 2
+
+    # A queue: producers push on one node, a consumer pops on another, in order.
+    assert write.rpush(p + "queue", "job1", "job2", "job3") == 3
+    assert read.lpop(p + "queue") == "job1"
+    assert read.lrange(p + "queue", 0, -1) == ["job2", "job3"]
+    assert write.lmove(p + "queue", p + "done", "LEFT", "RIGHT") == "job2"
+    assert read.llen(p + "queue") == 1 and read.lindex(p + "done", 0) == "job2"
 
     # Expiry.
     assert write.expire(p + "user", 100)

@@ -1,14 +1,14 @@
 //! The key-value state machine: what each command reads and writes. The state itself lives in
 //! `chorus_storage::Store` (reduced segments on disk, an index and an object cache in memory);
 //! this module maps Redis types onto its flat key space. What must be answered without reading
-//! values — which keys are hashes or sets, how many fields or members each has, how many keys
-//! exist — the store's index answers: a hash or a set is a group of keys there.
+//! values — which keys are hashes, sets or lists, how many fields, members or elements each has,
+//! how many keys exist — the store's index answers: each of these is a group of keys there.
 //!
 //! Storage keys: a string `k` is `s k`; field `f` of hash `k` is `h len(k) k f` (length as 4
 //! big-endian bytes), so one hash's fields are adjacent and each field is its own record: HSET of
 //! one field in a 10,000-field hash writes one record, and a reduced batch keeps only the fields
 //! it touched. Member `m` of set `k` is `S len(k) k m` with an empty value, likewise
-//! (`sets.rs`). A non-idempotent command (INCR, APPEND, SPOP, …) is recorded as what it did.
+//! (`sets.rs`), and a list's elements are `L len(k) k position` (`lists.rs`). A non-idempotent command (INCR, APPEND, SPOP, …) is recorded as what it did.
 //! RIFL's completion records (`chorus_curp::rifl`) are keys too, `r` then the record's key, so
 //! snapshots, restarts and catch-up carry them like any other state; they form one group, which
 //! `DBSIZE` leaves out. They are held in memory and written to the store when a snapshot is taken:
@@ -34,16 +34,18 @@ use chorus_resp::{parse_value, write_value, Limits, Value};
 use chorus_storage::{Manifest, Store, StoreError, StoreOptions};
 
 use crate::command::{
-    decode_logged, invalid_expire_time, not_a_float, Command, Decimal, Logged, Read, ScanArgs, SetCondition, TtlChange,
-    Write,
+    decode_logged, invalid_expire_time, not_a_float, Command, Decimal, End, ListWrite, Logged, Read, ScanArgs,
+    SetCondition, TtlChange, Write,
 };
 use crate::curp::ApplyWatch;
 use crate::decimal::{parse_float, Float};
 use crate::expiry::{wall_clock_ms, Deadlines};
 use crate::glob::glob_match;
 use crate::speculation::Proposed;
+use lists::list_prefix;
 use sets::{member_key, set_prefix};
 
+mod lists;
 mod sets;
 use crate::storage_metrics::StorageMetrics;
 
@@ -54,6 +56,7 @@ const STRING_TAG: u8 = b's';
 const HASH_TAG: u8 = b'h';
 const RIFL_TAG: u8 = b'r';
 const SET_TAG: u8 = b'S';
+const LIST_TAG: u8 = b'L';
 const EXPIRY_TAG: u8 = b'x';
 const CLOCK_KEY: &[u8] = b"c";
 /// Tags of keys that hold no client key: each is one group, left out of `DBSIZE`.
@@ -116,7 +119,7 @@ fn field_key(key: &[u8], field: &[u8]) -> Bytes {
 
 /// Hash fields are the keys the store must scan by prefix (HGETALL, deleting a hash).
 fn is_field_key(storage_key: &[u8]) -> bool {
-    matches!(storage_key.first(), Some(&HASH_TAG | &SET_TAG))
+    matches!(storage_key.first(), Some(&HASH_TAG | &SET_TAG | &LIST_TAG))
 }
 
 /// The fields of one hash form a group in the store: kept together, scanned together, counted
@@ -161,6 +164,7 @@ enum KeyType {
     String,
     Hash,
     Set,
+    List,
 }
 
 impl KeyType {
@@ -169,6 +173,7 @@ impl KeyType {
             KeyType::String => "string",
             KeyType::Hash => "hash",
             KeyType::Set => "set",
+            KeyType::List => "list",
         }
     }
 }
@@ -178,6 +183,7 @@ enum Stored {
     String(Bytes),
     Hash(Vec<(Bytes, Bytes)>),
     Set(Vec<Bytes>),
+    List(Vec<Bytes>),
 }
 
 /// SCAN's order: a key's place is this 64-bit hash of it (FNV-1a, the same on every node and in
@@ -395,7 +401,7 @@ impl KvState {
     }
 
     fn exists(&self, key: &[u8]) -> bool {
-        self.is_hash(key) || self.is_string(key) || self.is_set(key)
+        self.key_type(key).is_some()
     }
 
     /// What `key` holds, if anything live.
@@ -406,6 +412,8 @@ impl KvState {
             Some(KeyType::Hash)
         } else if self.is_set(key) {
             Some(KeyType::Set)
+        } else if self.is_list(key) {
+            Some(KeyType::List)
         } else {
             None
         }
@@ -435,7 +443,7 @@ impl KvState {
             return Ok(None);
         }
         match self.store.get(&string_key(key)).map_err(storage_error)? {
-            None if self.is_hash(key) || self.is_set(key) => Err(Value::error(WRONGTYPE)),
+            None if self.key_type(key).is_some() => Err(Value::error(WRONGTYPE)),
             value => Ok(value),
         }
     }
@@ -447,7 +455,7 @@ impl KvState {
             return Ok(None);
         }
         match self.store.get(&string_key(key)).unwrap_or_else(|e| unreadable(e)) {
-            None if self.is_hash(key) || self.is_set(key) => Err(Value::error(WRONGTYPE)),
+            None if self.key_type(key).is_some() => Err(Value::error(WRONGTYPE)),
             value => Ok(value),
         }
     }
@@ -487,8 +495,13 @@ impl KvState {
                 self.store.write(index, field, None);
             }
             true
-        } else if self.stores_set(key) {
-            for member in self.store.group_keys(&set_prefix(key)) {
+        } else if self.stores_set(key) || self.stores_list(key) {
+            let prefix = if self.stores_set(key) {
+                set_prefix(key)
+            } else {
+                list_prefix(key)
+            };
+            for member in self.store.group_keys(&prefix) {
                 self.store.write(index, member, None);
             }
             true
@@ -545,7 +558,7 @@ impl KvState {
 
     /// Replaces the value of `key` with a string, keeping its deadline.
     fn set_string(&mut self, index: u64, key: &[u8], value: Bytes) {
-        if self.stores_hash(key) || self.stores_set(key) {
+        if self.stores_hash(key) || self.stores_set(key) || self.stores_list(key) {
             self.delete_value(index, key);
         }
         self.store.write(index, string_key(key), Some(value));
@@ -555,6 +568,10 @@ impl KvState {
     fn stored(&mut self, key: &[u8]) -> Option<Stored> {
         if self.is_set(key) {
             return self.set_members(key).ok().map(Stored::Set);
+        }
+        if self.is_list(key) {
+            let elements = self.list_elements(key).ok()?;
+            return Some(Stored::List(elements.into_iter().map(|(_, e)| e).collect()));
         }
         if self.is_hash(key) {
             let prefix = hash_prefix(key);
@@ -580,6 +597,17 @@ impl KvState {
                     self.store.write(index, member_key(to, &member), Some(Bytes::new()));
                 }
             }
+            Stored::List(elements) => {
+                self.execute_list_write(
+                    index,
+                    ListWrite::Push {
+                        key: Bytes::copy_from_slice(to),
+                        elements,
+                        end: End::Right,
+                        only_if_exists: false,
+                    },
+                );
+            }
         }
         self.set_deadline(index, to, deadline);
     }
@@ -595,6 +623,7 @@ impl KvState {
             let key_type = match prefix.first() {
                 Some(&HASH_TAG) => KeyType::Hash,
                 Some(&SET_TAG) => KeyType::Set,
+                Some(&LIST_TAG) => KeyType::List,
                 _ => return None,
             };
             Some((prefix.slice(5..), key_type))
@@ -826,6 +855,7 @@ impl KvState {
                 Value::Integer(1)
             }
             Write::Sets(write) => self.execute_set_write(index, write),
+            Write::Lists(write) => self.execute_list_write(index, write),
             Write::FlushAll => {
                 for key in self.store.ungrouped_key_list() {
                     if key.first() == Some(&STRING_TAG) {
@@ -833,7 +863,7 @@ impl KvState {
                     }
                 }
                 for prefix in self.store.group_prefixes() {
-                    if matches!(prefix.first(), Some(&HASH_TAG | &SET_TAG | &EXPIRY_TAG)) {
+                    if matches!(prefix.first(), Some(&HASH_TAG | &SET_TAG | &LIST_TAG | &EXPIRY_TAG)) {
                         for key in self.store.group_keys(&prefix) {
                             self.store.write(index, key, None);
                         }
@@ -1032,6 +1062,7 @@ impl KvState {
             Write::Persist(key) => Value::Integer((self.exists(key) && self.deadlines.get(key).is_some()) as i64),
             Write::DeleteExpired(_) | Write::FlushAll => Value::ok(),
             Write::Sets(write) => self.preview_set_write(write),
+            Write::Lists(write) => self.preview_list_write(write),
             Write::SetRange { key, offset, value } => match self.string_to_update(key) {
                 Err(e) => e,
                 Ok(current) => match set_range_len(current.as_ref().map(Bytes::len), *offset, value.len()) {
@@ -1312,6 +1343,7 @@ impl KvState {
                     Value::array(vec![Value::bulk("0"), Value::array(out)])
                 }
                 Read::Sets(read) => self.read_set(read)?,
+                Read::Lists(read) => self.read_list(read)?,
                 Read::RandomKey => {
                     let keys = self.live_keys();
                     if keys.is_empty() {
@@ -1950,10 +1982,11 @@ mod tests {
 
         // SPOP takes members fixed by the entry: two replicas applying it alike pop alike.
         let mut other = Replica::new();
+        // The same clock from the start: a log's clock never goes back.
+        other.time_ms = s.time_ms;
         for r in [&mut s, &mut other] {
             r.run("SADD pool 1 2 3 4 5 6 7 8 9");
         }
-        other.time_ms = s.time_ms;
         let (a, b) = (s.run("SPOP pool 3"), other.run("SPOP pool 3"));
         assert_eq!(a, b);
         assert_eq!(members(s.run("SMEMBERS pool")), members(other.run("SMEMBERS pool")));
@@ -1986,6 +2019,76 @@ mod tests {
         s.advance(100);
         assert_eq!((s.run("SCARD pool2"), s.run("SADD pool2 x")), (int(0), int(1)));
         assert_eq!(s.run("TTL pool2"), int(-1));
+    }
+
+    #[test]
+    fn list_commands_behave_like_redis() {
+        let mut s = Replica::new();
+        let int = Value::Integer;
+        let list = |items: &[&str]| Value::array(items.iter().map(|i| Value::bulk(i.to_string())).collect());
+        assert_eq!(s.run("RPUSH l a b c"), int(3));
+        assert_eq!(s.run("LPUSH l z y"), int(5));
+        assert_eq!(s.run("LRANGE l 0 -1"), list(&["y", "z", "a", "b", "c"]));
+        assert_eq!(
+            (s.run("LLEN l"), s.run("TYPE l")),
+            (int(5), Value::Simple("list".into()))
+        );
+        assert_eq!(
+            (s.run("LINDEX l -1"), s.run("LINDEX l 9")),
+            (Value::bulk("c"), Value::null())
+        );
+        assert_eq!(s.run("LRANGE l -3 100"), list(&["a", "b", "c"]));
+        assert_eq!(s.run("LPOP l"), Value::bulk("y"));
+        assert_eq!(s.run("RPOP l 2"), list(&["c", "b"]));
+        assert_eq!(
+            (s.run("LPOP nope"), s.run("LPOP nope 2")),
+            (Value::null(), Value::Array(None))
+        );
+        assert_eq!(s.run("LSET l 1 A"), Value::ok());
+        assert_eq!(s.run("LSET l 5 A"), Value::error("ERR index out of range"));
+        assert_eq!(s.run("LSET nope 0 A"), Value::error("ERR no such key"));
+        assert_eq!(s.run("RPUSH l z z"), int(4));
+        assert_eq!(s.run("LREM l -1 z"), int(1));
+        assert_eq!(s.run("LRANGE l 0 -1"), list(&["z", "A", "z"]));
+        assert_eq!(s.run("LREM l 0 z"), int(2));
+        assert_eq!(s.run("RPUSH l b c d"), int(4));
+        assert_eq!(s.run("LTRIM l 1 -2"), Value::ok());
+        assert_eq!(s.run("LRANGE l 0 -1"), list(&["b", "c"]));
+        assert_eq!(s.run("LMOVE l l LEFT RIGHT"), Value::bulk("b"));
+        assert_eq!(s.run("RPOPLPUSH l m"), Value::bulk("b"));
+        assert_eq!(
+            (s.run("LRANGE l 0 -1"), s.run("LRANGE m 0 -1")),
+            (list(&["c"]), list(&["b"]))
+        );
+        assert_eq!(s.run("LPUSHX nope a"), int(0));
+        s.run("SET str x");
+        assert_eq!(
+            (s.run("LPUSH str a"), s.run("LMOVE l str LEFT LEFT")),
+            (Value::error(WRONGTYPE), Value::error(WRONGTYPE))
+        );
+        assert_eq!(s.run("LTRIM l 5 10"), Value::ok());
+        assert_eq!(s.run("EXISTS l"), int(0), "a list without elements is gone");
+        assert_eq!(
+            s.run("LPOP m 1 2"),
+            Value::error("ERR wrong number of arguments for 'lpop' command")
+        );
+
+        // A one-element list rotated onto itself keeps its deadline; a list survives RENAME
+        // and a restart in order.
+        s.run("RPUSH r only");
+        s.run("PEXPIRE r 5000");
+        assert_eq!(s.run("LMOVE r r LEFT RIGHT"), Value::bulk("only"));
+        assert_eq!(s.run("PTTL r"), int(5000));
+        for i in 0..100 {
+            s.run(&format!("RPUSH big e{i}"));
+            s.run(&format!("LPUSH big f{i}"));
+        }
+        s.run("RENAME big big2");
+        s.restart();
+        assert_eq!(s.run("LLEN big2"), int(200));
+        assert_eq!(s.run("LRANGE big2 0 1"), list(&["f99", "f98"]));
+        assert_eq!(s.run("LINDEX big2 199"), Value::bulk("e99"));
+        assert_eq!(s.run("LINDEX big2 100"), Value::bulk("e0"));
     }
 
     /// SCAN returns every key present for the whole scan at least once, whatever COUNT, with
@@ -2307,7 +2410,7 @@ mod tests {
         let v = ["1", "-3", "v", "9223372036854775807"][next(4) as usize];
         let ms = ["1", "400", "900"][next(3) as usize];
         let float = ["0.5", "-2.25", "abc", "1e2"][next(4) as usize];
-        match next(45) {
+        match next(55) {
             26 => format!("SETRANGE {k1} {} {v}", next(4)),
             27 => format!("INCRBYFLOAT {k1} {float}"),
             28 => format!("MSETNX {k1} {v} {k2} {v}"),
@@ -2327,6 +2430,16 @@ mod tests {
             42 => format!("SDIFFSTORE {k2} {k1} {k2}"),
             43 => format!("SPOP {k1} {}", next(3)),
             44 => format!("SPOP {k1}"),
+            45 => format!("RPUSH {k1} {v} {f}"),
+            46 => format!("LPUSH {k1} {f} {v}"),
+            47 => format!("LPOP {k1} {}", next(3)),
+            48 => format!("RPOP {k1}"),
+            49 => format!("LREM {k1} {} {v}", next(3) as i64 - 1),
+            50 => format!("LTRIM {k1} 1 -2"),
+            51 => format!("LSET {k1} -1 {v}"),
+            52 => format!("LMOVE {k1} {k2} LEFT RIGHT"),
+            53 => format!("RPOPLPUSH {k1} {k1}"),
+            54 => format!("LPUSHX {k1} {v}"),
             12 => format!("SET {k1} {v} PX {ms}"),
             13 => format!("SET {k1} {v} KEEPTTL GET"),
             14 => format!("SET {k1} {v} NX PX {ms}"),

@@ -1,0 +1,313 @@
+//! Lists: each list is one group of the store with a record per element, keyed by a position
+//! (`L`, the key's length as 4 big-endian bytes, the key, then the position as 8 bytes that sort
+//! as the signed number does). A push takes the position before the first element or after the
+//! last, so pushing and popping at either end writes one record however long the list is, and
+//! LLEN counts without reading. Positions left by removals in the middle (LREM) stay as gaps;
+//! order is all that matters.
+
+use bytes::{BufMut, Bytes};
+use chorus_resp::Value;
+
+use super::{group_prefix, unreadable, KeyType, KvState, LIST_TAG};
+use crate::command::{End, ListRead, ListWrite};
+
+/// Where positions of a new list start.
+const FIRST_POSITION: i64 = 0;
+
+pub(super) fn list_prefix(key: &[u8]) -> bytes::BytesMut {
+    group_prefix(LIST_TAG, key)
+}
+
+fn element_key(key: &[u8], position: i64) -> Bytes {
+    let mut k = list_prefix(key);
+    k.put_u64((position as u64) ^ (1 << 63));
+    k.freeze()
+}
+
+/// The position an element's storage key holds.
+fn position_of(storage_key: &[u8]) -> i64 {
+    let bytes: [u8; 8] = storage_key[storage_key.len() - 8..]
+        .try_into()
+        .expect("an element key ends with its position");
+    (u64::from_be_bytes(bytes) ^ (1 << 63)) as i64
+}
+
+/// Redis's reading of a start and stop index against a list of `len` elements: the range of
+/// elements they cover, empty when none.
+fn index_range(len: usize, start: i64, stop: i64) -> std::ops::Range<usize> {
+    let len = len as i64;
+    let from_end = |i: i64| if i < 0 { len + i } else { i };
+    let start = from_end(start).max(0);
+    let stop = from_end(stop).min(len - 1);
+    if start > stop || start >= len {
+        0..0
+    } else {
+        start as usize..stop as usize + 1
+    }
+}
+
+impl KvState {
+    pub(super) fn stores_list(&self, key: &[u8]) -> bool {
+        self.stores_group(LIST_TAG, key)
+    }
+
+    pub(super) fn is_list(&self, key: &[u8]) -> bool {
+        !self.expired(key) && self.stores_list(key)
+    }
+
+    fn list_len(&mut self, key: &[u8]) -> usize {
+        if self.expired(key) {
+            return 0;
+        }
+        self.store.group_len(&list_prefix(key))
+    }
+
+    /// The storage keys of up to `take` elements after skipping `skip`, from the head or the tail.
+    fn element_keys(&mut self, key: &[u8], skip: usize, take: usize, end: End) -> Vec<Bytes> {
+        self.store
+            .group_keys_range(&list_prefix(key), skip, take, end == End::Right)
+    }
+
+    fn element(&mut self, storage_key: &[u8]) -> Bytes {
+        self.store
+            .get(storage_key)
+            .unwrap_or_else(|e| unreadable(e))
+            .expect("an indexed element has a value")
+    }
+
+    /// Every element, in order, with its storage key (`WRONGTYPE` for another type).
+    pub(super) fn list_elements(&mut self, key: &[u8]) -> Result<Vec<(Bytes, Bytes)>, Value> {
+        if !self.type_check(key, KeyType::List)? {
+            return Ok(Vec::new());
+        }
+        let len = self.list_len(key);
+        let keys = self.element_keys(key, 0, len, End::Left);
+        Ok(keys.into_iter().map(|k| (k.clone(), self.element(&k))).collect())
+    }
+
+    /// Pushes `elements` one by one at `end` of the list `key` (which holds a list or nothing).
+    fn push(&mut self, index: u64, key: &[u8], elements: Vec<Bytes>, end: End) -> usize {
+        let mut next = match self.element_keys(key, 0, 1, end).first() {
+            None => FIRST_POSITION,
+            Some(edge) if end == End::Left => position_of(edge) - 1,
+            Some(edge) => position_of(edge) + 1,
+        };
+        for element in elements {
+            self.store.write(index, element_key(key, next), Some(element));
+            next += if end == End::Left { -1 } else { 1 };
+        }
+        self.list_len(key)
+    }
+
+    /// Takes up to `count` elements from `end`.
+    fn take(&mut self, index: u64, key: &[u8], count: usize, end: End) -> Vec<Bytes> {
+        let keys = self.element_keys(key, 0, count, end);
+        let mut taken = Vec::with_capacity(keys.len());
+        for k in keys {
+            taken.push(self.element(&k));
+            self.store.write(index, k, None);
+        }
+        taken
+    }
+
+    /// A list left without elements is gone, and its deadline with it.
+    fn forget_if_empty(&mut self, index: u64, key: &[u8]) {
+        if self.list_len(key) == 0 {
+            self.set_deadline(index, key, None);
+        }
+    }
+
+    /// Applies a list write from the entry at `index`.
+    pub(super) fn execute_list_write(&mut self, index: u64, write: ListWrite) -> Value {
+        match write {
+            ListWrite::Push {
+                key,
+                elements,
+                end,
+                only_if_exists,
+            } => match self.type_check(&key, KeyType::List) {
+                Err(e) => e,
+                Ok(false) if only_if_exists => Value::Integer(0),
+                Ok(_) => Value::Integer(self.push(index, &key, elements, end) as i64),
+            },
+            ListWrite::Pop { key, count, end } => match self.type_check(&key, KeyType::List) {
+                Err(e) => e,
+                Ok(false) if count.is_some() => Value::Array(None),
+                Ok(false) => Value::null(),
+                Ok(true) => {
+                    let popped = self.take(index, &key, count.unwrap_or(1), end);
+                    self.forget_if_empty(index, &key);
+                    pop_reply(popped, count)
+                }
+            },
+            ListWrite::Set { key, at, element } => match self.lset_target(&key, at) {
+                Err(e) => e,
+                Ok(storage_key) => {
+                    self.store.write(index, storage_key, Some(element));
+                    Value::ok()
+                }
+            },
+            ListWrite::Remove { key, count, element } => {
+                let elements = match self.list_elements(&key) {
+                    Err(e) => return e,
+                    Ok(elements) => elements,
+                };
+                let doomed = lrem_targets(&elements, count, &element);
+                for storage_key in &doomed {
+                    self.store.write(index, storage_key.clone(), None);
+                }
+                self.forget_if_empty(index, &key);
+                Value::Integer(doomed.len() as i64)
+            }
+            ListWrite::Trim { key, start, stop } => match self.type_check(&key, KeyType::List) {
+                Err(e) => e,
+                Ok(false) => Value::ok(),
+                Ok(true) => {
+                    let len = self.list_len(&key);
+                    let kept = index_range(len, start, stop);
+                    let all = self.element_keys(&key, 0, len, End::Left);
+                    for (i, storage_key) in all.into_iter().enumerate() {
+                        if !kept.contains(&i) {
+                            self.store.write(index, storage_key, None);
+                        }
+                    }
+                    self.forget_if_empty(index, &key);
+                    Value::ok()
+                }
+            },
+            ListWrite::Move {
+                from,
+                to,
+                from_end,
+                to_end,
+            } => match self.lmove_check(&from, &to) {
+                Err(e) => e,
+                Ok(false) => Value::null(),
+                Ok(true) => {
+                    // Taken before the push, so a list rotated onto itself never looks empty.
+                    let element = self.take(index, &from, 1, from_end).remove(0);
+                    self.push(index, &to, vec![element.clone()], to_end);
+                    self.forget_if_empty(index, &from);
+                    Value::bulk(element)
+                }
+            },
+        }
+    }
+
+    /// The storage key LSET writes, or Redis's error.
+    fn lset_target(&mut self, key: &[u8], at: i64) -> Result<Bytes, Value> {
+        if !self.type_check(key, KeyType::List)? {
+            return Err(Value::error("ERR no such key"));
+        }
+        let len = self.list_len(key) as i64;
+        let position = if at < 0 { len + at } else { at };
+        if !(0..len).contains(&position) {
+            return Err(Value::error("ERR index out of range"));
+        }
+        Ok(self.element_keys(key, position as usize, 1, End::Left).remove(0))
+    }
+
+    /// Whether LMOVE moves an element: the source is a non-empty list and the destination a
+    /// list or nothing.
+    fn lmove_check(&mut self, from: &[u8], to: &[u8]) -> Result<bool, Value> {
+        if !self.type_check(from, KeyType::List)? {
+            return Ok(false);
+        }
+        self.type_check(to, KeyType::List)?;
+        Ok(true)
+    }
+
+    /// What applying a list write would answer, without applying it (see `preview_write`).
+    pub(super) fn preview_list_write(&mut self, write: &ListWrite) -> Value {
+        match write {
+            ListWrite::Push {
+                key,
+                elements,
+                only_if_exists,
+                ..
+            } => match self.type_check(key, KeyType::List) {
+                Err(e) => e,
+                Ok(false) if *only_if_exists => Value::Integer(0),
+                Ok(_) => Value::Integer((self.list_len(key) + elements.len()) as i64),
+            },
+            ListWrite::Pop { key, count, end } => match self.type_check(key, KeyType::List) {
+                Err(e) => e,
+                Ok(false) if count.is_some() => Value::Array(None),
+                Ok(false) => Value::null(),
+                Ok(true) => {
+                    let keys = self.element_keys(key, 0, count.unwrap_or(1), *end);
+                    let values = keys.iter().map(|k| self.element(k)).collect();
+                    pop_reply(values, *count)
+                }
+            },
+            ListWrite::Set { key, at, .. } => self.lset_target(key, *at).map_or_else(|e| e, |_| Value::ok()),
+            ListWrite::Remove { key, count, element } => match self.list_elements(key) {
+                Err(e) => e,
+                Ok(elements) => Value::Integer(lrem_targets(&elements, *count, element).len() as i64),
+            },
+            ListWrite::Trim { key, .. } => self.type_check(key, KeyType::List).map_or_else(|e| e, |_| Value::ok()),
+            ListWrite::Move { from, to, from_end, .. } => match self.lmove_check(from, to) {
+                Err(e) => e,
+                Ok(false) => Value::null(),
+                Ok(true) => {
+                    let k = self.element_keys(from, 0, 1, *from_end).remove(0);
+                    Value::bulk(self.element(&k))
+                }
+            },
+        }
+    }
+
+    pub(super) fn read_list(&mut self, read: &ListRead) -> Result<Value, Value> {
+        Ok(match read {
+            ListRead::Len(key) => {
+                self.type_check(key, KeyType::List)?;
+                Value::Integer(self.list_len(key) as i64)
+            }
+            ListRead::Range { key, start, stop } => {
+                if !self.type_check(key, KeyType::List)? {
+                    return Ok(Value::array(Vec::new()));
+                }
+                let range = index_range(self.list_len(key), *start, *stop);
+                let keys = self.element_keys(key, range.start, range.len(), End::Left);
+                Value::array(keys.iter().map(|k| Value::bulk(self.element(k))).collect())
+            }
+            ListRead::Index { key, at } => {
+                if !self.type_check(key, KeyType::List)? {
+                    return Ok(Value::null());
+                }
+                let len = self.list_len(key) as i64;
+                let position = if *at < 0 { len + at } else { *at };
+                if !(0..len).contains(&position) {
+                    return Ok(Value::null());
+                }
+                let k = self.element_keys(key, position as usize, 1, End::Left).remove(0);
+                Value::bulk(self.element(&k))
+            }
+        })
+    }
+}
+
+/// LPOP / RPOP's reply: one element (or nil) without a count, an array with one.
+fn pop_reply(popped: Vec<Bytes>, count: Option<usize>) -> Value {
+    match count {
+        None => Value::Bulk(popped.into_iter().next()),
+        Some(_) => Value::array(popped.into_iter().map(Value::bulk).collect()),
+    }
+}
+
+/// The storage keys LREM deletes: elements equal to `element`, up to `count` of them from the
+/// head (from the tail for a negative count, all for 0).
+fn lrem_targets(elements: &[(Bytes, Bytes)], count: i64, element: &[u8]) -> Vec<Bytes> {
+    let limit = if count == 0 {
+        usize::MAX
+    } else {
+        count.unsigned_abs().min(usize::MAX as u64) as usize
+    };
+    let matching = |(_, value): &&(Bytes, Bytes)| value.as_ref() == element;
+    let keys = |pairs: Vec<&(Bytes, Bytes)>| pairs.into_iter().map(|(k, _)| k.clone()).collect();
+    if count < 0 {
+        keys(elements.iter().rev().filter(matching).take(limit).collect())
+    } else {
+        keys(elements.iter().filter(matching).take(limit).collect())
+    }
+}
