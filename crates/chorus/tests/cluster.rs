@@ -909,7 +909,7 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
         let float = ["0.5", "-2.25", "3", "abc", "1e2", "inf", ""][below(7)].to_string();
         let offset = ["0", "3", "-1"][below(3)].to_string();
         let index = ["0", "1", "-1", "-2", "5"][below(5)].to_string();
-        let command: Vec<String> = match below(91) {
+        let command: Vec<String> = match below(92) {
             76 => vec![
                 ["LPUSH", "RPUSH", "LPUSHX", "RPUSHX"][below(4)].into(),
                 key,
@@ -938,6 +938,22 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
             86 => vec!["RPOPLPUSH".into(), key, other],
             87 => vec!["RPUSH".into(), key, "f0".into(), "f1".into(), "f0".into()],
             88 => vec!["LRANGE".into(), key, "0".into(), "-1".into()],
+            89 => vec![
+                "LINSERT".into(),
+                key,
+                ["BEFORE", "AFTER", "NEAR"][below(3)].into(),
+                field,
+                value,
+            ],
+            90 => vec![
+                "LPOS".into(),
+                key,
+                field,
+                "RANK".into(),
+                ["1", "-1", "2", "0"][below(4)].into(),
+                "COUNT".into(),
+                ["0", "1", "2"][below(3)].into(),
+            ],
             62 => vec!["SADD".into(), key, field, value],
             63 => vec!["SREM".into(), key, field, "f0".into()],
             64 => vec!["SMEMBERS".into(), key],

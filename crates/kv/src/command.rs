@@ -188,6 +188,13 @@ pub enum ListWrite {
         from_end: End,
         to_end: End,
     },
+    /// LINSERT: `element` before (or `after`) the first element equal to `pivot`.
+    Insert {
+        key: Bytes,
+        after: bool,
+        pivot: Bytes,
+        element: Bytes,
+    },
 }
 
 impl ListWrite {
@@ -197,7 +204,8 @@ impl ListWrite {
             | ListWrite::Pop { key, .. }
             | ListWrite::Set { key, .. }
             | ListWrite::Remove { key, .. }
-            | ListWrite::Trim { key, .. } => vec![key.clone()],
+            | ListWrite::Trim { key, .. }
+            | ListWrite::Insert { key, .. } => vec![key.clone()],
             ListWrite::Move { from, to, .. } => vec![from.clone(), to.clone()],
         }
     }
@@ -207,8 +215,24 @@ impl ListWrite {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListRead {
     Len(Bytes),
-    Range { key: Bytes, start: i64, stop: i64 },
-    Index { key: Bytes, at: i64 },
+    Range {
+        key: Bytes,
+        start: i64,
+        stop: i64,
+    },
+    Index {
+        key: Bytes,
+        at: i64,
+    },
+    /// LPOS: `rank` counts matches from the head (from the tail if negative), `count` given or
+    /// not (0: every match), `max_len` elements looked at (0: all).
+    Pos {
+        key: Bytes,
+        element: Bytes,
+        rank: i64,
+        count: Option<usize>,
+        max_len: usize,
+    },
 }
 
 /// SINTER, SUNION, SDIFF.
@@ -433,6 +457,9 @@ fn wrong_arity(name: &str) -> CommandError {
 pub fn syntax_error() -> CommandError {
     "ERR syntax error".into()
 }
+
+const LPOS_ZERO_RANK: &str = "ERR RANK can't be zero: use 1 to start from the first match, 2 from the \
+     second ... or use negative to start from the end of the list";
 
 /// LEFT or RIGHT.
 fn end_arg(arg: &[u8]) -> Result<End, CommandError> {
@@ -1197,6 +1224,57 @@ impl Command {
                     to: rest[1].clone(),
                     from_end,
                     to_end,
+                }))
+            }
+            "linsert" => {
+                exact(4)?;
+                let after = if rest[1].eq_ignore_ascii_case(b"after") {
+                    true
+                } else if rest[1].eq_ignore_ascii_case(b"before") {
+                    false
+                } else {
+                    return Err(syntax_error());
+                };
+                Command::Write(Write::Lists(ListWrite::Insert {
+                    key: rest[0].clone(),
+                    after,
+                    pivot: rest[2].clone(),
+                    element: rest[3].clone(),
+                }))
+            }
+            "lpos" => {
+                at_least(2)?;
+                let (mut rank, mut count, mut max_len) = (1, None, 0);
+                let options = &rest[2..];
+                if !options.len().is_multiple_of(2) {
+                    return Err(syntax_error());
+                }
+                for pair in options.chunks_exact(2) {
+                    let option = pair[0].to_ascii_uppercase();
+                    if !matches!(option.as_slice(), b"RANK" | b"COUNT" | b"MAXLEN") {
+                        return Err(syntax_error());
+                    }
+                    let n = parse_i64(&pair[1])?;
+                    match option.as_slice() {
+                        b"RANK" if n == 0 => return Err(LPOS_ZERO_RANK.into()),
+                        b"RANK" => rank = n.max(-i64::MAX),
+                        b"COUNT" => {
+                            count = Some(
+                                usize::try_from(n).map_err(|_| CommandError::from("ERR COUNT can't be negative"))?,
+                            )
+                        }
+                        _ => {
+                            max_len =
+                                usize::try_from(n).map_err(|_| CommandError::from("ERR MAXLEN can't be negative"))?
+                        }
+                    }
+                }
+                Command::Read(Read::Lists(ListRead::Pos {
+                    key: rest[0].clone(),
+                    element: rest[1].clone(),
+                    rank,
+                    count,
+                    max_len,
                 }))
             }
             "llen" => {

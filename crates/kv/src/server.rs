@@ -143,6 +143,8 @@ const COUNTED_COMMANDS: &[&str] = &[
     "rpop",
     "lrange",
     "llen",
+    "linsert",
+    "lpos",
     "ping",
     "echo",
     "info",

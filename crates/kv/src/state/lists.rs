@@ -175,6 +175,19 @@ impl KvState {
                     Value::ok()
                 }
             },
+            ListWrite::Insert {
+                key,
+                after,
+                pivot,
+                element,
+            } => match self.linsert_target(&key, after, &pivot) {
+                Err(reply) => reply,
+                Ok(None) => Value::Integer(-1),
+                Ok(Some(at)) => {
+                    self.insert_at(index, &key, at, element);
+                    Value::Integer(self.list_len(&key) as i64)
+                }
+            },
             ListWrite::Move {
                 from,
                 to,
@@ -192,6 +205,51 @@ impl KvState {
                 }
             },
         }
+    }
+
+    /// Inserts `element` so that it becomes the `at`-th element (0-based) of the list `key`.
+    /// Between two elements with no position free between them, the shorter side moves one
+    /// position outwards: at most half the list is rewritten.
+    fn insert_at(&mut self, index: u64, key: &[u8], at: usize, element: Bytes) {
+        let len = self.list_len(key);
+        if at == 0 || at == len {
+            let end = if at == 0 { End::Left } else { End::Right };
+            self.push(index, key, vec![element], end);
+            return;
+        }
+        let neighbours = self.element_keys(key, at - 1, 2, End::Left);
+        let (left, right) = (position_of(&neighbours[0]), position_of(&neighbours[1]));
+        if right - left > 1 {
+            self.store
+                .write(index, element_key(key, left + (right - left) / 2), Some(element));
+            return;
+        }
+        let (moved, step, freed) = if at <= len - at {
+            (self.element_keys(key, 0, at, End::Left), -1, left)
+        } else {
+            (self.element_keys(key, 0, len - at, End::Right), 1, right)
+        };
+        // Each element moves into a position free already or freed by the one moved before it.
+        for storage_key in moved {
+            let value = self.element(&storage_key);
+            let position = position_of(&storage_key);
+            self.store.write(index, storage_key, None);
+            self.store.write(index, element_key(key, position + step), Some(value));
+        }
+        self.store.write(index, element_key(key, freed), Some(element));
+    }
+
+    /// Where LINSERT puts its element: `Ok(None)` when the pivot is not found (-1); as the
+    /// error, Redis's reply for a key holding nothing (0) or something else.
+    fn linsert_target(&mut self, key: &[u8], after: bool, pivot: &[u8]) -> Result<Option<usize>, Value> {
+        if !self.type_check(key, KeyType::List)? {
+            return Err(Value::Integer(0));
+        }
+        let elements = self.list_elements(key)?;
+        Ok(elements
+            .iter()
+            .position(|(_, value)| value.as_ref() == pivot)
+            .map(|i| i + usize::from(after)))
     }
 
     /// The storage key LSET writes, or Redis's error.
@@ -246,6 +304,11 @@ impl KvState {
                 Ok(elements) => Value::Integer(lrem_targets(&elements, *count, element).len() as i64),
             },
             ListWrite::Trim { key, .. } => self.type_check(key, KeyType::List).map_or_else(|e| e, |_| Value::ok()),
+            ListWrite::Insert { key, after, pivot, .. } => match self.linsert_target(key, *after, pivot) {
+                Err(reply) => reply,
+                Ok(None) => Value::Integer(-1),
+                Ok(Some(_)) => Value::Integer(self.list_len(key) as i64 + 1),
+            },
             ListWrite::Move { from, to, from_end, .. } => match self.lmove_check(from, to) {
                 Err(e) => e,
                 Ok(false) => Value::null(),
@@ -270,6 +333,37 @@ impl KvState {
                 let range = index_range(self.list_len(key), *start, *stop);
                 let keys = self.element_keys(key, range.start, range.len(), End::Left);
                 Value::array(keys.iter().map(|k| Value::bulk(self.element(k))).collect())
+            }
+            ListRead::Pos {
+                key,
+                element,
+                rank,
+                count,
+                max_len,
+            } => {
+                let elements = self.list_elements(key)?;
+                let len = elements.len();
+                let looked_at = if *max_len == 0 { len } else { len.min(*max_len) };
+                let order: Box<dyn Iterator<Item = usize>> = if *rank > 0 {
+                    Box::new(0..looked_at)
+                } else {
+                    Box::new((len - looked_at..len).rev())
+                };
+                let wanted = match count {
+                    Some(0) => usize::MAX,
+                    Some(n) => *n,
+                    None => 1,
+                };
+                let found: Vec<Value> = order
+                    .filter(|i| elements[*i].1 == element)
+                    .skip(rank.unsigned_abs() as usize - 1)
+                    .take(wanted)
+                    .map(|i| Value::Integer(i as i64))
+                    .collect();
+                match count {
+                    Some(_) => Value::array(found),
+                    None => found.into_iter().next().unwrap_or_else(Value::null),
+                }
             }
             ListRead::Index { key, at } => {
                 if !self.type_check(key, KeyType::List)? {

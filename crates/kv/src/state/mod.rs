@@ -2073,6 +2073,37 @@ mod tests {
             Value::error("ERR wrong number of arguments for 'lpop' command")
         );
 
+        // LINSERT into the middle again and again: positions run out and one side moves over.
+        s.run("RPUSH ins a z");
+        let mut expected = vec!["a".to_string(), "z".to_string()];
+        for i in 0..40 {
+            let (pivot, after) = if i % 3 == 0 { ("z", false) } else { ("a", true) };
+            let element = format!("e{i}");
+            let side = if after { "AFTER" } else { "BEFORE" };
+            assert_eq!(
+                s.run(&format!("LINSERT ins {side} {pivot} {element}")),
+                int(expected.len() as i64 + 1)
+            );
+            let at = expected.iter().position(|e| e == pivot).unwrap() + usize::from(after);
+            expected.insert(at, element);
+        }
+        let refs: Vec<&str> = expected.iter().map(String::as_str).collect();
+        assert_eq!(s.run("LRANGE ins 0 -1"), list(&refs));
+        assert_eq!(
+            (s.run("LINSERT ins BEFORE nope x"), s.run("LINSERT none BEFORE a x")),
+            (int(-1), int(0))
+        );
+
+        s.run("RPUSH pos a b c b a b");
+        assert_eq!((s.run("LPOS pos b"), s.run("LPOS pos b RANK -1")), (int(1), int(5)));
+        assert_eq!(s.run("LPOS pos b RANK 2 COUNT 0"), Value::array(vec![int(3), int(5)]));
+        assert_eq!(s.run("LPOS pos b RANK -2 COUNT 5 MAXLEN 3"), Value::array(vec![int(3)]));
+        assert_eq!(
+            (s.run("LPOS pos z"), s.run("LPOS pos z COUNT 2")),
+            (Value::null(), Value::array(vec![]))
+        );
+        assert!(s.run("LPOS pos b RANK 0").is_error());
+
         // A one-element list rotated onto itself keeps its deadline; a list survives RENAME
         // and a restart in order.
         s.run("RPUSH r only");
@@ -2410,7 +2441,7 @@ mod tests {
         let v = ["1", "-3", "v", "9223372036854775807"][next(4) as usize];
         let ms = ["1", "400", "900"][next(3) as usize];
         let float = ["0.5", "-2.25", "abc", "1e2"][next(4) as usize];
-        match next(55) {
+        match next(56) {
             26 => format!("SETRANGE {k1} {} {v}", next(4)),
             27 => format!("INCRBYFLOAT {k1} {float}"),
             28 => format!("MSETNX {k1} {v} {k2} {v}"),
@@ -2440,6 +2471,7 @@ mod tests {
             52 => format!("LMOVE {k1} {k2} LEFT RIGHT"),
             53 => format!("RPOPLPUSH {k1} {k1}"),
             54 => format!("LPUSHX {k1} {v}"),
+            55 => format!("LINSERT {k1} {} {v} {f}", ["BEFORE", "AFTER"][next(2) as usize]),
             12 => format!("SET {k1} {v} PX {ms}"),
             13 => format!("SET {k1} {v} KEEPTTL GET"),
             14 => format!("SET {k1} {v} NX PX {ms}"),
