@@ -909,7 +909,7 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
         let float = ["0.5", "-2.25", "3", "abc", "1e2", "inf", ""][below(7)].to_string();
         let offset = ["0", "3", "-1"][below(3)].to_string();
         let index = ["0", "1", "-1", "-2", "5"][below(5)].to_string();
-        let command: Vec<String> = match below(92) {
+        let command: Vec<String> = match below(93) {
             76 => vec![
                 ["LPUSH", "RPUSH", "LPUSHX", "RPUSHX"][below(4)].into(),
                 key,
@@ -944,6 +944,15 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
                 ["BEFORE", "AFTER", "NEAR"][below(3)].into(),
                 field,
                 value,
+            ],
+            91 => vec![
+                "LMPOP".into(),
+                "2".into(),
+                key,
+                other,
+                ["LEFT", "RIGHT"][below(2)].into(),
+                "COUNT".into(),
+                ["1", "3", "0"][below(3)].into(),
             ],
             90 => vec![
                 "LPOS".into(),
@@ -1103,6 +1112,61 @@ async fn random_commands_get_the_replies_redis_server_gives_across_a_leader_chan
     cluster.wait_for_leader(&followers, Duration::from_secs(10)).await;
     let mut chorus = cluster.client(followers[1]).await;
     replies_match_redis(&mut redis, &mut chorus, 2, 2000, "diff:").await;
+}
+
+/// A queue's consumer blocks on one node (BLPOP, BLMOVE) until a producer pushes on another;
+/// each element goes to exactly one of two blocked consumers; a timeout answers nil.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_consumers_get_each_pushed_element_once_or_time_out() {
+    let cluster = Cluster::start(3, &[]);
+    let (leader, followers) = cluster.leader_and_followers().await;
+    let mut consumers = Vec::new();
+    for id in [followers[0], followers[1]] {
+        let mut c = cluster.client(id).await;
+        consumers.push(tokio::spawn(async move {
+            c.command(&["BLPOP", "jobs", "other", "10"]).await.unwrap()
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut producer = cluster.client(leader).await;
+    assert_eq!(
+        producer.command(&["RPUSH", "jobs", "job1", "job2"]).await.unwrap(),
+        Value::Integer(2)
+    );
+    let mut got = Vec::new();
+    for consumer in consumers {
+        match consumer.await.unwrap() {
+            Value::Array(Some(pair)) => {
+                assert_eq!(pair[0], bulk("jobs"));
+                got.push(pair[1].clone());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    got.sort_by_key(|v| format!("{v:?}"));
+    assert_eq!(got, vec![bulk("job1"), bulk("job2")], "each job to one consumer");
+    assert_eq!(producer.command(&["LLEN", "jobs"]).await.unwrap(), Value::Integer(0));
+
+    let mut c = cluster.client(followers[0]).await;
+    let started = Instant::now();
+    assert_eq!(c.command(&["BLPOP", "jobs", "0.2"]).await.unwrap(), Value::Array(None));
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    let mover = tokio::spawn(async move {
+        c.command(&["BLMOVE", "jobs", "done", "LEFT", "RIGHT", "10"])
+            .await
+            .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    producer.command(&["LPUSH", "jobs", "job3"]).await.unwrap();
+    assert_eq!(mover.await.unwrap(), bulk("job3"));
+    assert_eq!(
+        producer.command(&["LRANGE", "done", "0", "-1"]).await.unwrap(),
+        Value::array(vec![bulk("job3")])
+    );
+    assert_eq!(
+        producer.command(&["BLPOP", "jobs", "-1"]).await.unwrap(),
+        Value::error("ERR timeout is negative")
+    );
 }
 
 /// The distributed-lock idiom across a leader change: a lock taken with `SET NX PX` on one node

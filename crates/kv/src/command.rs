@@ -3,6 +3,7 @@
 
 use bytes::Bytes;
 use chorus_curp::rifl::{Envelope, ENVELOPE_BYTES};
+use chorus_resp::Value;
 
 pub use crate::decimal::Decimal;
 use crate::decimal::{parse_float, Float};
@@ -188,6 +189,12 @@ pub enum ListWrite {
         from_end: End,
         to_end: End,
     },
+    /// LMPOP: up to `count` elements from the first of `keys` that holds any.
+    MultiPop {
+        keys: Vec<Bytes>,
+        end: End,
+        count: usize,
+    },
     /// LINSERT: `element` before (or `after`) the first element equal to `pivot`.
     Insert {
         key: Bytes,
@@ -207,6 +214,7 @@ impl ListWrite {
             | ListWrite::Trim { key, .. }
             | ListWrite::Insert { key, .. } => vec![key.clone()],
             ListWrite::Move { from, to, .. } => vec![from.clone(), to.clone()],
+            ListWrite::MultiPop { keys, .. } => keys.clone(),
         }
     }
 }
@@ -445,6 +453,54 @@ pub struct ScanArgs {
 pub enum Command {
     Write(Write),
     Read(Read),
+    Blocking(Blocking),
+}
+
+/// BLPOP, BRPOP, BLMPOP, BLMOVE, BRPOPLPUSH: the non-blocking write each waits to succeed
+/// (`attempt`, as a client would send it: that is what the log holds), tried whenever one of
+/// `keys` may hold an element, until it finds one or `timeout_ms` passes (`None`: never).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocking {
+    pub attempt: Vec<Bytes>,
+    pub keys: Vec<Bytes>,
+    pub timeout_ms: Option<u64>,
+    pub reply: BlockingReply,
+}
+
+/// How a blocking command answers, from its attempt's reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockingReply {
+    /// BLPOP / BRPOP: LMPOP's `[key, [element]]` as `[key, element]`; a null array on timeout.
+    KeyAndElement,
+    /// BLMPOP: as LMPOP; a null array on timeout.
+    KeyAndElements,
+    /// BLMOVE / BRPOPLPUSH: as LMOVE; a null bulk string on timeout.
+    Element,
+}
+
+impl BlockingReply {
+    /// The reply to the client from an attempt's reply; `None` when the attempt found nothing.
+    pub fn from_attempt(self, reply: Value) -> Option<Value> {
+        match (self, reply) {
+            (_, Value::Array(None) | Value::Bulk(None)) => None,
+            (BlockingReply::KeyAndElement, Value::Array(Some(mut pair))) if pair.len() == 2 => {
+                let elements = pair.pop().expect("two items");
+                let key = pair.pop().expect("two items");
+                match elements {
+                    Value::Array(Some(mut one)) if one.len() == 1 => Some(Value::array(vec![key, one.remove(0)])),
+                    other => Some(Value::error(format!("ERR unexpected LMPOP reply {other:?}"))),
+                }
+            }
+            (_, reply) => Some(reply),
+        }
+    }
+
+    pub fn timed_out(self) -> Value {
+        match self {
+            BlockingReply::Element => Value::null(),
+            _ => Value::Array(None),
+        }
+    }
 }
 
 /// A Redis-style error message (without the leading '-').
@@ -460,6 +516,49 @@ pub fn syntax_error() -> CommandError {
 
 const LPOS_ZERO_RANK: &str = "ERR RANK can't be zero: use 1 to start from the first match, 2 from the \
      second ... or use negative to start from the end of the list";
+
+/// LMPOP's arguments: numkeys, the keys, LEFT or RIGHT, then COUNT n, as Redis checks them.
+fn lmpop(rest: &[Bytes]) -> Result<ListWrite, CommandError> {
+    if rest.len() < 3 {
+        return Err(wrong_arity("lmpop"));
+    }
+    let numkeys = parse_i64(&rest[0])
+        .ok()
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|n| *n > 0)
+        .ok_or_else(|| CommandError::from("ERR numkeys should be greater than 0"))?;
+    if numkeys > rest.len() - 2 {
+        return Err(syntax_error());
+    }
+    let end = end_arg(&rest[1 + numkeys])?;
+    let count = match &rest[2 + numkeys..] {
+        [] => 1,
+        [word, n] if word.eq_ignore_ascii_case(b"count") => parse_i64(n)
+            .ok()
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|n| *n > 0)
+            .ok_or_else(|| CommandError::from("ERR count should be greater than 0"))?,
+        _ => return Err(syntax_error()),
+    };
+    Ok(ListWrite::MultiPop {
+        keys: rest[1..1 + numkeys].to_vec(),
+        end,
+        count,
+    })
+}
+
+/// A blocking command's timeout in seconds (fractions allowed); 0 waits for ever.
+fn timeout_arg(arg: &[u8]) -> Result<Option<u64>, CommandError> {
+    let seconds: f64 = std::str::from_utf8(arg)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|s: &f64| s.is_finite())
+        .ok_or_else(|| CommandError::from("ERR timeout is not a float or out of range"))?;
+    if seconds < 0.0 {
+        return Err("ERR timeout is negative".into());
+    }
+    Ok((seconds > 0.0).then(|| (seconds * 1000.0).ceil() as u64))
+}
 
 /// LEFT or RIGHT.
 fn end_arg(arg: &[u8]) -> Result<End, CommandError> {
@@ -1225,6 +1324,59 @@ impl Command {
                     from_end,
                     to_end,
                 }))
+            }
+            "lmpop" => Command::Write(Write::Lists(lmpop(rest)?)),
+            "blpop" | "brpop" => {
+                at_least(2)?;
+                let (keys, timeout) = rest.split_at(rest.len() - 1);
+                let mut attempt = vec![Bytes::from_static(b"LMPOP"), Bytes::from(keys.len().to_string())];
+                attempt.extend_from_slice(keys);
+                attempt.push(Bytes::from_static(if name == "blpop" { b"LEFT" } else { b"RIGHT" }));
+                Command::Blocking(Blocking {
+                    attempt,
+                    keys: keys.to_vec(),
+                    timeout_ms: timeout_arg(&timeout[0])?,
+                    reply: BlockingReply::KeyAndElement,
+                })
+            }
+            "blmpop" => {
+                at_least(3)?;
+                let timeout_ms = timeout_arg(&rest[0])?;
+                let ListWrite::MultiPop { keys, .. } = lmpop(&rest[1..])? else {
+                    unreachable!("lmpop parses to a multi-pop")
+                };
+                let mut attempt = vec![Bytes::from_static(b"LMPOP")];
+                attempt.extend_from_slice(&rest[1..]);
+                Command::Blocking(Blocking {
+                    attempt,
+                    keys,
+                    timeout_ms,
+                    reply: BlockingReply::KeyAndElements,
+                })
+            }
+            "blmove" | "brpoplpush" => {
+                let (ends, timeout) = if name == "blmove" {
+                    exact(5)?;
+                    end_arg(&rest[2])?;
+                    end_arg(&rest[3])?;
+                    (&rest[2..4], &rest[4])
+                } else {
+                    exact(3)?;
+                    (&[][..], &rest[2])
+                };
+                let mut attempt = vec![Bytes::from_static(if name == "blmove" {
+                    b"LMOVE"
+                } else {
+                    b"RPOPLPUSH"
+                })];
+                attempt.extend_from_slice(&rest[..2]);
+                attempt.extend_from_slice(ends);
+                Command::Blocking(Blocking {
+                    attempt,
+                    keys: vec![rest[0].clone()],
+                    timeout_ms: timeout_arg(timeout)?,
+                    reply: BlockingReply::Element,
+                })
             }
             "linsert" => {
                 exact(4)?;

@@ -35,7 +35,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::command::{
     command_name, encode_delete_expired, encode_enveloped, encode_register, encode_renew, reenvelope, short_name,
-    Command, CommandError, Read, MAX_COMMAND_NAME_BYTES,
+    Blocking, Command, CommandError, ListRead, Read, MAX_COMMAND_NAME_BYTES,
 };
 use crate::curp::{Curp, FastOutcome};
 use crate::glob::glob_match;
@@ -66,6 +66,8 @@ pub const CLIENT_INCARNATION_IDLE: Duration = Duration::from_secs(60);
 
 /// How often the leader looks for expired keys to delete (Redis's active expiry runs as often).
 pub const SWEEP_EVERY: Duration = Duration::from_millis(100);
+/// How often a blocked BLPOP / BLMOVE / … looks at this node's state for an element.
+const BLOCKED_POLL: Duration = Duration::from_millis(5);
 /// Most keys one sweep entry deletes, and most entries one sweep proposes.
 const SWEEP_BATCH_KEYS: usize = 256;
 const SWEEP_MAX_BATCHES: usize = 16;
@@ -145,6 +147,11 @@ const COUNTED_COMMANDS: &[&str] = &[
     "llen",
     "linsert",
     "lpos",
+    "lmpop",
+    "lmove",
+    "blpop",
+    "brpop",
+    "blmove",
     "ping",
     "echo",
     "info",
@@ -636,11 +643,21 @@ impl Connection {
                     }
                 };
                 let parsed = match Command::parse(&args) {
-                    Ok(Some(Command::Read(_)) | None) if owned.is_some() => {
+                    Ok(Some(Command::Read(_) | Command::Blocking(_)) | None) if owned.is_some() => {
                         Err("ERR RIFL WRITE takes a write command".to_string())
                     }
                     parsed => parsed,
                 };
+                if let Ok(Some(Command::Blocking(blocking))) = parsed {
+                    let mut name_buf = [0u8; MAX_COMMAND_NAME_BYTES];
+                    self.shared.metrics.count(short_name(&args, &mut name_buf));
+                    // What is in flight completes first; then this connection waits. Each of its
+                    // attempts counts as the write it is (LMPOP, LMOVE, RPOPLPUSH).
+                    self.resolve(&mut slots, &mut output).await;
+                    pending = None;
+                    slots.push(Slot::Ready(self.block(blocking).await));
+                    continue;
+                }
                 let kind = match &parsed {
                     Ok(Some(Command::Read(_))) => Some(Kind::Read),
                     Ok(Some(Command::Write(_))) => Some(Kind::Write),
@@ -673,7 +690,55 @@ impl Connection {
         }
     }
 
+    /// Settles `slots` and writes their replies to `output`, in order.
     async fn resolve(&mut self, slots: &mut Vec<Slot>, output: &mut Vec<u8>) {
+        for value in self.settle(slots).await {
+            if value.is_error() {
+                self.shared.metrics.errors.inc();
+            }
+            write_value_as(&value, self.protocol, output);
+        }
+    }
+
+    /// A blocking command: its attempt, each time this node sees an element in one of its keys
+    /// (a local look, which costs the log nothing), until the attempt finds one through the log
+    /// or the timeout passes.
+    async fn block(&mut self, blocking: Blocking) -> Value {
+        let deadline = blocking.timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+        loop {
+            if self.any_list_holds_elements(&blocking.keys).await {
+                let parsed = Command::parse(&blocking.attempt);
+                let (slot, _) = self.dispatch(blocking.attempt.clone(), parsed, None).await;
+                let reply = self.settle(&mut vec![slot]).await.remove(0);
+                if let Some(reply) = blocking.reply.from_attempt(reply) {
+                    return reply;
+                }
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return blocking.reply.timed_out();
+            }
+            tokio::time::sleep(BLOCKED_POLL).await;
+        }
+    }
+
+    /// Whether this node's state shows an element in one of `keys` (or something a list
+    /// command would refuse, which the attempt then reports).
+    async fn any_list_holds_elements(&self, keys: &[Bytes]) -> bool {
+        for key in keys {
+            let len = self
+                .shared
+                .node
+                .read(Read::Lists(ListRead::Len(key.clone())), ReadConsistency::Stale)
+                .await;
+            if !matches!(len, Ok(Value::Integer(0))) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Awaits every slot's reply, in order.
+    async fn settle(&mut self, slots: &mut Vec<Slot>) -> Vec<Value> {
         let mut values = Vec::with_capacity(slots.len());
         let mut unsettled = Vec::new();
         // Every earlier write of this batch settled where it first joined the log.
@@ -713,13 +778,7 @@ impl Connection {
         if let Some(rifl) = &mut self.rifl {
             rifl.first_unacked = rifl.next_seq;
         }
-        for value in values {
-            let value = value.expect("every slot settles");
-            if value.is_error() {
-                self.shared.metrics.errors.inc();
-            }
-            write_value_as(&value, self.protocol, output);
-        }
+        values.into_iter().map(|v| v.expect("every slot settles")).collect()
     }
 
     /// Awaits one attempt of a write and says what it came to.
@@ -989,6 +1048,10 @@ impl Connection {
                 });
                 (slot, Flow::Continue)
             }
+            Ok(Some(Command::Blocking(_))) => (
+                Slot::Ready(Value::error("ERR blocking commands cannot be sent this way")),
+                Flow::Continue,
+            ),
             Ok(Some(Command::Read(read))) => {
                 let slot = match self.shared.node.submit_read(read, self.consistency).await {
                     Ok(reply) => Slot::Read { reply, started },

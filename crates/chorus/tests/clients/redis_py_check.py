@@ -60,6 +60,8 @@ def check(protocol, ports):
     assert read.lrange(p + "queue", 0, -1) == ["job2", "job3"]
     assert write.lmove(p + "queue", p + "done", "LEFT", "RIGHT") == "job2"
     assert read.llen(p + "queue") == 1 and read.lindex(p + "done", 0) == "job2"
+    assert tuple(read.blpop([p + "queue"], timeout=1)) == (p + "queue", "job3")
+    assert read.blpop([p + "queue"], timeout=0.1) is None
 
     # Expiry.
     assert write.expire(p + "user", 100)

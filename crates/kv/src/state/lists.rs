@@ -175,6 +175,18 @@ impl KvState {
                     Value::ok()
                 }
             },
+            ListWrite::MultiPop { keys, end, count } => match self.first_list(&keys) {
+                Err(e) => e,
+                Ok(None) => Value::Array(None),
+                Ok(Some(key)) => {
+                    let popped = self.take(index, &key, count, end);
+                    self.forget_if_empty(index, &key);
+                    Value::array(vec![
+                        Value::bulk(key),
+                        Value::array(popped.into_iter().map(Value::bulk).collect()),
+                    ])
+                }
+            },
             ListWrite::Insert {
                 key,
                 after,
@@ -252,6 +264,17 @@ impl KvState {
             .map(|i| i + usize::from(after)))
     }
 
+    /// The first of `keys` holding a list, as LMPOP looks: `WRONGTYPE` from a key before it
+    /// that holds something else.
+    fn first_list(&mut self, keys: &[Bytes]) -> Result<Option<Bytes>, Value> {
+        for key in keys {
+            if self.type_check(key, KeyType::List)? {
+                return Ok(Some(key.clone()));
+            }
+        }
+        Ok(None)
+    }
+
     /// The storage key LSET writes, or Redis's error.
     fn lset_target(&mut self, key: &[u8], at: i64) -> Result<Bytes, Value> {
         if !self.type_check(key, KeyType::List)? {
@@ -304,6 +327,15 @@ impl KvState {
                 Ok(elements) => Value::Integer(lrem_targets(&elements, *count, element).len() as i64),
             },
             ListWrite::Trim { key, .. } => self.type_check(key, KeyType::List).map_or_else(|e| e, |_| Value::ok()),
+            ListWrite::MultiPop { keys, end, count } => match self.first_list(keys) {
+                Err(e) => e,
+                Ok(None) => Value::Array(None),
+                Ok(Some(key)) => {
+                    let keys = self.element_keys(&key, 0, *count, *end);
+                    let popped = keys.iter().map(|k| Value::bulk(self.element(k))).collect();
+                    Value::array(vec![Value::bulk(key), Value::array(popped)])
+                }
+            },
             ListWrite::Insert { key, after, pivot, .. } => match self.linsert_target(key, *after, pivot) {
                 Err(reply) => reply,
                 Ok(None) => Value::Integer(-1),

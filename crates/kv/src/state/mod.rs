@@ -966,7 +966,9 @@ impl KvState {
     fn execute_args(&mut self, index: u64, args: &[Bytes]) -> Value {
         match Command::parse(args) {
             Ok(Some(Command::Write(w))) => self.execute_write(index, w),
-            Ok(Some(Command::Read(_))) | Ok(None) => Value::error("ERR only write commands belong in the log"),
+            Ok(Some(Command::Read(_) | Command::Blocking(_))) | Ok(None) => {
+                Value::error("ERR only write commands belong in the log")
+            }
             Err(e) => Value::error(e),
         }
     }
@@ -1661,6 +1663,7 @@ mod tests {
                     reply
                 }
                 Ok(Command::Read(r)) => self.state.query(&r),
+                Ok(Command::Blocking(_)) => panic!("the front end waits for blocking commands"),
                 Err(e) => Value::error(e),
             }
         }
@@ -2094,6 +2097,21 @@ mod tests {
             (int(-1), int(0))
         );
 
+        assert_eq!(s.run("LMPOP 2 none pos LEFT"), Value::Array(None));
+        s.run("RPUSH pos a b");
+        assert_eq!(
+            s.run("LMPOP 2 none pos RIGHT COUNT 5"),
+            Value::array(vec![Value::bulk("pos"), list(&["b", "a"])])
+        );
+        assert_eq!(s.run("LMPOP 1 str LEFT"), Value::error(WRONGTYPE));
+        assert_eq!(
+            s.run("LMPOP 0 pos LEFT"),
+            Value::error("ERR numkeys should be greater than 0")
+        );
+        assert_eq!(
+            s.run("LMPOP 1 pos LEFT COUNT 0"),
+            Value::error("ERR count should be greater than 0")
+        );
         s.run("RPUSH pos a b c b a b");
         assert_eq!((s.run("LPOS pos b"), s.run("LPOS pos b RANK -1")), (int(1), int(5)));
         assert_eq!(s.run("LPOS pos b RANK 2 COUNT 0"), Value::array(vec![int(3), int(5)]));
@@ -2441,7 +2459,7 @@ mod tests {
         let v = ["1", "-3", "v", "9223372036854775807"][next(4) as usize];
         let ms = ["1", "400", "900"][next(3) as usize];
         let float = ["0.5", "-2.25", "abc", "1e2"][next(4) as usize];
-        match next(56) {
+        match next(57) {
             26 => format!("SETRANGE {k1} {} {v}", next(4)),
             27 => format!("INCRBYFLOAT {k1} {float}"),
             28 => format!("MSETNX {k1} {v} {k2} {v}"),
@@ -2472,6 +2490,7 @@ mod tests {
             53 => format!("RPOPLPUSH {k1} {k1}"),
             54 => format!("LPUSHX {k1} {v}"),
             55 => format!("LINSERT {k1} {} {v} {f}", ["BEFORE", "AFTER"][next(2) as usize]),
+            56 => format!("LMPOP 2 {k1} {k2} RIGHT COUNT {}", 1 + next(3)),
             12 => format!("SET {k1} {v} PX {ms}"),
             13 => format!("SET {k1} {v} KEEPTTL GET"),
             14 => format!("SET {k1} {v} NX PX {ms}"),
