@@ -560,6 +560,16 @@ fn timeout_arg(arg: &[u8]) -> Result<Option<u64>, CommandError> {
     Ok((seconds > 0.0).then(|| (seconds * 1000.0).ceil() as u64))
 }
 
+const POP_COUNT_OUT_OF_RANGE: &str = "ERR value is out of range, must be positive";
+
+/// A count that Redis refuses with the one `error` whether it is no integer or negative.
+fn count_arg(arg: &[u8], error: &str) -> Result<usize, CommandError> {
+    parse_i64(arg)
+        .ok()
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| CommandError::from(error))
+}
+
 /// LEFT or RIGHT.
 fn end_arg(arg: &[u8]) -> Result<End, CommandError> {
     if arg.eq_ignore_ascii_case(b"left") {
@@ -1154,15 +1164,7 @@ impl Command {
                 if rest.len() > 2 {
                     return Err(syntax_error());
                 }
-                let count = rest
-                    .get(1)
-                    .map(|c| {
-                        parse_i64(c)
-                            .ok()
-                            .and_then(|c| usize::try_from(c).ok())
-                            .ok_or_else(|| CommandError::from("ERR value is out of range, must be positive"))
-                    })
-                    .transpose()?;
+                let count = rest.get(1).map(|c| count_arg(c, POP_COUNT_OUT_OF_RANGE)).transpose()?;
                 Command::Write(Write::Sets(SetWrite::Pop {
                     key: rest[0].clone(),
                     count,
@@ -1238,10 +1240,7 @@ impl Command {
                 match options {
                     [] => {}
                     [word, value] if word.eq_ignore_ascii_case(b"limit") => {
-                        limit = parse_i64(value)
-                            .ok()
-                            .and_then(|l| usize::try_from(l).ok())
-                            .ok_or_else(|| CommandError::from("ERR LIMIT can't be negative"))?;
+                        limit = count_arg(value, "ERR LIMIT can't be negative")?;
                     }
                     _ => return Err(syntax_error()),
                 }
@@ -1271,15 +1270,7 @@ impl Command {
                 if rest.len() > 2 {
                     return Err(wrong_arity(name));
                 }
-                let count = rest
-                    .get(1)
-                    .map(|c| {
-                        parse_i64(c)
-                            .ok()
-                            .and_then(|c| usize::try_from(c).ok())
-                            .ok_or_else(|| CommandError::from("ERR value is out of range, must be positive"))
-                    })
-                    .transpose()?;
+                let count = rest.get(1).map(|c| count_arg(c, POP_COUNT_OUT_OF_RANGE)).transpose()?;
                 Command::Write(Write::Lists(ListWrite::Pop {
                     key: rest[0].clone(),
                     count,

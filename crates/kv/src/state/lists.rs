@@ -52,14 +52,11 @@ impl KvState {
     }
 
     pub(super) fn is_list(&self, key: &[u8]) -> bool {
-        !self.expired(key) && self.stores_list(key)
+        self.holds_group(LIST_TAG, key)
     }
 
     fn list_len(&mut self, key: &[u8]) -> usize {
-        if self.expired(key) {
-            return 0;
-        }
-        self.store.group_len(&list_prefix(key))
+        self.group_size(LIST_TAG, key)
     }
 
     /// The storage keys of up to `take` elements after skipping `skip`, from the head or the tail.

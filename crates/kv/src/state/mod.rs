@@ -34,8 +34,8 @@ use chorus_resp::{parse_value, write_value, Limits, Value};
 use chorus_storage::{Manifest, Store, StoreError, StoreOptions};
 
 use crate::command::{
-    decode_logged, invalid_expire_time, not_a_float, Command, Decimal, End, ListWrite, Logged, Read, ScanArgs,
-    SetCondition, TtlChange, Write,
+    decode_logged, invalid_expire_time, not_a_float, Command, Decimal, End, ExpireAt, ExpireCondition, ListWrite,
+    Logged, Read, ScanArgs, SetCondition, TtlChange, Write,
 };
 use crate::curp::ApplyWatch;
 use crate::decimal::{parse_float, Float};
@@ -397,7 +397,20 @@ impl KvState {
     }
 
     fn is_hash(&self, key: &[u8]) -> bool {
-        !self.expired(key) && self.stores_hash(key)
+        self.holds_group(HASH_TAG, key)
+    }
+
+    /// Whether `key` holds a live group (a hash, a set, a list) under `tag`.
+    fn holds_group(&self, tag: u8, key: &[u8]) -> bool {
+        !self.expired(key) && self.stores_group(tag, key)
+    }
+
+    /// How many fields, members or elements `key`'s group under `tag` holds (0 once expired).
+    fn group_size(&mut self, tag: u8, key: &[u8]) -> usize {
+        if self.expired(key) {
+            return 0;
+        }
+        self.store.group_len(&group_prefix(tag, key))
     }
 
     fn exists(&self, key: &[u8]) -> bool {
@@ -430,10 +443,7 @@ impl KvState {
     }
 
     fn hash_len(&mut self, key: &[u8]) -> usize {
-        if self.expired(key) {
-            return 0;
-        }
-        self.store.group_len(&hash_prefix(key))
+        self.group_size(HASH_TAG, key)
     }
 
     /// A string's value for a client's read: a storage error is the client's error reply. (A
@@ -546,6 +556,21 @@ impl KvState {
                 self.delete(index, key);
             }
         }
+    }
+
+    /// The deadline EXPIRE gives `key` (`None`: it gives none and answers 0), or its error.
+    fn expire_decision(
+        &self,
+        key: &[u8],
+        at: ExpireAt,
+        condition: ExpireCondition,
+        name: &str,
+    ) -> Result<Option<i64>, Value> {
+        let deadline = at
+            .resolve(self.now_ms)
+            .ok_or_else(|| Value::error(invalid_expire_time(name)))?;
+        let current = self.deadlines.get(key).map(|d| d as i64);
+        Ok((self.exists(key) && condition.allows(current, deadline)).then_some(deadline))
     }
 
     /// Deletes `key` through the log if it has expired by the entry's time.
@@ -714,17 +739,14 @@ impl KvState {
                 at,
                 condition,
                 name,
-            } => {
-                let Some(deadline) = at.resolve(self.now_ms) else {
-                    return Value::error(invalid_expire_time(name));
-                };
-                let current = self.deadlines.get(&key).map(|d| d as i64);
-                if !self.exists(&key) || !condition.allows(current, deadline) {
-                    return Value::Integer(0);
+            } => match self.expire_decision(&key, at, condition, name) {
+                Err(e) => e,
+                Ok(None) => Value::Integer(0),
+                Ok(Some(deadline)) => {
+                    self.expire_at(index, &key, deadline);
+                    Value::Integer(1)
                 }
-                self.expire_at(index, &key, deadline);
-                Value::Integer(1)
-            }
+            },
             Write::Persist(key) => {
                 let volatile = self.exists(&key) && self.deadlines.get(&key).is_some();
                 if volatile {
@@ -1054,13 +1076,9 @@ impl KvState {
                 at,
                 condition,
                 name,
-            } => {
-                let Some(deadline) = at.resolve(self.now_ms) else {
-                    return Value::error(invalid_expire_time(name));
-                };
-                let current = self.deadlines.get(key).map(|d| d as i64);
-                Value::Integer((self.exists(key) && condition.allows(current, deadline)) as i64)
-            }
+            } => self
+                .expire_decision(key, *at, *condition, name)
+                .map_or_else(|e| e, |deadline| Value::Integer(i64::from(deadline.is_some()))),
             Write::Persist(key) => Value::Integer((self.exists(key) && self.deadlines.get(key).is_some()) as i64),
             Write::DeleteExpired(_) | Write::FlushAll => Value::ok(),
             Write::Sets(write) => self.preview_set_write(write),

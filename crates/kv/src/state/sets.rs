@@ -29,14 +29,11 @@ impl KvState {
     }
 
     pub(super) fn is_set(&self, key: &[u8]) -> bool {
-        !self.expired(key) && self.stores_set(key)
+        self.holds_group(SET_TAG, key)
     }
 
     fn set_len(&mut self, key: &[u8]) -> usize {
-        if self.expired(key) {
-            return 0;
-        }
-        self.store.group_len(&set_prefix(key))
+        self.group_size(SET_TAG, key)
     }
 
     fn is_member(&self, key: &[u8], member: &[u8]) -> bool {
