@@ -909,7 +909,113 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
         let float = ["0.5", "-2.25", "3", "abc", "1e2", "inf", ""][below(7)].to_string();
         let offset = ["0", "3", "-1"][below(3)].to_string();
         let index = ["0", "1", "-1", "-2", "5"][below(5)].to_string();
-        let command: Vec<String> = match below(93) {
+        let score = ["1", "2.5", "-1", "0", "inf", "-inf", "abc", "1e2", "3"][below(9)].to_string();
+        let score_bound = || ["-inf", "+inf", "(1", "1", "2.5", "(2.5", "abc", "0"];
+        let (min, max) = (score_bound()[below(8)].to_string(), score_bound()[below(8)].to_string());
+        // Lex ranges are defined where every member has one score: keys of their own, ZADDed 0.
+        let lex_key = format!("{prefix}z{}", below(2));
+        let lex_bound = || ["-", "+", "[f1", "(f1", "[f0", "f1", "(f3"];
+        let (lex_min, lex_max) = (lex_bound()[below(7)].to_string(), lex_bound()[below(7)].to_string());
+        let zadd_options = || ["NX", "XX", "GT", "LT", "CH", "INCR"];
+        let command: Vec<String> = match below(120) {
+            93 => {
+                let mut c = vec!["ZADD".to_string(), key];
+                for _ in 0..below(3) {
+                    c.push(zadd_options()[below(6)].into());
+                }
+                c.extend([score, field]);
+                if below(3) == 0 {
+                    c.extend(["3".into(), "f0".into()]);
+                }
+                c
+            }
+            94 => vec!["ZADD".into(), key, score, field, "-1".into(), "f1".into()],
+            95 => vec!["ZINCRBY".into(), key, score, field],
+            96 => vec!["ZREM".into(), key, field, "f0".into()],
+            97 => vec!["ZSCORE".into(), key, field],
+            98 => vec!["ZMSCORE".into(), key, field, "f1".into()],
+            99 => vec!["ZCARD".into(), key],
+            100 => vec!["ZCOUNT".into(), key, min, max],
+            101 => {
+                let mut c = vec!["ZRANGE".into(), key, index, ["-1", "2", "0"][below(3)].into()];
+                if below(2) == 0 {
+                    c.push("WITHSCORES".into());
+                }
+                c
+            }
+            102 => {
+                let mut c = vec!["ZRANGE".into(), key, min, max, "BYSCORE".into()];
+                for option in ["REV", "WITHSCORES"] {
+                    if below(2) == 0 {
+                        c.push(option.into());
+                    }
+                }
+                if below(2) == 0 {
+                    c.extend([
+                        "LIMIT".into(),
+                        ["0", "1", "-1"][below(3)].into(),
+                        ["1", "-1", "0", "2"][below(4)].into(),
+                    ]);
+                }
+                c
+            }
+            103 => vec!["ZREVRANGE".into(), key, index, "-1".into(), "WITHSCORES".into()],
+            104 => vec![
+                "ZRANGEBYSCORE".into(),
+                key,
+                min,
+                max,
+                "WITHSCORES".into(),
+                "LIMIT".into(),
+                ["0", "1"][below(2)].into(),
+                ["2", "-1"][below(2)].into(),
+            ],
+            105 => vec!["ZREVRANGEBYSCORE".into(), key, max, min],
+            106 => vec![["ZRANK", "ZREVRANK"][below(2)].into(), key, field],
+            107 => {
+                let mut c = vec![["ZPOPMIN", "ZPOPMAX"][below(2)].to_string(), key];
+                if below(2) == 0 {
+                    c.push(["0", "2", "-1", "5"][below(4)].into());
+                }
+                c
+            }
+            108 => vec!["ZREMRANGEBYRANK".into(), key, index, ["-1", "0", "1"][below(3)].into()],
+            109 => vec!["ZREMRANGEBYSCORE".into(), key, min, max],
+            110 => vec!["ZRANGESTORE".into(), other, key, index, "-1".into()],
+            111 => vec![
+                "ZMPOP".into(),
+                "2".into(),
+                key,
+                other,
+                ["MIN", "MAX", "UP"][below(3)].into(),
+                "COUNT".into(),
+                ["1", "3", "0"][below(3)].into(),
+            ],
+            112 | 113 => vec!["ZADD".into(), lex_key, "0".into(), field],
+            114 => {
+                let mut c = vec!["ZRANGEBYLEX".into(), lex_key, lex_min, lex_max];
+                if below(2) == 0 {
+                    c.extend([
+                        "LIMIT".into(),
+                        ["0", "1"][below(2)].into(),
+                        ["1", "-1"][below(2)].into(),
+                    ]);
+                }
+                c
+            }
+            115 => vec!["ZLEXCOUNT".into(), lex_key, lex_min, lex_max],
+            116 => vec!["ZREMRANGEBYLEX".into(), lex_key, lex_min, lex_max],
+            117 => vec!["ZRANGE".into(), lex_key, lex_max, lex_min, "BYLEX".into(), "REV".into()],
+            118 => vec!["ZSCAN".into(), key, "0".into()],
+            119 => vec![
+                "ZRANGE".into(),
+                key,
+                "0".into(),
+                "-1".into(),
+                ["LIMIT", "BYLEX", "REV", "WITHSCORES"][below(4)].into(),
+                "0".into(),
+                "1".into(),
+            ],
             76 => vec![
                 ["LPUSH", "RPUSH", "LPUSHX", "RPUSHX"][below(4)].into(),
                 key,
@@ -1166,6 +1272,29 @@ async fn blocked_consumers_get_each_pushed_element_once_or_time_out() {
     assert_eq!(
         producer.command(&["BLPOP", "jobs", "-1"]).await.unwrap(),
         Value::error("ERR timeout is negative")
+    );
+
+    // Sorted sets block the same way: the lowest score first, with its key and score.
+    let mut c = cluster.client(followers[0]).await;
+    let popper = tokio::spawn(async move { c.command(&["BZPOPMIN", "none", "tasks", "10"]).await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    producer
+        .command(&["ZADD", "tasks", "2", "later", "1", "sooner"])
+        .await
+        .unwrap();
+    assert_eq!(
+        popper.await.unwrap(),
+        Value::array(vec![bulk("tasks"), bulk("sooner"), bulk("1")])
+    );
+    assert_eq!(
+        producer
+            .command(&["BZMPOP", "1", "2", "none", "tasks", "MAX"])
+            .await
+            .unwrap(),
+        Value::array(vec![
+            bulk("tasks"),
+            Value::array(vec![Value::array(vec![bulk("later"), bulk("2")])])
+        ])
     );
 }
 

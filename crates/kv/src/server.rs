@@ -35,7 +35,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::command::{
     command_name, encode_delete_expired, encode_enveloped, encode_register, encode_renew, reenvelope, short_name,
-    Blocking, Command, CommandError, ListRead, Read, MAX_COMMAND_NAME_BYTES,
+    Blocking, Command, CommandError, Read, MAX_COMMAND_NAME_BYTES,
 };
 use crate::curp::{Curp, FastOutcome};
 use crate::glob::glob_match;
@@ -152,6 +152,18 @@ const COUNTED_COMMANDS: &[&str] = &[
     "blpop",
     "brpop",
     "blmove",
+    "zadd",
+    "zincrby",
+    "zrem",
+    "zscore",
+    "zcard",
+    "zcount",
+    "zrange",
+    "zrangebyscore",
+    "zrank",
+    "zpopmin",
+    "zpopmax",
+    "bzpopmin",
     "ping",
     "echo",
     "info",
@@ -700,13 +712,13 @@ impl Connection {
         }
     }
 
-    /// A blocking command: its attempt, each time this node sees an element in one of its keys
+    /// A blocking command: its attempt, each time this node sees one of its keys hold something
     /// (a local look, which costs the log nothing), until the attempt finds one through the log
     /// or the timeout passes.
     async fn block(&mut self, blocking: Blocking) -> Value {
         let deadline = blocking.timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
         loop {
-            if self.any_list_holds_elements(&blocking.keys).await {
+            if self.any_key_exists(&blocking.keys).await {
                 let parsed = Command::parse(&blocking.attempt);
                 let (slot, _) = self.dispatch(blocking.attempt.clone(), parsed, None).await;
                 let reply = self.settle(&mut vec![slot]).await.remove(0);
@@ -721,20 +733,16 @@ impl Connection {
         }
     }
 
-    /// Whether this node's state shows an element in one of `keys` (or something a list
-    /// command would refuse, which the attempt then reports).
-    async fn any_list_holds_elements(&self, keys: &[Bytes]) -> bool {
-        for key in keys {
-            let len = self
-                .shared
-                .node
-                .read(Read::Lists(ListRead::Len(key.clone())), ReadConsistency::Stale)
-                .await;
-            if !matches!(len, Ok(Value::Integer(0))) {
-                return true;
-            }
-        }
-        false
+    /// Whether this node's state shows one of `keys` holding something: an element (a list or
+    /// sorted set exists only while it holds one), or a value of another type, which the
+    /// attempt then reports as Redis does.
+    async fn any_key_exists(&self, keys: &[Bytes]) -> bool {
+        let exists = self
+            .shared
+            .node
+            .read(Read::Exists(keys.to_vec()), ReadConsistency::Stale)
+            .await;
+        !matches!(exists, Ok(Value::Integer(0)))
     }
 
     /// Awaits every slot's reply, in order.

@@ -20,7 +20,26 @@ pub enum Value {
     /// Field-value pairs: a RESP3 map (`%`); in RESP2, a flat array of its pairs. Only replies
     /// carry it; the decoder never makes one.
     Map(Vec<(Value, Value)>),
+    /// Pairs (a member and its score, a field and its value): in RESP3 an array of two-element
+    /// arrays, in RESP2 a flat array, as Redis 7 answers WITHSCORES and WITHVALUES.
+    Pairs(Vec<(Value, Value)>),
+    /// A double (a sorted set's score): RESP3's `,`, in RESP2 a bulk string, both written as
+    /// Redis 7.0 writes them (see `format_double`).
+    Double(Double),
 }
+
+/// A double that equals another when their bits do, so replies compare exactly (a NaN equals
+/// itself, 0 and -0 differ: both print differently).
+#[derive(Debug, Clone, Copy)]
+pub struct Double(pub f64);
+
+impl PartialEq for Double {
+    fn eq(&self, other: &Double) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl Eq for Double {}
 
 /// The protocol a connection speaks: RESP2 until a client asks for RESP3 (`HELLO 3`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -372,6 +391,33 @@ pub fn write_value_as(value: &Value, protocol: Protocol, out: &mut Vec<u8>) {
                 write_value_as(item, protocol, out);
             }
         }
+        Value::Double(Double(d)) => {
+            let text = format_double(*d);
+            match protocol {
+                Protocol::Resp2 => write_value_as(&Value::bulk(text), protocol, out),
+                Protocol::Resp3 => {
+                    out.push(b',');
+                    out.extend_from_slice(text.as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                }
+            }
+        }
+        Value::Pairs(pairs) => {
+            let len = match protocol {
+                Protocol::Resp2 => pairs.len() * 2,
+                Protocol::Resp3 => pairs.len(),
+            };
+            out.push(b'*');
+            out.extend_from_slice(len.to_string().as_bytes());
+            out.extend_from_slice(b"\r\n");
+            for (first, second) in pairs {
+                if protocol == Protocol::Resp3 {
+                    out.extend_from_slice(b"*2\r\n");
+                }
+                write_value_as(first, protocol, out);
+                write_value_as(second, protocol, out);
+            }
+        }
         Value::Map(pairs) => {
             let (tag, len) = match protocol {
                 Protocol::Resp2 => (b'*', pairs.len() * 2),
@@ -385,6 +431,38 @@ pub fn write_value_as(value: &Value, protocol: Protocol, out: &mut Vec<u8>) {
                 write_value_as(value, protocol, out);
             }
         }
+    }
+}
+
+/// A double as C's `%.17g` writes it, which is how Redis 7.0 answers scores: 17 significant
+/// digits, trailing zeros dropped, an exponent below 1e-4 or from 1e17; `inf`, `-inf`, `nan`.
+pub fn format_double(d: f64) -> String {
+    const SIGNIFICANT_DIGITS: i32 = 17;
+    if d.is_nan() {
+        return "nan".into();
+    }
+    if d.is_infinite() {
+        return if d > 0.0 { "inf" } else { "-inf" }.into();
+    }
+    let scientific = format!("{:.*e}", (SIGNIFICANT_DIGITS - 1) as usize, d);
+    let (mantissa, exponent) = scientific.split_once('e').expect("`{:e}` writes an exponent");
+    let exponent: i32 = exponent.parse().expect("`{:e}` writes an integer exponent");
+    if (-4..SIGNIFICANT_DIGITS).contains(&exponent) {
+        let fixed = format!("{:.*}", (SIGNIFICANT_DIGITS - 1 - exponent) as usize, d);
+        trim_fraction(&fixed).to_string()
+    } else {
+        let sign = if exponent < 0 { '-' } else { '+' };
+        format!("{}e{sign}{:02}", trim_fraction(mantissa), exponent.abs())
+    }
+}
+
+/// A decimal number without the zeros that end its fraction (and without the point, if that
+/// leaves nothing after it).
+fn trim_fraction(number: &str) -> &str {
+    if number.contains('.') {
+        number.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        number
     }
 }
 
@@ -418,6 +496,40 @@ mod tests {
 
     fn limits() -> Limits {
         Limits::default()
+    }
+
+    #[test]
+    fn doubles_are_written_as_printf_writes_them_with_17_significant_digits() {
+        let cases = [
+            (1.1, "1.1000000000000001"),
+            (1.0, "1"),
+            (0.5, "0.5"),
+            (1e17, "1e+17"),
+            (1.5e-5, "1.5e-05"),
+            (-0.0, "-0"),
+            (123_456_789_012_345_678.0, "1.2345678901234568e+17"),
+            (0.0001, "0.0001"),
+            (0.0003, "0.00029999999999999997"),
+            (-2.5, "-2.5"),
+            (1e16, "10000000000000000"),
+            (1.0 / 3.0, "0.33333333333333331"),
+            (f64::INFINITY, "inf"),
+            (f64::NEG_INFINITY, "-inf"),
+        ];
+        for (d, text) in cases {
+            assert_eq!(format_double(d), text, "{d:?}");
+        }
+    }
+
+    #[test]
+    fn pairs_and_doubles_nest_in_resp3_and_flatten_in_resp2() {
+        let reply = Value::Pairs(vec![(Value::bulk("m"), Value::Double(Double(1.5)))]);
+        let mut resp2 = Vec::new();
+        write_value_as(&reply, Protocol::Resp2, &mut resp2);
+        assert_eq!(resp2, b"*2\r\n$1\r\nm\r\n$3\r\n1.5\r\n");
+        let mut resp3 = Vec::new();
+        write_value_as(&reply, Protocol::Resp3, &mut resp3);
+        assert_eq!(resp3, b"*1\r\n*2\r\n$1\r\nm\r\n,1.5\r\n");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
+use std::ops::Bound;
 
 use bytes::Bytes;
 use foldhash::HashMap;
@@ -203,6 +204,28 @@ impl<V> ScanMap<V> {
             .flat_map(|members| members.values().map(|(key, value)| (key, value)))
     }
 
+    /// Entries of the group whose prefix is `group` whose keys, after the prefix, lie between
+    /// `from` and `to`, in key order (none when the bounds cross).
+    pub fn group_range<'a>(
+        &'a self,
+        group: &[u8],
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+    ) -> impl DoubleEndedIterator<Item = (&'a Bytes, &'a V)> + 'a {
+        let crossed = match (from, to) {
+            (Bound::Included(a), Bound::Included(b)) => a > b,
+            (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) => a >= b,
+            _ => false,
+        };
+        self.groups
+            .get(group)
+            .filter(|_| !crossed)
+            .map(|members| members.range::<[u8], _>((from, to)))
+            .into_iter()
+            .flatten()
+            .map(|(_, (key, value))| (key, value))
+    }
+
     /// Entries of the group whose prefix is `group`, in key order, for updating.
     pub fn group_mut<'a>(&'a mut self, group: &[u8]) -> impl Iterator<Item = (&'a Bytes, &'a mut V)> + 'a {
         self.groups
@@ -268,6 +291,22 @@ mod tests {
     /// Keys "g<digit>..." group by their first two bytes.
     fn two_byte_groups(key: &[u8]) -> Option<usize> {
         (key.first() == Some(&b'g') && key.len() >= 2).then_some(2)
+    }
+
+    #[test]
+    fn a_group_range_holds_the_keys_between_its_bounds_and_nothing_when_they_cross() {
+        let mut m = ScanMap::new(two_byte_groups);
+        for key in ["g1a", "g1b", "g1c", "g2a"] {
+            m.insert(Bytes::from(key), ());
+        }
+        let keys = |from, to| -> Vec<&[u8]> { m.group_range(b"g1", from, to).map(|(k, _)| &k[..]).collect() };
+        use Bound::{Excluded, Included, Unbounded};
+        assert_eq!(keys(Included(b"b"), Unbounded), [b"g1b", b"g1c"]);
+        assert_eq!(keys(Excluded(b"a"), Excluded(b"c")), [b"g1b"]);
+        assert_eq!(keys(Included(b"b"), Included(b"b")), [b"g1b"]);
+        assert!(keys(Included(b"c"), Included(b"b")).is_empty());
+        assert!(keys(Excluded(b"b"), Excluded(b"b")).is_empty());
+        assert!(keys(Included(b"b"), Excluded(b"b")).is_empty());
     }
 
     #[test]

@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs::File;
-use std::ops::Range;
+use std::ops::{Bound, Range};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -1345,6 +1345,33 @@ impl Store {
         } else {
             keys.skip(skip).take(take).cloned().collect()
         }
+    }
+
+    /// Up to `take` live keys of the group whose prefix is `group` whose rest (after the prefix)
+    /// lies between `from` and `to`, after skipping `skip`, in key order or (`from_end`)
+    /// backwards from the last.
+    pub fn group_keys_between(
+        &mut self,
+        group: &[u8],
+        (from, to): (Bound<&[u8]>, Bound<&[u8]>),
+        skip: usize,
+        take: usize,
+        from_end: bool,
+    ) -> Vec<Bytes> {
+        self.wait_for_index();
+        let keys = self.index.group_range(group, from, to).map(|(key, _)| key);
+        if from_end {
+            keys.rev().skip(skip).take(take).cloned().collect()
+        } else {
+            keys.skip(skip).take(take).cloned().collect()
+        }
+    }
+
+    /// How many live keys of the group whose prefix is `group` have a rest between `from` and
+    /// `to` (see `group_keys_between`).
+    pub fn group_count_between(&mut self, group: &[u8], (from, to): (Bound<&[u8]>, Bound<&[u8]>)) -> usize {
+        self.wait_for_index();
+        self.index.group_range(group, from, to).count()
     }
 
     /// Whether the group whose prefix is `group` holds a live key; while the start-up index is

@@ -220,6 +220,16 @@ fn main() {
     write(&out, "kv", "rifl-write", &encode_enveloped(&envelope, &incr));
     write(&out, "kv", "rifl-renew", &encode_renew(1 << 16, 2));
     write(&out, "kv", "curp-recovered", &encode_curp_recovered(7));
+    for (name, command) in [
+        ("zadd", &["ZADD", "z", "GT", "CH", "1.5", "a", "-inf", "b"][..]),
+        (
+            "zrangestore",
+            &["ZRANGESTORE", "y", "z", "(1", "+inf", "BYSCORE", "LIMIT", "0", "5"],
+        ),
+        ("zmpop", &["ZMPOP", "2", "z", "y", "MAX", "COUNT", "2"]),
+    ] {
+        write(&out, "kv", name, &args(command));
+    }
 
     // A witness file: acceptances, a drop, a collection and a reset.
     let mut witness_file = Vec::new();

@@ -47,10 +47,6 @@ fn index_range(len: usize, start: i64, stop: i64) -> std::ops::Range<usize> {
 }
 
 impl KvState {
-    pub(super) fn stores_list(&self, key: &[u8]) -> bool {
-        self.stores_group(LIST_TAG, key)
-    }
-
     pub(super) fn is_list(&self, key: &[u8]) -> bool {
         self.holds_group(LIST_TAG, key)
     }

@@ -42,11 +42,11 @@ use crate::decimal::{parse_float, Float};
 use crate::expiry::{wall_clock_ms, Deadlines};
 use crate::glob::glob_match;
 use crate::speculation::Proposed;
-use lists::list_prefix;
-use sets::{member_key, set_prefix};
+use sets::member_key;
 
 mod lists;
 mod sets;
+mod zsets;
 use crate::storage_metrics::StorageMetrics;
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
@@ -57,6 +57,7 @@ const HASH_TAG: u8 = b'h';
 const RIFL_TAG: u8 = b'r';
 const SET_TAG: u8 = b'S';
 const LIST_TAG: u8 = b'L';
+const ZSET_TAG: u8 = b'Z';
 const EXPIRY_TAG: u8 = b'x';
 const CLOCK_KEY: &[u8] = b"c";
 /// Tags of keys that hold no client key: each is one group, left out of `DBSIZE`.
@@ -117,9 +118,21 @@ fn field_key(key: &[u8], field: &[u8]) -> Bytes {
     k.freeze()
 }
 
-/// Hash fields are the keys the store must scan by prefix (HGETALL, deleting a hash).
+/// The types stored as groups of records (a record per hash field, set member, list element,
+/// two per sorted-set member), each by its tag.
+const GROUP_TYPES: [(u8, KeyType); 4] = [
+    (HASH_TAG, KeyType::Hash),
+    (SET_TAG, KeyType::Set),
+    (LIST_TAG, KeyType::List),
+    (ZSET_TAG, KeyType::Zset),
+];
+
+/// Hash fields are the keys the store must scan by prefix (HGETALL, deleting a hash), and so
+/// are the records of the other grouped types.
 fn is_field_key(storage_key: &[u8]) -> bool {
-    matches!(storage_key.first(), Some(&HASH_TAG | &SET_TAG | &LIST_TAG))
+    storage_key
+        .first()
+        .is_some_and(|tag| GROUP_TYPES.iter().any(|(group_tag, _)| group_tag == tag))
 }
 
 /// The fields of one hash form a group in the store: kept together, scanned together, counted
@@ -165,6 +178,7 @@ enum KeyType {
     Hash,
     Set,
     List,
+    Zset,
 }
 
 impl KeyType {
@@ -174,6 +188,7 @@ impl KeyType {
             KeyType::Hash => "hash",
             KeyType::Set => "set",
             KeyType::List => "list",
+            KeyType::Zset => "zset",
         }
     }
 }
@@ -184,6 +199,7 @@ enum Stored {
     Hash(Vec<(Bytes, Bytes)>),
     Set(Vec<Bytes>),
     List(Vec<Bytes>),
+    Zset(Vec<(Bytes, f64)>),
 }
 
 /// SCAN's order: a key's place is this 64-bit hash of it (FNV-1a, the same on every node and in
@@ -373,27 +389,35 @@ impl KvState {
         self.store.contains(&string_key(key))
     }
 
-    /// Whether a hash is stored under `key`, expired or not.
-    fn stores_hash(&self, key: &[u8]) -> bool {
-        self.stores_group(HASH_TAG, key)
+    /// Whether the store holds a group (a hash's fields, a set's members) for `key` under
+    /// `tag`, expired or not.
+    fn stores_group(&self, tag: u8, key: &[u8]) -> bool {
+        self.stored_group_tag(key, &[tag]).is_some()
     }
 
-    /// Whether the store holds a group (a hash's fields, a set's members) for `key` under
-    /// `tag`, expired or not. Every string written asks, so the prefix is built on the stack.
-    fn stores_group(&self, tag: u8, key: &[u8]) -> bool {
+    /// Which of `tags` the store holds a group under for `key`, expired or not. Every string
+    /// written asks about every grouped type, so the prefix is built once, on the stack.
+    fn stored_group_tag(&self, key: &[u8], tags: &[u8]) -> Option<u8> {
         let mut buf = [0u8; 128];
         let len = 5 + key.len();
         if len > buf.len() {
-            return self.store.group_has_keys(&group_prefix(tag, key));
+            let mut prefix = group_prefix(0, key);
+            return tags.iter().copied().find(|tag| {
+                prefix[0] = *tag;
+                self.store.group_has_keys(&prefix)
+            });
         }
-        buf[0] = tag;
         buf[1..5].copy_from_slice(&u32::try_from(key.len()).expect("short key").to_be_bytes());
         buf[5..len].copy_from_slice(key);
-        self.store.group_has_keys(&buf[..len])
+        tags.iter().copied().find(|tag| {
+            buf[0] = *tag;
+            self.store.group_has_keys(&buf[..len])
+        })
     }
 
-    fn is_string(&self, key: &[u8]) -> bool {
-        !self.expired(key) && self.stores_string(key)
+    /// The tag of the grouped type stored under `key`, expired or not.
+    fn stored_type_tag(&self, key: &[u8]) -> Option<u8> {
+        self.stored_group_tag(key, &GROUP_TYPES.map(|(tag, _)| tag))
     }
 
     fn is_hash(&self, key: &[u8]) -> bool {
@@ -419,16 +443,16 @@ impl KvState {
 
     /// What `key` holds, if anything live.
     fn key_type(&self, key: &[u8]) -> Option<KeyType> {
-        if self.is_string(key) {
-            Some(KeyType::String)
-        } else if self.is_hash(key) {
-            Some(KeyType::Hash)
-        } else if self.is_set(key) {
-            Some(KeyType::Set)
-        } else if self.is_list(key) {
-            Some(KeyType::List)
-        } else {
+        if self.expired(key) {
             None
+        } else if self.stores_string(key) {
+            Some(KeyType::String)
+        } else {
+            let tag = self.stored_type_tag(key)?;
+            GROUP_TYPES
+                .iter()
+                .find(|(t, _)| *t == tag)
+                .map(|(_, key_type)| *key_type)
         }
     }
 
@@ -500,19 +524,9 @@ impl KvState {
 
     /// Deletes the value `key` holds, expired or not, keeping its deadline; whether it held one.
     fn delete_value(&mut self, index: u64, key: &[u8]) -> bool {
-        if self.stores_hash(key) {
-            for field in self.store.group_keys(&hash_prefix(key)) {
-                self.store.write(index, field, None);
-            }
-            true
-        } else if self.stores_set(key) || self.stores_list(key) {
-            let prefix = if self.stores_set(key) {
-                set_prefix(key)
-            } else {
-                list_prefix(key)
-            };
-            for member in self.store.group_keys(&prefix) {
-                self.store.write(index, member, None);
+        if let Some(tag) = self.stored_type_tag(key) {
+            for record in self.store.group_keys(&group_prefix(tag, key)) {
+                self.store.write(index, record, None);
             }
             true
         } else if self.stores_string(key) {
@@ -583,7 +597,7 @@ impl KvState {
 
     /// Replaces the value of `key` with a string, keeping its deadline.
     fn set_string(&mut self, index: u64, key: &[u8], value: Bytes) {
-        if self.stores_hash(key) || self.stores_set(key) || self.stores_list(key) {
+        if self.stored_type_tag(key).is_some() {
             self.delete_value(index, key);
         }
         self.store.write(index, string_key(key), Some(value));
@@ -593,6 +607,9 @@ impl KvState {
     fn stored(&mut self, key: &[u8]) -> Option<Stored> {
         if self.is_set(key) {
             return self.set_members(key).ok().map(Stored::Set);
+        }
+        if self.is_zset(key) {
+            return Some(Stored::Zset(self.zset_members(key)));
         }
         if self.is_list(key) {
             let elements = self.list_elements(key).ok()?;
@@ -622,6 +639,7 @@ impl KvState {
                     self.store.write(index, member_key(to, &member), Some(Bytes::new()));
                 }
             }
+            Stored::Zset(members) => self.put_zset(index, to, members),
             Stored::List(elements) => {
                 self.execute_list_write(
                     index,
@@ -645,13 +663,9 @@ impl KvState {
             .into_iter()
             .filter_map(|k| (k.first() == Some(&STRING_TAG)).then(|| (k.slice(1..), KeyType::String)));
         let containers = self.store.group_prefixes().into_iter().filter_map(|prefix| {
-            let key_type = match prefix.first() {
-                Some(&HASH_TAG) => KeyType::Hash,
-                Some(&SET_TAG) => KeyType::Set,
-                Some(&LIST_TAG) => KeyType::List,
-                _ => return None,
-            };
-            Some((prefix.slice(5..), key_type))
+            let tag = prefix.first()?;
+            let (_, key_type) = GROUP_TYPES.iter().find(|(t, _)| t == tag)?;
+            Some((prefix.slice(5..), *key_type))
         });
         let mut keys: Vec<(Bytes, KeyType)> = strings.chain(containers).collect();
         keys.retain(|(key, _)| !self.expired(key));
@@ -878,6 +892,7 @@ impl KvState {
             }
             Write::Sets(write) => self.execute_set_write(index, write),
             Write::Lists(write) => self.execute_list_write(index, write),
+            Write::Zsets(write) => self.execute_zset_write(index, write),
             Write::FlushAll => {
                 for key in self.store.ungrouped_key_list() {
                     if key.first() == Some(&STRING_TAG) {
@@ -885,7 +900,7 @@ impl KvState {
                     }
                 }
                 for prefix in self.store.group_prefixes() {
-                    if matches!(prefix.first(), Some(&HASH_TAG | &SET_TAG | &LIST_TAG | &EXPIRY_TAG)) {
+                    if prefix.first() == Some(&EXPIRY_TAG) || is_field_key(&prefix) {
                         for key in self.store.group_keys(&prefix) {
                             self.store.write(index, key, None);
                         }
@@ -1083,6 +1098,7 @@ impl KvState {
             Write::DeleteExpired(_) | Write::FlushAll => Value::ok(),
             Write::Sets(write) => self.preview_set_write(write),
             Write::Lists(write) => self.preview_list_write(write),
+            Write::Zsets(write) => self.preview_zset_write(write),
             Write::SetRange { key, offset, value } => match self.string_to_update(key) {
                 Err(e) => e,
                 Ok(current) => match set_range_len(current.as_ref().map(Bytes::len), *offset, value.len()) {
@@ -1327,15 +1343,13 @@ impl KvState {
                         None if fields.is_empty() => Value::null(),
                         None => Value::bulk(fields[self.random_below(fields.len())].0.clone()),
                         Some(count) => {
-                            let picks = self.random_picks(fields.len(), *count);
-                            let mut out = Vec::with_capacity(picks.len() * (1 + usize::from(*with_values)));
-                            for pick in picks {
-                                out.push(Value::bulk(fields[pick].0.clone()));
-                                if *with_values {
-                                    out.push(Value::bulk(fields[pick].1.clone()));
-                                }
+                            let picks = self.random_picks(fields.len(), *count).into_iter();
+                            let picked = picks.map(|pick| fields[pick].clone());
+                            if *with_values {
+                                Value::Pairs(picked.map(|(f, v)| (Value::bulk(f), Value::bulk(v))).collect())
+                            } else {
+                                Value::array(picked.map(|(f, _)| Value::bulk(f)).collect())
                             }
-                            Value::array(out)
                         }
                     }
                 }
@@ -1364,6 +1378,7 @@ impl KvState {
                 }
                 Read::Sets(read) => self.read_set(read)?,
                 Read::Lists(read) => self.read_list(read)?,
+                Read::Zsets(read) => self.read_zset(read)?,
                 Read::RandomKey => {
                     let keys = self.live_keys();
                     if keys.is_empty() {
@@ -1629,6 +1644,7 @@ impl StateMachine for KvState {
 mod tests {
     use super::*;
     use crate::command::encode_args;
+    use chorus_resp::Double;
 
     /// A state in a temporary directory, fed one command per log entry.
     struct Replica {
@@ -1934,7 +1950,7 @@ mod tests {
             vec![Value::bulk("n"), Value::bulk("t")]
         );
         match s.run("HRANDFIELD h2 -5 WITHVALUES") {
-            Value::Array(Some(items)) => assert_eq!(items.len(), 10, "five picks, repeats allowed"),
+            Value::Pairs(pairs) => assert_eq!(pairs.len(), 5, "five picks, repeats allowed"),
             other => panic!("{other:?}"),
         }
 
@@ -2040,6 +2056,57 @@ mod tests {
         s.advance(100);
         assert_eq!((s.run("SCARD pool2"), s.run("SADD pool2 x")), (int(0), int(1)));
         assert_eq!(s.run("TTL pool2"), int(-1));
+    }
+
+    /// A sorted set is records per member, not one value: changing one member of a large set
+    /// writes that member's records only, and the set stays in score order through renames and
+    /// expiry.
+    #[test]
+    fn a_sorted_set_change_writes_only_the_changed_members_records() {
+        let mut s = Replica::new();
+        let members: Vec<String> = (0..1_000).map(|i| format!("{} m{i}", i % 97)).collect();
+        assert_eq!(s.run(&format!("ZADD z {}", members.join(" "))), Value::Integer(1_000));
+        let writes = |s: &mut Replica| s.state.store.stats().writes_in;
+        let before = writes(&mut s);
+        assert_eq!(s.run("ZADD z 5 new"), Value::Integer(1));
+        assert_eq!(writes(&mut s) - before, 2, "a score record and an order record");
+        let before = writes(&mut s);
+        assert_eq!(s.run("ZINCRBY z 0.5 new"), Value::Double(Double(5.5)));
+        assert_eq!(
+            writes(&mut s) - before,
+            3,
+            "the old order record goes, two records come"
+        );
+        let before = writes(&mut s);
+        assert_eq!(s.run("ZREM z new"), Value::Integer(1));
+        assert_eq!(writes(&mut s) - before, 2);
+
+        let lowest = Value::Pairs(vec![
+            (Value::bulk("m0"), Value::Double(Double(0.0))),
+            (Value::bulk("m194"), Value::Double(Double(0.0))),
+        ]);
+        assert_eq!(s.run("ZRANGE z 0 1 WITHSCORES"), lowest);
+        assert_eq!(
+            s.run("ZRANK z m96"),
+            Value::Integer(998),
+            "ninth of the ten at 96, by member"
+        );
+        assert_eq!(s.run("ZCOUNT z (95 +inf"), Value::Integer(10));
+        assert_eq!(s.run("RENAME z y"), Value::ok());
+        assert_eq!(
+            (s.run("ZCARD z"), s.run("ZCARD y"), s.run("TYPE y")),
+            (Value::Integer(0), Value::Integer(1_000), Value::Simple("zset".into()))
+        );
+        assert_eq!(s.run("ZRANGE y 0 1 WITHSCORES"), lowest);
+        assert_eq!(s.run("PEXPIRE y 100"), Value::Integer(1));
+        s.time_ms += 200;
+        s.run("SET later 1");
+        assert_eq!(
+            (s.run("ZCARD y"), s.run("EXISTS y")),
+            (Value::Integer(0), Value::Integer(0))
+        );
+        assert_eq!(s.run("ZADD y 1 a"), Value::Integer(1), "an expired set starts afresh");
+        assert_eq!(s.run("ZRANGE y 0 -1"), Value::array(vec![Value::bulk("a")]));
     }
 
     #[test]
@@ -2477,7 +2544,21 @@ mod tests {
         let v = ["1", "-3", "v", "9223372036854775807"][next(4) as usize];
         let ms = ["1", "400", "900"][next(3) as usize];
         let float = ["0.5", "-2.25", "abc", "1e2"][next(4) as usize];
-        match next(57) {
+        let score = ["1", "-2.5", "inf", "-inf", "3"][next(5) as usize];
+        match next(67) {
+            57 => format!("ZADD {k1} {score} {f} 2 {f}"),
+            58 => format!(
+                "ZADD {k1} {} {score} {f}",
+                ["NX", "XX CH", "GT", "LT CH", "INCR"][next(5) as usize]
+            ),
+            59 => format!("ZINCRBY {k1} {score} {f}"),
+            60 => format!("ZREM {k1} {f} z {f}"),
+            61 => format!("ZPOPMIN {k1} {}", next(3)),
+            62 => format!("ZPOPMAX {k1}"),
+            63 => format!("ZMPOP 2 {k1} {k2} MAX COUNT {}", 1 + next(3)),
+            64 => format!("ZREMRANGEBYSCORE {k1} (1 +inf"),
+            65 => format!("ZREMRANGEBYRANK {k1} 0 {}", next(3) as i64 - 1),
+            66 => format!("ZRANGESTORE {k2} {k1} 0 -1"),
             26 => format!("SETRANGE {k1} {} {v}", next(4)),
             27 => format!("INCRBYFLOAT {k1} {float}"),
             28 => format!("MSETNX {k1} {v} {k2} {v}"),

@@ -24,10 +24,6 @@ pub(super) fn member_key(key: &[u8], member: &[u8]) -> Bytes {
 }
 
 impl KvState {
-    pub(super) fn stores_set(&self, key: &[u8]) -> bool {
-        self.stores_group(SET_TAG, key)
-    }
-
     pub(super) fn is_set(&self, key: &[u8]) -> bool {
         self.holds_group(SET_TAG, key)
     }

@@ -8,6 +8,9 @@ use chorus_resp::Value;
 pub use crate::decimal::Decimal;
 use crate::decimal::{parse_float, Float};
 pub use crate::expiry::ExpireAt;
+pub use zsets::{parse_score, Direction, LexBound, RangeQuery, ScoreBound, ZRange, ZaddOptions, ZsetRead, ZsetWrite};
+
+mod zsets;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SetCondition {
@@ -122,6 +125,7 @@ pub enum Write {
     FlushAll,
     Sets(SetWrite),
     Lists(ListWrite),
+    Zsets(ZsetWrite),
     Del(Vec<Bytes>),
     MSet(Vec<(Bytes, Bytes)>),
     IncrBy {
@@ -348,6 +352,7 @@ impl Write {
             Write::FlushAll => Vec::new(),
             Write::Sets(write) => write.keys(),
             Write::Lists(write) => write.keys(),
+            Write::Zsets(write) => write.keys(),
         }
     }
 
@@ -437,6 +442,7 @@ pub enum Read {
     RandomKey,
     Sets(SetRead),
     Lists(ListRead),
+    Zsets(ZsetRead),
 }
 
 /// What SCAN and HSCAN take after the key: where to go on from, MATCH, COUNT and (SCAN) TYPE.
@@ -476,6 +482,9 @@ pub enum BlockingReply {
     KeyAndElements,
     /// BLMOVE / BRPOPLPUSH: as LMOVE; a null bulk string on timeout.
     Element,
+    /// BZPOPMIN / BZPOPMAX: ZMPOP's `[key, [[member, score]]]` as `[key, member, score]`; a null
+    /// array on timeout.
+    KeyMemberScore,
 }
 
 impl BlockingReply {
@@ -489,6 +498,20 @@ impl BlockingReply {
                 match elements {
                     Value::Array(Some(mut one)) if one.len() == 1 => Some(Value::array(vec![key, one.remove(0)])),
                     other => Some(Value::error(format!("ERR unexpected LMPOP reply {other:?}"))),
+                }
+            }
+            (BlockingReply::KeyMemberScore, Value::Array(Some(mut pair))) if pair.len() == 2 => {
+                let popped = pair.pop().expect("two items");
+                let key = pair.pop().expect("two items");
+                match popped {
+                    Value::Array(Some(mut one)) if one.len() == 1 => match one.remove(0) {
+                        Value::Array(Some(mut member_score)) if member_score.len() == 2 => {
+                            let score = member_score.pop().expect("two items");
+                            Some(Value::array(vec![key, member_score.remove(0), score]))
+                        }
+                        other => Some(Value::error(format!("ERR unexpected ZMPOP reply {other:?}"))),
+                    },
+                    other => Some(Value::error(format!("ERR unexpected ZMPOP reply {other:?}"))),
                 }
             }
             (_, reply) => Some(reply),
@@ -1447,7 +1470,7 @@ impl Command {
                 }
                 Command::Write(Write::FlushAll)
             }
-            _ => return Ok(None),
+            _ => return zsets::parse(name, rest).transpose(),
         };
         Ok(Some(cmd))
     }
