@@ -1220,6 +1220,93 @@ async fn random_commands_get_the_replies_redis_server_gives_across_a_leader_chan
     replies_match_redis(&mut redis, &mut chorus, 2, 2000, "diff:").await;
 }
 
+/// MULTI/EXEC/WATCH answer as redis-server does, step for step: queued commands, errors that
+/// discard the transaction and errors that are one command's reply, EXEC's array, and WATCH
+/// aborting a transaction when another client changed a watched key (here through another
+/// node) and not when the key was left alone or unwatched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_answer_as_redis_server_does() {
+    let redis_server = RedisServer::start();
+    let cluster = Cluster::start(3, &[]);
+    let (leader, followers) = cluster.leader_and_followers().await;
+    // Each step: which connection (0 watches and transacts, 1 is the other client) and what.
+    let steps: &[(usize, &[&str])] = &[
+        (0, &["MULTI"]),
+        (0, &["SET", "a", "1"]),
+        (0, &["INCR", "a"]),
+        (0, &["GET", "a"]),
+        (0, &["EXEC"]),
+        (0, &["MULTI"]),
+        (0, &["SET", "a"]),
+        (0, &["INCR", "a"]),
+        (0, &["EXEC"]),
+        (0, &["MULTI"]),
+        (0, &["SET", "a", "1", "XX", "NX"]),
+        (0, &["INCR", "a"]),
+        (0, &["LPUSH", "a", "x"]),
+        (0, &["EXEC"]),
+        (0, &["EXEC"]),
+        (0, &["DISCARD"]),
+        (0, &["MULTI"]),
+        (0, &["MULTI"]),
+        (0, &["WATCH", "a"]),
+        (0, &["NOSUCHCOMMAND", "x"]),
+        (0, &["EXEC"]),
+        (0, &["MULTI"]),
+        (0, &["INCR", "a"]),
+        (0, &["DISCARD"]),
+        (0, &["GET", "a"]),
+        (0, &["WATCH", "a", "b"]),
+        (1, &["SET", "a", "5"]),
+        (0, &["MULTI"]),
+        (0, &["INCR", "a"]),
+        (0, &["EXEC"]),
+        (0, &["WATCH", "a"]),
+        (0, &["MULTI"]),
+        (0, &["INCR", "a"]),
+        (0, &["EXEC"]),
+        (0, &["WATCH", "a"]),
+        (0, &["UNWATCH"]),
+        (1, &["SET", "a", "9"]),
+        (0, &["MULTI"]),
+        (0, &["GET", "a"]),
+        (0, &["EXEC"]),
+        (0, &["WATCH", "b"]),
+        (1, &["EXPIRE", "a", "100"]),
+        (0, &["MULTI"]),
+        (0, &["LPUSH", "l", "x"]),
+        (0, &["BLPOP", "l", "0"]),
+        (0, &["BLPOP", "l", "0"]),
+        (0, &["ZADD", "z", "1.5", "m"]),
+        (0, &["ZSCORE", "z", "m"]),
+        (0, &["EXEC"]),
+        (0, &["MULTI"]),
+        (0, &["EXEC"]),
+    ];
+    let mut redis = [
+        Client::connect(redis_server.addr).await.unwrap(),
+        Client::connect(redis_server.addr).await.unwrap(),
+    ];
+    let mut chorus = [cluster.client(followers[0]).await, cluster.client(leader).await];
+    for (i, (connection, args)) in steps.iter().enumerate() {
+        let expected = redis[*connection].command(args).await.unwrap();
+        let got = chorus[*connection].command(args).await.unwrap();
+        assert_eq!(got, expected, "step {i}: {args:?}");
+    }
+    // What Chorus does not run inside a transaction, it refuses there, discarding it.
+    let c = &mut chorus[0];
+    assert_eq!(c.command(&["MULTI"]).await.unwrap(), ok());
+    let refused = c.command(&["PING"]).await.unwrap();
+    assert!(
+        matches!(&refused, Value::Error(e) if e.contains("only data commands")),
+        "{refused:?}"
+    );
+    assert_eq!(
+        c.command(&["EXEC"]).await.unwrap(),
+        Value::error("EXECABORT Transaction discarded because of previous errors.")
+    );
+}
+
 /// A queue's consumer blocks on one node (BLPOP, BLMOVE) until a producer pushes on another;
 /// each element goes to exactly one of two blocked consumers; a timeout answers nil.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -34,8 +34,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::command::{
-    command_name, encode_delete_expired, encode_enveloped, encode_register, encode_renew, reenvelope, short_name,
-    Blocking, Command, CommandError, Read, MAX_COMMAND_NAME_BYTES,
+    command_name, encode_delete_expired, encode_enveloped, encode_register, encode_renew, exec_args, reenvelope,
+    short_name, Blocking, Command, CommandError, Read, MAX_COMMAND_NAME_BYTES,
 };
 use crate::curp::{Curp, FastOutcome};
 use crate::glob::glob_match;
@@ -71,6 +71,44 @@ const BLOCKED_POLL: Duration = Duration::from_millis(5);
 /// Most keys one sweep entry deletes, and most entries one sweep proposes.
 const SWEEP_BATCH_KEYS: usize = 256;
 const SWEEP_MAX_BATCHES: usize = 16;
+
+/// The commands `server_command` answers (besides the transaction commands).
+const SERVER_COMMANDS: &[&str] = &[
+    "ping",
+    "echo",
+    "quit",
+    "select",
+    "readonly",
+    "readwrite",
+    "info",
+    "config",
+    "command",
+    "client",
+    "curp",
+    "rifl",
+    "cluster",
+    "hello",
+];
+
+/// Redis's reply to a command it does not know (`args` as the client sent them): the name, and
+/// the arguments quoted while they fit in 128 bytes.
+fn unknown_command(args: &[Bytes]) -> Value {
+    const SHOWN_BYTES: usize = 128;
+    let name = String::from_utf8_lossy(&args[0]);
+    let name: String = name.chars().take(SHOWN_BYTES).collect();
+    let mut shown = String::new();
+    for arg in &args[1..] {
+        if shown.len() >= SHOWN_BYTES {
+            break;
+        }
+        let room = SHOWN_BYTES - shown.len();
+        let arg = String::from_utf8_lossy(&arg[..arg.len().min(room)]).into_owned();
+        shown.push_str(&format!("'{arg}' "));
+    }
+    Value::error(format!(
+        "ERR unknown command '{name}', with args beginning with: {shown}"
+    ))
+}
 
 /// Command names we count individually; anything else is counted as "other".
 const COUNTED_COMMANDS: &[&str] = &[
@@ -152,6 +190,9 @@ const COUNTED_COMMANDS: &[&str] = &[
     "blpop",
     "brpop",
     "blmove",
+    "multi",
+    "exec",
+    "watch",
     "zadd",
     "zincrby",
     "zrem",
@@ -514,6 +555,8 @@ pub async fn serve(listener: TcpListener, node: KvNode, options: FrontEndOptions
                 protocol: Protocol::Resp2,
                 consistency: shared.options.default_consistency,
                 rifl: None,
+                transaction: None,
+                watched: Vec::new(),
                 shared,
             };
             if let Err(e) = conn.run(stream).await {
@@ -577,7 +620,28 @@ struct Connection {
     consistency: ReadConsistency,
     /// Set on the first write.
     rifl: Option<RiflClient>,
+    /// Between MULTI and EXEC: the commands queued.
+    transaction: Option<Queued>,
+    /// WATCHed keys and their fingerprints when watched, for the next EXEC.
+    watched: Vec<(Bytes, Bytes)>,
     shared: Arc<Shared>,
+}
+
+/// A MULTI's queued commands; `refused` once one of them was refused (EXEC then discards it).
+#[derive(Default)]
+struct Queued {
+    commands: Vec<Vec<Bytes>>,
+    refused: bool,
+}
+
+/// What the transaction commands make of a command.
+enum TransactionStep {
+    /// Answered (MULTI, DISCARD, a command queued or refused, EXEC refused).
+    Reply(Value),
+    /// WATCH these keys.
+    Watch(Vec<Bytes>),
+    /// Not a transaction's business: dispatch these arguments (EXEC's are the transaction).
+    Dispatch(Vec<Bytes>),
 }
 
 impl Drop for Connection {
@@ -646,6 +710,20 @@ impl Connection {
                 if args.is_empty() {
                     continue;
                 }
+                let args = match self.transaction_step(args) {
+                    TransactionStep::Dispatch(args) => args,
+                    TransactionStep::Reply(value) => {
+                        slots.push(Slot::Ready(value));
+                        continue;
+                    }
+                    TransactionStep::Watch(keys) => {
+                        // After what this connection sent before it, as every command is.
+                        self.resolve(&mut slots, &mut output).await;
+                        pending = None;
+                        slots.push(Slot::Ready(self.watch(keys).await));
+                        continue;
+                    }
+                };
                 let (args, owned) = match client_owned_write(&args) {
                     None => (args, None),
                     Some(Ok((envelope, command))) => (command, Some(envelope)),
@@ -700,6 +778,109 @@ impl Connection {
                 return Ok(());
             }
         }
+    }
+
+    /// MULTI, EXEC, DISCARD, WATCH and UNWATCH, and queueing between MULTI and EXEC, with the
+    /// replies and errors Redis gives.
+    fn transaction_step(&mut self, args: Vec<Bytes>) -> TransactionStep {
+        let mut name_buf = [0u8; MAX_COMMAND_NAME_BYTES];
+        let name = short_name(&args, &mut name_buf).unwrap_or_default();
+        let arity_error = || Value::error(format!("ERR wrong number of arguments for '{name}' command"));
+        let in_multi = self.transaction.is_some();
+        match name {
+            "multi" if args.len() != 1 => TransactionStep::Reply(arity_error()),
+            "multi" if in_multi => TransactionStep::Reply(Value::error("ERR MULTI calls can not be nested")),
+            "multi" => {
+                self.transaction = Some(Queued::default());
+                TransactionStep::Reply(Value::ok())
+            }
+            "discard" | "exec" if !in_multi => {
+                TransactionStep::Reply(Value::error(format!("ERR {} without MULTI", name.to_ascii_uppercase())))
+            }
+            "discard" | "exec" if args.len() != 1 => {
+                self.flag_refused();
+                TransactionStep::Reply(arity_error())
+            }
+            "discard" => {
+                self.transaction = None;
+                self.watched.clear();
+                TransactionStep::Reply(Value::ok())
+            }
+            "exec" => {
+                let queued = self.transaction.take().expect("in MULTI");
+                let watched = std::mem::take(&mut self.watched);
+                if queued.refused {
+                    return TransactionStep::Reply(Value::error(
+                        "EXECABORT Transaction discarded because of previous errors.",
+                    ));
+                }
+                TransactionStep::Dispatch(exec_args(&watched, &queued.commands))
+            }
+            "watch" if in_multi => TransactionStep::Reply(Value::error("ERR WATCH inside MULTI is not allowed")),
+            "watch" if args.len() < 2 => TransactionStep::Reply(arity_error()),
+            "watch" => TransactionStep::Watch(args[1..].to_vec()),
+            "unwatch" if args.len() != 1 => TransactionStep::Reply(arity_error()),
+            "unwatch" => {
+                self.watched.clear();
+                TransactionStep::Reply(Value::ok())
+            }
+            "quit" | "reset" => TransactionStep::Dispatch(args),
+            _ if in_multi => TransactionStep::Reply(self.queue(args)),
+            _ => TransactionStep::Dispatch(args),
+        }
+    }
+
+    /// Queues a command between MULTI and EXEC, or refuses it (and with it the transaction).
+    /// As in Redis, only an unknown command or a wrong number of arguments is refused here;
+    /// other errors are the command's reply when the transaction runs.
+    fn queue(&mut self, args: Vec<Bytes>) -> Value {
+        let name = command_name(&args);
+        let refusal = match Command::parse(&args) {
+            Err(e) if e.starts_with("ERR wrong number of arguments") => Some(Value::error(e)),
+            Ok(Some(_)) | Err(_) => None,
+            Ok(None) if SERVER_COMMANDS.contains(&name.as_str()) => Some(Value::error(format!(
+                "ERR '{name}' cannot run inside MULTI on Chorus: only data commands can"
+            ))),
+            Ok(None) => Some(unknown_command(&args)),
+        };
+        match refusal {
+            Some(error) => {
+                self.flag_refused();
+                error
+            }
+            None => {
+                // Copies: slices would keep the whole input buffer they came in alive.
+                let owned = args.iter().map(|a| Bytes::copy_from_slice(a)).collect();
+                self.transaction.as_mut().expect("in MULTI").commands.push(owned);
+                Value::Simple("QUEUED".into())
+            }
+        }
+    }
+
+    fn flag_refused(&mut self) {
+        if let Some(queued) = &mut self.transaction {
+            queued.refused = true;
+        }
+    }
+
+    /// WATCH: each key's fingerprint now, read linearizably, for the next EXEC to compare.
+    async fn watch(&mut self, keys: Vec<Bytes>) -> Value {
+        let read = Read::Fingerprints(keys.clone());
+        let fingerprints = match self.shared.node.submit_read(read, ReadConsistency::Linearizable).await {
+            Ok(pending) => match pending.await {
+                Ok(Ok(Value::Array(Some(fingerprints)))) => fingerprints,
+                Ok(Ok(other)) => return Value::error(format!("ERR unexpected fingerprints {other:?}")),
+                Ok(Err(e)) => return node_error(e),
+                Err(_) => return node_error(NodeError::ShuttingDown),
+            },
+            Err(e) => return node_error(e),
+        };
+        for (key, fingerprint) in keys.into_iter().zip(fingerprints) {
+            if let Value::Bulk(Some(fingerprint)) = fingerprint {
+                self.watched.push((Bytes::copy_from_slice(&key), fingerprint));
+            }
+        }
+        Value::ok()
     }
 
     /// Settles `slots` and writes their replies to `output`, in order.
@@ -1068,14 +1249,16 @@ impl Connection {
                 (slot, Flow::Continue)
             }
             Ok(None) => {
-                let (value, flow) = self.server_command(&command_name(&args), &args[1..]).await;
+                let (value, flow) = self.server_command(&args).await;
                 (Slot::Ready(value), flow)
             }
         }
     }
 
     /// Commands answered by this node without touching the log.
-    async fn server_command(&mut self, name: &str, rest: &[Bytes]) -> (Value, Flow) {
+    async fn server_command(&mut self, args: &[Bytes]) -> (Value, Flow) {
+        let name = command_name(args);
+        let (name, rest) = (name.as_str(), &args[1..]);
         let arity = |ok: bool| {
             if ok {
                 Ok(())
@@ -1162,17 +1345,7 @@ impl Connection {
                 _ => Value::error("ERR This instance has cluster support disabled"),
             },
             "hello" => self.hello(rest),
-            _ => {
-                let first = rest
-                    .iter()
-                    .take(3)
-                    .map(|a| format!("'{}'", String::from_utf8_lossy(a)))
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                Value::error(format!(
-                    "ERR unknown command '{name}', with args beginning with: {first}"
-                ))
-            }
+            _ => unknown_command(args),
         };
         (value, Flow::Continue)
     }

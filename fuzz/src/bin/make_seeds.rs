@@ -227,6 +227,22 @@ fn main() {
             &["ZRANGESTORE", "y", "z", "(1", "+inf", "BYSCORE", "LIMIT", "0", "5"],
         ),
         ("zmpop", &["ZMPOP", "2", "z", "y", "MAX", "COUNT", "2"]),
+        (
+            "exec",
+            &[
+                "EXEC",
+                "1",
+                "k",
+                "0123456789abcdef",
+                "3",
+                "SET",
+                "k",
+                "v",
+                "2",
+                "INCR",
+                "n",
+            ],
+        ),
     ] {
         write(&out, "kv", name, &args(command));
     }

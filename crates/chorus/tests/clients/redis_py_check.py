@@ -1,6 +1,6 @@
 """What an application does with redis-py, against a Chorus cluster: the lock and rate-limiter
-idioms, strings, hashes, sets, a list queue, expiry, pipelines, SCAN and errors, over RESP2 and RESP3, writing
-on one node and reading on another. Run by crates/chorus/tests/cluster.rs with the nodes' ports;
+idioms, strings, hashes, sets, sorted sets, a list queue, expiry, pipelines, transactions, SCAN and
+errors, over RESP2 and RESP3, writing on one node and reading on another. Run by crates/chorus/tests/cluster.rs with the nodes' ports;
 prints "ok" and exits 0 when every check passed.
 
     python redis_py_check.py PORT PORT PORT
@@ -73,6 +73,41 @@ def check(protocol, ports):
         write.set(f"{p}scan:{i}", i)
     found = set(read.scan_iter(match=p + "scan:*", count=20))
     assert found == {f"{p}scan:{i}" for i in range(150)}, len(found)
+
+    # Sorted sets: a leaderboard.
+    assert write.zadd(p + "board", {"ada": 3, "bob": 1.5, "cy": 2}) == 3
+    assert write.zincrby(p + "board", 2, "bob") == 3.5
+    pairs = read.zrange(p + "board", 0, -1, withscores=True)
+    assert [tuple(pair) for pair in pairs] == [("cy", 2.0), ("ada", 3.0), ("bob", 3.5)], pairs
+    assert read.zrevrank(p + "board", "bob") == 0 and read.zscore(p + "board", "cy") == 2.0
+    assert read.zrangebyscore(p + "board", "(2", "+inf") == ["ada", "bob"]
+    # redis-py gives ZPOPMIN's one pair as a tuple in a list over RESP2, flat over RESP3.
+    assert write.zpopmin(p + "board") in ([("cy", 2.0)], ["cy", 2.0])
+
+    # Transactions: a MULTI/EXEC pipeline, and WATCH's optimistic update as redis-py drives it
+    # (`transaction` retries when a watched key changed).
+    pipe = write.pipeline()
+    pipe.set(p + "tx", 10).incrby(p + "tx", 5).get(p + "tx")
+    assert pipe.execute() == [True, 15, "15"]
+
+    def double(pipe):
+        value = int(pipe.get(p + "tx"))
+        pipe.multi()
+        pipe.set(p + "tx", value * 2)
+
+    assert write.transaction(double, p + "tx") == [True]
+    assert read.get(p + "tx") == "30"
+    with write.pipeline() as pipe:
+        pipe.watch(p + "tx")
+        read.set(p + "tx", 1)
+        pipe.multi()
+        pipe.incr(p + "tx")
+        try:
+            pipe.execute()
+            raise AssertionError("EXEC ran though a watched key changed")
+        except redis.WatchError:
+            pass
+    assert read.get(p + "tx") == "1"
 
     # Errors are raised as Redis raises them.
     try:

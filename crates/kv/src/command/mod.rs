@@ -123,6 +123,13 @@ pub enum Write {
     },
     /// FLUSHALL / FLUSHDB: every key (see `touches_every_key`).
     FlushAll,
+    /// EXEC of a MULTI transaction: unless one of `watched` no longer has the fingerprint it
+    /// had when its client watched it (see `KvState::fingerprint`), every command runs, in
+    /// order, in one entry; the reply is theirs as an array (a null array when aborted).
+    Exec {
+        watched: Vec<(Bytes, Bytes)>,
+        commands: Vec<Vec<Bytes>>,
+    },
     Sets(SetWrite),
     Lists(ListWrite),
     Zsets(ZsetWrite),
@@ -350,6 +357,14 @@ impl Write {
             Write::Rename { from, to, .. } | Write::Copy { from, to, .. } => vec![from.clone(), to.clone()],
             // See `touches_every_key`.
             Write::FlushAll => Vec::new(),
+            Write::Exec { watched, commands } => watched
+                .iter()
+                .map(|(key, _)| key.clone())
+                .chain(commands.iter().flat_map(|args| match Command::parse(args) {
+                    Ok(Some(Command::Write(write))) => write.keys(),
+                    _ => Vec::new(),
+                }))
+                .collect(),
             Write::Sets(write) => write.keys(),
             Write::Lists(write) => write.keys(),
             Write::Zsets(write) => write.keys(),
@@ -360,7 +375,13 @@ impl Write {
     /// CURP's witnesses or answered before it commits, and nothing proposed after it is either
     /// until it applies.
     pub fn touches_every_key(&self) -> bool {
-        matches!(self, Write::FlushAll)
+        match self {
+            Write::FlushAll => true,
+            Write::Exec { commands, .. } => commands
+                .iter()
+                .any(|args| matches!(Command::parse(args), Ok(Some(Command::Write(w))) if w.touches_every_key())),
+            _ => false,
+        }
     }
 
     /// Whether what the write does depends on when it applies (beyond whether its keys have
@@ -373,6 +394,9 @@ impl Write {
             Write::GetEx { expire, .. } => !matches!(expire, Ok(None)),
             // SPOP's pick is drawn from the entry's time.
             Write::Expire { .. } | Write::DeleteExpired(_) | Write::Sets(SetWrite::Pop { .. }) => true,
+            // Several commands' replies, each depending on the ones before: answered only once
+            // the transaction has run.
+            Write::Exec { .. } => true,
             _ => false,
         }
     }
@@ -440,6 +464,8 @@ pub enum Read {
         no_values: bool,
     },
     RandomKey,
+    /// WATCH: each key's fingerprint now, to be compared when the transaction runs.
+    Fingerprints(Vec<Bytes>),
     Sets(SetRead),
     Lists(ListRead),
     Zsets(ZsetRead),
@@ -1462,6 +1488,8 @@ impl Command {
                     at: parse_i64(&rest[1])?,
                 }))
             }
+            // Only the front end writes EXEC with arguments: what a MULTI queued, for the log.
+            "exec" => Command::Write(exec_from_args(rest)?),
             "flushall" | "flushdb" => {
                 let mode_known =
                     |mode: &Bytes| mode.eq_ignore_ascii_case(b"async") || mode.eq_ignore_ascii_case(b"sync");
@@ -1474,6 +1502,51 @@ impl Command {
         };
         Ok(Some(cmd))
     }
+}
+
+/// The arguments EXEC carries in the log: the number of watched keys, each key and its
+/// fingerprint, then per queued command its number of arguments and the arguments.
+pub fn exec_args(watched: &[(Bytes, Bytes)], commands: &[Vec<Bytes>]) -> Vec<Bytes> {
+    let count = |n: usize| Bytes::from(n.to_string());
+    let mut args = vec![Bytes::from_static(b"EXEC"), count(watched.len())];
+    for (key, fingerprint) in watched {
+        args.extend([key.clone(), fingerprint.clone()]);
+    }
+    for command in commands {
+        args.push(count(command.len()));
+        args.extend(command.iter().cloned());
+    }
+    args
+}
+
+fn exec_from_args(rest: &[Bytes]) -> Result<Write, CommandError> {
+    let malformed = || CommandError::from("ERR EXEC without MULTI");
+    let count = |arg: Option<&Bytes>| -> Result<usize, CommandError> {
+        let n = parse_i64(arg.ok_or_else(malformed)?).map_err(|_| malformed())?;
+        usize::try_from(n).map_err(|_| malformed())
+    };
+    let watched_count = count(rest.first())?;
+    let watched_end = watched_count
+        .checked_mul(2)
+        .and_then(|n| n.checked_add(1))
+        .filter(|end| *end <= rest.len())
+        .ok_or_else(malformed)?;
+    let watched = rest[1..watched_end]
+        .chunks_exact(2)
+        .map(|pair| (pair[0].clone(), pair[1].clone()))
+        .collect();
+    let mut commands = Vec::new();
+    let mut at = watched_end;
+    while at < rest.len() {
+        let len = count(rest.get(at))?;
+        let end = (at + 1)
+            .checked_add(len)
+            .filter(|end| *end <= rest.len() && len > 0)
+            .ok_or_else(malformed)?;
+        commands.push(rest[at + 1..end].to_vec());
+        at = end;
+    }
+    Ok(Write::Exec { watched, commands })
 }
 
 pub(crate) const ARGS_VERSION: u8 = 1;

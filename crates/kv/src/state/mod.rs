@@ -46,6 +46,7 @@ use sets::member_key;
 
 mod lists;
 mod sets;
+mod transactions;
 mod zsets;
 use crate::storage_metrics::StorageMetrics;
 
@@ -893,6 +894,7 @@ impl KvState {
             Write::Sets(write) => self.execute_set_write(index, write),
             Write::Lists(write) => self.execute_list_write(index, write),
             Write::Zsets(write) => self.execute_zset_write(index, write),
+            Write::Exec { watched, commands } => self.execute_exec(index, &watched, commands),
             Write::FlushAll => {
                 for key in self.store.ungrouped_key_list() {
                     if key.first() == Some(&STRING_TAG) {
@@ -1099,6 +1101,7 @@ impl KvState {
             Write::Sets(write) => self.preview_set_write(write),
             Write::Lists(write) => self.preview_list_write(write),
             Write::Zsets(write) => self.preview_zset_write(write),
+            Write::Exec { .. } => unreachable!("a transaction reads the clock, so is never previewed"),
             Write::SetRange { key, offset, value } => match self.string_to_update(key) {
                 Err(e) => e,
                 Ok(current) => match set_range_len(current.as_ref().map(Bytes::len), *offset, value.len()) {
@@ -1379,6 +1382,9 @@ impl KvState {
                 Read::Sets(read) => self.read_set(read)?,
                 Read::Lists(read) => self.read_list(read)?,
                 Read::Zsets(read) => self.read_zset(read)?,
+                Read::Fingerprints(keys) => {
+                    Value::array(keys.iter().map(|k| Value::Bulk(Some(self.fingerprint(k)))).collect())
+                }
                 Read::RandomKey => {
                     let keys = self.live_keys();
                     if keys.is_empty() {

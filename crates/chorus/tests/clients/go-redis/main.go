@@ -1,8 +1,8 @@
 // What an application does with go-redis v9 against a Chorus cluster: the lock and rate-limiter
-// idioms, strings, hashes, sets, expiry, pipelines, SCAN and errors, over RESP3 (go-redis v9's
-// default, negotiated with HELLO 3) and RESP2, writing on one node and reading on another. Run
-// by crates/chorus/tests/cluster.rs with the nodes' addresses; prints "ok" when every check
-// passed.
+// idioms, strings, hashes, sets, sorted sets, expiry, pipelines, transactions, SCAN and errors,
+// over RESP3 (go-redis v9's default, negotiated with HELLO 3) and RESP2, writing on one node and
+// reading on another. Run by crates/chorus/tests/cluster.rs with the nodes' addresses; prints
+// "ok" when every check passed.
 //
 //	go-redis-check HOST:PORT HOST:PORT
 package main
@@ -86,6 +86,43 @@ func check(ctx context.Context, protocol int, writeAddr, readAddr string) {
 		seen[iter.Val()] = true
 	}
 	must(iter.Err() == nil && len(seen) == 150, "scan found %d: %v", len(seen), iter.Err())
+
+	// Sorted sets: a leaderboard.
+	must(write.ZAdd(ctx, p+"board", redis.Z{Score: 3, Member: "ada"}, redis.Z{Score: 1.5, Member: "bob"}).Val() == 2, "zadd")
+	must(write.ZIncrBy(ctx, p+"board", 2, "bob").Val() == 3.5, "zincrby")
+	board := read.ZRangeWithScores(ctx, p+"board", 0, -1).Val()
+	must(reflect.DeepEqual(board, []redis.Z{{Score: 3, Member: "ada"}, {Score: 3.5, Member: "bob"}}), "zrange %v", board)
+	must(read.ZRevRank(ctx, p+"board", "bob").Val() == 0, "zrevrank")
+
+	// Transactions: MULTI/EXEC, and WATCH's optimistic update, retried once another client
+	// changed the watched key.
+	cmds, err := write.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.Set(ctx, p+"tx", 10, 0)
+		pipe.IncrBy(ctx, p+"tx", 5)
+		return nil
+	})
+	must(err == nil && len(cmds) == 2 && cmds[1].(*redis.IntCmd).Val() == 15, "tx pipeline: %v %v", cmds, err)
+	attempts := 0
+	double := func(tx *redis.Tx) error {
+		attempts++
+		n, err := tx.Get(ctx, p+"tx").Int()
+		if err != nil {
+			return err
+		}
+		if attempts == 1 {
+			read.Set(ctx, p+"tx", 1, 0)
+			n = 1000
+		}
+		_, err = tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+			pipe.Set(ctx, p+"tx", n*2, 0)
+			return nil
+		})
+		return err
+	}
+	err = write.Watch(ctx, double, p+"tx")
+	must(errors.Is(err, redis.TxFailedErr), "a changed watched key fails the transaction: %v", err)
+	must(write.Watch(ctx, double, p+"tx") == nil, "second try: %v", err)
+	must(read.Get(ctx, p+"tx").Val() == "2", "after the transaction: %v", read.Get(ctx, p+"tx").Val())
 
 	// Errors reach the application as Redis words them.
 	err = read.HGet(ctx, p+"a", "field").Err()
