@@ -1307,6 +1307,79 @@ async fn transactions_answer_as_redis_server_does() {
     );
 }
 
+/// Lua scripts answer as redis-server runs them — results converted by Redis's rules, errors
+/// worded alike (from commands, from Lua, from compiling, from the sandbox) — and a script's
+/// writes reach every node: EVALSHA finds a script loaded through another node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_answer_as_redis_server_does_and_replicate() {
+    let redis_server = RedisServer::start();
+    let cluster = Cluster::start(3, &[]);
+    let (leader, followers) = cluster.leader_and_followers().await;
+    let mut redis = Client::connect(redis_server.addr).await.unwrap();
+    let mut chorus = cluster.client(followers[0]).await;
+    let load = "return redis.call('INCRBY', KEYS[1], ARGV[1])";
+    let steps: &[&[&str]] = &[
+        &["SET", "s", "text"],
+        &["EVAL", "return {1, 'two', {3.7, false}, nil, 5}", "0"],
+        &["EVAL", "return redis.call('SET', KEYS[1], ARGV[1])", "1", "k", "v"],
+        &["EVAL", "return redis.call('GET', KEYS[1])", "1", "k"],
+        &["EVAL", "return redis.call('HGET', 's', 'f')", "0"],
+        &["EVAL", "return redis.pcall('HGET', 's', 'f')", "0"],
+        &["EVAL", "return redis.call('NOSUCH')", "0"],
+        &["EVAL", "return 1 +", "0"],
+        &["EVAL", "return 1 + nil", "0"],
+        &["EVAL", "x = 1", "0"],
+        &["EVAL", "return undefined_global", "0"],
+        &["EVAL", "return redis.error_reply('MY error')", "0"],
+        &["EVAL", "return redis.status_reply('FINE')", "0"],
+        &[
+            "EVAL",
+            "return redis.call('ZADD', 'z', 1.5, 'm') + #redis.call('ZRANGE', 'z', 0, -1)",
+            "0",
+        ],
+        &["EVAL", "return redis.sha1hex('')", "0"],
+        &["EVAL", "return ARGV", "0", "a", "b"],
+        &["EVAL", "return 1", "2", "only-one-key"],
+        &["EVAL", "return 1", "-1"],
+        &["EVALSHA", "0000000000000000000000000000000000000000", "0"],
+        &["SCRIPT", "LOAD", load],
+        &[
+            "EVALSHA",
+            "8cd00688c05c46bde4a2e60658ef20a2e5c0b248",
+            "1",
+            "counter",
+            "5",
+        ],
+        &["SCRIPT", "EXISTS", "0000000000000000000000000000000000000000"],
+        &["EVAL_RO", "return redis.call('SET', 'k', 'w')", "0"],
+        &["EVAL_RO", "return redis.call('GET', 'k')", "0"],
+        &["SCRIPT", "FLUSH"],
+        &["SCRIPT", "KILL"],
+    ];
+    for (i, args) in steps.iter().enumerate() {
+        let expected = redis.command(args).await.unwrap();
+        let got = chorus.command(args).await.unwrap();
+        assert_eq!(got, expected, "step {i}: {args:?}");
+    }
+    // Loaded through one node, run through another; the writes are everyone's.
+    let sha = match chorus.command(&["SCRIPT", "LOAD", load]).await.unwrap() {
+        Value::Bulk(Some(sha)) => String::from_utf8(sha.to_vec()).unwrap(),
+        other => panic!("{other:?}"),
+    };
+    let mut other = cluster.client(leader).await;
+    assert_eq!(
+        other.command(&["EVALSHA", &sha, "1", "counter", "7"]).await.unwrap(),
+        Value::Integer(12),
+        "5 from the steps, then 7"
+    );
+    let mut last = cluster.client(followers[1]).await;
+    assert_eq!(
+        last.command(&["SCRIPT", "EXISTS", &sha]).await.unwrap(),
+        Value::array(vec![Value::Integer(1)])
+    );
+    assert_eq!(last.command(&["GET", "counter"]).await.unwrap(), bulk("12"));
+}
+
 /// A queue's consumer blocks on one node (BLPOP, BLMOVE) until a producer pushes on another;
 /// each element goes to exactly one of two blocked consumers; a timeout answers nil.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

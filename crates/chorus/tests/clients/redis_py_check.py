@@ -1,7 +1,8 @@
 """What an application does with redis-py, against a Chorus cluster: the lock and rate-limiter
-idioms, strings, hashes, sets, sorted sets, a list queue, expiry, pipelines, transactions, SCAN and
-errors, over RESP2 and RESP3, writing on one node and reading on another. Run by crates/chorus/tests/cluster.rs with the nodes' ports;
-prints "ok" and exits 0 when every check passed.
+idioms, strings, hashes, sets, sorted sets, a list queue, expiry, pipelines, transactions, Lua
+scripts and redis-py's Lock, SCAN and errors, over RESP2 and RESP3, writing on one node and
+reading on another. Run by crates/chorus/tests/cluster.rs with the nodes' ports; prints "ok" and
+exits 0 when every check passed.
 
     python redis_py_check.py PORT PORT PORT
 """
@@ -108,6 +109,21 @@ def check(protocol, ports):
         except redis.WatchError:
             pass
     assert read.get(p + "tx") == "1"
+
+    # redis-py's Lock: its release and extend are Lua scripts (EVALSHA, loaded on demand).
+    lock = write.lock(p + "rlock", timeout=30)
+    assert lock.acquire(blocking=False)
+    assert not read.lock(p + "rlock", timeout=30).acquire(blocking=False)
+    assert lock.extend(10) and lock.owned()
+    lock.release()
+    other = read.lock(p + "rlock", timeout=30)
+    assert other.acquire(blocking=False)
+    other.release()
+
+    # A script registered by the application, run on one node, read on another.
+    add = write.register_script("return redis.call('INCRBY', KEYS[1], ARGV[1]) * 2")
+    assert add(keys=[p + "scripted"], args=[4]) == 8
+    assert read.get(p + "scripted") == "4"
 
     # Errors are raised as Redis raises them.
     try:

@@ -8,8 +8,10 @@ use chorus_resp::Value;
 pub use crate::decimal::Decimal;
 use crate::decimal::{parse_float, Float};
 pub use crate::expiry::ExpireAt;
+pub use scripts::{script_sha, ScriptCall, ScriptRef};
 pub use zsets::{parse_score, Direction, LexBound, RangeQuery, ScoreBound, ZRange, ZaddOptions, ZsetRead, ZsetWrite};
 
+mod scripts;
 mod zsets;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +132,11 @@ pub enum Write {
         watched: Vec<(Bytes, Bytes)>,
         commands: Vec<Vec<Bytes>>,
     },
+    /// EVAL / EVALSHA: the script runs on every replica, in the entry's place in the log.
+    Script(ScriptCall),
+    /// SCRIPT LOAD: every replica learns the script (EVALSHA finds it on any node).
+    ScriptLoad(Bytes),
+    ScriptFlush,
     Sets(SetWrite),
     Lists(ListWrite),
     Zsets(ZsetWrite),
@@ -365,6 +372,8 @@ impl Write {
                     _ => Vec::new(),
                 }))
                 .collect(),
+            Write::Script(call) => call.keys.clone(),
+            Write::ScriptLoad(_) | Write::ScriptFlush => Vec::new(),
             Write::Sets(write) => write.keys(),
             Write::Lists(write) => write.keys(),
             Write::Zsets(write) => write.keys(),
@@ -376,7 +385,8 @@ impl Write {
     /// until it applies.
     pub fn touches_every_key(&self) -> bool {
         match self {
-            Write::FlushAll => true,
+            // A script may touch keys it did not declare.
+            Write::FlushAll | Write::Script(_) => true,
             Write::Exec { commands, .. } => commands
                 .iter()
                 .any(|args| matches!(Command::parse(args), Ok(Some(Command::Write(w))) if w.touches_every_key())),
@@ -466,6 +476,9 @@ pub enum Read {
     RandomKey,
     /// WATCH: each key's fingerprint now, to be compared when the transaction runs.
     Fingerprints(Vec<Bytes>),
+    /// EVAL_RO / EVALSHA_RO: a script that may only read.
+    Script(ScriptCall),
+    ScriptExists(Vec<Bytes>),
     Sets(SetRead),
     Lists(ListRead),
     Zsets(ZsetRead),
@@ -1498,7 +1511,11 @@ impl Command {
                 }
                 Command::Write(Write::FlushAll)
             }
-            _ => return zsets::parse(name, rest).transpose(),
+            _ => {
+                return zsets::parse(name, rest)
+                    .or_else(|| scripts::parse(name, rest))
+                    .transpose()
+            }
         };
         Ok(Some(cmd))
     }

@@ -45,6 +45,7 @@ use crate::speculation::Proposed;
 use sets::member_key;
 
 mod lists;
+mod scripts;
 mod sets;
 mod transactions;
 mod zsets;
@@ -61,8 +62,9 @@ const LIST_TAG: u8 = b'L';
 const ZSET_TAG: u8 = b'Z';
 const EXPIRY_TAG: u8 = b'x';
 const CLOCK_KEY: &[u8] = b"c";
+const SCRIPT_TAG: u8 = b'l';
 /// Tags of keys that hold no client key: each is one group, left out of `DBSIZE`.
-const BOOKKEEPING_TAGS: [u8; 3] = [RIFL_TAG, EXPIRY_TAG, CLOCK_KEY[0]];
+const BOOKKEEPING_TAGS: [u8; 4] = [RIFL_TAG, EXPIRY_TAG, CLOCK_KEY[0], SCRIPT_TAG];
 
 /// Replies to writes that did not execute, which the front end acts on (a client sees them only
 /// if it sends enveloped writes of its own).
@@ -895,6 +897,9 @@ impl KvState {
             Write::Lists(write) => self.execute_list_write(index, write),
             Write::Zsets(write) => self.execute_zset_write(index, write),
             Write::Exec { watched, commands } => self.execute_exec(index, &watched, commands),
+            Write::Script(call) => self.run_script(index, &call, false),
+            Write::ScriptLoad(text) => self.load_script(index, &text),
+            Write::ScriptFlush => self.flush_scripts(index),
             Write::FlushAll => {
                 for key in self.store.ungrouped_key_list() {
                     if key.first() == Some(&STRING_TAG) {
@@ -1101,7 +1106,11 @@ impl KvState {
             Write::Sets(write) => self.preview_set_write(write),
             Write::Lists(write) => self.preview_list_write(write),
             Write::Zsets(write) => self.preview_zset_write(write),
-            Write::Exec { .. } => unreachable!("a transaction reads the clock, so is never previewed"),
+            Write::Exec { .. } | Write::Script(_) => {
+                unreachable!("transactions and scripts are never answered before they apply, so never previewed")
+            }
+            Write::ScriptLoad(text) => Value::bulk(crate::command::script_sha(text)),
+            Write::ScriptFlush => Value::ok(),
             Write::SetRange { key, offset, value } => match self.string_to_update(key) {
                 Err(e) => e,
                 Ok(current) => match set_range_len(current.as_ref().map(Bytes::len), *offset, value.len()) {
@@ -1382,6 +1391,8 @@ impl KvState {
                 Read::Sets(read) => self.read_set(read)?,
                 Read::Lists(read) => self.read_list(read)?,
                 Read::Zsets(read) => self.read_zset(read)?,
+                Read::Script(call) => self.run_script(0, call, true),
+                Read::ScriptExists(shas) => self.scripts_exist(shas),
                 Read::Fingerprints(keys) => {
                     Value::array(keys.iter().map(|k| Value::Bulk(Some(self.fingerprint(k)))).collect())
                 }
