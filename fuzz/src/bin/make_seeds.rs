@@ -228,6 +228,10 @@ fn main() {
         ),
         ("zmpop", &["ZMPOP", "2", "z", "y", "MAX", "COUNT", "2"]),
         (
+            "eval",
+            &["EVAL", "return redis.call('SET', KEYS[1], ARGV[1])", "1", "k", "v"],
+        ),
+        (
             "exec",
             &[
                 "EXEC",
