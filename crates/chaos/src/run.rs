@@ -16,7 +16,19 @@ use crate::curp_tally::CurpTally;
 use crate::disks::PowerCutDisks;
 use crate::faults::{self, Applied, FaultKind, Planned, Target};
 use crate::history::{self, OpKind, Outcome};
+use crate::idioms;
 use crate::workload::{self, Mix, Recorder};
+
+/// What the clients of a run do, and so what is checked.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    /// Reads, writes and increments of a few keys; the history must be linearizable.
+    Registers,
+    /// Locks (SET NX PX, released by a compare-and-delete script) and queues (RPUSH, BLPOP):
+    /// no lock held twice, no queue item lost or delivered twice (see `idioms`).
+    Idioms,
+}
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct RunArgs {
@@ -59,11 +71,16 @@ pub struct RunArgs {
     /// a commit that CURP's fast path opens.
     #[arg(long, default_value = "lan-proxied")]
     pub net: String,
+    /// What the clients do: `registers` (checked for linearizability) or `idioms` (locks and
+    /// queues; `clients` take the roles of lock holder, producer and consumer in turn).
+    #[arg(long, value_enum, default_value = "registers")]
+    pub workload: Workload,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RunSummary {
     pub seed: u64,
+    pub workload: Workload,
     pub nodes: usize,
     pub duration_secs: u64,
     pub operations: usize,
@@ -77,6 +94,7 @@ pub struct RunSummary {
     /// How often CURP's paths ran (all zero with CURP off).
     pub curp: CurpTally,
     pub verdict: String,
+    pub passed: bool,
     pub dir: PathBuf,
     /// Stopped by an interrupt (Ctrl-C or SIGTERM): a campaign ends there.
     pub interrupted: bool,
@@ -84,7 +102,7 @@ pub struct RunSummary {
 
 impl RunSummary {
     pub fn passed(&self) -> bool {
-        self.verdict == "linearizable"
+        self.passed
     }
 }
 
@@ -173,6 +191,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
     };
 
     let recorder = Recorder::new();
+    let idiom_log = Arc::new(idioms::Log::default());
     let mut applied = Vec::new();
     let mut interrupted = false;
     let driven = match chorus_cluster::start(&cluster_dir, args.nodes, server_args, &net).await {
@@ -187,7 +206,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
             // unmounts its disks and keeps its records.
             let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
             let driven = tokio::select! {
-                driven = drive(args, &target, &plan, &recorder, &mut applied) => driven,
+                driven = drive(args, &target, &plan, &recorder, &idiom_log, &mut applied) => driven,
                 _ = tokio::signal::ctrl_c() => {
                     interrupted = true;
                     Err(anyhow::anyhow!("interrupted"))
@@ -208,12 +227,29 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
 
     let ops = std::mem::take(&mut *recorder.ops.lock().expect("history lock"));
     history::write_history(&dir.join("history.jsonl"), &ops)?;
+    let events = std::mem::take(&mut *idiom_log.events.lock().expect("idioms log"));
+    idioms::write_events(&dir.join("idioms.jsonl"), &events)?;
     let final_rolled_back = *driven.as_ref().unwrap_or(&0);
     let verdict = match driven {
+        Ok(_) if args.workload == Workload::Idioms => {
+            eprintln!("  checking {} lock and queue events", events.len());
+            let violations = idioms::check(&events);
+            if violations.is_empty() {
+                IDIOMS_HELD.to_string()
+            } else {
+                std::fs::write(dir.join("violations.txt"), violations.join("\n") + "\n")?;
+                let first: Vec<&str> = violations.iter().take(3).map(String::as_str).collect();
+                format!(
+                    "VIOLATED {} times (all in violations.txt), first: {}",
+                    violations.len(),
+                    first.join("; ")
+                )
+            }
+        }
         Ok(_) => {
             eprintln!("  checking {} operations", ops.len());
             match checker::check(&ops, Duration::from_secs(args.check_secs)) {
-                Verdict::Linearizable => "linearizable".to_string(),
+                Verdict::Linearizable => LINEARIZABLE.to_string(),
                 Verdict::Violation { key, ops: involved } => {
                     history::write_history(&dir.join("violation.jsonl"), &involved)?;
                     format!("NOT linearizable: key {key} (its operations are in violation.jsonl)")
@@ -224,18 +260,23 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
         Err(e) => format!("run failed: {e:#}"),
     };
     let count = |o: Outcome| ops.iter().filter(|op| op.outcome == o).count();
+    let passed = verdict == LINEARIZABLE || verdict == IDIOMS_HELD;
+    let known_events = events.iter().filter(|e| e.outcome_known()).count();
     let summary = RunSummary {
         seed: args.seed,
+        workload: args.workload,
         nodes: args.nodes,
         duration_secs: args.duration_secs,
-        operations: ops.len(),
-        ok: count(Outcome::Ok),
+        operations: ops.len() + events.len(),
+        // The idiom clients count what they record: known outcomes and unknown ones.
+        ok: count(Outcome::Ok) + known_events,
         failed: count(Outcome::Fail),
-        unknown: count(Outcome::Unknown),
+        unknown: count(Outcome::Unknown) + (events.len() - known_events),
         rolled_back_by_cuts: applied.iter().map(|a| a.rolled_back_by_cut).sum::<usize>() + final_rolled_back,
         faults: applied,
         curp: recorder.curp.total(),
         verdict,
+        passed,
         dir: dir.clone(),
         interrupted,
     };
@@ -253,13 +294,17 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
     Ok(summary)
 }
 
+const LINEARIZABLE: &str = "linearizable";
+const IDIOMS_HELD: &str = "no lock held twice, no queue item lost or delivered twice";
+
 /// Clients record operations while the planned faults come and go; then everything heals, every
-/// node restarts and every key is read from every node.
+/// node restarts and every key is read from every node (or, for the idioms, every queue).
 async fn drive(
     args: &RunArgs,
     target: &Target<'_>,
     plan: &[Planned],
     recorder: &Arc<Recorder>,
+    idiom_log: &Arc<idioms::Log>,
     applied: &mut Vec<Applied>,
 ) -> anyhow::Result<usize> {
     let file = target.file;
@@ -268,7 +313,18 @@ async fn drive(
     let nodes: Vec<_> = file.nodes.iter().map(|n| (n.id, n.resp_addr)).collect();
     // Both sets abort their tasks when dropped, so a run cut short leaves nothing running.
     let mut clients = tokio::task::JoinSet::new();
-    for id in 0..(args.clients + args.readers) as u64 {
+    if args.workload == Workload::Idioms {
+        let addrs: Vec<_> = nodes.iter().map(|(_, addr)| *addr).collect();
+        for id in 0..args.clients as u64 {
+            let (recorder, log) = (recorder.clone(), idiom_log.clone());
+            clients.spawn(idioms::client_loop(recorder, log, id, addrs.clone(), args.seed));
+        }
+    }
+    let register_clients = match args.workload {
+        Workload::Registers => args.clients + args.readers,
+        Workload::Idioms => 0,
+    };
+    for id in 0..register_clients as u64 {
         let mix = if id < args.clients as u64 {
             Mix::Mixed
         } else {
@@ -341,7 +397,13 @@ async fn drive(
     eprintln!("  healing, restarting every node{power}, reading every key from every node");
     recorder.curp.sample(&metrics_addrs).await;
     let rolled_back = target.full_restart().await?;
-    final_reads(recorder, file, args.keys).await?;
+    match args.workload {
+        Workload::Registers => final_reads(recorder, file, args.keys).await?,
+        Workload::Idioms => {
+            let addrs: Vec<_> = nodes.iter().map(|(_, addr)| *addr).collect();
+            idioms::drain(idiom_log, &addrs).await?;
+        }
+    }
     recorder.curp.sample(&metrics_addrs).await;
     Ok(rolled_back)
 }
@@ -422,8 +484,12 @@ pub async fn campaign(args: &CampaignArgs) -> anyhow::Result<()> {
     };
     let path = args.run.out.join(format!("campaign-{}.json", stamp()));
     std::fs::write(&path, serde_json::to_string_pretty(&campaign)?)?;
+    let held = match args.run.workload {
+        Workload::Registers => "linearizable with no acknowledged write lost",
+        Workload::Idioms => "with no lock held twice and no queue item lost or delivered twice",
+    };
     println!(
-        "{passed} of {} runs linearizable with no acknowledged write lost; {} operations, {} faults; {}",
+        "{passed} of {} runs {held}; {} operations, {} faults; {}",
         summaries.len(),
         campaign.operations,
         campaign.faults,
