@@ -1380,6 +1380,63 @@ async fn scripts_answer_as_redis_server_does_and_replicate() {
     assert_eq!(last.command(&["GET", "counter"]).await.unwrap(), bulk("12"));
 }
 
+/// PUBLISH through any node reaches the subscribers on every node, and every subscriber of a
+/// channel gets its messages in one order — the log's — though two publishers on two nodes
+/// interleave them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn published_messages_reach_subscribers_on_every_node_in_one_order() {
+    const PER_PUBLISHER: usize = 100;
+    let cluster = Cluster::start(3, &[]);
+    let (leader, followers) = cluster.leader_and_followers().await;
+    let mut subscribers = Vec::new();
+    for id in [leader, followers[0], followers[1]] {
+        let mut c = cluster.client(id).await;
+        assert_eq!(
+            c.command(&["SUBSCRIBE", "events"]).await.unwrap(),
+            Value::array(vec![bulk("subscribe"), bulk("events"), Value::Integer(1)])
+        );
+        subscribers.push(c);
+    }
+    let publish = |id: u64, tag: &'static str| {
+        let cluster = &cluster;
+        async move {
+            let mut c = cluster.client(id).await;
+            for i in 0..PER_PUBLISHER {
+                let reply = c.command(&["PUBLISH", "events", &format!("{tag}{i}")]).await.unwrap();
+                assert!(matches!(reply, Value::Integer(n) if (0..=3).contains(&n)), "{reply:?}");
+            }
+        }
+    };
+    tokio::join!(publish(followers[0], "a"), publish(followers[1], "b"));
+    let mut orders = Vec::new();
+    for mut subscriber in subscribers {
+        let mut received = Vec::new();
+        while received.len() < 2 * PER_PUBLISHER {
+            match subscriber.receive().await.unwrap() {
+                Value::Array(Some(frame)) if frame.len() == 3 && frame[0] == bulk("message") => {
+                    let Value::Bulk(Some(payload)) = &frame[2] else {
+                        panic!("{frame:?}")
+                    };
+                    received.push(String::from_utf8(payload.to_vec()).unwrap());
+                }
+                other => panic!("not a message: {other:?}"),
+            }
+        }
+        orders.push(received);
+    }
+    assert_eq!(orders[0], orders[1], "two subscribers saw two orders");
+    assert_eq!(orders[0], orders[2], "two subscribers saw two orders");
+    for tag in ["a", "b"] {
+        let own: Vec<&String> = orders[0].iter().filter(|m| m.starts_with(tag)).collect();
+        let expected: Vec<String> = (0..PER_PUBLISHER).map(|i| format!("{tag}{i}")).collect();
+        assert_eq!(
+            own,
+            expected.iter().collect::<Vec<_>>(),
+            "a publisher's messages out of its order"
+        );
+    }
+}
+
 /// A queue's consumer blocks on one node (BLPOP, BLMOVE) until a producer pushes on another;
 /// each element goes to exactly one of two blocked consumers; a timeout answers nil.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

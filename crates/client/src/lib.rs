@@ -85,6 +85,26 @@ impl Client {
             .map_err(|_| ClientError::Timeout(timeout))?
     }
 
+    /// The next value the server sends unasked (a pub/sub message once subscribed).
+    pub async fn receive(&mut self) -> Result<Value, ClientError> {
+        let timeout = self.timeout;
+        tokio::time::timeout(timeout, self.next_value())
+            .await
+            .map_err(|_| ClientError::Timeout(timeout))?
+    }
+
+    async fn next_value(&mut self) -> Result<Value, ClientError> {
+        loop {
+            if let Some((value, used)) = parse_value(&self.input, &self.limits)? {
+                self.input.advance(used);
+                return Ok(value);
+            }
+            if self.stream.read_buf(&mut self.input).await? == 0 {
+                return Err(ClientError::Closed);
+            }
+        }
+    }
+
     async fn pipeline_inner<C: AsRef<[A]>, A: AsRef<[u8]>>(
         &mut self,
         commands: &[C],
@@ -96,17 +116,7 @@ impl Client {
         self.stream.write_all(&self.output).await?;
         let mut replies = Vec::with_capacity(commands.len());
         while replies.len() < commands.len() {
-            match parse_value(&self.input, &self.limits)? {
-                Some((value, used)) => {
-                    self.input.advance(used);
-                    replies.push(value);
-                }
-                None => {
-                    if self.stream.read_buf(&mut self.input).await? == 0 {
-                        return Err(ClientError::Closed);
-                    }
-                }
-            }
+            replies.push(self.next_value().await?);
         }
         Ok(replies)
     }

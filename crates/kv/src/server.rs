@@ -32,6 +32,7 @@ use chorus_metrics::{labeled_counter, labeled_histogram, Counter, Histogram};
 use chorus_resp::{take_command, write_value_as, Limits, Protocol, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use crate::command::{
     command_name, encode_delete_expired, encode_enveloped, encode_register, encode_renew, exec_args, reenvelope,
@@ -39,6 +40,7 @@ use crate::command::{
 };
 use crate::curp::{Curp, FastOutcome};
 use crate::glob::glob_match;
+use crate::pubsub::{Delivery, Hub};
 use crate::state::{KvState, EXPIRED, OUT_OF_ORDER};
 
 pub type KvNode = NodeHandle<KvState>;
@@ -88,6 +90,11 @@ const SERVER_COMMANDS: &[&str] = &[
     "rifl",
     "cluster",
     "hello",
+    "subscribe",
+    "unsubscribe",
+    "psubscribe",
+    "punsubscribe",
+    "pubsub",
 ];
 
 /// Redis's reply to a command it does not know (`args` as the client sent them): the name, and
@@ -283,6 +290,8 @@ impl FrontEndMetrics {
 
 struct Shared {
     node: KvNode,
+    /// This node's pub/sub subscribers (the state machine publishes to them as it applies).
+    pubsub: Arc<Hub>,
     options: FrontEndOptions,
     /// With `--curp on`: writes try CURP's fast path first.
     curp: Option<Arc<Curp>>,
@@ -500,9 +509,16 @@ fn owned_envelope(args: &[Bytes], at: usize, usage: &str) -> Result<(Envelope, V
 }
 
 /// Serves RESP clients on `listener` until the process exits.
-pub async fn serve(listener: TcpListener, node: KvNode, options: FrontEndOptions, curp: Option<Arc<Curp>>) {
+pub async fn serve(
+    listener: TcpListener,
+    node: KvNode,
+    options: FrontEndOptions,
+    curp: Option<Arc<Curp>>,
+    pubsub: Arc<Hub>,
+) {
     let shared = Arc::new(Shared {
         node,
+        pubsub,
         options,
         curp,
         metrics: FrontEndMetrics::new(),
@@ -557,6 +573,9 @@ pub async fn serve(listener: TcpListener, node: KvNode, options: FrontEndOptions
                 rifl: None,
                 transaction: None,
                 watched: Vec::new(),
+                channels: BTreeSet::new(),
+                patterns: BTreeSet::new(),
+                deliveries: None,
                 shared,
             };
             if let Err(e) = conn.run(stream).await {
@@ -624,6 +643,10 @@ struct Connection {
     transaction: Option<Queued>,
     /// WATCHed keys and their fingerprints when watched, for the next EXEC.
     watched: Vec<(Bytes, Bytes)>,
+    /// Channels and patterns subscribed to, and where this node's hub sends their messages.
+    channels: BTreeSet<Bytes>,
+    patterns: BTreeSet<Bytes>,
+    deliveries: Option<(UnboundedSender<Delivery>, UnboundedReceiver<Delivery>)>,
     shared: Arc<Shared>,
 }
 
@@ -648,6 +671,12 @@ impl Drop for Connection {
     fn drop(&mut self) {
         if let Some(rifl) = &self.rifl {
             self.shared.close_client(rifl.id);
+        }
+        for channel in &self.channels {
+            self.shared.pubsub.unsubscribe(self.id, channel, false);
+        }
+        for pattern in &self.patterns {
+            self.shared.pubsub.unsubscribe(self.id, pattern, true);
         }
     }
 }
@@ -691,8 +720,11 @@ impl Connection {
         let mut slots = Vec::new();
         let limits = self.shared.options.limits;
         loop {
-            if stream.read_buf(&mut input).await? == 0 {
+            if !self.read_or_deliver(&mut stream, &mut input).await? {
                 return Ok(());
+            }
+            if input.is_empty() {
+                continue;
             }
             let mut flow = Flow::Continue;
             let mut pending: Option<Kind> = None;
@@ -708,6 +740,10 @@ impl Connection {
                     }
                 };
                 if args.is_empty() {
+                    continue;
+                }
+                if let Some(refusal) = self.refused_while_subscribed(&args) {
+                    slots.push(Slot::Ready(refusal));
                     continue;
                 }
                 let args = match self.transaction_step(args) {
@@ -778,6 +814,112 @@ impl Connection {
                 return Ok(());
             }
         }
+    }
+
+    /// Reads more input into `input`; while subscribed, writes the messages that arrive
+    /// meanwhile (then `input` may stay empty). `false` when the client closed the connection.
+    async fn read_or_deliver(&mut self, stream: &mut TcpStream, input: &mut BytesMut) -> std::io::Result<bool> {
+        let Some((_, deliveries)) = &mut self.deliveries else {
+            return Ok(stream.read_buf(input).await? > 0);
+        };
+        tokio::select! {
+            read = stream.read_buf(input) => Ok(read? > 0),
+            Some(delivery) = deliveries.recv() => {
+                let mut output = Vec::new();
+                write_value_as(&delivery.frame(), self.protocol, &mut output);
+                while let Ok(delivery) = deliveries.try_recv() {
+                    write_value_as(&delivery.frame(), self.protocol, &mut output);
+                }
+                stream.write_all(&output).await?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// SUBSCRIBE / PSUBSCRIBE (`pattern`): one confirmation per name, with the connection's
+    /// count of subscriptions after it.
+    fn subscribe(&mut self, names: &[Bytes], pattern: bool) -> Value {
+        let (to, _) = self.deliveries.get_or_insert_with(tokio::sync::mpsc::unbounded_channel);
+        let to = to.clone();
+        let kind = if pattern { "psubscribe" } else { "subscribe" };
+        let mut replies = Vec::with_capacity(names.len());
+        for name in names {
+            // A copy: a slice would keep the whole input buffer it came in alive.
+            let name = Bytes::copy_from_slice(name);
+            self.shared.pubsub.subscribe(self.id, name.clone(), pattern, to.clone());
+            if pattern {
+                self.patterns.insert(name.clone());
+            } else {
+                self.channels.insert(name.clone());
+            }
+            replies.push(self.subscription_reply(kind, Some(name)));
+        }
+        Value::Replies(replies)
+    }
+
+    /// UNSUBSCRIBE / PUNSUBSCRIBE (`pattern`) of `names`, or of every subscription when none
+    /// are named.
+    fn unsubscribe(&mut self, names: &[Bytes], pattern: bool) -> Value {
+        let kind = if pattern { "punsubscribe" } else { "unsubscribe" };
+        let subscribed = if pattern { &self.patterns } else { &self.channels };
+        let names: Vec<Bytes> = if names.is_empty() {
+            subscribed.iter().cloned().collect()
+        } else {
+            names.iter().map(|n| Bytes::copy_from_slice(n)).collect()
+        };
+        if names.is_empty() {
+            return self.subscription_reply(kind, None);
+        }
+        let mut replies = Vec::with_capacity(names.len());
+        for name in names {
+            self.shared.pubsub.unsubscribe(self.id, &name, pattern);
+            if pattern {
+                self.patterns.remove(&name);
+            } else {
+                self.channels.remove(&name);
+            }
+            replies.push(self.subscription_reply(kind, Some(name)));
+        }
+        if !self.subscribed() {
+            self.deliveries = None;
+        }
+        Value::Replies(replies)
+    }
+
+    fn subscribed(&self) -> bool {
+        !(self.channels.is_empty() && self.patterns.is_empty())
+    }
+
+    fn subscription_reply(&self, kind: &str, name: Option<Bytes>) -> Value {
+        let count = (self.channels.len() + self.patterns.len()) as i64;
+        Value::Push(vec![
+            Value::bulk(kind.to_string()),
+            Value::Bulk(name),
+            Value::Integer(count),
+        ])
+    }
+
+    /// In RESP2 a subscribed connection takes only subscription commands, PING and QUIT, as in
+    /// Redis; the error for any other.
+    fn refused_while_subscribed(&self, args: &[Bytes]) -> Option<Value> {
+        if self.protocol == Protocol::Resp3 || !self.subscribed() {
+            return None;
+        }
+        let name = command_name(args);
+        const ALLOWED: [&str; 7] = [
+            "subscribe",
+            "unsubscribe",
+            "psubscribe",
+            "punsubscribe",
+            "ping",
+            "quit",
+            "reset",
+        ];
+        (!ALLOWED.contains(&name.as_str())).then(|| {
+            Value::error(format!(
+                "ERR Can't execute '{name}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context"
+            ))
+        })
     }
 
     /// MULTI, EXEC, DISCARD, WATCH and UNWATCH, and queueing between MULTI and EXEC, with the
@@ -1273,6 +1415,11 @@ impl Connection {
             .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase())
             .unwrap_or_default();
         let value = match name {
+            // Subscribed, RESP2 answers PING in the subscription's own form.
+            "ping" if self.protocol == Protocol::Resp2 && self.subscribed() => {
+                let message = rest.first().cloned().unwrap_or_default();
+                Value::Push(vec![Value::bulk("pong"), Value::bulk(message)])
+            }
             "ping" => match rest {
                 [] => Value::Simple("PONG".into()),
                 [msg] => Value::bulk(msg.clone()),
@@ -1345,6 +1492,36 @@ impl Connection {
                 _ => Value::error("ERR This instance has cluster support disabled"),
             },
             "hello" => self.hello(rest),
+            "subscribe" | "psubscribe" if rest.is_empty() => return (arity(false).unwrap_err(), Flow::Continue),
+            "subscribe" => self.subscribe(rest, false),
+            "psubscribe" => self.subscribe(rest, true),
+            "unsubscribe" => self.unsubscribe(rest, false),
+            "punsubscribe" => self.unsubscribe(rest, true),
+            "pubsub" => match (sub.as_str(), rest.len()) {
+                ("channels", 1 | 2) => Value::array(
+                    self.shared
+                        .pubsub
+                        .channels(rest.get(1).map(|p| p.as_ref()))
+                        .into_iter()
+                        .map(Value::bulk)
+                        .collect(),
+                ),
+                ("numsub", _) => Value::array(
+                    rest[1..]
+                        .iter()
+                        .flat_map(|c| {
+                            [
+                                Value::bulk(c.clone()),
+                                Value::Integer(self.shared.pubsub.subscribers(c) as i64),
+                            ]
+                        })
+                        .collect(),
+                ),
+                ("numpat", 1) => Value::Integer(self.shared.pubsub.patterns() as i64),
+                _ => Value::error(format!(
+                    "ERR unknown subcommand or wrong number of arguments for '{sub}'. Try PUBSUB HELP."
+                )),
+            },
             _ => unknown_command(args),
         };
         (value, Flow::Continue)

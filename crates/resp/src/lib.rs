@@ -26,6 +26,12 @@ pub enum Value {
     /// A double (a sorted set's score): RESP3's `,`, in RESP2 a bulk string, both written as
     /// Redis 7.0 writes them (see `format_double`).
     Double(Double),
+    /// Out-of-band data (pub/sub messages and confirmations): RESP3's push (`>`), in RESP2 an
+    /// array.
+    Push(Vec<Value>),
+    /// Several replies to one command, written one after another (SUBSCRIBE confirms each
+    /// channel with a reply of its own).
+    Replies(Vec<Value>),
 }
 
 /// A double that equals another when their bits do, so replies compare exactly (a NaN equals
@@ -400,6 +406,22 @@ pub fn write_value_as(value: &Value, protocol: Protocol, out: &mut Vec<u8>) {
                     out.extend_from_slice(text.as_bytes());
                     out.extend_from_slice(b"\r\n");
                 }
+            }
+        }
+        Value::Push(items) => {
+            out.push(match protocol {
+                Protocol::Resp2 => b'*',
+                Protocol::Resp3 => b'>',
+            });
+            out.extend_from_slice(items.len().to_string().as_bytes());
+            out.extend_from_slice(b"\r\n");
+            for item in items {
+                write_value_as(item, protocol, out);
+            }
+        }
+        Value::Replies(replies) => {
+            for reply in replies {
+                write_value_as(reply, protocol, out);
             }
         }
         Value::Pairs(pairs) => {

@@ -1,8 +1,8 @@
 """What an application does with redis-py, against a Chorus cluster: the lock and rate-limiter
 idioms, strings, hashes, sets, sorted sets, a list queue, expiry, pipelines, transactions, Lua
-scripts and redis-py's Lock, SCAN and errors, over RESP2 and RESP3, writing on one node and
-reading on another. Run by crates/chorus/tests/cluster.rs with the nodes' ports; prints "ok" and
-exits 0 when every check passed.
+scripts and redis-py's Lock, pub/sub, SCAN and errors, over RESP2 and RESP3, writing on one node
+and reading on another. Run by crates/chorus/tests/cluster.rs with the nodes' ports; prints "ok"
+and exits 0 when every check passed.
 
     python redis_py_check.py PORT PORT PORT
 """
@@ -124,6 +124,16 @@ def check(protocol, ports):
     add = write.register_script("return redis.call('INCRBY', KEYS[1], ARGV[1]) * 2")
     assert add(keys=[p + "scripted"], args=[4]) == 8
     assert read.get(p + "scripted") == "4"
+
+    # Pub/sub: a subscriber on one node, the publisher on another.
+    subscriber = read.pubsub()
+    subscriber.subscribe(p + "chan")
+    confirmed = subscriber.get_message(timeout=2)
+    assert confirmed and confirmed["type"] == "subscribe", confirmed
+    write.publish(p + "chan", "hello")
+    message = subscriber.get_message(timeout=2)
+    assert message and message["type"] == "message" and message["data"] == "hello", message
+    subscriber.close()
 
     # Errors are raised as Redis raises them.
     try:

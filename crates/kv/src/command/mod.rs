@@ -137,6 +137,11 @@ pub enum Write {
     /// SCRIPT LOAD: every replica learns the script (EVALSHA finds it on any node).
     ScriptLoad(Bytes),
     ScriptFlush,
+    /// PUBLISH: every node hands the message to its subscribers as it applies the entry.
+    Publish {
+        channel: Bytes,
+        message: Bytes,
+    },
     Sets(SetWrite),
     Lists(ListWrite),
     Zsets(ZsetWrite),
@@ -374,6 +379,8 @@ impl Write {
                 .collect(),
             Write::Script(call) => call.keys.clone(),
             Write::ScriptLoad(_) | Write::ScriptFlush => Vec::new(),
+            // Not a key, but messages to one channel must keep their order: they do not commute.
+            Write::Publish { channel, .. } => vec![channel.clone()],
             Write::Sets(write) => write.keys(),
             Write::Lists(write) => write.keys(),
             Write::Zsets(write) => write.keys(),
@@ -407,6 +414,8 @@ impl Write {
             // Several commands' replies, each depending on the ones before: answered only once
             // the transaction has run.
             Write::Exec { .. } => true,
+            // Its reply counts the subscribers there are when it applies.
+            Write::Publish { .. } => true,
             _ => false,
         }
     }
@@ -1500,6 +1509,13 @@ impl Command {
                     key: rest[0].clone(),
                     at: parse_i64(&rest[1])?,
                 }))
+            }
+            "publish" => {
+                exact(2)?;
+                Command::Write(Write::Publish {
+                    channel: rest[0].clone(),
+                    message: rest[1].clone(),
+                })
             }
             // Only the front end writes EXEC with arguments: what a MULTI queued, for the log.
             "exec" => Command::Write(exec_from_args(rest)?),

@@ -41,6 +41,7 @@ use crate::curp::ApplyWatch;
 use crate::decimal::{parse_float, Float};
 use crate::expiry::{wall_clock_ms, Deadlines};
 use crate::glob::glob_match;
+use crate::pubsub::Hub;
 use crate::speculation::Proposed;
 use sets::member_key;
 
@@ -172,6 +173,8 @@ pub struct KvState {
     now_ms: u64,
     /// For the random picks of reads (RANDOMKEY, HRANDFIELD), which no replica need repeat.
     read_rng: u64,
+    /// This node's pub/sub subscribers, to whom applied PUBLISHes go.
+    pubsub: Option<Arc<Hub>>,
 }
 
 /// A key's type, as TYPE names it.
@@ -339,6 +342,7 @@ impl KvState {
             log_clock_unwritten: false,
             now_ms: log_clock_ms,
             read_rng: wall_clock_ms() | 1,
+            pubsub: None,
         })
     }
 
@@ -356,6 +360,12 @@ impl KvState {
         if let Some((witness, _)) = &self.curp {
             witness.drop_settled(|client, seq| self.completions.settled(client, seq));
         }
+    }
+
+    /// Hands applied PUBLISHes to this node's subscribers in `hub`.
+    pub fn with_pubsub(mut self, hub: Arc<Hub>) -> KvState {
+        self.pubsub = Some(hub);
+        self
     }
 
     pub fn store(&self) -> &Store {
@@ -900,6 +910,9 @@ impl KvState {
             Write::Script(call) => self.run_script(index, &call, false),
             Write::ScriptLoad(text) => self.load_script(index, &text),
             Write::ScriptFlush => self.flush_scripts(index),
+            Write::Publish { channel, message } => {
+                Value::Integer(self.pubsub.as_ref().map_or(0, |hub| hub.publish(&channel, &message)) as i64)
+            }
             Write::FlushAll => {
                 for key in self.store.ungrouped_key_list() {
                     if key.first() == Some(&STRING_TAG) {
@@ -1106,8 +1119,10 @@ impl KvState {
             Write::Sets(write) => self.preview_set_write(write),
             Write::Lists(write) => self.preview_list_write(write),
             Write::Zsets(write) => self.preview_zset_write(write),
-            Write::Exec { .. } | Write::Script(_) => {
-                unreachable!("transactions and scripts are never answered before they apply, so never previewed")
+            Write::Exec { .. } | Write::Script(_) | Write::Publish { .. } => {
+                unreachable!(
+                    "transactions, scripts and PUBLISH are never answered before they apply, so never previewed"
+                )
             }
             Write::ScriptLoad(text) => Value::bulk(crate::command::script_sha(text)),
             Write::ScriptFlush => Value::ok(),

@@ -1,8 +1,8 @@
 // What an application does with go-redis v9 against a Chorus cluster: the lock and rate-limiter
-// idioms, strings, hashes, sets, sorted sets, expiry, pipelines, transactions, SCAN and errors,
-// over RESP3 (go-redis v9's default, negotiated with HELLO 3) and RESP2, writing on one node and
-// reading on another. Run by crates/chorus/tests/cluster.rs with the nodes' addresses; prints
-// "ok" when every check passed.
+// idioms, strings, hashes, sets, sorted sets, expiry, pipelines, transactions, pub/sub, SCAN and
+// errors, over RESP3 (go-redis v9's default, negotiated with HELLO 3) and RESP2, writing on one
+// node and reading on another. Run by crates/chorus/tests/cluster.rs with the nodes' addresses;
+// prints "ok" when every check passed.
 //
 //	go-redis-check HOST:PORT HOST:PORT
 package main
@@ -123,6 +123,19 @@ func check(ctx context.Context, protocol int, writeAddr, readAddr string) {
 	must(errors.Is(err, redis.TxFailedErr), "a changed watched key fails the transaction: %v", err)
 	must(write.Watch(ctx, double, p+"tx") == nil, "second try: %v", err)
 	must(read.Get(ctx, p+"tx").Val() == "2", "after the transaction: %v", read.Get(ctx, p+"tx").Val())
+
+	// Pub/sub: a subscriber on one node, the publisher on another.
+	subscriber := read.Subscribe(ctx, p+"chan")
+	_, err = subscriber.Receive(ctx)
+	must(err == nil, "subscribe: %v", err)
+	must(write.Publish(ctx, p+"chan", "hello").Err() == nil, "publish")
+	select {
+	case message := <-subscriber.Channel():
+		must(message.Channel == p+"chan" && message.Payload == "hello", "message %v", message)
+	case <-time.After(2 * time.Second):
+		panic("no message within 2 s")
+	}
+	subscriber.Close()
 
 	// Errors reach the application as Redis words them.
 	err = read.HGet(ctx, p+"a", "field").Err()

@@ -1,0 +1,176 @@
+//! Pub/sub across the cluster: PUBLISH is a write, so the log puts each channel's messages in
+//! one order; every node, as it applies one, hands it to its own subscribers through this hub.
+//! A subscriber therefore gets the messages of a channel in log order, whichever node it and
+//! the publishers are connected to, at most once (a node that restarts does not replay old
+//! messages to new subscribers; it has none while it replays).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use chorus_resp::Value;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::glob::glob_match;
+
+/// What a subscribed connection is sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    Message {
+        channel: Bytes,
+        payload: Bytes,
+    },
+    PatternMessage {
+        pattern: Bytes,
+        channel: Bytes,
+        payload: Bytes,
+    },
+}
+
+impl Delivery {
+    /// The frame Redis sends for it (a push in RESP3, an array in RESP2).
+    pub fn frame(self) -> Value {
+        match self {
+            Delivery::Message { channel, payload } => {
+                Value::Push(vec![Value::bulk("message"), Value::bulk(channel), Value::bulk(payload)])
+            }
+            Delivery::PatternMessage {
+                pattern,
+                channel,
+                payload,
+            } => Value::Push(vec![
+                Value::bulk("pmessage"),
+                Value::bulk(pattern),
+                Value::bulk(channel),
+                Value::bulk(payload),
+            ]),
+        }
+    }
+}
+
+type Subscribers = HashMap<u64, UnboundedSender<Delivery>>;
+
+/// This node's subscriptions: channel (or pattern) → connection id → where to send.
+#[derive(Default)]
+pub struct Hub {
+    inner: Mutex<Subscriptions>,
+}
+
+#[derive(Default)]
+struct Subscriptions {
+    channels: HashMap<Bytes, Subscribers>,
+    patterns: HashMap<Bytes, Subscribers>,
+}
+
+impl Hub {
+    /// Subscribes connection `id` to a channel (`pattern`: a glob of channels); whether it was
+    /// not subscribed already.
+    pub fn subscribe(&self, id: u64, name: Bytes, pattern: bool, to: UnboundedSender<Delivery>) -> bool {
+        let mut inner = self.inner.lock().expect("pubsub lock");
+        let map = if pattern {
+            &mut inner.patterns
+        } else {
+            &mut inner.channels
+        };
+        map.entry(name).or_default().insert(id, to).is_none()
+    }
+
+    pub fn unsubscribe(&self, id: u64, name: &[u8], pattern: bool) {
+        let mut inner = self.inner.lock().expect("pubsub lock");
+        let map = if pattern {
+            &mut inner.patterns
+        } else {
+            &mut inner.channels
+        };
+        if let Some(subscribers) = map.get_mut(name) {
+            subscribers.remove(&id);
+            if subscribers.is_empty() {
+                map.remove(name);
+            }
+        }
+    }
+
+    /// Hands a published message to this node's subscribers; how many receive it (a connection
+    /// subscribed to the channel and to a matching pattern counts, and receives it, twice).
+    pub fn publish(&self, channel: &Bytes, payload: &Bytes) -> usize {
+        let inner = self.inner.lock().expect("pubsub lock");
+        let mut receivers = 0;
+        if let Some(subscribers) = inner.channels.get(channel) {
+            for to in subscribers.values() {
+                let message = Delivery::Message {
+                    channel: channel.clone(),
+                    payload: payload.clone(),
+                };
+                receivers += usize::from(to.send(message).is_ok());
+            }
+        }
+        for (pattern, subscribers) in &inner.patterns {
+            if !glob_match(pattern, channel, false) {
+                continue;
+            }
+            for to in subscribers.values() {
+                let message = Delivery::PatternMessage {
+                    pattern: pattern.clone(),
+                    channel: channel.clone(),
+                    payload: payload.clone(),
+                };
+                receivers += usize::from(to.send(message).is_ok());
+            }
+        }
+        receivers
+    }
+
+    /// PUBSUB CHANNELS: the channels with a subscriber here, those matching `pattern` if given.
+    pub fn channels(&self, pattern: Option<&[u8]>) -> Vec<Bytes> {
+        let inner = self.inner.lock().expect("pubsub lock");
+        let mut channels: Vec<Bytes> = inner
+            .channels
+            .keys()
+            .filter(|c| pattern.is_none_or(|p| glob_match(p, c, false)))
+            .cloned()
+            .collect();
+        channels.sort();
+        channels
+    }
+
+    /// PUBSUB NUMSUB: subscribers here of `channel`.
+    pub fn subscribers(&self, channel: &[u8]) -> usize {
+        let inner = self.inner.lock().expect("pubsub lock");
+        inner.channels.get(channel).map_or(0, HashMap::len)
+    }
+
+    /// PUBSUB NUMPAT: patterns subscribed here.
+    pub fn patterns(&self) -> usize {
+        self.inner.lock().expect("pubsub lock").patterns.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_reaches_channel_and_matching_pattern_subscribers_and_no_one_else() {
+        let hub = Hub::default();
+        let (to_a, mut a) = tokio::sync::mpsc::unbounded_channel();
+        let (to_b, mut b) = tokio::sync::mpsc::unbounded_channel();
+        assert!(hub.subscribe(1, Bytes::from("news"), false, to_a.clone()));
+        assert!(!hub.subscribe(1, Bytes::from("news"), false, to_a));
+        assert!(hub.subscribe(2, Bytes::from("n*"), true, to_b.clone()));
+        assert!(hub.subscribe(2, Bytes::from("sport"), false, to_b));
+        assert_eq!(hub.publish(&Bytes::from("news"), &Bytes::from("hi")), 2);
+        assert_eq!(
+            a.try_recv().unwrap(),
+            Delivery::Message {
+                channel: Bytes::from("news"),
+                payload: Bytes::from("hi")
+            }
+        );
+        assert!(matches!(b.try_recv().unwrap(), Delivery::PatternMessage { .. }));
+        assert!(b.try_recv().is_err(), "not subscribed to news itself");
+        hub.unsubscribe(1, b"news", false);
+        assert_eq!(hub.publish(&Bytes::from("news"), &Bytes::from("again")), 1);
+        assert_eq!(hub.channels(None), vec![Bytes::from("sport")]);
+        assert_eq!((hub.subscribers(b"sport"), hub.patterns()), (1, 1));
+    }
+}
