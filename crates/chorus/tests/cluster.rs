@@ -1588,16 +1588,18 @@ async fn a_lock_taken_with_nx_px_is_not_taken_twice_nor_held_long_past_its_ttl_a
 }
 
 /// Applications' own client libraries, installed by `scripts/install-client-libs`: redis-py
-/// (over RESP2 and RESP3) and go-redis v9 (RESP3, its default, and RESP2) run their checks in
-/// `tests/clients` against a 3-node cluster — locks, a rate limiter, pipelines, strings, hashes,
-/// sets, expiry, SCAN and errors — writing through one follower and reading on the other node.
+/// (over RESP2 and RESP3), go-redis v9 (RESP3, its default, and RESP2) and ioredis run their
+/// checks in `tests/clients` against a 3-node cluster — locks (redis-py's `Lock` among them), a
+/// rate limiter, pipelines, transactions, scripts, pub/sub, strings, hashes, sets, sorted sets,
+/// expiry, SCAN and errors — writing through one node and reading on another.
 #[test]
-fn redis_py_and_go_redis_pass_their_checks_against_a_cluster() {
+fn redis_py_go_redis_and_ioredis_pass_their_checks_against_a_cluster() {
     let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let libs = manifest_dir.join("../../target/client-libs");
     let (python, go_check) = (libs.join("python/bin/python"), libs.join("go-redis-check"));
+    let node_modules = libs.join("node/node_modules");
     assert!(
-        python.exists() && go_check.exists(),
+        python.exists() && go_check.exists() && node_modules.join("ioredis").exists(),
         "the client libraries are not installed; run scripts/install-client-libs (scripts/test does)"
     );
     let script = manifest_dir.join("tests/clients/redis_py_check.py");
@@ -1617,6 +1619,20 @@ fn redis_py_and_go_redis_pass_their_checks_against_a_cluster() {
     assert_eq!(out.trim(), "ok", "redis-py: {out}");
     let out = run_tool(go_check.to_str().unwrap(), &[&addr(others[1]), &addr(leader)], None);
     assert_eq!(out.trim(), "ok", "go-redis: {out}");
+    let node_path = format!("NODE_PATH={}", node_modules.display());
+    let check = manifest_dir.join("tests/clients/ioredis/check.js");
+    let out = run_tool(
+        "env",
+        &[
+            &node_path,
+            "node",
+            check.to_str().unwrap(),
+            &port(leader),
+            &port(others[0]),
+        ],
+        None,
+    );
+    assert_eq!(out.trim(), "ok", "ioredis: {out}");
 }
 
 #[test]
