@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use chorus_curp::durable_witness::DurableWitness;
 use chorus_kv::curp::{serve_peer_requests, ApplyWatch, Curp};
-use chorus_kv::pubsub::Hub;
+use chorus_kv::listeners::Hub;
 use chorus_kv::unicache::{parse_keyspaces, KvPreprocessor};
 use chorus_kv::{FrontEndOptions, KvState};
 use chorus_log::{EntryCodec, IdentityCodec, NodeConfig, ReadConsistency, UniCacheCodec, UniCacheSettings};
@@ -158,12 +158,12 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     let (peer_requests, requests) = tokio::sync::mpsc::channel(PEER_REQUEST_QUEUE);
     let applies = Arc::new(ApplyWatch::default());
     let state_curp = witness.clone().map(|witness| (witness, applies.clone()));
-    let pubsub = Arc::new(Hub::default());
-    let state_pubsub = pubsub.clone();
+    let listeners = Arc::new(Hub::default());
+    let state_listeners = listeners.clone();
     let node = chorus_log::start(
         node_config,
         |snapshot| {
-            let state = KvState::open(store_options, snapshot)?.with_pubsub(state_pubsub);
+            let state = KvState::open(store_options, snapshot)?.with_listeners(state_listeners);
             Ok(match state_curp {
                 Some((witness, applies)) => state.with_curp(witness, applies),
                 None => state,
@@ -197,7 +197,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         id = config.id, resp = %config.resp_addr, metrics = %config.metrics_addr,
         data_dir = %config.data_dir.display(), "chorus node serving"
     );
-    tokio::spawn(chorus_kv::serve(resp_listener, node, options, curp, pubsub));
+    tokio::spawn(chorus_kv::serve(resp_listener, node, options, curp, listeners));
 
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

@@ -6,7 +6,7 @@ pub mod curp;
 mod decimal;
 mod expiry;
 mod glob;
-pub mod pubsub;
+pub mod listeners;
 pub mod server;
 mod speculation;
 pub mod state;

@@ -40,7 +40,7 @@ use crate::command::{
 };
 use crate::curp::{Curp, FastOutcome};
 use crate::glob::glob_match;
-use crate::pubsub::{Delivery, Hub};
+use crate::listeners::{Delivery, Hub};
 use crate::state::{KvState, EXPIRED, OUT_OF_ORDER};
 
 pub type KvNode = NodeHandle<KvState>;
@@ -68,8 +68,9 @@ pub const CLIENT_INCARNATION_IDLE: Duration = Duration::from_secs(60);
 
 /// How often the leader looks for expired keys to delete (Redis's active expiry runs as often).
 pub const SWEEP_EVERY: Duration = Duration::from_millis(100);
-/// How often a blocked BLPOP / BLMOVE / … looks at this node's state for an element.
-const BLOCKED_POLL: Duration = Duration::from_millis(5);
+/// A blocked BLPOP / BLMOVE / … looks again when a write to one of its keys applies on its node,
+/// and at least this often (for what no write announces: a script's undeclared keys).
+const BLOCKED_LOOK_AGAIN: Duration = Duration::from_millis(250);
 /// Most keys one sweep entry deletes, and most entries one sweep proposes.
 const SWEEP_BATCH_KEYS: usize = 256;
 const SWEEP_MAX_BATCHES: usize = 16;
@@ -290,8 +291,9 @@ impl FrontEndMetrics {
 
 struct Shared {
     node: KvNode,
-    /// This node's pub/sub subscribers (the state machine publishes to them as it applies).
-    pubsub: Arc<Hub>,
+    /// This node's pub/sub subscribers and blocked connections, told by the state machine as
+    /// it applies.
+    listeners: Arc<Hub>,
     options: FrontEndOptions,
     /// With `--curp on`: writes try CURP's fast path first.
     curp: Option<Arc<Curp>>,
@@ -514,11 +516,11 @@ pub async fn serve(
     node: KvNode,
     options: FrontEndOptions,
     curp: Option<Arc<Curp>>,
-    pubsub: Arc<Hub>,
+    listeners: Arc<Hub>,
 ) {
     let shared = Arc::new(Shared {
         node,
-        pubsub,
+        listeners,
         options,
         curp,
         metrics: FrontEndMetrics::new(),
@@ -673,11 +675,36 @@ impl Drop for Connection {
             self.shared.close_client(rifl.id);
         }
         for channel in &self.channels {
-            self.shared.pubsub.unsubscribe(self.id, channel, false);
+            self.shared.listeners.unsubscribe(self.id, channel, false);
         }
         for pattern in &self.patterns {
-            self.shared.pubsub.unsubscribe(self.id, pattern, true);
+            self.shared.listeners.unsubscribe(self.id, pattern, true);
         }
+    }
+}
+
+/// A blocked connection's registration with its node's hub, undone when dropped (the command
+/// returned, or the connection went away mid-wait).
+struct Blocked {
+    hub: Arc<Hub>,
+    id: u64,
+    keys: Vec<Bytes>,
+}
+
+impl Blocked {
+    fn register(hub: Arc<Hub>, id: u64, keys: &[Bytes], wake: Arc<tokio::sync::Notify>) -> Blocked {
+        hub.block(id, keys, wake);
+        Blocked {
+            hub,
+            id,
+            keys: keys.to_vec(),
+        }
+    }
+}
+
+impl Drop for Blocked {
+    fn drop(&mut self) {
+        self.hub.unblock(self.id, &self.keys);
     }
 }
 
@@ -846,7 +873,9 @@ impl Connection {
         for name in names {
             // A copy: a slice would keep the whole input buffer it came in alive.
             let name = Bytes::copy_from_slice(name);
-            self.shared.pubsub.subscribe(self.id, name.clone(), pattern, to.clone());
+            self.shared
+                .listeners
+                .subscribe(self.id, name.clone(), pattern, to.clone());
             if pattern {
                 self.patterns.insert(name.clone());
             } else {
@@ -872,7 +901,7 @@ impl Connection {
         }
         let mut replies = Vec::with_capacity(names.len());
         for name in names {
-            self.shared.pubsub.unsubscribe(self.id, &name, pattern);
+            self.shared.listeners.unsubscribe(self.id, &name, pattern);
             if pattern {
                 self.patterns.remove(&name);
             } else {
@@ -1040,6 +1069,9 @@ impl Connection {
     /// or the timeout passes.
     async fn block(&mut self, blocking: Blocking) -> Value {
         let deadline = blocking.timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+        let wake = Arc::new(tokio::sync::Notify::new());
+        // Registered before the first look, so no write in between goes unnoticed.
+        let _registration = Blocked::register(self.shared.listeners.clone(), self.id, &blocking.keys, wake.clone());
         loop {
             if self.any_key_exists(&blocking.keys).await {
                 let parsed = Command::parse(&blocking.attempt);
@@ -1049,10 +1081,12 @@ impl Connection {
                     return reply;
                 }
             }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
                 return blocking.reply.timed_out();
             }
-            tokio::time::sleep(BLOCKED_POLL).await;
+            let look_again = deadline.map_or(BLOCKED_LOOK_AGAIN, |d| (d - now).min(BLOCKED_LOOK_AGAIN));
+            let _ = tokio::time::timeout(look_again, wake.notified()).await;
         }
     }
 
@@ -1500,7 +1534,7 @@ impl Connection {
             "pubsub" => match (sub.as_str(), rest.len()) {
                 ("channels", 1 | 2) => Value::array(
                     self.shared
-                        .pubsub
+                        .listeners
                         .channels(rest.get(1).map(|p| p.as_ref()))
                         .into_iter()
                         .map(Value::bulk)
@@ -1512,12 +1546,12 @@ impl Connection {
                         .flat_map(|c| {
                             [
                                 Value::bulk(c.clone()),
-                                Value::Integer(self.shared.pubsub.subscribers(c) as i64),
+                                Value::Integer(self.shared.listeners.subscribers(c) as i64),
                             ]
                         })
                         .collect(),
                 ),
-                ("numpat", 1) => Value::Integer(self.shared.pubsub.patterns() as i64),
+                ("numpat", 1) => Value::Integer(self.shared.listeners.patterns() as i64),
                 _ => Value::error(format!(
                     "ERR unknown subcommand or wrong number of arguments for '{sub}'. Try PUBSUB HELP."
                 )),

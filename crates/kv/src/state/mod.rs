@@ -41,7 +41,7 @@ use crate::curp::ApplyWatch;
 use crate::decimal::{parse_float, Float};
 use crate::expiry::{wall_clock_ms, Deadlines};
 use crate::glob::glob_match;
-use crate::pubsub::Hub;
+use crate::listeners::Hub;
 use crate::speculation::Proposed;
 use sets::member_key;
 
@@ -173,8 +173,9 @@ pub struct KvState {
     now_ms: u64,
     /// For the random picks of reads (RANDOMKEY, HRANDFIELD), which no replica need repeat.
     read_rng: u64,
-    /// This node's pub/sub subscribers, to whom applied PUBLISHes go.
-    pubsub: Option<Arc<Hub>>,
+    /// This node's pub/sub subscribers, to whom applied PUBLISHes go, and its blocked
+    /// connections, woken by writes to their keys.
+    listeners: Option<Arc<Hub>>,
 }
 
 /// A key's type, as TYPE names it.
@@ -342,7 +343,7 @@ impl KvState {
             log_clock_unwritten: false,
             now_ms: log_clock_ms,
             read_rng: wall_clock_ms() | 1,
-            pubsub: None,
+            listeners: None,
         })
     }
 
@@ -362,9 +363,10 @@ impl KvState {
         }
     }
 
-    /// Hands applied PUBLISHes to this node's subscribers in `hub`.
-    pub fn with_pubsub(mut self, hub: Arc<Hub>) -> KvState {
-        self.pubsub = Some(hub);
+    /// Hands applied PUBLISHes to this node's subscribers in `hub`, and wakes its blocked
+    /// connections when their keys are written.
+    pub fn with_listeners(mut self, hub: Arc<Hub>) -> KvState {
+        self.listeners = Some(hub);
         self
     }
 
@@ -692,6 +694,20 @@ impl KvState {
 
     /// Applies a write from the entry at `index`.
     pub fn execute_write(&mut self, index: u64, write: Write) -> Value {
+        let blocked = self.listeners.clone().filter(|hub| hub.any_blocked());
+        let Some(hub) = blocked else {
+            return self.execute_write_unobserved(index, write);
+        };
+        let keys = write.keys();
+        let reply = self.execute_write_unobserved(index, write);
+        for key in &keys {
+            hub.key_written(key);
+        }
+        reply
+    }
+
+    /// Applies `write`, with no blocked connection to tell.
+    fn execute_write_unobserved(&mut self, index: u64, write: Write) -> Value {
         if !self.deadlines.is_empty() {
             for key in write.keys() {
                 self.delete_if_expired(index, &key);
@@ -911,7 +927,7 @@ impl KvState {
             Write::ScriptLoad(text) => self.load_script(index, &text),
             Write::ScriptFlush => self.flush_scripts(index),
             Write::Publish { channel, message } => {
-                Value::Integer(self.pubsub.as_ref().map_or(0, |hub| hub.publish(&channel, &message)) as i64)
+                Value::Integer(self.listeners.as_ref().map_or(0, |hub| hub.publish(&channel, &message)) as i64)
             }
             Write::FlushAll => {
                 for key in self.store.ungrouped_key_list() {

@@ -1,15 +1,20 @@
-//! Pub/sub across the cluster: PUBLISH is a write, so the log puts each channel's messages in
-//! one order; every node, as it applies one, hands it to its own subscribers through this hub.
-//! A subscriber therefore gets the messages of a channel in log order, whichever node it and
-//! the publishers are connected to, at most once (a node that restarts does not replay old
-//! messages to new subscribers; it has none while it replays).
+//! What a node's connections wait for from the log as it applies: pub/sub messages, and
+//! writes to the keys a blocked command (BLPOP & co.) waits on.
+//!
+//! PUBLISH is a write, so the log puts each channel's messages in one order; every node, as it
+//! applies one, hands it to its own subscribers through this hub. A subscriber therefore gets
+//! the messages of a channel in log order, whichever node it and the publishers are connected
+//! to, at most once (a node that restarts does not replay old messages to new subscribers; it
+//! has none while it replays).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use chorus_resp::Value;
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::Notify;
 
 use crate::glob::glob_match;
 
@@ -50,10 +55,14 @@ impl Delivery {
 
 type Subscribers = HashMap<u64, UnboundedSender<Delivery>>;
 
-/// This node's subscriptions: channel (or pattern) → connection id → where to send.
+/// This node's subscriptions: channel (or pattern) → connection id → where to send; and its
+/// blocked connections: key → connection id → what wakes it.
 #[derive(Default)]
 pub struct Hub {
     inner: Mutex<Subscriptions>,
+    blocked: Mutex<HashMap<Bytes, HashMap<u64, Arc<Notify>>>>,
+    /// Blocked connections, so that applying a write costs one load when none are.
+    blocked_count: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -118,6 +127,42 @@ impl Hub {
             }
         }
         receivers
+    }
+
+    /// Connection `id` waits for writes to `keys`; `wake` is notified when one applies here.
+    pub fn block(&self, id: u64, keys: &[Bytes], wake: Arc<Notify>) {
+        let mut blocked = self.blocked.lock().expect("blocked lock");
+        for key in keys {
+            blocked.entry(key.clone()).or_default().insert(id, wake.clone());
+        }
+        self.blocked_count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn unblock(&self, id: u64, keys: &[Bytes]) {
+        let mut blocked = self.blocked.lock().expect("blocked lock");
+        for key in keys {
+            if let Some(waiting) = blocked.get_mut(key) {
+                waiting.remove(&id);
+                if waiting.is_empty() {
+                    blocked.remove(key);
+                }
+            }
+        }
+        self.blocked_count.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub fn any_blocked(&self) -> bool {
+        self.blocked_count.load(Ordering::Relaxed) > 0
+    }
+
+    /// A write to `key` applied here: every connection blocked on it looks again (each its own
+    /// permit, so a wake-up that comes while one is not yet waiting is kept for it).
+    pub fn key_written(&self, key: &[u8]) {
+        if let Some(waiting) = self.blocked.lock().expect("blocked lock").get(key) {
+            for wake in waiting.values() {
+                wake.notify_one();
+            }
+        }
     }
 
     /// PUBSUB CHANNELS: the channels with a subscriber here, those matching `pattern` if given.
