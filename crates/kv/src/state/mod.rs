@@ -694,7 +694,7 @@ impl KvState {
 
     /// Applies a write from the entry at `index`.
     pub fn execute_write(&mut self, index: u64, write: Write) -> Value {
-        let blocked = self.listeners.clone().filter(|hub| hub.any_blocked());
+        let blocked = self.listeners.as_ref().filter(|hub| hub.any_blocked()).cloned();
         let Some(hub) = blocked else {
             return self.execute_write_unobserved(index, write);
         };
