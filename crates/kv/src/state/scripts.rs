@@ -378,18 +378,7 @@ impl KvState {
             }
             Ok(Some(Command::Write(write))) => self.execute_write(index, write),
             Ok(Some(Command::Read(read))) => self.read_now(&read),
-            // A blocking command does not wait inside a script, as in Redis.
-            Ok(Some(Command::Blocking(blocking))) => {
-                let attempt = match Command::parse(&blocking.attempt) {
-                    Ok(Some(Command::Write(write))) => self.execute_write(index, write),
-                    Err(e) => Value::error(e),
-                    Ok(_) => Value::error("ERR a blocking command's attempt is not a write"),
-                };
-                blocking
-                    .reply
-                    .from_attempt(attempt)
-                    .unwrap_or_else(|| blocking.reply.timed_out())
-            }
+            Ok(Some(Command::Blocking(blocking))) => self.attempt_once(index, &blocking),
             Err(e) => Value::error(e),
             Ok(None) if args[0].eq_ignore_ascii_case(b"ping") => Value::Simple("PONG".into()),
             Ok(None) => Value::error("ERR Unknown Redis command called from script"),

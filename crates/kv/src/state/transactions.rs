@@ -9,7 +9,7 @@ use bytes::Bytes;
 use chorus_resp::Value;
 
 use super::{KvState, Stored};
-use crate::command::{Command, Write};
+use crate::command::{Blocking, Command, Write};
 
 /// FNV-1a over 128 bits: the same on every node and in every version, and wide enough that two
 /// contents sharing a fingerprint by chance is not a practical concern.
@@ -76,6 +76,20 @@ impl KvState {
         Bytes::copy_from_slice(&hash.0.to_be_bytes())
     }
 
+    /// A blocking command inside a transaction or a script, where it does not wait, as in Redis:
+    /// its attempt once, and its timeout's reply if that found nothing.
+    pub(super) fn attempt_once(&mut self, index: u64, blocking: &Blocking) -> Value {
+        let attempt = match Command::parse(&blocking.attempt) {
+            Ok(Some(Command::Write(write))) => self.execute_write(index, write),
+            Err(e) => Value::error(e),
+            Ok(_) => Value::error("ERR a blocking command's attempt is not a write"),
+        };
+        blocking
+            .reply
+            .from_attempt(attempt)
+            .unwrap_or_else(|| blocking.reply.timed_out())
+    }
+
     /// Runs a transaction from the entry at `index`: each queued command in order, unless a
     /// watched key's fingerprint changed since it was watched.
     pub(super) fn execute_exec(&mut self, index: u64, watched: &[(Bytes, Bytes)], commands: Vec<Vec<Bytes>>) -> Value {
@@ -88,18 +102,7 @@ impl KvState {
                 Ok(Some(Command::Write(Write::Exec { .. }))) => Value::error("ERR EXEC inside MULTI is not allowed"),
                 Ok(Some(Command::Write(write))) => self.execute_write(index, write),
                 Ok(Some(Command::Read(read))) => self.read_now(&read),
-                // Inside a transaction a blocking command does not wait, as in Redis.
-                Ok(Some(Command::Blocking(blocking))) => {
-                    let attempt = match Command::parse(&blocking.attempt) {
-                        Ok(Some(Command::Write(write))) => self.execute_write(index, write),
-                        Err(e) => Value::error(e),
-                        Ok(_) => Value::error("ERR a blocking command's attempt is not a write"),
-                    };
-                    blocking
-                        .reply
-                        .from_attempt(attempt)
-                        .unwrap_or_else(|| blocking.reply.timed_out())
-                }
+                Ok(Some(Command::Blocking(blocking))) => self.attempt_once(index, &blocking),
                 Err(e) => Value::error(e),
                 Ok(None) => Value::error("ERR only data commands run inside MULTI on Chorus"),
             })
