@@ -34,6 +34,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
+use crate::command::table::{self, CommandSpec};
 use crate::command::{
     command_name, encode_delete_expired, encode_enveloped, encode_register, encode_renew, exec_args, reenvelope,
     short_name, Blocking, Command, CommandError, Read, MAX_COMMAND_NAME_BYTES,
@@ -98,6 +99,37 @@ const SERVER_COMMANDS: &[&str] = &[
     "pubsub",
 ];
 
+/// COMMAND and its subcommands, from the command table.
+fn command_command(sub: &str, rest: &[Bytes]) -> Value {
+    let named = |rest: &[Bytes]| -> Vec<Option<&'static CommandSpec>> {
+        match rest.get(1..) {
+            Some(names) if !names.is_empty() => {
+                names.iter().map(|n| table::find(&String::from_utf8_lossy(n))).collect()
+            }
+            _ => table::COMMANDS.iter().map(Some).collect(),
+        }
+    };
+    match sub {
+        "" => Value::array(table::COMMANDS.iter().map(CommandSpec::info).collect()),
+        "count" => Value::Integer(table::COMMANDS.len() as i64),
+        "list" => Value::array(table::COMMANDS.iter().map(|spec| Value::bulk(spec.name)).collect()),
+        "info" => Value::array(
+            named(rest)
+                .into_iter()
+                .map(|spec| spec.map_or(Value::Array(None), CommandSpec::info))
+                .collect(),
+        ),
+        "docs" => Value::map(
+            named(rest)
+                .into_iter()
+                .flatten()
+                .map(|spec| (Value::bulk(spec.name), spec.docs()))
+                .collect(),
+        ),
+        _ => Value::error(format!("ERR unknown subcommand '{sub}'. Try COMMAND HELP.")),
+    }
+}
+
 /// Redis's reply to a command it does not know (`args` as the client sent them): the name, and
 /// the arguments quoted while they fit in 128 bytes.
 fn unknown_command(args: &[Bytes]) -> Value {
@@ -118,116 +150,8 @@ fn unknown_command(args: &[Bytes]) -> Value {
     ))
 }
 
-/// Command names we count individually; anything else is counted as "other".
-const COUNTED_COMMANDS: &[&str] = &[
-    "get",
-    "set",
-    "setnx",
-    "del",
-    "unlink",
-    "exists",
-    "mget",
-    "mset",
-    "incr",
-    "incrby",
-    "decr",
-    "decrby",
-    "append",
-    "strlen",
-    "type",
-    "hset",
-    "hmset",
-    "hget",
-    "hmget",
-    "hgetall",
-    "hkeys",
-    "hvals",
-    "hstrlen",
-    "hdel",
-    "hlen",
-    "hexists",
-    "dbsize",
-    "setex",
-    "psetex",
-    "getset",
-    "getdel",
-    "getex",
-    "expire",
-    "pexpire",
-    "expireat",
-    "pexpireat",
-    "persist",
-    "ttl",
-    "pttl",
-    "expiretime",
-    "pexpiretime",
-    "getrange",
-    "substr",
-    "setrange",
-    "incrbyfloat",
-    "msetnx",
-    "hincrby",
-    "hincrbyfloat",
-    "hsetnx",
-    "hrandfield",
-    "keys",
-    "scan",
-    "hscan",
-    "randomkey",
-    "rename",
-    "renamenx",
-    "copy",
-    "flushall",
-    "flushdb",
-    "sadd",
-    "srem",
-    "smembers",
-    "sismember",
-    "scard",
-    "spop",
-    "lpush",
-    "rpush",
-    "lpop",
-    "rpop",
-    "lrange",
-    "llen",
-    "linsert",
-    "lpos",
-    "lmpop",
-    "lmove",
-    "blpop",
-    "brpop",
-    "blmove",
-    "multi",
-    "exec",
-    "watch",
-    "zadd",
-    "zincrby",
-    "zrem",
-    "zscore",
-    "zcard",
-    "zcount",
-    "zrange",
-    "zrangebyscore",
-    "zrank",
-    "zpopmin",
-    "zpopmax",
-    "bzpopmin",
-    "ping",
-    "echo",
-    "info",
-    "select",
-    "config",
-    "command",
-    "client",
-    "hello",
-    "quit",
-    "readonly",
-    "readwrite",
-    "cluster",
-    "rifl",
-    "other",
-];
+/// What commands outside the command table are counted as.
+const OTHER_COMMAND: &str = "other";
 
 struct FrontEndMetrics {
     by_command: HashMap<&'static str, Arc<Counter>>,
@@ -243,15 +167,17 @@ struct FrontEndMetrics {
 impl FrontEndMetrics {
     fn new() -> Self {
         FrontEndMetrics {
-            by_command: COUNTED_COMMANDS
+            by_command: table::COMMANDS
                 .iter()
+                .map(|spec| spec.name)
+                .chain([OTHER_COMMAND])
                 .map(|c| {
                     let counter = labeled_counter(
                         "chorus_commands_total",
                         "RESP commands received, by command",
                         Some(("command", c)),
                     );
-                    (*c, counter)
+                    (c, counter)
                 })
                 .collect(),
             write_seconds: labeled_histogram(
@@ -284,7 +210,7 @@ impl FrontEndMetrics {
     fn count(&self, name: Option<&str>) {
         match name.and_then(|name| self.by_command.get(name)) {
             Some(counter) => counter.inc(),
-            None => self.by_command["other"].inc(),
+            None => self.by_command[OTHER_COMMAND].inc(),
         }
     }
 }
@@ -1486,11 +1412,7 @@ impl Connection {
                 ),
                 _ => Value::error(format!("ERR unknown subcommand '{sub}' for 'config'")),
             },
-            "command" => match sub.as_str() {
-                "" | "docs" | "info" | "list" => Value::array(Vec::new()),
-                "count" => Value::Integer((COUNTED_COMMANDS.len() - 1) as i64),
-                _ => Value::error(format!("ERR unknown subcommand '{sub}' for 'command'")),
-            },
+            "command" => command_command(&sub, rest),
             "client" => match (sub.as_str(), rest.len()) {
                 ("setname", 2) => {
                     // A copy: a slice would keep the whole input buffer it came in alive.
@@ -1738,6 +1660,38 @@ fn config_get(patterns: &[Bytes]) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every command the table reports is one this node answers: a data command the parser
+    /// knows (an arity error counts: it knows the name), or one the front end answers itself.
+    #[test]
+    fn the_command_table_names_only_commands_chorus_answers() {
+        const TRANSACTION_COMMANDS: [&str; 5] = ["multi", "exec", "discard", "watch", "unwatch"];
+        for spec in table::COMMANDS {
+            let known = SERVER_COMMANDS.contains(&spec.name)
+                || TRANSACTION_COMMANDS.contains(&spec.name)
+                || !matches!(Command::parse(&[Bytes::from(spec.name)]), Ok(None));
+            assert!(known, "COMMAND lists {} but no one answers it", spec.name);
+        }
+        assert_eq!(
+            command_command("count", &[]),
+            Value::Integer(table::COMMANDS.len() as i64)
+        );
+        let info = command_command(
+            "info",
+            &[Bytes::from("info"), Bytes::from("GET"), Bytes::from("nosuch")],
+        );
+        let Value::Array(Some(entries)) = info else {
+            panic!("{info:?}")
+        };
+        assert_eq!(entries[1], Value::Array(None));
+        let Value::Array(Some(get)) = &entries[0] else {
+            panic!("{entries:?}")
+        };
+        assert_eq!(
+            (&get[0], &get[1], &get[3]),
+            (&Value::bulk("get"), &Value::Integer(2), &Value::Integer(1))
+        );
+    }
 
     #[test]
     fn config_get_matches_globs() {

@@ -12,6 +12,7 @@ pub use scripts::{script_sha, ScriptCall, ScriptRef};
 pub use zsets::{parse_score, Direction, LexBound, RangeQuery, ScoreBound, ZRange, ZaddOptions, ZsetRead, ZsetWrite};
 
 mod scripts;
+pub mod table;
 mod zsets;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
