@@ -222,6 +222,13 @@ async fn writes_on_any_node_are_linearizably_readable_on_every_node() {
         matches!(clients[0].command(&["HGET", "k1", "f"]).await.unwrap(), Value::Error(e) if e.starts_with("WRONGTYPE"))
     );
     assert_eq!(clients[0].command(&["DBSIZE"]).await.unwrap(), before);
+    // INFO commandstats counts what this connection's node was sent, by command.
+    let Value::Bulk(Some(stats)) = clients[0].command(&["INFO", "commandstats"]).await.unwrap() else {
+        panic!("INFO commandstats is not a bulk string")
+    };
+    let stats = String::from_utf8(stats.to_vec()).unwrap();
+    assert!(stats.starts_with("# Commandstats\r\n"), "{stats}");
+    assert!(stats.contains("cmdstat_dbsize:calls=2\r\n"), "{stats}");
 
     let metrics = cluster.metrics(1);
     for name in [

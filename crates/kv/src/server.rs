@@ -1635,6 +1635,20 @@ impl Connection {
         if all || section == "keyspace" {
             out.push_str(&format!("# Keyspace\r\ndb0:keys={keys},expires=0,avg_ttl=0\r\n"));
         }
+        // As in Redis, only asked for by name or with everything.
+        if section == "commandstats" || section == "all" || section == "everything" {
+            if !out.is_empty() {
+                out.push_str("\r\n");
+            }
+            out.push_str("# Commandstats\r\n");
+            for spec in table::COMMANDS {
+                let calls = self.shared.metrics.by_command[spec.name].get();
+                if calls > 0 {
+                    out.push_str(&format!("cmdstat_{}:calls={calls}\r\n", spec.name));
+                }
+            }
+            out.push_str("\r\n");
+        }
         out
     }
 }
