@@ -240,7 +240,7 @@ fn from_lua(value: LuaValue) -> Value {
     match value {
         LuaValue::Boolean(true) => Value::Integer(1),
         LuaValue::Integer(n) => Value::Integer(n),
-        LuaValue::Number(n) => Value::Integer(n as i64),
+        LuaValue::Number(n) => Value::Integer(lua_number_as_integer(n)),
         LuaValue::String(s) => Value::bulk(Bytes::copy_from_slice(&s.as_bytes())),
         LuaValue::Table(table) => {
             if let Ok(LuaValue::String(err)) = table.raw_get::<LuaValue>("err") {
@@ -259,6 +259,18 @@ fn from_lua(value: LuaValue) -> Value {
             Value::array(items)
         }
         _ => Value::null(),
+    }
+}
+
+/// A Lua number as Redis makes it an integer reply: C's `(long long)` cast as x86-64 does it —
+/// toward zero, and the smallest integer for what does not fit (or is not a number), where
+/// Rust's `as` would saturate.
+fn lua_number_as_integer(n: f64) -> i64 {
+    const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;
+    if n.is_nan() || !(-TWO_TO_63..TWO_TO_63).contains(&n) {
+        i64::MIN
+    } else {
+        n as i64
     }
 }
 
@@ -370,6 +382,10 @@ impl KvState {
     /// One `redis.call` of a script: a data command, run where the script runs.
     fn script_command(&mut self, index: u64, args: &[Bytes], read_only: bool) -> Value {
         match Command::parse(args) {
+            // Redis words an arity error from a script its own way.
+            Err(e) if e.starts_with("ERR wrong number of arguments") => {
+                Value::error("ERR Wrong number of args calling Redis command from script")
+            }
             Ok(Some(Command::Write(
                 Write::Exec { .. } | Write::Script(_) | Write::ScriptLoad(_) | Write::ScriptFlush,
             ))) => Value::error("ERR This Redis command is not allowed from script"),
@@ -414,4 +430,20 @@ impl KvState {
 /// Whether a reply says the script did not compile (such a script is not kept).
 fn is_compile_error(reply: &Value) -> bool {
     matches!(reply, Value::Error(e) if e.starts_with("ERR Error compiling script"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lua_number_becomes_the_integer_redis_makes_of_it() {
+        assert_eq!(lua_number_as_integer(3.99), 3);
+        assert_eq!(lua_number_as_integer(-3.99), -3);
+        // 2^63 - 1 is no double: it rounds to 2^63, which no i64 holds.
+        assert_eq!(lua_number_as_integer(9_223_372_036_854_775_807.0), i64::MIN);
+        assert_eq!(lua_number_as_integer(-9_223_372_036_854_775_808.0), i64::MIN);
+        assert_eq!(lua_number_as_integer(f64::NAN), i64::MIN);
+        assert_eq!(lua_number_as_integer(1e300), i64::MIN);
+    }
 }
