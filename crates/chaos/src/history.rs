@@ -46,11 +46,12 @@ pub struct Op {
     pub node: u64,
 }
 
-pub fn write_history(path: &Path, ops: &[Op]) -> anyhow::Result<()> {
+/// Writes `records` one JSON object per line: a history, or the idioms workload's events.
+pub fn write_history<T: Serialize>(path: &Path, records: &[T]) -> anyhow::Result<()> {
     let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     let mut out = std::io::BufWriter::new(file);
-    for op in ops {
-        serde_json::to_writer(&mut out, op)?;
+    for record in records {
+        serde_json::to_writer(&mut out, record)?;
         out.write_all(b"\n")?;
     }
     out.flush()?;

@@ -308,18 +308,6 @@ pub async fn drain(log: &Log, nodes: &[SocketAddr]) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn write_events(path: &std::path::Path, events: &[Event]) -> anyhow::Result<()> {
-    use std::io::Write;
-    let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    let mut out = std::io::BufWriter::new(file);
-    for event in events {
-        serde_json::to_writer(&mut out, event)?;
-        out.write_all(b"\n")?;
-    }
-    out.flush()?;
-    Ok(())
-}
-
 /// What the checks found wrong (nothing: the idioms held).
 pub fn check(events: &[Event]) -> Vec<String> {
     let mut violations = check_queues(events);

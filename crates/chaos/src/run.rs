@@ -228,7 +228,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
     let ops = std::mem::take(&mut *recorder.ops.lock().expect("history lock"));
     history::write_history(&dir.join("history.jsonl"), &ops)?;
     let events = std::mem::take(&mut *idiom_log.events.lock().expect("idioms log"));
-    idioms::write_events(&dir.join("idioms.jsonl"), &events)?;
+    history::write_history(&dir.join("idioms.jsonl"), &events)?;
     let final_rolled_back = *driven.as_ref().unwrap_or(&0);
     let verdict = match driven {
         Ok(_) if args.workload == Workload::Idioms => {

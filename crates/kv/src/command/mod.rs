@@ -589,10 +589,15 @@ pub fn syntax_error() -> CommandError {
 const LPOS_ZERO_RANK: &str = "ERR RANK can't be zero: use 1 to start from the first match, 2 from the \
      second ... or use negative to start from the end of the list";
 
-/// LMPOP's arguments: numkeys, the keys, LEFT or RIGHT, then COUNT n, as Redis checks them.
-fn lmpop(rest: &[Bytes]) -> Result<ListWrite, CommandError> {
+/// What LMPOP and ZMPOP share, checked in Redis's order: numkeys, that many keys, the end to pop
+/// from (read by `end`), then COUNT n.
+fn multi_pop_args<'a, E>(
+    rest: &'a [Bytes],
+    name: &str,
+    end: impl FnOnce(&[u8]) -> Result<E, CommandError>,
+) -> Result<(&'a [Bytes], E, usize), CommandError> {
     if rest.len() < 3 {
-        return Err(wrong_arity("lmpop"));
+        return Err(wrong_arity(name));
     }
     let numkeys = parse_i64(&rest[0])
         .ok()
@@ -602,7 +607,7 @@ fn lmpop(rest: &[Bytes]) -> Result<ListWrite, CommandError> {
     if numkeys > rest.len() - 2 {
         return Err(syntax_error());
     }
-    let end = end_arg(&rest[1 + numkeys])?;
+    let end = end(&rest[1 + numkeys])?;
     let count = match &rest[2 + numkeys..] {
         [] => 1,
         [word, n] if word.eq_ignore_ascii_case(b"count") => parse_i64(n)
@@ -612,8 +617,14 @@ fn lmpop(rest: &[Bytes]) -> Result<ListWrite, CommandError> {
             .ok_or_else(|| CommandError::from("ERR count should be greater than 0"))?,
         _ => return Err(syntax_error()),
     };
+    Ok((&rest[1..1 + numkeys], end, count))
+}
+
+/// LMPOP's arguments: numkeys, the keys, LEFT or RIGHT, then COUNT n.
+fn lmpop(rest: &[Bytes]) -> Result<ListWrite, CommandError> {
+    let (keys, end, count) = multi_pop_args(rest, "lmpop", end_arg)?;
     Ok(ListWrite::MultiPop {
-        keys: rest[1..1 + numkeys].to_vec(),
+        keys: keys.to_vec(),
         end,
         count,
     })

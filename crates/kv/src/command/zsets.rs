@@ -5,8 +5,8 @@ use bytes::Bytes;
 use chorus_resp::Double;
 
 use super::{
-    count_arg, parse_i64, scan_args, syntax_error, wrong_arity, Blocking, BlockingReply, Command, CommandError, Read,
-    ScanArgs, SetCondition, Write, POP_COUNT_OUT_OF_RANGE,
+    count_arg, multi_pop_args, parse_i64, scan_args, syntax_error, wrong_arity, Blocking, BlockingReply, Command,
+    CommandError, Read, ScanArgs, SetCondition, Write, POP_COUNT_OUT_OF_RANGE,
 };
 
 /// Writes to sorted sets.
@@ -337,33 +337,13 @@ fn zadd(rest: &[Bytes]) -> Result<ZsetWrite, CommandError> {
 
 /// ZMPOP's (and BZMPOP's) numkeys, keys, MIN or MAX, then COUNT n.
 fn zmpop(rest: &[Bytes], name: &str) -> Result<ZsetWrite, CommandError> {
-    if rest.len() < 3 {
-        return Err(wrong_arity(name));
-    }
-    let numkeys = parse_i64(&rest[0])
-        .ok()
-        .and_then(|n| usize::try_from(n).ok())
-        .filter(|n| *n > 0)
-        .ok_or_else(|| CommandError::from("ERR numkeys should be greater than 0"))?;
-    if numkeys > rest.len() - 2 {
-        return Err(syntax_error());
-    }
-    let highest = match rest[1 + numkeys].to_ascii_lowercase().as_slice() {
-        b"min" => false,
-        b"max" => true,
-        _ => return Err(syntax_error()),
-    };
-    let count = match &rest[2 + numkeys..] {
-        [] => 1,
-        [word, n] if word.eq_ignore_ascii_case(b"count") => parse_i64(n)
-            .ok()
-            .and_then(|n| usize::try_from(n).ok())
-            .filter(|n| *n > 0)
-            .ok_or_else(|| CommandError::from("ERR count should be greater than 0"))?,
-        _ => return Err(syntax_error()),
-    };
+    let (keys, highest, count) = multi_pop_args(rest, name, |end| match end.to_ascii_lowercase().as_slice() {
+        b"min" => Ok(false),
+        b"max" => Ok(true),
+        _ => Err(syntax_error()),
+    })?;
     Ok(ZsetWrite::MultiPop {
-        keys: rest[1..1 + numkeys].to_vec(),
+        keys: keys.to_vec(),
         highest,
         count,
     })
