@@ -1655,6 +1655,56 @@ async fn a_lock_taken_with_nx_px_is_not_taken_twice_nor_held_long_past_its_ttl_a
     }
 }
 
+/// WAIT counts the nodes besides the leader that hold the connection's writes, on the leader and
+/// on a follower (which asks the leader), waits for a node that is down until it returns, and
+/// asks a new leader after a leader change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_counts_the_replicas_holding_a_connections_writes() {
+    let cluster = Cluster::start(3, &[]);
+    let (leader, followers) = cluster.leader_and_followers().await;
+    for id in [leader, followers[0]] {
+        let mut c = cluster.client(id).await;
+        assert_eq!(c.command(&["SET", "k", &id.to_string()]).await.unwrap(), ok());
+        assert_eq!(wait(&mut c, "2", "10000").await, Value::Integer(2), "on node {id}");
+        assert_eq!(wait(&mut c, "0", "0").await, Value::Integer(2));
+        assert_eq!(
+            c.command(&["WAIT", "1"]).await.unwrap(),
+            Value::error("ERR wrong number of arguments for 'wait' command")
+        );
+        assert_eq!(wait(&mut c, "1", "-1").await, Value::error("ERR timeout is negative"));
+    }
+    cluster.kill(followers[1]);
+    let mut c = cluster.client(followers[0]).await;
+    assert_eq!(c.command(&["SET", "k", "while 2 of 3"]).await.unwrap(), ok());
+    assert_eq!(wait(&mut c, "2", "300").await, Value::Integer(1), "one node is down");
+    assert_eq!(wait(&mut c, "1", "0").await, Value::Integer(1));
+    let mut waiting = cluster.client(followers[0]).await;
+    let until_back = tokio::spawn(async move { wait(&mut waiting, "2", "0").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!until_back.is_finished(), "WAIT 2 0 returned while a node was down");
+    cluster.restart_stopped();
+    let answered = tokio::time::timeout(Duration::from_secs(20), until_back).await;
+    assert_eq!(
+        answered.expect("answered once the node is back").unwrap(),
+        Value::Integer(2)
+    );
+    cluster.kill(leader);
+    let survivors: Vec<u64> = followers.clone();
+    let new_leader = cluster.wait_for_leader(&survivors, Duration::from_secs(10)).await;
+    let other = *survivors.iter().find(|id| **id != new_leader).unwrap();
+    let mut c = cluster.client(other).await;
+    assert_eq!(c.command(&["SET", "k", "after"]).await.unwrap(), ok());
+    assert_eq!(
+        wait(&mut c, "2", "300").await,
+        Value::Integer(1),
+        "asked the new leader"
+    );
+}
+
+async fn wait(c: &mut Client, replicas: &str, timeout_ms: &str) -> Value {
+    c.command(&["WAIT", replicas, timeout_ms]).await.unwrap()
+}
+
 /// Applications' own client libraries, installed by `scripts/install-client-libs`: redis-py
 /// (over RESP2 and RESP3), go-redis v9 (RESP3, its default, and RESP2) and ioredis run their
 /// checks in `tests/clients` against a 3-node cluster — locks (redis-py's `Lock` among them), a

@@ -36,8 +36,8 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use crate::command::table::{self, CommandSpec};
 use crate::command::{
-    command_name, encode_delete_expired, encode_enveloped, encode_register, encode_renew, exec_args, reenvelope,
-    short_name, Blocking, Command, CommandError, Read, MAX_COMMAND_NAME_BYTES,
+    command_name, encode_delete_expired, encode_enveloped, encode_register, encode_renew, exec_args, parse_i64,
+    reenvelope, short_name, Blocking, Command, CommandError, Read, MAX_COMMAND_NAME_BYTES,
 };
 use crate::curp::{Curp, FastOutcome};
 use crate::glob::glob_match;
@@ -97,6 +97,7 @@ const SERVER_COMMANDS: &[&str] = &[
     "psubscribe",
     "punsubscribe",
     "pubsub",
+    "wait",
 ];
 
 /// COMMAND and its subcommands, from the command table.
@@ -737,6 +738,14 @@ impl Connection {
                     slots.push(Slot::Ready(self.block(blocking).await));
                     continue;
                 }
+                if matches!(parsed, Ok(None)) && args[0].eq_ignore_ascii_case(b"wait") {
+                    self.shared.metrics.count(Some("wait"));
+                    // About this connection's writes: they settle first.
+                    self.resolve(&mut slots, &mut output).await;
+                    pending = None;
+                    slots.push(Slot::Ready(self.wait(&args).await));
+                    continue;
+                }
                 let kind = match &parsed {
                     Ok(Some(Command::Read(_))) => Some(Kind::Read),
                     Ok(Some(Command::Write(_))) => Some(Kind::Write),
@@ -958,6 +967,26 @@ impl Connection {
         if let Some(queued) = &mut self.transaction {
             queued.refused = true;
         }
+    }
+
+    /// WAIT numreplicas timeout: how many nodes besides the leader hold every write this
+    /// connection had acknowledged (and every other acknowledged before), waiting until
+    /// `numreplicas` do or `timeout` ms pass (0: no limit).
+    async fn wait(&self, args: &[Bytes]) -> Value {
+        if args.len() != 3 {
+            return Value::error("ERR wrong number of arguments for 'wait' command");
+        }
+        let Ok(replicas) = parse_i64(&args[1]) else {
+            return Value::error("ERR value is not an integer or out of range");
+        };
+        let timeout_ms = match parse_i64(&args[2]).ok() {
+            None => return Value::error("ERR timeout is not an integer or out of range"),
+            Some(ms) if ms < 0 => return Value::error("ERR timeout is negative"),
+            Some(ms) => ms as u64,
+        };
+        let timeout = (timeout_ms > 0).then(|| Duration::from_millis(timeout_ms));
+        let replicas = usize::try_from(replicas.max(0)).unwrap_or(usize::MAX);
+        Value::Integer(self.shared.node.await_replicas(replicas, timeout).await as i64)
     }
 
     /// WATCH: each key's fingerprint now, read linearizably, for the next EXEC to compare.

@@ -8,6 +8,7 @@ pub mod error;
 pub mod frame;
 pub mod node;
 mod raft_log;
+mod replica_wait;
 pub mod shipment;
 pub mod storage;
 pub mod transport;

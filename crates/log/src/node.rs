@@ -32,6 +32,7 @@ use crate::batch::{self, Origin, BATCH_HEADER_BYTES, COMMAND_OVERHEAD_BYTES};
 use crate::codec::{EntryCodec, Prepared, Preparer, RaftLogView, CODEC_ENTRY};
 use crate::curp_leader::CurpLeader;
 use crate::error::{NodeError, StorageError};
+use crate::replica_wait;
 use crate::shipment::{self, Shipper, SnapshotFiles};
 use crate::storage::{write_snapshot_file, DiskStorage, StorageOptions};
 use crate::transport::{self, LinkRtts, PeerCalls, PeerEvent, PeerRequest, TransportConfig};
@@ -225,6 +226,14 @@ enum Request<SM: StateMachine> {
         to: u64,
         reply: Reply<()>,
     },
+    /// Answered by a leader once `replicas` nodes besides it hold `target` (0: its last index
+    /// when it may set one), or at `deadline`.
+    AwaitReplicas {
+        target: u64,
+        replicas: usize,
+        deadline: Option<Instant>,
+        reply: Reply<replica_wait::Answer>,
+    },
 }
 
 /// Cheap to clone; how the rest of the process reaches the raft loop.
@@ -374,6 +383,144 @@ impl<SM: StateMachine> NodeHandle<SM> {
     /// Calls services other than raft on peers.
     pub fn peer_calls(&self) -> &Arc<PeerCalls> {
         &self.peer_calls
+    }
+
+    /// How many nodes besides the leader hold, durably, every write acknowledged to anyone before
+    /// this call (Redis's WAIT): waits until `replicas` do or `timeout` passes (`None`: no limit),
+    /// and says how many did then. A follower asks the leader; across a leader change it asks the
+    /// new one afresh.
+    pub async fn await_replicas(&self, replicas: usize, timeout: Option<Duration>) -> usize {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut last: Option<(u64, replica_wait::Answer)> = None;
+        loop {
+            let now = Instant::now();
+            let round = deadline.map_or(REPLICA_WAIT_ROUND, |d| {
+                d.saturating_duration_since(now).min(REPLICA_WAIT_ROUND)
+            });
+            let status = self.status();
+            let target = match last {
+                Some((leader, answer)) if leader == status.leader_id && answer.term == status.term => answer.target,
+                _ => 0,
+            };
+            let answer = if status.role == Role::Leader {
+                self.ask_locally(target, replicas, now + round).await
+            } else if status.leader_id != 0 {
+                self.ask_leader(status.leader_id, target, replicas, round).await
+            } else {
+                Err(NodeError::NoLeader { waited_ms: 0 })
+            };
+            match answer {
+                Ok(answer) => {
+                    if answer.replicas >= replicas {
+                        return answer.replicas;
+                    }
+                    last = Some((status.leader_id, answer));
+                }
+                Err(_) => {
+                    let pause = deadline.map_or(REPLICA_WAIT_RETRY, |d| {
+                        d.saturating_duration_since(Instant::now()).min(REPLICA_WAIT_RETRY)
+                    });
+                    self.status_changed(pause).await;
+                }
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return last.map_or(0, |(_, answer)| answer.replicas);
+            }
+        }
+    }
+
+    async fn ask_locally(
+        &self,
+        target: u64,
+        replicas: usize,
+        deadline: Instant,
+    ) -> Result<replica_wait::Answer, NodeError> {
+        let (reply, rx) = oneshot::channel();
+        self.requests
+            .send(Request::AwaitReplicas {
+                target,
+                replicas,
+                deadline: Some(deadline),
+                reply,
+            })
+            .await
+            .map_err(|_| NodeError::ShuttingDown)?;
+        rx.await.unwrap_or(Err(NodeError::ShuttingDown))
+    }
+
+    async fn ask_leader(
+        &self,
+        leader: u64,
+        target: u64,
+        replicas: usize,
+        round: Duration,
+    ) -> Result<replica_wait::Answer, NodeError> {
+        let question = replica_wait::Question {
+            target,
+            replicas: u32::try_from(replicas).unwrap_or(u32::MAX),
+            timeout_ms: round.as_millis() as u64,
+        };
+        let response = self
+            .peer_calls
+            .call(
+                leader,
+                replica_wait::SERVICE,
+                &question.encode(),
+                round + REPLICA_WAIT_SLACK,
+            )
+            .await
+            .map_err(|_| NodeError::Timeout {
+                waited_ms: round.as_millis() as u64,
+            })?;
+        match replica_wait::decode_response(&response) {
+            Ok(Some(answer)) => Ok(answer),
+            Ok(None) => Err(NodeError::LeaderChanged),
+            Err(e) => {
+                tracing::warn!(from = leader, error = %e, "malformed replica wait response");
+                Err(NodeError::LeaderChanged)
+            }
+        }
+    }
+}
+
+/// The longest one question of `await_replicas` waits at the leader before it is asked again.
+const REPLICA_WAIT_ROUND: Duration = Duration::from_secs(5);
+/// How long past its round a question to the leader may take to come back.
+const REPLICA_WAIT_SLACK: Duration = Duration::from_secs(1);
+/// Pause after a failed question (no leader, or it changed) before asking again.
+const REPLICA_WAIT_RETRY: Duration = Duration::from_millis(100);
+
+/// Answers followers' replica-wait questions (this node's log service) through its raft loop.
+async fn serve_replica_waits<SM: StateMachine>(
+    mut questions: mpsc::Receiver<PeerRequest>,
+    requests: mpsc::Sender<Request<SM>>,
+) {
+    while let Some(request) = questions.recv().await {
+        let question = match replica_wait::Question::decode(&request.body) {
+            Ok(question) => question,
+            Err(e) => {
+                tracing::warn!(from = request.from, error = %e, "malformed replica wait question; ignored");
+                continue;
+            }
+        };
+        let requests = requests.clone();
+        tokio::spawn(async move {
+            let timeout = Duration::from_millis(question.timeout_ms).min(REPLICA_WAIT_ROUND);
+            let (reply, rx) = oneshot::channel();
+            let asked = requests
+                .send(Request::AwaitReplicas {
+                    target: question.target,
+                    replicas: question.replicas as usize,
+                    deadline: Some(Instant::now() + timeout),
+                    reply,
+                })
+                .await;
+            let answer = match asked {
+                Ok(()) => rx.await.ok().and_then(Result::ok),
+                Err(_) => None,
+            };
+            request.respond(&replica_wait::encode_response(answer));
+        });
     }
 }
 
@@ -614,6 +761,10 @@ struct RaftLoop<SM: StateMachine> {
     idle_since: Duration,
     /// Whether memory was given back in this idle stretch.
     idle_release: IdleRelease,
+    /// Questions of how many nodes hold the log, waiting for followers to catch up.
+    replica_waits: replica_wait::Waits,
+    /// The term `replica_waits` were asked in.
+    replica_waits_term: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -733,7 +884,12 @@ pub async fn start<SM: StateMachine>(
         queue_messages: config.peer_queue_messages,
         incoming_dir: incoming_dir.clone(),
     };
-    let (peers, link_rtts, peer_calls) = transport::start(transport_config, peer_tx, event_tx, peer_requests)
+    let (replica_questions_tx, replica_questions) = mpsc::channel(REPLICA_QUESTION_QUEUE);
+    let services = transport::Services {
+        log: Some(replica_questions_tx),
+        application: peer_requests,
+    };
+    let (peers, link_rtts, peer_calls) = transport::start(transport_config, peer_tx, event_tx, services)
         .await
         .map_err(|source| StartError::Bind {
             addr: listen_addr,
@@ -791,8 +947,11 @@ pub async fn start<SM: StateMachine>(
         applied_at_tick: 0,
         idle_since: Duration::ZERO,
         idle_release: IdleRelease::NotYet,
+        replica_waits: replica_wait::Waits::default(),
+        replica_waits_term: 0,
     };
     raft_loop.publish_status();
+    tokio::spawn(serve_replica_waits(replica_questions, request_tx.clone()));
     tokio::spawn(raft_loop.run(request_rx, peer_rx, event_rx));
     Ok(NodeHandle {
         requests: request_tx,
@@ -829,6 +988,9 @@ fn split_snapshot(data: &[u8]) -> Result<(&[u8], &[u8]), String> {
     parse(data).map_err(|e| format!("snapshot data: {e}"))
 }
 
+/// Followers' replica-wait questions queued for this node; more are dropped (they time out).
+const REPLICA_QUESTION_QUEUE: usize = 1024;
+
 /// Upper bound on messages taken from one channel per iteration, so no source starves the others.
 const DRAIN_LIMIT: usize = 4096;
 
@@ -858,6 +1020,10 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 None => next_tick,
             };
             let wake_at = match self.read_index_deadline() {
+                Some(deadline) => wake_at.min(deadline.into()),
+                None => wake_at,
+            };
+            let wake_at = match self.replica_waits.deadline() {
                 Some(deadline) => wake_at.min(deadline.into()),
                 None => wake_at,
             };
@@ -924,6 +1090,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 panic!("raft storage failed: {e}");
             }
             self.release_curp_holds();
+            self.answer_replica_waits();
             self.update_refill();
             self.note_leadership_transfer();
             self.maybe_snapshot();
@@ -1034,7 +1201,53 @@ impl<SM: StateMachine> RaftLoop<SM> {
             Request::TransferLeader { to, reply } => {
                 let _ = reply.send(self.transfer_leader(to));
             }
+            Request::AwaitReplicas {
+                target,
+                replicas,
+                deadline,
+                reply,
+            } => {
+                if self.raw.raft.state != StateRole::Leader {
+                    let _ = reply.send(Err(NodeError::LeaderChanged));
+                    return;
+                }
+                if self.replica_waits.is_empty() {
+                    self.replica_waits_term = self.raw.raft.term;
+                }
+                self.replica_waits.push(replica_wait::Waiting {
+                    target,
+                    replicas,
+                    deadline,
+                    reply,
+                });
+                self.answer_replica_waits();
+            }
         }
+    }
+
+    /// Answers the replica waits that are satisfied or out of time; fails them all once this node
+    /// no longer leads the term they were asked in.
+    fn answer_replica_waits(&mut self) {
+        if self.replica_waits.is_empty() {
+            return;
+        }
+        let raft = &self.raw.raft;
+        if raft.state != StateRole::Leader || raft.term != self.replica_waits_term {
+            self.replica_waits.fail_all();
+            return;
+        }
+        // A new CURP leader sets targets once what it recovered is in its log.
+        let target_now =
+            (!self.config.curp || self.curp.recovery_proposed(raft.term)).then(|| raft.raft_log.last_index());
+        let me = self.config.id;
+        let progress = raft.prs();
+        self.replica_waits
+            .answer(raft.term, target_now, Instant::now(), |target| {
+                progress
+                    .iter()
+                    .filter(|(id, p)| **id != me && p.matched >= target)
+                    .count()
+            });
     }
 
     /// Proposes a new leader's recovered writes, ahead of every client write it holds.

@@ -14,8 +14,9 @@
 //!
 //! Services other than raft (CURP's witnesses, for one) share the connections: [`PeerCalls`]
 //! sends a request and awaits its response, which the peer sends back on its own connection; a
-//! node's incoming requests go to the channel it gave `start`. Both directions are bounded, and
-//! a request nobody answers in time fails with `CallError::Timeout`.
+//! node's incoming requests go, by service number, to the log's own services or to the
+//! application. Both directions are bounded, and a request nobody answers in time fails with
+//! `CallError::Timeout`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -138,10 +139,20 @@ struct Peers {
     service: HashMap<u64, mpsc::Sender<(FrameKind, Vec<u8>)>>,
     /// Calls awaiting their response, by request id.
     pending: Mutex<HashMap<u64, oneshot::Sender<Vec<u8>>>>,
-    /// Where requests from peers go; none are accepted without it.
-    requests: Option<mpsc::Sender<PeerRequest>>,
+    /// Where requests from peers go.
+    services: Services,
     requests_dropped: Arc<Counter>,
 }
+
+/// Where requests from peers go, by service: below [`FIRST_APPLICATION_SERVICE`] to the log
+/// itself, the rest to the application. A request nobody takes is dropped (and counted).
+pub struct Services {
+    pub log: Option<mpsc::Sender<PeerRequest>>,
+    pub application: Option<mpsc::Sender<PeerRequest>>,
+}
+
+/// Service numbers below this one are the log's own.
+pub const FIRST_APPLICATION_SERVICE: u8 = 1;
 
 /// A request from a peer to one of this node's services.
 #[derive(Debug)]
@@ -219,12 +230,12 @@ impl PeerCalls {
 
 /// Binds the peer listener and starts one sender task per peer. Returns the per-peer queues,
 /// the links' measured round trips, and the means to call peers' services; peers' requests to
-/// this node's go to `requests`.
+/// this node's go to `services`.
 pub async fn start(
     config: TransportConfig,
     inbound: mpsc::Sender<Message>,
     events: mpsc::UnboundedSender<PeerEvent>,
-    requests: Option<mpsc::Sender<PeerRequest>>,
+    services: Services,
 ) -> std::io::Result<(HashMap<u64, mpsc::Sender<Message>>, LinkRtts, Arc<PeerCalls>)> {
     let listener = TcpListener::bind(config.listen_addr).await?;
     let mut pong_queues = HashMap::new();
@@ -256,7 +267,7 @@ pub async fn start(
         rtts: rtts.clone(),
         service,
         pending: Mutex::new(HashMap::new()),
-        requests,
+        services,
         requests_dropped: chorus_metrics::counter(
             "chorus_peer_requests_dropped_total",
             "Service requests from peers dropped because the service's queue was full",
@@ -411,7 +422,12 @@ async fn receive_from(
                     id,
                     reply_to: peers.service[&from].clone(),
                 };
-                match &peers.requests {
+                let to = if service < FIRST_APPLICATION_SERVICE {
+                    &peers.services.log
+                } else {
+                    &peers.services.application
+                };
+                match to {
                     Some(requests) if requests.try_send(request).is_ok() => {}
                     _ => peers.requests_dropped.inc(),
                 }
@@ -610,7 +626,11 @@ mod tests {
             queue_messages: 16,
             incoming_dir: dir.to_path_buf(),
         };
-        let (raft_queues, _, calls) = start(config, raft_tx, events_tx, requests).await.unwrap();
+        let services = Services {
+            log: None,
+            application: requests,
+        };
+        let (raft_queues, _, calls) = start(config, raft_tx, events_tx, services).await.unwrap();
         // The raft side is not under test; its channels live as long as the test (a closed raft
         // queue is how a sender task learns of shutdown).
         std::mem::forget((raft_queues, _raft_rx));

@@ -211,6 +211,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("readonly", 1, &["fast"], NONE, "cluster"),
     spec("readwrite", 1, &["fast"], NONE, "cluster"),
     spec("cluster", -2, S, NONE, "cluster"),
+    spec("wait", 3, &["noscript"], NONE, "generic"),
     spec("info", -1, S, NONE, "server"),
     spec("config", -2, S, NONE, "server"),
     spec("command", -1, S, NONE, "server"),
