@@ -1288,6 +1288,67 @@ async fn random_commands_get_the_replies_redis_server_gives_across_a_leader_chan
     replies_match_redis(&mut redis, &mut chorus, 2, 2000, "diff:").await;
 }
 
+/// Differential: with `notify-keyspace-events KEA` set (through the log, on one node), a
+/// subscriber on another node gets the keyspace events redis-server sends for the same random
+/// commands, in the same order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyspace_events_are_the_ones_redis_server_sends() {
+    let redis_server = RedisServer::start();
+    let mut redis = Client::connect(redis_server.addr).await.unwrap();
+    let cluster = Cluster::start(3, &[]);
+    let (_, followers) = cluster.leader_and_followers().await;
+    let mut chorus = cluster.client(followers[0]).await;
+    for c in [&mut redis, &mut chorus] {
+        let set = ["CONFIG", "SET", "notify-keyspace-events", "KEA"];
+        assert_eq!(c.command(&set).await.unwrap(), ok());
+    }
+    let mut redis_events = Client::connect(redis_server.addr).await.unwrap();
+    let mut chorus_events = cluster.client(followers[1]).await;
+    let config = chorus_events
+        .command(&["CONFIG", "GET", "notify-keyspace-events"])
+        .await
+        .unwrap();
+    assert_eq!(config, Value::array(vec![bulk("notify-keyspace-events"), bulk("AKE")]));
+    for c in [&mut redis_events, &mut chorus_events] {
+        c.command(&["PSUBSCRIBE", "__key*__:*"]).await.unwrap();
+    }
+    replies_match_redis(&mut redis, &mut chorus, 5, 2000, "ev:").await;
+    for c in [&mut redis, &mut chorus] {
+        c.command(&["SET", "ev:done", "1"]).await.unwrap();
+    }
+    let redis_seen = events_until_done(&mut redis_events).await;
+    let chorus_seen = events_until_done(&mut chorus_events).await;
+    assert!(redis_seen.len() > 300, "only {} events", redis_seen.len());
+    for (n, (want, got)) in redis_seen.iter().zip(&chorus_seen).enumerate() {
+        assert_eq!(
+            got,
+            want,
+            "event {n}; redis-server's before it: {:?}",
+            &redis_seen[n.saturating_sub(6)..n]
+        );
+    }
+    assert_eq!(chorus_seen.len(), redis_seen.len());
+}
+
+/// The (channel, message) pairs a PSUBSCRIBEd client gets, up to the `set` of `ev:done`.
+async fn events_until_done(c: &mut Client) -> Vec<(String, String)> {
+    let mut seen = Vec::new();
+    loop {
+        let Value::Array(Some(frame)) = c.receive().await.unwrap() else {
+            panic!("not a pmessage")
+        };
+        let text = |v: &Value| match v {
+            Value::Bulk(Some(b)) => String::from_utf8_lossy(b).into_owned(),
+            other => panic!("{other:?}"),
+        };
+        let event = (text(&frame[2]), text(&frame[3]));
+        if event == ("__keyevent@0__:set".to_string(), "ev:done".to_string()) {
+            return seen;
+        }
+        seen.push(event);
+    }
+}
+
 /// MULTI/EXEC/WATCH answer as redis-server does, step for step: queued commands, errors that
 /// discard the transaction and errors that are one command's reply, EXEC's array, and WATCH
 /// aborting a transaction when another client changed a watched key (here through another

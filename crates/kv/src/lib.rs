@@ -6,6 +6,7 @@ pub mod curp;
 mod decimal;
 mod expiry;
 mod glob;
+pub mod keyspace_events;
 pub mod listeners;
 pub mod server;
 mod speculation;

@@ -5,10 +5,11 @@
 //! applies one, hands it to its own subscribers through this hub. A subscriber therefore gets
 //! the messages of a channel in log order, whichever node it and the publishers are connected
 //! to, at most once (a node that restarts does not replay old messages to new subscribers; it
-//! has none while it replays).
+//! has none while it replays). Keyspace notifications (`keyspace_events`) reach subscribers the
+//! same way.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -63,6 +64,11 @@ pub struct Hub {
     blocked: Mutex<HashMap<Bytes, HashMap<u64, Arc<Notify>>>>,
     /// Blocked connections, so that applying a write costs one load when none are.
     blocked_count: AtomicUsize,
+    /// Channels and patterns with a subscriber here, so that a write with keyspace
+    /// notifications on costs one load when no one listens.
+    subscription_count: AtomicUsize,
+    /// The `notify-keyspace-events` flags as this node last applied them, for CONFIG GET.
+    keyspace_flags: AtomicU16,
 }
 
 #[derive(Default)]
@@ -81,7 +87,11 @@ impl Hub {
         } else {
             &mut inner.channels
         };
-        map.entry(name).or_default().insert(id, to).is_none()
+        let subscribers = map.entry(name).or_default();
+        if subscribers.is_empty() {
+            self.subscription_count.fetch_add(1, Ordering::Relaxed);
+        }
+        subscribers.insert(id, to).is_none()
     }
 
     pub fn unsubscribe(&self, id: u64, name: &[u8], pattern: bool) {
@@ -95,6 +105,7 @@ impl Hub {
             subscribers.remove(&id);
             if subscribers.is_empty() {
                 map.remove(name);
+                self.subscription_count.fetch_sub(1, Ordering::Relaxed);
             }
         }
     }
@@ -149,6 +160,18 @@ impl Hub {
             }
         }
         self.blocked_count.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub fn any_subscribed(&self) -> bool {
+        self.subscription_count.load(Ordering::Relaxed) > 0
+    }
+
+    pub fn keyspace_flags(&self) -> u16 {
+        self.keyspace_flags.load(Ordering::Relaxed)
+    }
+
+    pub fn set_keyspace_flags(&self, flags: u16) {
+        self.keyspace_flags.store(flags, Ordering::Relaxed);
     }
 
     pub fn any_blocked(&self) -> bool {
@@ -217,5 +240,9 @@ mod tests {
         assert_eq!(hub.publish(&Bytes::from("news"), &Bytes::from("again")), 1);
         assert_eq!(hub.channels(None), vec![Bytes::from("sport")]);
         assert_eq!((hub.subscribers(b"sport"), hub.patterns()), (1, 1));
+        assert!(hub.any_subscribed());
+        hub.unsubscribe(2, b"sport", false);
+        hub.unsubscribe(2, b"n*", true);
+        assert!(!hub.any_subscribed());
     }
 }

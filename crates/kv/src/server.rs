@@ -41,6 +41,7 @@ use crate::command::{
 };
 use crate::curp::{Curp, FastOutcome};
 use crate::glob::glob_match;
+use crate::keyspace_events;
 use crate::listeners::{Delivery, Hub};
 use crate::state::{KvState, EXPIRED, OUT_OF_ORDER};
 
@@ -1434,10 +1435,11 @@ impl Connection {
             }
             "info" => Value::bulk(self.info(&sub).await),
             "config" => match (sub.as_str(), rest.len()) {
-                ("get", n) if n >= 2 => config_get(&rest[1..]),
+                ("get", n) if n >= 2 => config_get(&rest[1..], self.shared.listeners.keyspace_flags()),
                 ("get", _) => Value::error("ERR wrong number of arguments for 'config|get' command"),
                 ("set", _) | ("rewrite", _) | ("resetstat", _) => Value::error(
-                    "ERR CONFIG SET/REWRITE/RESETSTAT are not supported; configure chorus with its TOML file or flags",
+                    "ERR CONFIG SET takes only notify-keyspace-events; REWRITE and RESETSTAT are not supported: \
+                     configure chorus with its TOML file or flags",
                 ),
                 _ => Value::error(format!("ERR unknown subcommand '{sub}' for 'config'")),
             },
@@ -1683,18 +1685,20 @@ impl Connection {
 }
 
 /// Answers CONFIG GET honestly for the parameters that describe Chorus; others match nothing.
-fn config_get(patterns: &[Bytes]) -> Value {
-    const KNOWN: &[(&str, &str)] = &[
+fn config_get(patterns: &[Bytes], keyspace_flags: u16) -> Value {
+    let keyspace_events = keyspace_events::render(keyspace_flags);
+    let known = [
         ("appendonly", "yes"),
         ("appendfsync", "always"),
         ("databases", "1"),
         ("maxmemory", "0"),
+        ("notify-keyspace-events", keyspace_events.as_str()),
         ("save", ""),
     ];
     let mut pairs = Vec::new();
-    for (key, value) in KNOWN {
+    for (key, value) in known {
         if patterns.iter().any(|p| glob_match(p, key.as_bytes(), true)) {
-            pairs.push((Value::bulk(*key), Value::bulk(*value)));
+            pairs.push((Value::bulk(key), Value::bulk(value.to_string())));
         }
     }
     Value::map(pairs)
@@ -1739,16 +1743,20 @@ mod tests {
     #[test]
     fn config_get_matches_globs() {
         assert_eq!(
-            config_get(&[Bytes::from("save")]),
+            config_get(&[Bytes::from("save")], 0),
             Value::map(vec![(Value::bulk("save"), Value::bulk(""))])
         );
-        let Value::Map(all) = config_get(&[Bytes::from("*")]) else {
+        let Value::Map(all) = config_get(&[Bytes::from("*")], 0) else {
             panic!()
         };
-        assert_eq!(all.len(), 5);
-        assert_eq!(config_get(&[Bytes::from("nothing*")]), Value::map(vec![]));
-        assert_eq!(config_get(&[Bytes::from("APPEND?")]), Value::map(vec![]));
-        let Value::Map(append) = config_get(&[Bytes::from("APPEND*")]) else {
+        assert_eq!(all.len(), 6);
+        assert_eq!(config_get(&[Bytes::from("nothing*")], 0), Value::map(vec![]));
+        assert_eq!(config_get(&[Bytes::from("APPEND?")], 0), Value::map(vec![]));
+        assert_eq!(
+            config_get(&[Bytes::from("notify-*")], keyspace_events::parse(b"KEA").unwrap()),
+            Value::map(vec![(Value::bulk("notify-keyspace-events"), Value::bulk("AKE"))])
+        );
+        let Value::Map(append) = config_get(&[Bytes::from("APPEND*")], 0) else {
             panic!()
         };
         assert_eq!(append.len(), 2, "CONFIG GET patterns ignore case");

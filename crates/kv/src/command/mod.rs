@@ -138,6 +138,8 @@ pub enum Write {
     /// SCRIPT LOAD: every replica learns the script (EVALSHA finds it on any node).
     ScriptLoad(Bytes),
     ScriptFlush,
+    /// CONFIG SET notify-keyspace-events: every node notifies alike from this entry on.
+    KeyspaceEvents(u16),
     /// PUBLISH: every node hands the message to its subscribers as it applies the entry.
     Publish {
         channel: Bytes,
@@ -379,7 +381,7 @@ impl Write {
                 }))
                 .collect(),
             Write::Script(call) => call.keys.clone(),
-            Write::ScriptLoad(_) | Write::ScriptFlush => Vec::new(),
+            Write::ScriptLoad(_) | Write::ScriptFlush | Write::KeyspaceEvents(_) => Vec::new(),
             // Not a key, but messages to one channel must keep their order: they do not commute.
             Write::Publish { channel, .. } => vec![channel.clone()],
             Write::Sets(write) => write.keys(),
@@ -393,8 +395,9 @@ impl Write {
     /// until it applies.
     pub fn touches_every_key(&self) -> bool {
         match self {
-            // A script may touch keys it did not declare.
-            Write::FlushAll | Write::Script(_) => true,
+            // A script may touch keys it did not declare; what the writes after a keyspace
+            // events setting notify depends on where it is in the log.
+            Write::FlushAll | Write::Script(_) | Write::KeyspaceEvents(_) => true,
             Write::Exec { commands, .. } => commands
                 .iter()
                 .any(|args| matches!(Command::parse(args), Ok(Some(Command::Write(w))) if w.touches_every_key())),
@@ -1531,6 +1534,14 @@ impl Command {
             }
             // Only the front end writes EXEC with arguments: what a MULTI queued, for the log.
             "exec" => Command::Write(exec_from_args(rest)?),
+            // The one setting that is state: the front end answers the rest of CONFIG.
+            "config"
+                if rest.len() == 3
+                    && rest[0].eq_ignore_ascii_case(b"set")
+                    && rest[1].eq_ignore_ascii_case(b"notify-keyspace-events") =>
+            {
+                Command::Write(Write::KeyspaceEvents(crate::keyspace_events::parse(&rest[2])?))
+            }
             "flushall" | "flushdb" => {
                 let mode_known =
                     |mode: &Bytes| mode.eq_ignore_ascii_case(b"async") || mode.eq_ignore_ascii_case(b"sync");

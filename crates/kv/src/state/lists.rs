@@ -10,6 +10,7 @@ use chorus_resp::Value;
 
 use super::{group_prefix, unreadable, KeyType, KvState, LIST_TAG};
 use crate::command::{End, ListRead, ListWrite};
+use crate::keyspace_events;
 
 /// Where positions of a new list start.
 const FIRST_POSITION: i64 = 0;
@@ -79,7 +80,7 @@ impl KvState {
     }
 
     /// Pushes `elements` one by one at `end` of the list `key` (which holds a list or nothing).
-    fn push(&mut self, index: u64, key: &[u8], elements: Vec<Bytes>, end: End) -> usize {
+    pub(super) fn push(&mut self, index: u64, key: &[u8], elements: Vec<Bytes>, end: End) -> usize {
         let mut next = match self.element_keys(key, 0, 1, end).first() {
             None => FIRST_POSITION,
             Some(edge) if end == End::Left => position_of(edge) - 1,
@@ -110,6 +111,16 @@ impl KvState {
         }
     }
 
+    /// Notes a pop from the list `key`'s `end`, and its deletion if that emptied it.
+    fn notify_popped(&mut self, key: &[u8], end: End) {
+        let event = match end {
+            End::Left => "lpop",
+            End::Right => "rpop",
+        };
+        self.notify(keyspace_events::LIST, event, key);
+        self.notify_if_emptied(key);
+    }
+
     /// Applies a list write from the entry at `index`.
     pub(super) fn execute_list_write(&mut self, index: u64, write: ListWrite) -> Value {
         match write {
@@ -121,7 +132,11 @@ impl KvState {
             } => match self.type_check(&key, KeyType::List) {
                 Err(e) => e,
                 Ok(false) if only_if_exists => Value::Integer(0),
-                Ok(_) => Value::Integer(self.push(index, &key, elements, end) as i64),
+                Ok(_) => {
+                    let len = self.push(index, &key, elements, end);
+                    self.notify(keyspace_events::LIST, push_event(end), &key);
+                    Value::Integer(len as i64)
+                }
             },
             ListWrite::Pop { key, count, end } => match self.type_check(&key, KeyType::List) {
                 Err(e) => e,
@@ -130,6 +145,7 @@ impl KvState {
                 Ok(true) => {
                     let popped = self.take(index, &key, count.unwrap_or(1), end);
                     self.forget_if_empty(index, &key);
+                    self.notify_popped(&key, end);
                     pop_reply(popped, count)
                 }
             },
@@ -137,6 +153,7 @@ impl KvState {
                 Err(e) => e,
                 Ok(storage_key) => {
                     self.store.write(index, storage_key, Some(element));
+                    self.notify(keyspace_events::LIST, "lset", &key);
                     Value::ok()
                 }
             },
@@ -150,6 +167,10 @@ impl KvState {
                     self.store.write(index, storage_key.clone(), None);
                 }
                 self.forget_if_empty(index, &key);
+                if !doomed.is_empty() {
+                    self.notify(keyspace_events::LIST, "lrem", &key);
+                    self.notify_if_emptied(&key);
+                }
                 Value::Integer(doomed.len() as i64)
             }
             ListWrite::Trim { key, start, stop } => match self.type_check(&key, KeyType::List) {
@@ -165,6 +186,8 @@ impl KvState {
                         }
                     }
                     self.forget_if_empty(index, &key);
+                    self.notify(keyspace_events::LIST, "ltrim", &key);
+                    self.notify_if_emptied(&key);
                     Value::ok()
                 }
             },
@@ -174,6 +197,7 @@ impl KvState {
                 Ok(Some(key)) => {
                     let popped = self.take(index, &key, count, end);
                     self.forget_if_empty(index, &key);
+                    self.notify_popped(&key, end);
                     Value::array(vec![
                         Value::bulk(key),
                         Value::array(popped.into_iter().map(Value::bulk).collect()),
@@ -190,6 +214,7 @@ impl KvState {
                 Ok(None) => Value::Integer(-1),
                 Ok(Some(at)) => {
                     self.insert_at(index, &key, at, element);
+                    self.notify(keyspace_events::LIST, "linsert", &key);
                     Value::Integer(self.list_len(&key) as i64)
                 }
             },
@@ -206,6 +231,8 @@ impl KvState {
                     let element = self.take(index, &from, 1, from_end).remove(0);
                     self.push(index, &to, vec![element.clone()], to_end);
                     self.forget_if_empty(index, &from);
+                    self.notify(keyspace_events::LIST, push_event(to_end), &to);
+                    self.notify_popped(&from, from_end);
                     Value::bulk(element)
                 }
             },
@@ -428,5 +455,13 @@ fn lrem_targets(elements: &[(Bytes, Bytes)], count: i64, element: &[u8]) -> Vec<
         keys(elements.iter().rev().filter(matching).take(limit).collect())
     } else {
         keys(elements.iter().filter(matching).take(limit).collect())
+    }
+}
+
+/// The event a push to `end` is notified as.
+fn push_event(end: End) -> &'static str {
+    match end {
+        End::Left => "lpush",
+        End::Right => "rpush",
     }
 }

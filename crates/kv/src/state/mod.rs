@@ -34,13 +34,14 @@ use chorus_resp::{parse_value, write_value, Limits, Value};
 use chorus_storage::{Manifest, Store, StoreError, StoreOptions};
 
 use crate::command::{
-    decode_logged, invalid_expire_time, not_a_float, Command, Decimal, End, ExpireAt, ExpireCondition, ListWrite,
-    Logged, Read, ScanArgs, SetCondition, TtlChange, Write,
+    decode_logged, invalid_expire_time, not_a_float, Command, Decimal, End, ExpireAt, ExpireCondition, Logged, Read,
+    ScanArgs, SetCondition, TtlChange, Write,
 };
 use crate::curp::ApplyWatch;
 use crate::decimal::{parse_float, Float};
 use crate::expiry::{wall_clock_ms, Deadlines};
 use crate::glob::glob_match;
+use crate::keyspace_events;
 use crate::listeners::Hub;
 use crate::speculation::Proposed;
 use sets::member_key;
@@ -64,8 +65,10 @@ const ZSET_TAG: u8 = b'Z';
 const EXPIRY_TAG: u8 = b'x';
 const CLOCK_KEY: &[u8] = b"c";
 const SCRIPT_TAG: u8 = b'l';
+/// The `notify-keyspace-events` flags (two bytes, big-endian).
+const KEYSPACE_EVENTS_KEY: &[u8] = b"n";
 /// Tags of keys that hold no client key: each is one group, left out of `DBSIZE`.
-const BOOKKEEPING_TAGS: [u8; 4] = [RIFL_TAG, EXPIRY_TAG, CLOCK_KEY[0], SCRIPT_TAG];
+const BOOKKEEPING_TAGS: [u8; 5] = [RIFL_TAG, EXPIRY_TAG, CLOCK_KEY[0], SCRIPT_TAG, KEYSPACE_EVENTS_KEY[0]];
 
 /// Replies to writes that did not execute, which the front end acts on (a client sees them only
 /// if it sends enveloped writes of its own).
@@ -176,6 +179,10 @@ pub struct KvState {
     /// This node's pub/sub subscribers, to whom applied PUBLISHes go, and its blocked
     /// connections, woken by writes to their keys.
     listeners: Option<Arc<Hub>>,
+    /// `notify-keyspace-events`, as the log last set it.
+    keyspace_flags: u16,
+    /// The keyspace events of the write being applied, sent once it has (see `notify`).
+    key_events: Vec<(&'static str, Bytes)>,
 }
 
 /// A key's type, as TYPE names it.
@@ -328,6 +335,15 @@ impl KvState {
         let mut store = Store::open(options, manifest.as_ref()).map_err(|e| e.to_string())?;
         let completions = read_completions(&mut store)?;
         let (deadlines, log_clock_ms) = read_expiry(&mut store)?;
+        let keyspace_flags = match store.get(KEYSPACE_EVENTS_KEY).map_err(|e| e.to_string())? {
+            Some(value) => u16::from_be_bytes(
+                value
+                    .as_ref()
+                    .try_into()
+                    .map_err(|_| "malformed keyspace events setting".to_string())?,
+            ),
+            None => 0,
+        };
         Ok(KvState {
             store,
             completions,
@@ -344,6 +360,8 @@ impl KvState {
             now_ms: log_clock_ms,
             read_rng: wall_clock_ms() | 1,
             listeners: None,
+            keyspace_flags,
+            key_events: Vec::new(),
         })
     }
 
@@ -366,8 +384,26 @@ impl KvState {
     /// Hands applied PUBLISHes to this node's subscribers in `hub`, and wakes its blocked
     /// connections when their keys are written.
     pub fn with_listeners(mut self, hub: Arc<Hub>) -> KvState {
+        hub.set_keyspace_flags(self.keyspace_flags);
         self.listeners = Some(hub);
         self
+    }
+
+    /// Notes that the write being applied did `event` to `key`, if keyspace events of `class`
+    /// are on and someone on this node could hear them.
+    fn notify(&mut self, class: u16, event: &'static str, key: &[u8]) {
+        if keyspace_events::sends(self.keyspace_flags, class)
+            && self.listeners.as_ref().is_some_and(|h| h.any_subscribed())
+        {
+            self.key_events.push((event, Bytes::copy_from_slice(key)));
+        }
+    }
+
+    /// After a removal from the collection `key`: `del` if that emptied it.
+    fn notify_if_emptied(&mut self, key: &[u8]) {
+        if keyspace_events::sends(self.keyspace_flags, keyspace_events::GENERIC) && !self.exists(key) {
+            self.notify(keyspace_events::GENERIC, "del", key);
+        }
     }
 
     pub fn store(&self) -> &Store {
@@ -580,9 +616,14 @@ impl KvState {
     /// that is not after the entry's time.
     fn expire_at(&mut self, index: u64, key: &[u8], deadline_ms: i64) {
         match u64::try_from(deadline_ms) {
-            Ok(deadline) if deadline > self.now_ms => self.set_deadline(index, key, Some(deadline)),
+            Ok(deadline) if deadline > self.now_ms => {
+                self.set_deadline(index, key, Some(deadline));
+                self.notify(keyspace_events::GENERIC, "expire", key);
+            }
             _ => {
-                self.delete(index, key);
+                if self.delete(index, key) {
+                    self.notify(keyspace_events::GENERIC, "del", key);
+                }
             }
         }
     }
@@ -607,6 +648,7 @@ impl KvState {
         if self.expired(key) {
             self.delete_value(index, key);
             self.set_deadline(index, key, None);
+            self.notify(keyspace_events::EXPIRED, "expired", key);
         }
     }
 
@@ -656,15 +698,7 @@ impl KvState {
             }
             Stored::Zset(members) => self.put_zset(index, to, members),
             Stored::List(elements) => {
-                self.execute_list_write(
-                    index,
-                    ListWrite::Push {
-                        key: Bytes::copy_from_slice(to),
-                        elements,
-                        end: End::Right,
-                        only_if_exists: false,
-                    },
-                );
+                self.push(index, to, elements, End::Right);
             }
         }
         self.set_deadline(index, to, deadline);
@@ -694,14 +728,44 @@ impl KvState {
 
     /// Applies a write from the entry at `index`.
     pub fn execute_write(&mut self, index: u64, write: Write) -> Value {
-        let blocked = self.listeners.as_ref().filter(|hub| hub.any_blocked()).cloned();
-        let Some(hub) = blocked else {
-            return self.execute_write_unobserved(index, write);
+        let (notifying, observed) = match &self.listeners {
+            Some(hub) => {
+                let notifying = self.keyspace_flags != 0 && hub.any_subscribed();
+                (notifying, notifying || hub.any_blocked())
+            }
+            None => (false, false),
         };
+        if !observed {
+            return self.execute_write_unobserved(index, write);
+        }
+        let hub = self.listeners.clone().expect("observed");
         let keys = write.keys();
+        // A key this write creates is `new` just before the first event of it. A transaction's
+        // or a script's commands each say so themselves.
+        let nested = matches!(write, Write::Exec { .. } | Write::Script(_));
+        let mut absent: Vec<Bytes> =
+            if notifying && !nested && keyspace_events::sends(self.keyspace_flags, keyspace_events::NEW) {
+                keys.iter().filter(|k| !self.exists(k)).cloned().collect()
+            } else {
+                Vec::new()
+            };
         let reply = self.execute_write_unobserved(index, write);
-        for key in &keys {
-            hub.key_written(key);
+        if notifying {
+            let flags = self.keyspace_flags;
+            for (event, key) in std::mem::take(&mut self.key_events) {
+                let created = absent.iter().position(|k| *k == key).map(|at| absent.swap_remove(at));
+                let new = created.is_some() && event != "new";
+                for event in new.then_some("new").into_iter().chain([event]) {
+                    for (channel, message) in keyspace_events::messages(flags, event, &key) {
+                        hub.publish(&channel, &message);
+                    }
+                }
+            }
+        }
+        if hub.any_blocked() {
+            for key in &keys {
+                hub.key_written(key);
+            }
         }
         reply
     }
@@ -742,7 +806,14 @@ impl KvState {
                 };
                 if allowed {
                     self.set_string(index, &key, value);
+                    self.notify(keyspace_events::STRING, "set", &key);
                     match deadline {
+                        // Redis gives the key its passed deadline, and expires it.
+                        Some(deadline) if deadline <= self.now_ms as i64 => {
+                            self.notify(keyspace_events::GENERIC, "expire", &key);
+                            self.delete(index, &key);
+                            self.notify(keyspace_events::EXPIRED, "expired", &key);
+                        }
                         Some(deadline) => self.expire_at(index, &key, deadline),
                         None if ttl == TtlChange::Clear => self.set_deadline(index, &key, None),
                         None => {}
@@ -760,6 +831,7 @@ impl KvState {
                 Ok(None) => Value::null(),
                 Ok(Some(value)) => {
                     self.delete(index, &key);
+                    self.notify(keyspace_events::GENERIC, "del", &key);
                     Value::Bulk(Some(value))
                 }
             },
@@ -773,7 +845,12 @@ impl KvState {
                     Err(e) => return Value::error(e),
                     Ok(Some(None)) => return Value::error(invalid_expire_time("getex")),
                     Ok(Some(Some(deadline))) => self.expire_at(index, &key, deadline),
-                    Ok(None) => self.set_deadline(index, &key, None),
+                    Ok(None) => {
+                        if self.deadlines.get(&key).is_some() {
+                            self.set_deadline(index, &key, None);
+                            self.notify(keyspace_events::GENERIC, "persist", &key);
+                        }
+                    }
                 }
                 Value::Bulk(Some(value))
             }
@@ -794,6 +871,7 @@ impl KvState {
                 let volatile = self.exists(&key) && self.deadlines.get(&key).is_some();
                 if volatile {
                     self.set_deadline(index, &key, None);
+                    self.notify(keyspace_events::GENERIC, "persist", &key);
                 }
                 Value::Integer(volatile as i64)
             }
@@ -813,6 +891,7 @@ impl KvState {
                     updated.resize(len, 0);
                     updated[offset..offset + value.len()].copy_from_slice(&value);
                     self.set_string(index, &key, Bytes::from(updated));
+                    self.notify(keyspace_events::STRING, "setrange", &key);
                 }
                 Value::Integer(len as i64)
             }
@@ -829,6 +908,7 @@ impl KvState {
                     Ok(sum) => {
                         let sum = Bytes::from(sum.to_string());
                         self.set_string(index, &key, sum.clone());
+                        self.notify(keyspace_events::STRING, "incrbyfloat", &key);
                         Value::Bulk(Some(sum))
                     }
                 }
@@ -840,6 +920,7 @@ impl KvState {
                 for (k, v) in pairs {
                     self.set_string(index, &k, v);
                     self.set_deadline(index, &k, None);
+                    self.notify(keyspace_events::STRING, "set", &k);
                 }
                 Value::Integer(1)
             }
@@ -853,6 +934,7 @@ impl KvState {
                     Ok(n) => {
                         self.store
                             .write(index, field_key(&key, &field), Some(Bytes::from(n.to_string())));
+                        self.notify(keyspace_events::HASH, "hincrby", &key);
                         Value::Integer(n)
                     }
                 }
@@ -871,6 +953,7 @@ impl KvState {
                     Ok(sum) => {
                         let sum = Bytes::from(sum.to_string());
                         self.store.write(index, field_key(&key, &field), Some(sum.clone()));
+                        self.notify(keyspace_events::HASH, "hincrbyfloat", &key);
                         Value::Bulk(Some(sum))
                     }
                 }
@@ -884,6 +967,7 @@ impl KvState {
                     return Value::Integer(0);
                 }
                 self.store.write(index, storage_key, Some(value));
+                self.notify(keyspace_events::HASH, "hset", &key);
                 Value::Integer(1)
             }
             Write::Rename {
@@ -899,8 +983,14 @@ impl KvState {
                 }
                 let deadline = self.deadlines.get(&from);
                 let value = self.stored(&from).expect("the key exists");
+                // Redis creates the new key before it says where it came from.
+                if keyspace_events::sends(self.keyspace_flags, keyspace_events::NEW) && !self.exists(&to) {
+                    self.notify(keyspace_events::NEW, "new", &to);
+                }
                 self.delete(index, &from);
                 self.put_stored(index, &to, value, deadline);
+                self.notify(keyspace_events::GENERIC, "rename_from", &from);
+                self.notify(keyspace_events::GENERIC, "rename_to", &to);
                 if only_if_absent {
                     Value::Integer(1)
                 } else {
@@ -917,6 +1007,7 @@ impl KvState {
                 let deadline = self.deadlines.get(&from);
                 let value = self.stored(&from).expect("the key exists");
                 self.put_stored(index, &to, value, deadline);
+                self.notify(keyspace_events::GENERIC, "copy_to", &to);
                 Value::Integer(1)
             }
             Write::Sets(write) => self.execute_set_write(index, write),
@@ -926,6 +1017,16 @@ impl KvState {
             Write::Script(call) => self.run_script(index, &call, false),
             Write::ScriptLoad(text) => self.load_script(index, &text),
             Write::ScriptFlush => self.flush_scripts(index),
+            Write::KeyspaceEvents(flags) => {
+                self.keyspace_flags = flags;
+                let value = Bytes::copy_from_slice(&flags.to_be_bytes());
+                self.store
+                    .write(index, Bytes::from_static(KEYSPACE_EVENTS_KEY), Some(value));
+                if let Some(hub) = &self.listeners {
+                    hub.set_keyspace_flags(flags);
+                }
+                Value::ok()
+            }
             Write::Publish { channel, message } => {
                 Value::Integer(self.listeners.as_ref().map_or(0, |hub| hub.publish(&channel, &message)) as i64)
             }
@@ -945,11 +1046,21 @@ impl KvState {
                 self.deadlines = Deadlines::default();
                 Value::ok()
             }
-            Write::Del(keys) => Value::Integer(keys.iter().filter(|k| self.delete(index, k)).count() as i64),
+            Write::Del(keys) => {
+                let mut deleted = 0;
+                for key in &keys {
+                    if self.delete(index, key) {
+                        self.notify(keyspace_events::GENERIC, "del", key);
+                        deleted += 1;
+                    }
+                }
+                Value::Integer(deleted)
+            }
             Write::MSet(pairs) => {
                 for (k, v) in pairs {
                     self.set_string(index, &k, v);
                     self.set_deadline(index, &k, None);
+                    self.notify(keyspace_events::STRING, "set", &k);
                 }
                 Value::ok()
             }
@@ -965,6 +1076,7 @@ impl KvState {
                 match current.checked_add(delta) {
                     Some(n) => {
                         self.set_string(index, &key, Bytes::from(n.to_string()));
+                        self.notify(keyspace_events::STRING, "incrby", &key);
                         Value::Integer(n)
                     }
                     None => Value::error("ERR increment or decrement would overflow"),
@@ -983,6 +1095,7 @@ impl KvState {
                 };
                 let len = appended.len() as i64;
                 self.set_string(index, &key, appended);
+                self.notify(keyspace_events::STRING, "append", &key);
                 Value::Integer(len)
             }
             Write::HSet { key, pairs, reply_ok } => {
@@ -994,6 +1107,7 @@ impl KvState {
                     let replaced = self.store.write(index, field_key(&key, &field), Some(value));
                     added += u64::from(!replaced);
                 }
+                self.notify(keyspace_events::HASH, "hset", &key);
                 if reply_ok {
                     Value::ok()
                 } else {
@@ -1014,8 +1128,14 @@ impl KvState {
                         removed += 1;
                     }
                 }
+                if removed > 0 {
+                    self.notify(keyspace_events::HASH, "hdel", &key);
+                }
                 if self.hash_len(&key) == 0 {
                     self.set_deadline(index, &key, None);
+                    if removed > 0 {
+                        self.notify(keyspace_events::GENERIC, "del", &key);
+                    }
                 }
                 Value::Integer(removed as i64)
             }
@@ -1141,7 +1261,7 @@ impl KvState {
                 )
             }
             Write::ScriptLoad(text) => Value::bulk(crate::command::script_sha(text)),
-            Write::ScriptFlush => Value::ok(),
+            Write::ScriptFlush | Write::KeyspaceEvents(_) => Value::ok(),
             Write::SetRange { key, offset, value } => match self.string_to_update(key) {
                 Err(e) => e,
                 Ok(current) => match set_range_len(current.as_ref().map(Bytes::len), *offset, value.len()) {

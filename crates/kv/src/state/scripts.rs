@@ -387,7 +387,11 @@ impl KvState {
                 Value::error("ERR Wrong number of args calling Redis command from script")
             }
             Ok(Some(Command::Write(
-                Write::Exec { .. } | Write::Script(_) | Write::ScriptLoad(_) | Write::ScriptFlush,
+                Write::Exec { .. }
+                | Write::Script(_)
+                | Write::ScriptLoad(_)
+                | Write::ScriptFlush
+                | Write::KeyspaceEvents(_),
             ))) => Value::error("ERR This Redis command is not allowed from script"),
             Ok(Some(Command::Write(_) | Command::Blocking(_))) if read_only => {
                 Value::error("ERR Write commands are not allowed from read-only scripts.")

@@ -12,6 +12,7 @@ use chorus_resp::Value;
 use super::{group_prefix, scan_position, xorshift, KeyType, KvState, SET_TAG};
 use crate::command::{SetOp, SetRead, SetWrite};
 use crate::glob::glob_match;
+use crate::keyspace_events;
 
 pub(super) fn set_prefix(key: &[u8]) -> BytesMut {
     group_prefix(SET_TAG, key)
@@ -120,6 +121,9 @@ impl KvState {
         for member in members {
             added += i64::from(!self.store.write(index, member_key(key, &member), Some(Bytes::new())));
         }
+        if added > 0 {
+            self.notify(keyspace_events::SET, "sadd", key);
+        }
         Value::Integer(added)
     }
 
@@ -132,6 +136,10 @@ impl KvState {
         let present: BTreeSet<Bytes> = members.into_iter().filter(|m| self.is_member(key, m)).collect();
         let present: Vec<Bytes> = present.into_iter().collect();
         self.remove_members(index, key, &present);
+        if !present.is_empty() {
+            self.notify(keyspace_events::SET, "srem", key);
+            self.notify_if_emptied(key);
+        }
         Value::Integer(present.len() as i64)
     }
 
@@ -142,6 +150,10 @@ impl KvState {
         };
         let picks = self.spop_picks(key, &members, count.unwrap_or(1));
         self.remove_members(index, key, &picks);
+        if !picks.is_empty() {
+            self.notify(keyspace_events::SET, "spop", key);
+            self.notify_if_emptied(key);
+        }
         spop_reply(picks, count)
     }
 
@@ -152,7 +164,11 @@ impl KvState {
             Ok(true) => {
                 if from != to {
                     self.remove_members(index, from, std::slice::from_ref(member));
-                    self.store.write(index, member_key(to, member), Some(Bytes::new()));
+                    self.notify(keyspace_events::SET, "srem", from);
+                    self.notify_if_emptied(from);
+                    if !self.store.write(index, member_key(to, member), Some(Bytes::new())) {
+                        self.notify(keyspace_events::SET, "sadd", to);
+                    }
                 }
                 Value::Integer(1)
             }
@@ -175,7 +191,18 @@ impl KvState {
             Err(e) => e,
             Ok(result) => {
                 let len = result.len();
+                let existed = self.exists(destination);
                 self.store_set(index, destination, result);
+                if len > 0 {
+                    let event = match op {
+                        SetOp::Inter => "sinterstore",
+                        SetOp::Union => "sunionstore",
+                        SetOp::Diff => "sdiffstore",
+                    };
+                    self.notify(keyspace_events::SET, event, destination);
+                } else if existed {
+                    self.notify(keyspace_events::GENERIC, "del", destination);
+                }
                 Value::Integer(len as i64)
             }
         }

@@ -18,6 +18,7 @@ use chorus_resp::{format_double, Double, Value};
 use super::{group_prefix, unreadable_value, KeyType, KvState, ZSET_TAG};
 use crate::command::{Direction, LexBound, RangeQuery, ScoreBound, SetCondition, ZRange, ZsetRead, ZsetWrite};
 use crate::glob::glob_match;
+use crate::keyspace_events;
 
 const SCORE_RECORD: u8 = b'm';
 const ORDER_RECORD: u8 = b'o';
@@ -405,7 +406,9 @@ impl KvState {
             Ok(plan) => plan,
             Err(e) => return e,
         };
+        let event = zset_event(&write);
         let key = plan.key;
+        let existed = plan.replace && self.exists(&key);
         if plan.replace {
             self.delete(index, &key);
         } else if plan.changes.is_empty() {
@@ -431,6 +434,12 @@ impl KvState {
         }
         if self.zset_len(&key) == 0 {
             self.set_deadline(index, &key, None);
+        }
+        if !plan.replace || self.exists(&key) {
+            self.notify(keyspace_events::ZSET, event, &key);
+            self.notify_if_emptied(&key);
+        } else if existed {
+            self.notify(keyspace_events::GENERIC, "del", &key);
         }
         plan.reply
     }
@@ -543,6 +552,23 @@ impl KvState {
                 Value::array(vec![Value::bulk("0"), Value::array(out)])
             }
         })
+    }
+}
+
+/// The event a sorted-set write that changed something is notified as.
+fn zset_event(write: &ZsetWrite) -> &'static str {
+    match write {
+        ZsetWrite::Add { options, .. } if options.increment => "zincr",
+        ZsetWrite::Add { .. } => "zadd",
+        ZsetWrite::Remove { .. } => "zrem",
+        ZsetWrite::Pop { highest: false, .. } | ZsetWrite::MultiPop { highest: false, .. } => "zpopmin",
+        ZsetWrite::Pop { highest: true, .. } | ZsetWrite::MultiPop { highest: true, .. } => "zpopmax",
+        ZsetWrite::RemoveRange { range, .. } => match range {
+            ZRange::Rank { .. } => "zremrangebyrank",
+            ZRange::Score { .. } => "zremrangebyscore",
+            ZRange::Lex { .. } => "zremrangebylex",
+        },
+        ZsetWrite::RangeStore { .. } => "zrangestore",
     }
 }
 
