@@ -1767,18 +1767,20 @@ async fn wait(c: &mut Client, replicas: &str, timeout_ms: &str) -> Value {
 }
 
 /// Applications' own client libraries, installed by `scripts/install-client-libs`: redis-py
-/// (over RESP2 and RESP3), go-redis v9 (RESP3, its default, and RESP2) and ioredis run their
-/// checks in `tests/clients` against a 3-node cluster — locks (redis-py's `Lock` among them), a
-/// rate limiter, pipelines, transactions, scripts, pub/sub, strings, hashes, sets, sorted sets,
-/// expiry, SCAN and errors — writing through one node and reading on another.
+/// (over RESP2 and RESP3), go-redis v9 (RESP3, its default, and RESP2), ioredis and Jedis (RESP2
+/// and RESP3) run their checks in `tests/clients` against a 3-node cluster — locks (redis-py's
+/// `Lock` among them), a rate limiter, pipelines, transactions, scripts, pub/sub, keyspace
+/// notifications, WAIT, strings, hashes, sets, sorted sets, expiry, SCAN and errors — writing
+/// through one node and reading on another.
 #[test]
-fn redis_py_go_redis_and_ioredis_pass_their_checks_against_a_cluster() {
+fn redis_py_go_redis_ioredis_and_jedis_pass_their_checks_against_a_cluster() {
     let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let libs = manifest_dir.join("../../target/client-libs");
     let (python, go_check) = (libs.join("python/bin/python"), libs.join("go-redis-check"));
     let node_modules = libs.join("node/node_modules");
+    let java_libs = libs.join("java");
     assert!(
-        python.exists() && go_check.exists() && node_modules.join("ioredis").exists(),
+        python.exists() && go_check.exists() && node_modules.join("ioredis").exists() && java_libs.exists(),
         "the client libraries are not installed; run scripts/install-client-libs (scripts/test does)"
     );
     let script = manifest_dir.join("tests/clients/redis_py_check.py");
@@ -1812,6 +1814,20 @@ fn redis_py_go_redis_and_ioredis_pass_their_checks_against_a_cluster() {
         None,
     );
     assert_eq!(out.trim(), "ok", "ioredis: {out}");
+    let class_path = format!("{}/*", java_libs.display());
+    let check = manifest_dir.join("tests/clients/jedis/Check.java");
+    let out = run_tool(
+        "java",
+        &[
+            "-cp",
+            &class_path,
+            check.to_str().unwrap(),
+            &port(others[1]),
+            &port(others[0]),
+        ],
+        None,
+    );
+    assert_eq!(out.trim(), "ok", "Jedis: {out}");
 }
 
 #[test]
