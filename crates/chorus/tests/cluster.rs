@@ -1687,7 +1687,9 @@ async fn a_lock_taken_with_nx_px_is_not_taken_twice_nor_held_long_past_its_ttl_a
             break now_ms();
         }
         assert_eq!(reply, Value::null(), "while alice holds the lock");
-        assert_eq!(bob.command(&["GET", "lock:x"]).await.unwrap(), bulk("alice"));
+        // Alice's, or gone if it expired since bob asked.
+        let holder = bob.command(&["GET", "lock:x"]).await.unwrap();
+        assert!(holder == bulk("alice") || holder == Value::null(), "{holder:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     assert!(
