@@ -183,6 +183,9 @@ pub struct KvState {
     keyspace_flags: u16,
     /// The keyspace events of the write being applied, sent once it has (see `notify`).
     key_events: Vec<(&'static str, Bytes)>,
+    /// Whether the write being applied collects keyspace events: decided once per write, so
+    /// one that starts while no one listens collects none, even if someone subscribes meanwhile.
+    collecting_events: bool,
 }
 
 /// A key's type, as TYPE names it.
@@ -362,6 +365,7 @@ impl KvState {
             listeners: None,
             keyspace_flags,
             key_events: Vec::new(),
+            collecting_events: false,
         })
     }
 
@@ -392,16 +396,17 @@ impl KvState {
     /// Notes that the write being applied did `event` to `key`, if keyspace events of `class`
     /// are on and someone on this node could hear them.
     fn notify(&mut self, class: u16, event: &'static str, key: &[u8]) {
-        if keyspace_events::sends(self.keyspace_flags, class)
-            && self.listeners.as_ref().is_some_and(|h| h.any_subscribed())
-        {
+        if self.collecting_events && keyspace_events::sends(self.keyspace_flags, class) {
             self.key_events.push((event, Bytes::copy_from_slice(key)));
         }
     }
 
     /// After a removal from the collection `key`: `del` if that emptied it.
     fn notify_if_emptied(&mut self, key: &[u8]) {
-        if keyspace_events::sends(self.keyspace_flags, keyspace_events::GENERIC) && !self.exists(key) {
+        if self.collecting_events
+            && keyspace_events::sends(self.keyspace_flags, keyspace_events::GENERIC)
+            && !self.exists(key)
+        {
             self.notify(keyspace_events::GENERIC, "del", key);
         }
     }
@@ -749,7 +754,9 @@ impl KvState {
             } else {
                 Vec::new()
             };
+        let outer_collecting = std::mem::replace(&mut self.collecting_events, notifying);
         let reply = self.execute_write_unobserved(index, write);
+        self.collecting_events = outer_collecting;
         if notifying {
             let flags = self.keyspace_flags;
             for (event, key) in std::mem::take(&mut self.key_events) {
@@ -984,7 +991,10 @@ impl KvState {
                 let deadline = self.deadlines.get(&from);
                 let value = self.stored(&from).expect("the key exists");
                 // Redis creates the new key before it says where it came from.
-                if keyspace_events::sends(self.keyspace_flags, keyspace_events::NEW) && !self.exists(&to) {
+                if self.collecting_events
+                    && keyspace_events::sends(self.keyspace_flags, keyspace_events::NEW)
+                    && !self.exists(&to)
+                {
                     self.notify(keyspace_events::NEW, "new", &to);
                 }
                 self.delete(index, &from);

@@ -191,7 +191,7 @@ impl KvState {
             Err(e) => e,
             Ok(result) => {
                 let len = result.len();
-                let existed = self.exists(destination);
+                let existed = self.collecting_events && self.exists(destination);
                 self.store_set(index, destination, result);
                 if len > 0 {
                     let event = match op {

@@ -408,7 +408,7 @@ impl KvState {
         };
         let event = zset_event(&write);
         let key = plan.key;
-        let existed = plan.replace && self.exists(&key);
+        let existed = plan.replace && self.collecting_events && self.exists(&key);
         if plan.replace {
             self.delete(index, &key);
         } else if plan.changes.is_empty() {
