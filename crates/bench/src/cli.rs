@@ -32,6 +32,9 @@ pub enum BenchCommand {
     /// Log reduction vs the standard log, in process: the paper's workloads and batch sizes,
     /// commands and bytes persisted, throughput, disk after the cleaner, recovery and catch-up.
     Reduction(crate::reduction_bench::ReductionArgs),
+    /// What LDC trades: a local cache hit, a remote hit over the peer transport and a device
+    /// read past the page cache, measured on this machine.
+    LdcCosts(crate::ldc_costs::LdcCostsArgs),
     /// UniCache compression of generated realistic streams (email CSV, news CSV, bus SQL).
     UnicacheStreams(crate::unicache_bench::StreamArgs),
     /// Start or stop a peer system (etcd, or Redis with replicas) for side-by-side runs.
@@ -415,6 +418,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Unicache(args) => crate::unicache_bench::run(args).await,
         BenchCommand::UnicacheStreams(args) => crate::unicache_bench::run_streams(args),
         BenchCommand::Reduction(args) => crate::reduction_bench::run(args),
+        BenchCommand::LdcCosts(args) => crate::ldc_costs::run(args),
         BenchCommand::Peers { command } => match command {
             PeersCommand::Start { system, dir, net } => {
                 let profile = Some(net.profile()?).filter(|p| !p.is_passthrough());
