@@ -96,6 +96,9 @@ server_options! {
     /// with its key and ~200 bytes of bookkeeping); the rest are read from segment files when
     /// asked for.
     cache_bytes: usize = 256 * 1024 * 1024;
+    /// Read values that miss the cache past the page cache (O_DIRECT) where the file system allows
+    /// it: each miss is a device read, as when the data does not fit in memory.
+    value_direct_io: bool = false;
     /// How the key-value state is persisted: "reduced" (each batch of committed writes keeps only
     /// the last write of each key; a cleaner merges segments) or "full" (every committed write is
     /// kept and replayed at start-up, never cleaned: the standard log, a baseline for measuring).

@@ -94,6 +94,7 @@ fn store_options(config: &ServerConfig) -> anyhow::Result<StoreOptions> {
     Ok(StoreOptions {
         mode: config.storage.parse().map_err(anyhow::Error::msg)?,
         cache_bytes: config.cache_bytes,
+        value_direct_io: config.value_direct_io,
         batch_writes: config.reduction_batch_writes,
         batch_bytes: config.reduction_batch_bytes,
         min_cleanable_dirty_ratio: config.min_cleanable_dirty_ratio,

@@ -115,6 +115,10 @@ pub struct StoreOptions {
     /// a segment at once.
     pub adoption_step_records: usize,
     pub merge_adoption_step_records: usize,
+    /// Read values that are not in the cache past the page cache (`O_DIRECT`) where the file
+    /// system allows it: a miss is then a device read, as on a machine whose data does not fit
+    /// its memory, and the object cache is the only cache of values.
+    pub value_direct_io: bool,
 }
 
 impl StoreOptions {
@@ -142,6 +146,7 @@ impl StoreOptions {
             cleaner_read_bytes_per_sec: 64 << 20,
             adoption_step_records: 256,
             merge_adoption_step_records: 1_024,
+            value_direct_io: false,
         }
     }
 }
@@ -802,7 +807,7 @@ pub struct Store {
     /// While the index of the segments found at start-up is built: `index` then holds only what
     /// was written since (see `startup_index`).
     index_build: Option<IndexBuild>,
-    open_segments: HashMap<u64, File>,
+    open_segments: HashMap<u64, SegmentReader>,
     cache: ObjectCache,
     /// One writer per directory, handed cut batches in turn.
     to_writers: Vec<mpsc::Sender<CutBatch>>,
@@ -1273,7 +1278,14 @@ impl Store {
             return Ok(Some(value));
         }
         let segment = self.segments.get(location.segment);
-        let value = read_value(&mut self.open_segments, segment, location.segment, key, location)?;
+        let value = read_value(
+            &mut self.open_segments,
+            self.options.value_direct_io,
+            segment,
+            location.segment,
+            key,
+            location,
+        )?;
         self.cache.admit(key, &mut location.value, value.clone());
         self.cache.evict(&mut self.index);
         Ok(Some(value))
@@ -1299,7 +1311,15 @@ impl Store {
             value_len: entry.value_len,
             value: None,
         };
-        read_value(&mut self.open_segments, self.segments.get(id), id, key, &location).map(Some)
+        read_value(
+            &mut self.open_segments,
+            self.options.value_direct_io,
+            self.segments.get(id),
+            id,
+            key,
+            &location,
+        )
+        .map(Some)
     }
 
     /// Live keys of the group whose prefix is `group` (see `StoreOptions::group_of`) and their
@@ -2105,9 +2125,66 @@ fn supersede(segments: &mut SegmentSet, key: &[u8], location: &Location) {
     }
 }
 
+/// A segment file open for reading values, past the page cache if `direct`.
+struct SegmentReader {
+    file: File,
+    direct: bool,
+}
+
+/// The unit `O_DIRECT` reads are aligned to (in offset, length and memory); any logical block
+/// size up to it works.
+const DIRECT_IO_ALIGNMENT: usize = 4096;
+
+impl SegmentReader {
+    /// Opens `path`, with `O_DIRECT` if `direct` and the file system allows it.
+    fn open(path: &Path, direct: bool) -> std::io::Result<SegmentReader> {
+        if direct {
+            use std::os::unix::fs::OpenOptionsExt;
+            match std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+            {
+                Ok(file) => return Ok(SegmentReader { file, direct: true }),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(SegmentReader {
+            file: File::open(path)?,
+            direct: false,
+        })
+    }
+
+    /// Fills `buf` from `offset`; directly, through whole aligned blocks around it.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        if !self.direct {
+            return self.file.read_exact_at(buf, offset);
+        }
+        let align = DIRECT_IO_ALIGNMENT as u64;
+        let start = offset - offset % align;
+        let skip = (offset - start) as usize;
+        let span = (skip + buf.len()).div_ceil(DIRECT_IO_ALIGNMENT) * DIRECT_IO_ALIGNMENT;
+        let mut blocks = vec![0u8; span + DIRECT_IO_ALIGNMENT];
+        let lead = blocks.as_ptr().align_offset(DIRECT_IO_ALIGNMENT);
+        let blocks = &mut blocks[lead..lead + span];
+        let mut filled = 0;
+        // The last block may run past the end of the file: a short read then.
+        while filled < skip + buf.len() {
+            match self.file.read_at(&mut blocks[filled..], start + filled as u64)? {
+                0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                n => filled += n,
+            }
+        }
+        buf.copy_from_slice(&blocks[skip..skip + buf.len()]);
+        Ok(())
+    }
+}
+
 /// Reads and verifies the record `location` names, opening its segment file if needed.
 fn read_value(
-    open_segments: &mut HashMap<u64, File>,
+    open_segments: &mut HashMap<u64, SegmentReader>,
+    direct: bool,
     segment: &SegmentFile,
     segment_id: u64,
     key: &[u8],
@@ -2118,8 +2195,8 @@ fn read_value(
             let any = *open_segments.keys().next().expect("full");
             open_segments.remove(&any);
         }
-        let file = File::open(&segment.path).map_err(io_error(&segment.path))?;
-        open_segments.insert(segment_id, file);
+        let reader = SegmentReader::open(&segment.path, direct).map_err(io_error(&segment.path))?;
+        open_segments.insert(segment_id, reader);
     }
     let entry = IndexEntry {
         key: Bytes::copy_from_slice(key),
@@ -2727,6 +2804,7 @@ mod tests {
             group_of: by_first_digit,
             adoption_step_records: 1 + rng.below(4) as usize,
             merge_adoption_step_records: 1 + rng.below(8) as usize,
+            value_direct_io: rng.below(2) == 0,
             ..StoreOptions::new(dir)
         }
     }
@@ -3851,11 +3929,21 @@ mod tests {
 
     #[test]
     fn values_beyond_the_cache_come_from_disk() {
+        values_beyond_the_cache_come_from_disk_read(false);
+    }
+
+    #[test]
+    fn values_beyond_the_cache_come_from_the_device_past_the_page_cache() {
+        values_beyond_the_cache_come_from_disk_read(true);
+    }
+
+    fn values_beyond_the_cache_come_from_disk_read(value_direct_io: bool) {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(
             StoreOptions {
                 cache_bytes: 4_096,
                 batch_writes: 100,
+                value_direct_io,
                 ..StoreOptions::new(dir.path())
             },
             None,
