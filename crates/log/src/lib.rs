@@ -18,7 +18,9 @@ mod wire;
 
 pub use codec::{CodecError, EntryCodec, IdentityCodec, LogView, RaftLogView, CODEC_ENTRY};
 pub use error::{DecodeError, NodeError, StorageError};
-pub use node::{start, NodeConfig, NodeHandle, NodeStatus, ReadConsistency, Role, StartError, StateMachine};
+pub use node::{
+    start, FinishRead, NodeConfig, NodeHandle, NodeStatus, ReadConsistency, Role, SlowRead, StartError, StateMachine,
+};
 pub use shipment::SnapshotFiles;
 pub use transport::{CallError, PeerCalls, PeerRequest};
 pub use unicache_codec::{UniCacheCodec, UniCacheSettings};

@@ -55,6 +55,15 @@ pub trait StateMachine: Send + 'static {
     /// or not, in log order.
     fn entry_applied(&mut self, index: u64);
     fn query(&mut self, query: &Self::Query) -> Self::Output;
+    /// A read that may take a slow step (a device read) off the raft loop: `Err` with that step,
+    /// which the node runs on another thread while the loop goes on, then finishes the read on
+    /// the loop with what the step returns. By default every read is answered at once.
+    fn query_or_defer(&mut self, query: &Self::Query) -> Result<Self::Output, SlowRead<Self>>
+    where
+        Self: Sized,
+    {
+        Ok(self.query(query))
+    }
     /// Captures the state at the last applied entry and returns what, run on another thread,
     /// waits until that state is durable and returns the snapshot data describing it. The raft
     /// log up to that entry is compacted once the data is written.
@@ -93,6 +102,16 @@ pub trait StateMachine: Send + 'static {
         false
     }
 }
+
+/// The slow step of a read (`StateMachine::query_or_defer`), run off the raft loop; it returns
+/// what finishes the read on the loop.
+pub type SlowRead<SM> = Box<dyn FnOnce() -> FinishRead<SM> + Send>;
+/// Finishes a deferred read against the state, on the raft loop.
+pub type FinishRead<SM> = Box<dyn FnOnce(&mut SM) -> <SM as StateMachine>::Output + Send>;
+
+/// Slow read steps running off the loop at once; beyond it they run on the loop (back-pressure:
+/// the loop slows down rather than queueing without bound).
+const MAX_SLOW_READS_IN_FLIGHT: usize = 64;
 
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -765,6 +784,9 @@ struct RaftLoop<SM: StateMachine> {
     replica_waits: replica_wait::Waits,
     /// The term `replica_waits` were asked in.
     replica_waits_term: u64,
+    /// Where deferred reads' slow steps report back, and how many are running.
+    finished_reads: mpsc::UnboundedSender<(FinishRead<SM>, Reply<SM::Output>)>,
+    slow_reads_in_flight: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -897,6 +919,7 @@ pub async fn start<SM: StateMachine>(
         })?;
 
     let (request_tx, request_rx) = mpsc::channel(16 * 1024);
+    let (finished_reads_tx, finished_reads) = mpsc::unbounded_channel();
     let (status_tx, status_rx) = watch::channel(NodeStatus::default());
     let incarnation = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -949,10 +972,12 @@ pub async fn start<SM: StateMachine>(
         idle_release: IdleRelease::NotYet,
         replica_waits: replica_wait::Waits::default(),
         replica_waits_term: 0,
+        finished_reads: finished_reads_tx,
+        slow_reads_in_flight: 0,
     };
     raft_loop.publish_status();
     tokio::spawn(serve_replica_waits(replica_questions, request_tx.clone()));
-    tokio::spawn(raft_loop.run(request_rx, peer_rx, event_rx));
+    tokio::spawn(raft_loop.run(request_rx, peer_rx, event_rx, finished_reads));
     Ok(NodeHandle {
         requests: request_tx,
         status: status_rx,
@@ -1003,6 +1028,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
         mut requests: mpsc::Receiver<Request<SM>>,
         mut peer_messages: mpsc::Receiver<Message>,
         mut events: mpsc::UnboundedReceiver<PeerEvent>,
+        mut finished_reads: mpsc::UnboundedReceiver<(FinishRead<SM>, Reply<SM::Output>)>,
     ) {
         let tick = Duration::from_millis(self.config.tick_ms);
         let mut next_tick = tokio::time::Instant::now() + tick;
@@ -1031,6 +1057,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 biased;
                 Some(msg) = peer_messages.recv() => self.on_peer_message(msg),
                 Some(event) = events.recv() => self.on_peer_event(event),
+                Some((finish, reply)) = finished_reads.recv() => self.finish_read(finish, reply),
                 request = requests.recv() => match request {
                     Some(request) => self.on_request(request),
                     None => {
@@ -1059,6 +1086,9 @@ impl<SM: StateMachine> RaftLoop<SM> {
             }
             while let Ok(event) = events.try_recv() {
                 self.on_peer_event(event);
+            }
+            while let Ok((finish, reply)) = finished_reads.try_recv() {
+                self.finish_read(finish, reply);
             }
             for _ in 0..DRAIN_LIMIT {
                 match requests.try_recv() {
@@ -1178,7 +1208,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 consistency: ReadConsistency::Stale,
                 reply,
             } => {
-                let _ = reply.send(Ok(self.sm.query(&query)));
+                self.answer_read(&query, reply);
             }
             Request::Read {
                 query,
@@ -1856,8 +1886,34 @@ impl<SM: StateMachine> RaftLoop<SM> {
             .partition(|(index, _)| *index <= applied);
         self.reads_ready = waiting;
         for (_, read) in ready {
-            let _ = read.reply.send(Ok(self.sm.query(&read.query)));
+            self.answer_read(&read.query, read.reply);
         }
+    }
+
+    /// Answers a read now, or, if it has a slow step, once that step has run off the loop.
+    fn answer_read(&mut self, query: &SM::Query, reply: Reply<SM::Output>) {
+        match self.sm.query_or_defer(query) {
+            Ok(output) => {
+                let _ = reply.send(Ok(output));
+            }
+            Err(slow) if self.slow_reads_in_flight < MAX_SLOW_READS_IN_FLIGHT => {
+                self.slow_reads_in_flight += 1;
+                let finished = self.finished_reads.clone();
+                tokio::task::spawn_blocking(move || {
+                    let _ = finished.send((slow(), reply));
+                });
+            }
+            Err(slow) => {
+                let finish = slow();
+                let _ = reply.send(Ok(finish(&mut self.sm)));
+            }
+        }
+    }
+
+    /// A deferred read's slow step has run: finish it against the state and answer.
+    fn finish_read(&mut self, finish: FinishRead<SM>, reply: Reply<SM::Output>) {
+        self.slow_reads_in_flight -= 1;
+        let _ = reply.send(Ok(finish(&mut self.sm)));
     }
 
     /// Fails requests that waited too long, and re-issues ReadIndex requests that got no answer

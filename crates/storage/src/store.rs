@@ -1291,6 +1291,49 @@ impl Store {
         Ok(Some(value))
     }
 
+    /// `key`'s value if it is in memory (or, without `value_direct_io`, when reading it is only
+    /// a copy from the page cache: then it is read now), or where to read it, for a caller that
+    /// takes the device read off its own thread and hands the value back (`admit_read`).
+    pub fn locate(&mut self, key: &[u8]) -> Result<Located, StoreError> {
+        if !self.options.value_direct_io {
+            return self.get(key).map(Located::Ready);
+        }
+        let Some(location) = self.index.get_mut(key) else {
+            return self.read_start_up_segments(key).map(Located::Ready);
+        };
+        if location.segment == DELETED_SINCE_START_UP {
+            return Ok(Located::Ready(None));
+        }
+        if let Some(value) = self.cache.get(location.value) {
+            return Ok(Located::Ready(Some(value)));
+        }
+        Ok(Located::OnDisk(DiskRead {
+            path: self.segments.get(location.segment).path.clone(),
+            key: Bytes::copy_from_slice(key),
+            version: location.version,
+            record_offset: location.record_offset,
+            value_len: location.value_len,
+        }))
+    }
+
+    /// Caches `value`, which a `DiskRead` of `key` at `version` read, if that is still the key's
+    /// latest write and its value is not in memory meanwhile.
+    pub fn admit_read(&mut self, key: &[u8], version: u64, value: Bytes) {
+        let Some(location) = self.index.get_mut(key) else {
+            return;
+        };
+        if location.version != version || location.value.is_some() || location.segment == DELETED_SINCE_START_UP {
+            return;
+        }
+        assert_eq!(
+            location.value_len as usize,
+            value.len(),
+            "a read value is the one indexed"
+        );
+        self.cache.admit(key, &mut location.value, value);
+        self.cache.evict(&mut self.index);
+    }
+
     /// The value of a key not written since start-up while the index of the segments found then
     /// is built: read from the newest of them holding the key, not cached (the index has no entry
     /// to hold it yet).
@@ -2122,6 +2165,54 @@ fn supersede(segments: &mut SegmentSet, key: &[u8], location: &Location) {
             location.record_offset,
             segment_bytes_per_record(key.len(), location.value_len) as u64,
         );
+    }
+}
+
+/// What `Store::locate` found.
+pub enum Located {
+    /// The value (or that there is none), at once.
+    Ready(Option<Bytes>),
+    /// Only on the device: read it with the `DiskRead`.
+    OnDisk(DiskRead),
+}
+
+/// A value's record to read from its segment, on any thread, past the page cache.
+pub struct DiskRead {
+    path: PathBuf,
+    key: Bytes,
+    version: u64,
+    record_offset: u64,
+    value_len: u32,
+}
+
+impl DiskRead {
+    /// Reads and verifies the record. An error means it is not where it was (a merge retired
+    /// its segment meanwhile, and the file may be gone or reused): ask the store again.
+    pub fn read(&self) -> Result<Bytes, StoreError> {
+        let reader = SegmentReader::open(&self.path, true).map_err(io_error(&self.path))?;
+        let entry = IndexEntry {
+            key: self.key.clone(),
+            version: self.version,
+            is_tombstone: false,
+            record_offset: self.record_offset,
+            value_len: self.value_len,
+        };
+        let mut buf = vec![0; entry.record_len()];
+        reader
+            .read_exact_at(&mut buf, self.record_offset)
+            .map_err(io_error(&self.path))?;
+        let record = decode_record(&buf, &entry).map_err(in_file(&self.path))?;
+        record
+            .value
+            .ok_or_else(|| StoreError::Inconsistent(format!("{}: a tombstone where a value was", self.path.display())))
+    }
+
+    pub fn key(&self) -> &Bytes {
+        &self.key
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version
     }
 }
 
@@ -3935,6 +4026,50 @@ mod tests {
     #[test]
     fn values_beyond_the_cache_come_from_the_device_past_the_page_cache() {
         values_beyond_the_cache_come_from_disk_read(true);
+    }
+
+    /// With `value_direct_io`, a value only on disk is located rather than read; the read runs
+    /// anywhere, and caches the value only if the key was not written meanwhile.
+    #[test]
+    fn a_located_value_reads_off_the_store_and_is_cached_only_if_still_current() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(
+            StoreOptions {
+                cache_bytes: 4_096,
+                batch_writes: 10,
+                value_direct_io: true,
+                ..StoreOptions::new(dir.path())
+            },
+            None,
+        )
+        .unwrap();
+        for i in 0..200u64 {
+            store.write(
+                i + 1,
+                Bytes::from(format!("key{i}")),
+                Some(Bytes::from(vec![i as u8; 100])),
+            );
+            store.entry_applied(i + 1);
+        }
+        store.finish_unwritten();
+        let on_disk = |store: &mut Store, key: &str| match store.locate(key.as_bytes()).unwrap() {
+            Located::OnDisk(read) => read,
+            Located::Ready(_) => panic!("{key} is in memory"),
+        };
+        let read = on_disk(&mut store, "key3");
+        let value = std::thread::spawn(move || (read.read().unwrap(), read)).join().unwrap();
+        assert_eq!(value.0, vec![3u8; 100]);
+        store.admit_read(value.1.key(), value.1.version(), value.0);
+        assert!(matches!(store.locate(b"key3").unwrap(), Located::Ready(Some(v)) if v == vec![3u8; 100]));
+        // Written while the read ran: the old value is not cached over the new one.
+        let read = on_disk(&mut store, "key7");
+        let old = read.read().unwrap();
+        store.write(300, Bytes::from("key7"), Some(Bytes::from("new")));
+        store.entry_applied(300);
+        store.finish_unwritten();
+        store.admit_read(read.key(), read.version(), old);
+        assert_eq!(store.get(b"key7").unwrap().unwrap(), Bytes::from("new"));
+        assert!(matches!(store.locate(b"absent").unwrap(), Located::Ready(None)));
     }
 
     fn values_beyond_the_cache_come_from_disk_read(value_direct_io: bool) {

@@ -28,10 +28,10 @@ use std::sync::Arc;
 use bytes::{BufMut, Bytes, BytesMut};
 use chorus_curp::durable_witness::DurableWitness;
 use chorus_curp::rifl::{Completions, Envelope, Verdict};
-use chorus_log::{SnapshotFiles, StateMachine};
+use chorus_log::{FinishRead, SlowRead, SnapshotFiles, StateMachine};
 use chorus_metrics::Gauge;
 use chorus_resp::{parse_value, write_value, Limits, Value};
-use chorus_storage::{Manifest, Store, StoreError, StoreOptions};
+use chorus_storage::{Located, Manifest, Store, StoreError, StoreOptions};
 
 use crate::command::{
     decode_logged, invalid_expire_time, not_a_float, Command, Decimal, End, ExpireAt, ExpireCondition, Logged, Read,
@@ -1716,6 +1716,42 @@ impl StateMachine for KvState {
 
     fn query(&mut self, query: &Read) -> Value {
         self.execute_read(query)
+    }
+
+    /// A GET whose value is only on the device (with `--value-direct-io`) reads it off the raft
+    /// loop; the value is cached afterwards if the key has not been written meanwhile. What the
+    /// read returns is the key's value when the read was served here, after its ReadIndex, so it
+    /// is linearizable even if a write lands while the device read runs.
+    fn query_or_defer(&mut self, query: &Read) -> Result<Value, SlowRead<Self>> {
+        let Read::Get(key) = query else {
+            return Ok(self.query(query));
+        };
+        self.now_ms = wall_clock_ms().max(self.log_clock_ms);
+        let expired = self.expired(key);
+        self.now_ms = self.log_clock_ms;
+        if expired {
+            return Ok(Value::null());
+        }
+        let disk_read = match self.store.locate(&string_key(key)) {
+            Err(e) => return Ok(storage_error(e)),
+            Ok(Located::Ready(None)) if self.key_type(key).is_some() => return Ok(Value::error(WRONGTYPE)),
+            Ok(Located::Ready(value)) => return Ok(Value::Bulk(value)),
+            Ok(Located::OnDisk(disk_read)) => disk_read,
+        };
+        let key = key.clone();
+        Err(Box::new(move || -> FinishRead<Self> {
+            let read = disk_read.read();
+            Box::new(move |state: &mut KvState| match read {
+                Ok(value) => {
+                    state
+                        .store
+                        .admit_read(disk_read.key(), disk_read.version(), value.clone());
+                    Value::Bulk(Some(value))
+                }
+                // Its segment was merged away meanwhile: read it where it is now.
+                Err(_) => state.query(&Read::Get(key)),
+            })
+        }))
     }
 
     /// CURP, on the leader: the reply `command`, about to join the log at `index`, will give —
