@@ -2197,14 +2197,7 @@ impl DiskRead {
             record_offset: self.record_offset,
             value_len: self.value_len,
         };
-        let mut buf = vec![0; entry.record_len()];
-        reader
-            .read_exact_at(&mut buf, self.record_offset)
-            .map_err(io_error(&self.path))?;
-        let record = decode_record(&buf, &entry).map_err(in_file(&self.path))?;
-        record
-            .value
-            .ok_or_else(|| StoreError::Inconsistent(format!("{}: a tombstone where a value was", self.path.display())))
+        reader.read_put(&self.path, &entry)
     }
 
     pub fn key(&self) -> &Bytes {
@@ -2245,6 +2238,17 @@ impl SegmentReader {
             file: File::open(path)?,
             direct: false,
         })
+    }
+
+    /// The value of the put record `entry` names in the segment at `path`, checked against it.
+    fn read_put(&self, path: &Path, entry: &IndexEntry) -> Result<Bytes, StoreError> {
+        let mut buf = vec![0; entry.record_len()];
+        self.read_exact_at(&mut buf, entry.record_offset)
+            .map_err(io_error(path))?;
+        let record = decode_record(&buf, entry).map_err(in_file(path))?;
+        Ok(record
+            .value
+            .expect("a record that matches a put's index entry is a put"))
     }
 
     /// Fills `buf` from `offset`; directly, through whole aligned blocks around it.
@@ -2296,12 +2300,7 @@ fn read_value(
         record_offset: location.record_offset,
         value_len: location.value_len,
     };
-    let mut buf = vec![0; entry.record_len()];
-    open_segments[&segment_id]
-        .read_exact_at(&mut buf, location.record_offset)
-        .map_err(io_error(&segment.path))?;
-    let record = decode_record(&buf, &entry).map_err(in_file(&segment.path))?;
-    Ok(record.value.expect("a live location is a put"))
+    open_segments[&segment_id].read_put(&segment.path, &entry)
 }
 
 impl Drop for Store {
