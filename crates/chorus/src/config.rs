@@ -99,6 +99,10 @@ server_options! {
     /// Read values that miss the cache past the page cache (O_DIRECT) where the file system allows
     /// it: each miss is a device read, as when the data does not fit in memory.
     value_direct_io: bool = false;
+    /// "siloed" (each node caches what it writes and reads) or "ldc" (the nodes' caches as one:
+    /// each key is cached only by its owner, and a miss of another node's key asks its cache
+    /// before the device; see docs/ldc.md). Every node of a cluster must agree.
+    cache_mode: String = "siloed".into();
     /// How the key-value state is persisted: "reduced" (each batch of committed writes keeps only
     /// the last write of each key; a cleaner merges segments) or "full" (every committed write is
     /// kept and replayed at start-up, never cleaned: the standard log, a baseline for measuring).

@@ -7,12 +7,13 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use chorus_curp::durable_witness::DurableWitness;
 use chorus_kv::curp::{serve_peer_requests, ApplyWatch, Curp};
+use chorus_kv::ldc::Ldc;
 use chorus_kv::listeners::Hub;
 use chorus_kv::unicache::{parse_keyspaces, KvPreprocessor};
 use chorus_kv::{FrontEndOptions, KvState};
 use chorus_log::{EntryCodec, IdentityCodec, NodeConfig, ReadConsistency, UniCacheCodec, UniCacheSettings};
 use chorus_resp::Limits;
-use chorus_storage::StoreOptions;
+use chorus_storage::{CachePolicy, StoreOptions};
 use chorus_unicache::CacheConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -147,7 +148,16 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     } else {
         Box::new(IdentityCodec)
     };
-    let store_options = store_options(&config)?;
+    let ldc = match config.cache_mode.as_str() {
+        "siloed" => None,
+        "ldc" => Some(Ldc::new(config.id, voters.clone())),
+        other => bail!("cache_mode must be 'siloed' or 'ldc', not '{other}'"),
+    };
+    let mut store_options = store_options(&config)?;
+    if let Some(ldc) = &ldc {
+        let ldc = ldc.clone();
+        store_options.caches = CachePolicy::only(move |key| ldc.owns(key));
+    }
     let witness = if curp {
         let dir = config.data_dir.join("witness");
         Some(Arc::new(
@@ -161,20 +171,35 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     let state_curp = witness.clone().map(|witness| (witness, applies.clone()));
     let listeners = Arc::new(Hub::default());
     let state_listeners = listeners.clone();
+    let state_ldc = ldc.clone();
     let node = chorus_log::start(
         node_config,
         |snapshot| {
-            let state = KvState::open(store_options, snapshot)?.with_listeners(state_listeners);
+            let mut state = KvState::open(store_options, snapshot)?.with_listeners(state_listeners);
+            if let Some(ldc) = state_ldc {
+                state = state.with_ldc(ldc);
+            }
             Ok(match state_curp {
                 Some((witness, applies)) => state.with_curp(witness, applies),
                 None => state,
             })
         },
         codec,
-        witness.is_some().then_some(peer_requests),
+        (witness.is_some() || ldc.is_some()).then_some(peer_requests),
     )
     .await
     .context("cannot start the raft node")?;
+    // With LDC its FETCHes are answered here and the rest go on to CURP's services.
+    let requests = match &ldc {
+        Some(ldc) => {
+            ldc.connect(node.peer_calls().clone(), tokio::runtime::Handle::current());
+            let (to_curp, curp_requests) = tokio::sync::mpsc::channel(PEER_REQUEST_QUEUE);
+            let to_curp = witness.is_some().then_some(to_curp);
+            tokio::spawn(chorus_kv::ldc::serve_peer_requests(node.clone(), requests, to_curp));
+            curp_requests
+        }
+        None => requests,
+    };
     let curp = witness.map(|witness| {
         let timeout = Duration::from_millis(config.request_timeout_ms);
         let min_rtt = Duration::from_micros(config.curp_fast_path_min_rtt_us);

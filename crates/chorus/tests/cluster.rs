@@ -1724,10 +1724,33 @@ async fn a_lock_taken_with_nx_px_is_not_taken_twice_nor_held_long_past_its_ttl_a
 /// sent, and never a value older than one it or an earlier GET of the same client saw.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gets_reading_the_device_off_the_loop_stay_linearizable_under_racing_writes() {
+    gets_stay_linearizable_under_racing_writes("siloed").await;
+}
+
+/// The same with LDC: a miss of a key another node owns is fetched from the owner's cache while
+/// writes race it; a fetched value is used only at the version the asker's index holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ldc_remote_hits_stay_linearizable_under_racing_writes() {
+    let cluster = gets_stay_linearizable_under_racing_writes("ldc").await;
+    let remote_hits = metric_sum_over(&cluster, &[1, 2, 3], "chorus_ldc_remote_hits_total");
+    assert!(remote_hits > 1_000.0, "only {remote_hits} remote hits");
+}
+
+async fn gets_stay_linearizable_under_racing_writes(cache_mode: &str) -> Cluster {
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
     const KEYS: u64 = 2_000;
-    let cluster = Cluster::start(3, &["--cache-bytes", "65536", "--value-direct-io", "true"]);
+    let cluster = Cluster::start(
+        3,
+        &[
+            "--cache-bytes",
+            "262144",
+            "--value-direct-io",
+            "true",
+            "--cache-mode",
+            cache_mode,
+        ],
+    );
     let mut loader = cluster.client(1).await;
     for chunk in (0..KEYS).collect::<Vec<_>>().chunks(200) {
         let mut args = vec!["MSET".to_string()];
@@ -1786,6 +1809,52 @@ async fn gets_reading_the_device_off_the_loop_stay_linearizable_under_racing_wri
     // The reads did go to the device: the caches hold a sliver of the keys.
     let misses = metric_sum_over(&cluster, &[1, 2, 3], "chorus_storage_cache_misses_total");
     assert!(misses > 5_000.0, "only {misses} cache misses");
+    cluster
+}
+
+/// LDC with a node killed while GETs of its keys run on the others: they fall back to the
+/// device (after one timeout, then the peer is skipped), with no error and the right values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ldc_a_dead_owner_costs_latency_not_errors() {
+    const KEYS: u64 = 1_000;
+    let cluster = Cluster::start(
+        3,
+        &[
+            "--cache-bytes",
+            "262144",
+            "--value-direct-io",
+            "true",
+            "--cache-mode",
+            "ldc",
+        ],
+    );
+    let (leader, followers) = cluster.leader_and_followers().await;
+    let mut c = cluster.client(leader).await;
+    for k in 0..KEYS {
+        assert_eq!(
+            c.command(&["SET", &format!("own:{k}"), &format!("{k:0>100}")])
+                .await
+                .unwrap(),
+            ok()
+        );
+    }
+    // Every node reads every key, so each owner caches its own.
+    for id in [1, 2, 3] {
+        let mut reader = cluster.client(id).await;
+        for k in 0..KEYS {
+            reader.command(&["GET", &format!("own:{k}")]).await.unwrap();
+        }
+    }
+    cluster.kill(followers[1]);
+    let mut reader = cluster.client(leader).await;
+    for round in 0..2 {
+        for k in 0..KEYS {
+            let reply = reader.command(&["GET", &format!("own:{k}")]).await.unwrap();
+            assert_eq!(reply, bulk(&format!("{k:0>100}")), "round {round}, key {k}");
+        }
+    }
+    let failures = metric_sum_over(&cluster, &[leader], "chorus_ldc_remote_failures_total");
+    assert!(failures > 0.0, "the dead owner was never asked");
 }
 
 /// WAIT counts the nodes besides the leader that hold the connection's writes, on the leader and

@@ -7,6 +7,7 @@ mod decimal;
 mod expiry;
 mod glob;
 pub mod keyspace_events;
+pub mod ldc;
 pub mod listeners;
 pub mod server;
 mod speculation;

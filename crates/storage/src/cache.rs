@@ -193,13 +193,16 @@ impl ObjectCache {
     }
 
     /// The unwritten value in `slot`, of `key`, `value_len` bytes long, is now durable: it becomes
-    /// a cached object, or leaves memory if it is larger than the cache. Call `evict` afterwards.
-    pub fn written(&mut self, key: &Bytes, slot: &mut Option<ValueSlot>, value_len: usize) {
+    /// a cached object, or leaves memory if it is larger than the cache. A key that was not cached
+    /// before this write leaves memory too unless `cache_new` (LDC's quick demotion: writes do not
+    /// put the same object in every replica's cache); one that was keeps its place, updated. Call
+    /// `evict` afterwards.
+    pub fn written(&mut self, key: &Bytes, slot: &mut Option<ValueSlot>, value_len: usize, cache_new: bool) {
         let held = slot.expect("a written value was held");
         let object = &mut self.slab[held.index()];
         assert_eq!(object.value.len(), value_len, "the segment holds the value written");
         let bytes = charge(key, &object.value);
-        if bytes > self.capacity_bytes {
+        if bytes > self.capacity_bytes || (object.state == State::Unwritten && !cache_new) {
             self.release(slot, true);
             return;
         }
@@ -503,7 +506,7 @@ mod tests {
         fn written(&mut self, cache: &mut ObjectCache, key: &Bytes) {
             let slot = self.0.get_mut(key).unwrap();
             let value_len = cache.slab[slot.unwrap().index()].value.len();
-            cache.written(key, slot, value_len);
+            cache.written(key, slot, value_len, true);
             cache.evict(self);
         }
         fn delete(&mut self, cache: &mut ObjectCache, key: &Bytes) {
@@ -617,6 +620,25 @@ mod tests {
         s.hold(&mut c, key(1), Bytes::from(vec![3; 10]));
         s.written(&mut c, &key(1));
         assert_eq!(s.get(&mut c, &key(1)), Some(Bytes::from(vec![3; 10])));
+    }
+
+    #[test]
+    fn a_write_not_to_be_cached_leaves_memory_once_written_unless_its_key_was_cached() {
+        let mut c = ObjectCache::new(1 << 20);
+        let mut s = Slots::default();
+        s.write(&mut c, key(0), Bytes::from_static(b"cached"));
+        for (k, value) in [(0, "updated"), (1, "not cached")] {
+            s.hold(&mut c, key(k), Bytes::from(value));
+            let slot = s.0.get_mut(&key(k)).unwrap();
+            c.written(&key(k), slot, value.len(), false);
+        }
+        assert_eq!(
+            s.get(&mut c, &key(0)),
+            Some(Bytes::from("updated")),
+            "kept in its place"
+        );
+        assert_eq!(s.get(&mut c, &key(1)), None, "demoted at once");
+        assert_eq!(c.stats().objects, 1);
     }
 
     #[test]

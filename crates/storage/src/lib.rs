@@ -24,4 +24,6 @@ pub use segment::{
     read_segment_index, segment_bytes_per_record, segment_file_name, verify_segment, write_segment, IndexEntry, Record,
     RecordStream, SegmentError, SegmentHeader, SegmentIndex, FOOTER_BYTES, HEADER_BYTES,
 };
-pub use store::{DiskRead, Located, PinnedSegments, StorageMode, Store, StoreError, StoreOptions, StoreStats};
+pub use store::{
+    CachePolicy, DiskRead, Located, PinnedSegments, StorageMode, Store, StoreError, StoreOptions, StoreStats,
+};

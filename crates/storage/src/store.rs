@@ -119,6 +119,42 @@ pub struct StoreOptions {
     /// system allows it: a miss is then a device read, as on a machine whose data does not fit
     /// its memory, and the object cache is the only cache of values.
     pub value_direct_io: bool,
+    /// Which keys' values this store caches when they are written or read from disk (LDC: the
+    /// keys this node owns); a value already cached is always kept up to date.
+    pub caches: CachePolicy,
+}
+
+/// Which keys a store caches (`StoreOptions::caches`).
+#[derive(Clone, Default)]
+pub struct CachePolicy(Option<Arc<OwnsKey>>);
+
+/// Whether a key is this store's to cache.
+type OwnsKey = dyn Fn(&[u8]) -> bool + Send + Sync;
+
+impl CachePolicy {
+    /// Caches only the keys `owns` says yes to.
+    pub fn only(owns: impl Fn(&[u8]) -> bool + Send + Sync + 'static) -> CachePolicy {
+        CachePolicy(Some(Arc::new(owns)))
+    }
+
+    pub fn caches(&self, key: &[u8]) -> bool {
+        self.0.as_ref().is_none_or(|owns| owns(key))
+    }
+
+    /// Whether some keys are not cached (then a miss may be worth serving from elsewhere).
+    pub fn is_selective(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+impl std::fmt::Debug for CachePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "CachePolicy(some keys)"
+        } else {
+            "CachePolicy(every key)"
+        })
+    }
 }
 
 impl StoreOptions {
@@ -147,6 +183,7 @@ impl StoreOptions {
             adoption_step_records: 256,
             merge_adoption_step_records: 1_024,
             value_direct_io: false,
+            caches: CachePolicy::default(),
         }
     }
 }
@@ -1286,16 +1323,18 @@ impl Store {
             key,
             location,
         )?;
-        self.cache.admit(key, &mut location.value, value.clone());
-        self.cache.evict(&mut self.index);
+        if self.options.caches.caches(key) {
+            self.cache.admit(key, &mut location.value, value.clone());
+            self.cache.evict(&mut self.index);
+        }
         Ok(Some(value))
     }
 
-    /// `key`'s value if it is in memory (or, without `value_direct_io`, when reading it is only
-    /// a copy from the page cache: then it is read now), or where to read it, for a caller that
-    /// takes the device read off its own thread and hands the value back (`admit_read`).
+    /// `key`'s value if it is in memory (or when reading it is only a copy from the page cache
+    /// and every key is cached here: then it is read now), or where to read it, for a caller that
+    /// takes the slow read off its own thread and hands the value back (`admit_read`).
     pub fn locate(&mut self, key: &[u8]) -> Result<Located, StoreError> {
-        if !self.options.value_direct_io {
+        if !self.options.value_direct_io && !self.options.caches.is_selective() {
             return self.get(key).map(Located::Ready);
         }
         let Some(location) = self.index.get_mut(key) else {
@@ -1309,11 +1348,22 @@ impl Store {
         }
         Ok(Located::OnDisk(DiskRead {
             path: self.segments.get(location.segment).path.clone(),
+            direct: self.options.value_direct_io,
             key: Bytes::copy_from_slice(key),
             version: location.version,
             record_offset: location.record_offset,
             value_len: location.value_len,
         }))
+    }
+
+    /// `key`'s value if it is in memory at `version` (which counts as reading it), without
+    /// reading the disk.
+    pub fn cached(&mut self, key: &[u8], version: u64) -> Option<Bytes> {
+        let location = self.index.get_mut(key)?;
+        if location.version != version || location.segment == DELETED_SINCE_START_UP {
+            return None;
+        }
+        location.value.and_then(|slot| self.cache.get(Some(slot)))
     }
 
     /// Caches `value`, which a `DiskRead` of `key` at `version` read, if that is still the key's
@@ -1322,7 +1372,11 @@ impl Store {
         let Some(location) = self.index.get_mut(key) else {
             return;
         };
-        if location.version != version || location.value.is_some() || location.segment == DELETED_SINCE_START_UP {
+        if location.version != version
+            || location.value.is_some()
+            || location.segment == DELETED_SINCE_START_UP
+            || !self.options.caches.caches(key)
+        {
             return;
         }
         assert_eq!(
@@ -1819,8 +1873,9 @@ impl Store {
                 continue;
             }
             assert_eq!(location.segment, UNWRITTEN, "a written record is adopted once");
+            let cache_new = self.options.caches.caches(&entry.key);
             self.cache
-                .written(&entry.key, &mut location.value, entry.value_len as usize);
+                .written(&entry.key, &mut location.value, entry.value_len as usize, cache_new);
             location.segment = adoption.id;
             location.record_offset = entry.record_offset;
             self.segments
@@ -2176,9 +2231,11 @@ pub enum Located {
     OnDisk(DiskRead),
 }
 
-/// A value's record to read from its segment, on any thread, past the page cache.
+/// A value's record to read from its segment, on any thread (past the page cache with
+/// `value_direct_io`).
 pub struct DiskRead {
     path: PathBuf,
+    direct: bool,
     key: Bytes,
     version: u64,
     record_offset: u64,
@@ -2189,7 +2246,7 @@ impl DiskRead {
     /// Reads and verifies the record. An error means it is not where it was (a merge retired
     /// its segment meanwhile, and the file may be gone or reused): ask the store again.
     pub fn read(&self) -> Result<Bytes, StoreError> {
-        let reader = SegmentReader::open(&self.path, true).map_err(io_error(&self.path))?;
+        let reader = SegmentReader::open(&self.path, self.direct).map_err(io_error(&self.path))?;
         let entry = IndexEntry {
             key: self.key.clone(),
             version: self.version,

@@ -42,6 +42,7 @@ use crate::decimal::{parse_float, Float};
 use crate::expiry::{wall_clock_ms, Deadlines};
 use crate::glob::glob_match;
 use crate::keyspace_events;
+use crate::ldc::Ldc;
 use crate::listeners::Hub;
 use crate::speculation::Proposed;
 use sets::member_key;
@@ -186,6 +187,8 @@ pub struct KvState {
     /// Whether the write being applied collects keyspace events: decided once per write, so
     /// one that starts while no one listens collects none, even if someone subscribes meanwhile.
     collecting_events: bool,
+    /// With `--cache-mode ldc`: who owns which key, and how to fetch from the owner's cache.
+    ldc: Option<Arc<Ldc>>,
 }
 
 /// A key's type, as TYPE names it.
@@ -366,6 +369,7 @@ impl KvState {
             keyspace_flags,
             key_events: Vec::new(),
             collecting_events: false,
+            ldc: None,
         })
     }
 
@@ -390,6 +394,13 @@ impl KvState {
     pub fn with_listeners(mut self, hub: Arc<Hub>) -> KvState {
         hub.set_keyspace_flags(self.keyspace_flags);
         self.listeners = Some(hub);
+        self
+    }
+
+    /// LDC: a miss of a key another node owns asks that node's cache before this node's device.
+    /// The store must cache only the keys this node owns (`StoreOptions::caches`).
+    pub fn with_ldc(mut self, ldc: Arc<Ldc>) -> KvState {
+        self.ldc = Some(ldc);
         self
     }
 
@@ -1554,6 +1565,7 @@ impl KvState {
                 Read::Zsets(read) => self.read_zset(read)?,
                 Read::Script(call) => self.run_script(0, call, true),
                 Read::ScriptExists(shas) => self.scripts_exist(shas),
+                Read::Cached { key, version } => Value::Bulk(self.store.cached(key, *version)),
                 Read::Fingerprints(keys) => {
                     Value::array(keys.iter().map(|k| Value::Bulk(Some(self.fingerprint(k)))).collect())
                 }
@@ -1739,7 +1751,15 @@ impl StateMachine for KvState {
             Ok(Located::OnDisk(disk_read)) => disk_read,
         };
         let key = key.clone();
+        let owner = self.ldc.clone().filter(|ldc| !ldc.owns(disk_read.key()));
         Err(Box::new(move || -> FinishRead<Self> {
+            let fetched = owner.and_then(|ldc| {
+                let owner = ldc.owner(disk_read.key());
+                ldc.fetch(owner, disk_read.key(), disk_read.version())
+            });
+            if let Some(value) = fetched {
+                return Box::new(move |_: &mut KvState| Value::Bulk(Some(value)));
+            }
             let read = disk_read.read();
             Box::new(move |state: &mut KvState| match read {
                 Ok(value) => {
