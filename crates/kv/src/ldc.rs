@@ -6,7 +6,9 @@
 //! answers from memory only, and only with the version (the log index of the key's last write)
 //! the asker's index holds: a remote hit can never be stale. A wrong or absent answer, or a slow
 //! peer, costs a round trip and the device read the asker would have made anyway; a peer that
-//! times out is skipped for a back-off.
+//! times out is skipped for a back-off. A remote hit of one value costs about what a device read
+//! does over TCP, so the fetches waiting for one owner go as one call: while a call is out, the
+//! next ones gather (up to `MAX_BATCH_KEYS`) and go together when it returns.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -26,6 +28,22 @@ pub const SERVICE_FETCH: u8 = 4;
 const FETCH_TIMEOUT: Duration = Duration::from_millis(20);
 /// How long a peer that did not answer in time is skipped.
 const BACK_OFF: Duration = Duration::from_millis(500);
+/// Most keys one FETCH asks for.
+const MAX_BATCH_KEYS: usize = 64;
+
+/// A fetch waiting to go to its owner, and where its answer goes.
+struct Waiting {
+    key: Bytes,
+    version: u64,
+    answer: tokio::sync::oneshot::Sender<Option<Bytes>>,
+}
+
+/// The fetches waiting for one owner; its sender task takes them a batch at a time.
+#[derive(Default)]
+struct Queue {
+    waiting: Mutex<Vec<Waiting>>,
+    ready: tokio::sync::Notify,
+}
 
 pub struct Ldc {
     me: u64,
@@ -35,10 +53,12 @@ pub struct Ldc {
     /// threads that fetch.
     peers: OnceLock<(Arc<PeerCalls>, tokio::runtime::Handle)>,
     skipped_until: Mutex<HashMap<u64, Instant>>,
+    queues: HashMap<u64, Arc<Queue>>,
     metrics: LdcMetrics,
 }
 
 struct LdcMetrics {
+    fetch_calls: Arc<Counter>,
     remote_hits: Arc<Counter>,
     remote_absent: Arc<Counter>,
     remote_failed: Arc<Counter>,
@@ -50,12 +70,22 @@ impl Ldc {
         voters.sort_unstable();
         assert!(voters.contains(&me), "a node is one of the voters");
         let counter = chorus_metrics::counter;
+        let queues = voters
+            .iter()
+            .filter(|id| **id != me)
+            .map(|id| (*id, Arc::default()))
+            .collect();
         Arc::new(Ldc {
             me,
+            queues,
             voters,
             peers: OnceLock::new(),
             skipped_until: Mutex::new(HashMap::new()),
             metrics: LdcMetrics {
+                fetch_calls: counter(
+                    "chorus_ldc_fetch_calls_total",
+                    "FETCH calls sent to owners (each carries the fetches that gathered meanwhile)",
+                ),
                 remote_hits: counter(
                     "chorus_ldc_remote_hits_total",
                     "Values of keys this node does not own served from the owner's cache",
@@ -88,83 +118,154 @@ impl Ldc {
         self.owner(key) == self.me
     }
 
-    /// Called once the node runs.
-    pub fn connect(&self, peers: Arc<PeerCalls>, runtime: tokio::runtime::Handle) {
-        let _ = self.peers.set((peers, runtime));
+    /// Called once the node runs: starts a sender of batched fetches per peer.
+    pub fn connect(self: &Arc<Self>, peers: Arc<PeerCalls>, runtime: tokio::runtime::Handle) {
+        if self.peers.set((peers, runtime.clone())).is_err() {
+            return;
+        }
+        for owner in self.queues.keys() {
+            runtime.spawn(self.clone().send_fetches(*owner));
+        }
     }
 
     /// On a blocking thread: the owner's cached value of `key` at `version`, if it has it and
     /// answers in time.
     pub fn fetch(&self, owner: u64, key: &[u8], version: u64) -> Option<Bytes> {
-        let (peers, runtime) = self.peers.get()?;
-        let now = Instant::now();
-        if self
-            .skipped_until
-            .lock()
-            .expect("not poisoned")
-            .get(&owner)
-            .is_some_and(|until| now < *until)
-        {
+        let (_, runtime) = self.peers.get()?;
+        let queue = self.queues.get(&owner)?;
+        if self.backing_off(owner) {
             self.metrics.remote_failed.inc();
             return None;
         }
-        let body = encode_fetch(key, version);
-        match runtime.block_on(peers.call(owner, SERVICE_FETCH, &body, FETCH_TIMEOUT)) {
-            Ok(response) => match decode_fetched(&response) {
-                Some(Some(value)) => {
-                    self.metrics.remote_hits.inc();
-                    self.metrics.fetched_bytes.add(value.len() as u64);
-                    Some(value)
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        queue.waiting.lock().expect("not poisoned").push(Waiting {
+            key: Bytes::copy_from_slice(key),
+            version,
+            answer,
+        });
+        queue.ready.notify_one();
+        // A batch may wait for the call before it: up to two timeouts.
+        match runtime.block_on(tokio::time::timeout(2 * FETCH_TIMEOUT, answered)) {
+            Ok(Ok(value)) => value,
+            _ => None,
+        }
+    }
+
+    fn backing_off(&self, owner: u64) -> bool {
+        self.skipped_until
+            .lock()
+            .expect("not poisoned")
+            .get(&owner)
+            .is_some_and(|until| Instant::now() < *until)
+    }
+
+    /// Sends the fetches waiting for `owner`, a batch per call, one call at a time.
+    async fn send_fetches(self: Arc<Self>, owner: u64) {
+        let queue = self.queues[&owner].clone();
+        let (peers, _) = self.peers.get().expect("connected").clone();
+        loop {
+            queue.ready.notified().await;
+            loop {
+                let batch: Vec<Waiting> = {
+                    let mut waiting = queue.waiting.lock().expect("not poisoned");
+                    let take = waiting.len().min(MAX_BATCH_KEYS);
+                    waiting.drain(..take).collect()
+                };
+                if batch.is_empty() {
+                    break;
                 }
-                Some(None) => {
-                    self.metrics.remote_absent.inc();
-                    None
+                let body = encode_fetch(batch.iter().map(|w| (&w.key[..], w.version)));
+                self.metrics.fetch_calls.inc();
+                let answers = match peers.call(owner, SERVICE_FETCH, &body, FETCH_TIMEOUT).await {
+                    Ok(response) => decode_fetched(&response).filter(|values| values.len() == batch.len()),
+                    Err(_) => {
+                        self.skipped_until
+                            .lock()
+                            .expect("not poisoned")
+                            .insert(owner, Instant::now() + BACK_OFF);
+                        None
+                    }
+                };
+                let Some(values) = answers else {
+                    self.metrics.remote_failed.add(batch.len() as u64);
+                    for waiting in batch {
+                        let _ = waiting.answer.send(None);
+                    }
+                    continue;
+                };
+                for (waiting, value) in batch.into_iter().zip(values) {
+                    match &value {
+                        Some(value) => {
+                            self.metrics.remote_hits.inc();
+                            self.metrics.fetched_bytes.add(value.len() as u64);
+                        }
+                        None => self.metrics.remote_absent.inc(),
+                    }
+                    let _ = waiting.answer.send(value);
                 }
-                None => {
-                    tracing::warn!(peer = owner, "malformed FETCH response");
-                    self.metrics.remote_failed.inc();
-                    None
-                }
-            },
-            Err(_) => {
-                self.metrics.remote_failed.inc();
-                self.skipped_until
-                    .lock()
-                    .expect("not poisoned")
-                    .insert(owner, now + BACK_OFF);
-                None
             }
         }
     }
 }
 
-/// A FETCH request: the version (8 bytes) and the store key.
-fn encode_fetch(key: &[u8], version: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(8 + key.len());
-    out.extend_from_slice(&version.to_le_bytes());
-    out.extend_from_slice(key);
+/// A FETCH request: per key, its version (8 bytes), its length (2 bytes) and the store key.
+fn encode_fetch<'a>(keys: impl Iterator<Item = (&'a [u8], u64)>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (key, version) in keys {
+        out.extend_from_slice(&version.to_le_bytes());
+        out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        out.extend_from_slice(key);
+    }
     out
 }
 
-fn decode_fetch(body: &[u8]) -> Option<(u64, &[u8])> {
-    let (version, key) = body.split_first_chunk::<8>()?;
-    Some((u64::from_le_bytes(*version), key))
+fn decode_fetch(mut body: &[u8]) -> Option<Vec<(Bytes, u64)>> {
+    let mut keys = Vec::new();
+    while !body.is_empty() {
+        let (version, rest) = body.split_first_chunk::<8>()?;
+        let (len, rest) = rest.split_first_chunk::<2>()?;
+        let (key, rest) = rest.split_at_checked(u16::from_le_bytes(*len) as usize)?;
+        keys.push((Bytes::copy_from_slice(key), u64::from_le_bytes(*version)));
+        body = rest;
+    }
+    (!keys.is_empty() && keys.len() <= MAX_BATCH_KEYS).then_some(keys)
 }
 
-/// A FETCH response: 1 and the value, or 0 for "not here at that version".
-fn encode_fetched(value: Option<&[u8]>) -> Vec<u8> {
-    match value {
-        Some(value) => [&[1u8][..], value].concat(),
-        None => vec![0],
+/// A FETCH response: per key asked, 1, the value's length (4 bytes) and the value, or 0 for
+/// "not here at that version".
+fn encode_fetched(values: &[Option<Bytes>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for value in values {
+        match value {
+            Some(value) => {
+                out.push(1);
+                out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+                out.extend_from_slice(value);
+            }
+            None => out.push(0),
+        }
     }
+    out
 }
 
-fn decode_fetched(response: &[u8]) -> Option<Option<Bytes>> {
-    match response.split_first()? {
-        (1, value) => Some(Some(Bytes::copy_from_slice(value))),
-        (0, []) => Some(None),
-        _ => None,
+fn decode_fetched(mut response: &[u8]) -> Option<Vec<Option<Bytes>>> {
+    let mut values = Vec::new();
+    while let Some((found, rest)) = response.split_first() {
+        response = match found {
+            0 => {
+                values.push(None);
+                rest
+            }
+            1 => {
+                let (len, rest) = rest.split_first_chunk::<4>()?;
+                let (value, rest) = rest.split_at_checked(u32::from_le_bytes(*len) as usize)?;
+                values.push(Some(Bytes::copy_from_slice(value)));
+                rest
+            }
+            _ => return None,
+        };
     }
+    Some(values)
 }
 
 /// Answers peers' FETCHes from this node's cache (a read on the raft loop that never touches
@@ -182,21 +283,24 @@ pub async fn serve_peer_requests(
             }
             continue;
         }
-        let Some((version, key)) = decode_fetch(&request.body) else {
+        let Some(keys) = decode_fetch(&request.body) else {
             tracing::warn!(from = request.from, "malformed FETCH; ignored");
             continue;
         };
-        let read = Read::Cached {
-            key: Bytes::copy_from_slice(key),
-            version,
-        };
+        let asked = keys.len();
         let node = node.clone();
         tokio::spawn(async move {
-            let value = match node.read(read, ReadConsistency::Stale).await {
-                Ok(Value::Bulk(Some(value))) => Some(value),
-                _ => None,
+            let values = match node.read(Read::Cached(keys), ReadConsistency::Stale).await {
+                Ok(Value::Array(Some(values))) => values
+                    .into_iter()
+                    .map(|value| match value {
+                        Value::Bulk(value) => value,
+                        _ => None,
+                    })
+                    .collect(),
+                _ => vec![None; asked],
             };
-            request.respond(&encode_fetched(value.as_deref()));
+            request.respond(&encode_fetched(&values));
         });
     }
 }
@@ -221,15 +325,21 @@ mod tests {
 
     #[test]
     fn fetches_and_answers_round_trip_and_nonsense_is_refused() {
-        assert_eq!(decode_fetch(&encode_fetch(b"key", 42)), Some((42, &b"key"[..])));
-        assert_eq!(decode_fetch(&[1, 2, 3]), None);
+        let keys = [(&b"key"[..], 42), (&b""[..], 7)];
+        let body = encode_fetch(keys.into_iter());
         assert_eq!(
-            decode_fetched(&encode_fetched(Some(b"v"))),
-            Some(Some(Bytes::from("v")))
+            decode_fetch(&body),
+            Some(vec![(Bytes::from("key"), 42), (Bytes::new(), 7)])
         );
-        assert_eq!(decode_fetched(&encode_fetched(None)), Some(None));
-        assert_eq!(decode_fetched(&[]), None);
-        assert_eq!(decode_fetched(&[0, 1]), None);
+        assert_eq!(decode_fetch(&body[..body.len() - 1]), None, "truncated");
+        assert_eq!(decode_fetch(&[]), None, "asks for nothing");
+        let values = vec![Some(Bytes::from("v")), None, Some(Bytes::new())];
+        assert_eq!(decode_fetched(&encode_fetched(&values)), Some(values));
+        assert_eq!(
+            decode_fetched(&[1, 9, 0, 0, 0]),
+            None,
+            "a value shorter than its length"
+        );
         assert_eq!(decode_fetched(&[7]), None);
     }
 }

@@ -109,8 +109,8 @@ pub type SlowRead<SM> = Box<dyn FnOnce() -> FinishRead<SM> + Send>;
 /// Finishes a deferred read against the state, on the raft loop.
 pub type FinishRead<SM> = Box<dyn FnOnce(&mut SM) -> <SM as StateMachine>::Output + Send>;
 
-/// Slow read steps running off the loop at once; beyond it they run on the loop (back-pressure:
-/// the loop slows down rather than queueing without bound).
+/// Slow read steps running off the loop at once; more wait their turn (a slow step may block on
+/// the network, so none ever runs on the loop).
 const MAX_SLOW_READS_IN_FLIGHT: usize = 64;
 
 #[derive(Debug, Clone)]
@@ -784,9 +784,11 @@ struct RaftLoop<SM: StateMachine> {
     replica_waits: replica_wait::Waits,
     /// The term `replica_waits` were asked in.
     replica_waits_term: u64,
-    /// Where deferred reads' slow steps report back, and how many are running.
+    /// Where deferred reads' slow steps report back, how many are running, and those waiting
+    /// for one of them to finish.
     finished_reads: mpsc::UnboundedSender<(FinishRead<SM>, Reply<SM::Output>)>,
     slow_reads_in_flight: usize,
+    slow_reads_waiting: VecDeque<(SlowRead<SM>, Reply<SM::Output>)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -974,6 +976,7 @@ pub async fn start<SM: StateMachine>(
         replica_waits_term: 0,
         finished_reads: finished_reads_tx,
         slow_reads_in_flight: 0,
+        slow_reads_waiting: VecDeque::new(),
     };
     raft_loop.publish_status();
     tokio::spawn(serve_replica_waits(replica_questions, request_tx.clone()));
@@ -1896,24 +1899,27 @@ impl<SM: StateMachine> RaftLoop<SM> {
             Ok(output) => {
                 let _ = reply.send(Ok(output));
             }
-            Err(slow) if self.slow_reads_in_flight < MAX_SLOW_READS_IN_FLIGHT => {
-                self.slow_reads_in_flight += 1;
-                let finished = self.finished_reads.clone();
-                tokio::task::spawn_blocking(move || {
-                    let _ = finished.send((slow(), reply));
-                });
-            }
-            Err(slow) => {
-                let finish = slow();
-                let _ = reply.send(Ok(finish(&mut self.sm)));
-            }
+            Err(slow) if self.slow_reads_in_flight < MAX_SLOW_READS_IN_FLIGHT => self.start_slow_read(slow, reply),
+            Err(slow) => self.slow_reads_waiting.push_back((slow, reply)),
         }
     }
 
-    /// A deferred read's slow step has run: finish it against the state and answer.
+    fn start_slow_read(&mut self, slow: SlowRead<SM>, reply: Reply<SM::Output>) {
+        self.slow_reads_in_flight += 1;
+        let finished = self.finished_reads.clone();
+        tokio::task::spawn_blocking(move || {
+            let _ = finished.send((slow(), reply));
+        });
+    }
+
+    /// A deferred read's slow step has run: finish it against the state and answer; a waiting
+    /// one takes its place.
     fn finish_read(&mut self, finish: FinishRead<SM>, reply: Reply<SM::Output>) {
         self.slow_reads_in_flight -= 1;
         let _ = reply.send(Ok(finish(&mut self.sm)));
+        if let Some((slow, reply)) = self.slow_reads_waiting.pop_front() {
+            self.start_slow_read(slow, reply);
+        }
     }
 
     /// Fails requests that waited too long, and re-issues ReadIndex requests that got no answer

@@ -489,12 +489,9 @@ pub enum Read {
     RandomKey,
     /// WATCH: each key's fingerprint now, to be compared when the transaction runs.
     Fingerprints(Vec<Bytes>),
-    /// LDC's FETCH from a peer: the store key's value if it is cached here at `version` (never
-    /// read from disk), else nil.
-    Cached {
-        key: Bytes,
-        version: u64,
-    },
+    /// LDC's FETCH from a peer: each store key's value if it is cached here at its version
+    /// (never read from disk), else nil.
+    Cached(Vec<(Bytes, u64)>),
     /// EVAL_RO / EVALSHA_RO: a script that may only read.
     Script(ScriptCall),
     ScriptExists(Vec<Bytes>),

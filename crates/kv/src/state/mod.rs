@@ -1565,7 +1565,11 @@ impl KvState {
                 Read::Zsets(read) => self.read_zset(read)?,
                 Read::Script(call) => self.run_script(0, call, true),
                 Read::ScriptExists(shas) => self.scripts_exist(shas),
-                Read::Cached { key, version } => Value::Bulk(self.store.cached(key, *version)),
+                Read::Cached(keys) => Value::array(
+                    keys.iter()
+                        .map(|(key, version)| Value::Bulk(self.store.cached(key, *version)))
+                        .collect(),
+                ),
                 Read::Fingerprints(keys) => {
                     Value::array(keys.iter().map(|k| Value::Bulk(Some(self.fingerprint(k)))).collect())
                 }
