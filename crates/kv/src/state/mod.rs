@@ -1734,10 +1734,12 @@ impl StateMachine for KvState {
         self.execute_read(query)
     }
 
-    /// A GET whose value is only on the device (with `--value-direct-io`) reads it off the raft
-    /// loop; the value is cached afterwards if the key has not been written meanwhile. What the
-    /// read returns is the key's value when the read was served here, after its ReadIndex, so it
-    /// is linearizable even if a write lands while the device read runs.
+    /// A GET whose value is not in memory here (with `--value-direct-io`, or LDC) takes its slow
+    /// step off the raft loop: with LDC, the owner's cache at the version this node's index holds
+    /// (for a key another node owns); else the device, the value then cached if the key has not
+    /// been written meanwhile (and, with LDC, is this node's). What the read returns is the key's
+    /// value when the read was served here, after its ReadIndex, so it is linearizable even if a
+    /// write lands while the slow step runs.
     fn query_or_defer(&mut self, query: &Read) -> Result<Value, SlowRead<Self>> {
         let Read::Get(key) = query else {
             return Ok(self.query(query));
