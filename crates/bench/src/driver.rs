@@ -166,7 +166,8 @@ struct Recorder {
     seconds: Vec<Second>,
 }
 
-fn histogram(significant_digits: u8) -> Histogram<u64> {
+/// A latency histogram in microseconds.
+pub(crate) fn histogram(significant_digits: u8) -> Histogram<u64> {
     Histogram::new_with_bounds(1, LATENCY_MAX_US, significant_digits).expect("valid histogram bounds")
 }
 

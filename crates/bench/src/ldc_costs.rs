@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use chorus_log::transport::{self, PeerCalls, Services, TransportConfig};
-use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::cpu::process_times;
@@ -138,10 +137,6 @@ fn key(i: usize) -> Vec<u8> {
     format!("user{i:020}").into_bytes()
 }
 
-fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
-}
-
 fn cpu_secs() -> f64 {
     process_times(std::process::id()).map_or(0.0, |t| t.total_secs())
 }
@@ -154,7 +149,7 @@ fn measure(
     duration: Duration,
     mut op: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<Measurement> {
-    let mut latency_us = histogram();
+    let mut latency_us = crate::driver::histogram(3);
     let cpu_before = cpu_secs();
     let started = Instant::now();
     let mut next_report = Duration::from_secs(1);

@@ -1740,17 +1740,7 @@ async fn gets_stay_linearizable_under_racing_writes(cache_mode: &str) -> Cluster
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
     const KEYS: u64 = 2_000;
-    let cluster = Cluster::start(
-        3,
-        &[
-            "--cache-bytes",
-            "262144",
-            "--value-direct-io",
-            "true",
-            "--cache-mode",
-            cache_mode,
-        ],
-    );
+    let cluster = device_read_cluster(cache_mode);
     let mut loader = cluster.client(1).await;
     for chunk in (0..KEYS).collect::<Vec<_>>().chunks(200) {
         let mut args = vec!["MSET".to_string()];
@@ -1812,12 +1802,10 @@ async fn gets_stay_linearizable_under_racing_writes(cache_mode: &str) -> Cluster
     cluster
 }
 
-/// LDC with a node killed while GETs of its keys run on the others: they fall back to the
-/// device (after one timeout, then the peer is skipped), with no error and the right values.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ldc_a_dead_owner_costs_latency_not_errors() {
-    const KEYS: u64 = 1_000;
-    let cluster = Cluster::start(
+/// Three nodes whose caches (256 KiB) hold a sliver of the tests' data and whose misses read the
+/// device past the page cache, their caches managed as `cache_mode` says.
+fn device_read_cluster(cache_mode: &str) -> Cluster {
+    Cluster::start(
         3,
         &[
             "--cache-bytes",
@@ -1825,9 +1813,17 @@ async fn ldc_a_dead_owner_costs_latency_not_errors() {
             "--value-direct-io",
             "true",
             "--cache-mode",
-            "ldc",
+            cache_mode,
         ],
-    );
+    )
+}
+
+/// LDC with a node killed while GETs of its keys run on the others: they fall back to the
+/// device (after one timeout, then the peer is skipped), with no error and the right values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ldc_a_dead_owner_costs_latency_not_errors() {
+    const KEYS: u64 = 1_000;
+    let cluster = device_read_cluster("ldc");
     let (leader, followers) = cluster.leader_and_followers().await;
     let mut c = cluster.client(leader).await;
     for k in 0..KEYS {

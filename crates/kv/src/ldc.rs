@@ -20,6 +20,7 @@ use chorus_metrics::Counter;
 use chorus_resp::Value;
 
 use crate::command::Read;
+use crate::fnv::fnv1a_64;
 use crate::server::KvNode;
 
 /// The peer service the owner answers fetches with (CURP's are 1 to 3).
@@ -108,10 +109,7 @@ impl Ldc {
 
     /// The node the store key `key` belongs to.
     pub fn owner(&self, key: &[u8]) -> u64 {
-        let hash = key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-        });
-        self.voters[(hash % self.voters.len() as u64) as usize]
+        self.voters[(fnv1a_64(key) % self.voters.len() as u64) as usize]
     }
 
     pub fn owns(&self, key: &[u8]) -> bool {

@@ -5,6 +5,7 @@ pub mod command;
 pub mod curp;
 mod decimal;
 mod expiry;
+mod fnv;
 mod glob;
 pub mod keyspace_events;
 pub mod ldc;

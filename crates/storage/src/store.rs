@@ -4089,25 +4089,7 @@ mod tests {
     #[test]
     fn a_located_value_reads_off_the_store_and_is_cached_only_if_still_current() {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(
-            StoreOptions {
-                cache_bytes: 4_096,
-                batch_writes: 10,
-                value_direct_io: true,
-                ..StoreOptions::new(dir.path())
-            },
-            None,
-        )
-        .unwrap();
-        for i in 0..200u64 {
-            store.write(
-                i + 1,
-                Bytes::from(format!("key{i}")),
-                Some(Bytes::from(vec![i as u8; 100])),
-            );
-            store.entry_applied(i + 1);
-        }
-        store.finish_unwritten();
+        let mut store = store_of_written_keys(dir.path(), 200, 10, true);
         let on_disk = |store: &mut Store, key: &str| match store.locate(key.as_bytes()).unwrap() {
             Located::OnDisk(read) => read,
             Located::Ready(_) => panic!("{key} is in memory"),
@@ -4128,19 +4110,20 @@ mod tests {
         assert!(matches!(store.locate(b"absent").unwrap(), Located::Ready(None)));
     }
 
-    fn values_beyond_the_cache_come_from_disk_read(value_direct_io: bool) {
-        let dir = tempfile::tempdir().unwrap();
+    /// A store with a 4 KiB cache holding `keys` keys `key<i>` of 100 bytes `i`, one write per
+    /// entry, every batch written.
+    fn store_of_written_keys(dir: &Path, keys: u64, batch_writes: u64, value_direct_io: bool) -> Store {
         let mut store = Store::open(
             StoreOptions {
                 cache_bytes: 4_096,
-                batch_writes: 100,
+                batch_writes,
                 value_direct_io,
-                ..StoreOptions::new(dir.path())
+                ..StoreOptions::new(dir)
             },
             None,
         )
         .unwrap();
-        for i in 0..2_000u64 {
+        for i in 0..keys {
             store.write(
                 i + 1,
                 Bytes::from(format!("key{i}")),
@@ -4150,6 +4133,12 @@ mod tests {
         }
         // Not `manifest_later`: the writer makes a segment durable before it tells the store.
         store.finish_unwritten();
+        store
+    }
+
+    fn values_beyond_the_cache_come_from_disk_read(value_direct_io: bool) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = store_of_written_keys(dir.path(), 2_000, 100, value_direct_io);
         let stats = store.stats();
         assert_eq!(stats.live_keys, 2_000);
         assert!(stats.cache.bytes <= 4_096);

@@ -40,6 +40,7 @@ use crate::command::{
 use crate::curp::ApplyWatch;
 use crate::decimal::{parse_float, Float};
 use crate::expiry::{wall_clock_ms, Deadlines};
+use crate::fnv::fnv1a_64;
 use crate::glob::glob_match;
 use crate::keyspace_events;
 use crate::ldc::Ldc;
@@ -225,10 +226,7 @@ enum Stored {
 /// SCAN's order: a key's place is this 64-bit hash of it (FNV-1a, the same on every node and in
 /// every version, so a cursor stays good on any node), never 0, which ends a scan.
 fn scan_position(key: &[u8]) -> u64 {
-    let hash = key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    hash.max(1)
+    fnv1a_64(key).max(1)
 }
 
 /// The sum INCRBYFLOAT / HINCRBYFLOAT stores, or the error Redis gives; `current` is what the
