@@ -35,6 +35,9 @@ pub enum BenchCommand {
     /// What LDC trades: a local cache hit, a remote hit over the peer transport and a device
     /// read past the page cache, measured on this machine.
     LdcCosts(crate::ldc_costs::LdcCostsArgs),
+    /// Siloed caches against LDC in one run: 3 and 5 nodes, YCSB B, C and A over Zipf, uniform
+    /// and hotspot keys, values read from the device, each cache a share of the data set.
+    Ldc(crate::ldc_bench::LdcBenchArgs),
     /// UniCache compression of generated realistic streams (email CSV, news CSV, bus SQL).
     UnicacheStreams(crate::unicache_bench::StreamArgs),
     /// Start or stop a peer system (etcd, or Redis with replicas) for side-by-side runs.
@@ -415,6 +418,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Run(args) => bench_run(args).await,
         BenchCommand::Compare(args) => compare::run(args).await,
+        BenchCommand::Ldc(args) => crate::ldc_bench::run(args).await,
         BenchCommand::Unicache(args) => crate::unicache_bench::run(args).await,
         BenchCommand::UnicacheStreams(args) => crate::unicache_bench::run_streams(args),
         BenchCommand::Reduction(args) => crate::reduction_bench::run(args),

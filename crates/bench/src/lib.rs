@@ -11,6 +11,7 @@ pub mod driver;
 pub mod etcd_target;
 pub mod generator;
 pub mod grpc;
+pub mod ldc_bench;
 pub mod ldc_costs;
 pub mod peers;
 pub mod plot;

@@ -103,6 +103,11 @@ server_options! {
     /// each key is cached only by its owner, and a miss of another node's key asks its cache
     /// before the device; see docs/ldc.md). Every node of a cluster must agree.
     cache_mode: String = "siloed".into();
+    /// With cache_mode "ldc": "cost-benefit" (each node also caches the hottest objects it does
+    /// not own, as many as its measured costs of local hits, remote hits and device reads say
+    /// pay, and asks owners only while that is faster than its device) or "owners" (only owners
+    /// cache, and every miss of another node's key asks its owner first).
+    ldc_admission: String = "cost-benefit".into();
     /// How the key-value state is persisted: "reduced" (each batch of committed writes keeps only
     /// the last write of each key; a cleaner merges segments) or "full" (every committed write is
     /// kept and replayed at start-up, never cleaned: the standard log, a baseline for measuring).

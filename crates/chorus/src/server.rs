@@ -150,13 +150,21 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     };
     let ldc = match config.cache_mode.as_str() {
         "siloed" => None,
-        "ldc" => Some(Ldc::new(config.id, voters.clone())),
+        "ldc" => Some(Ldc::new(
+            config.id,
+            voters.clone(),
+            match config.ldc_admission.as_str() {
+                "cost-benefit" => true,
+                "owners" => false,
+                other => bail!("ldc_admission must be 'cost-benefit' or 'owners', not '{other}'"),
+            },
+        )),
         other => bail!("cache_mode must be 'siloed' or 'ldc', not '{other}'"),
     };
     let mut store_options = store_options(&config)?;
     if let Some(ldc) = &ldc {
         let ldc = ldc.clone();
-        store_options.caches = CachePolicy::only(move |key| ldc.owns(key));
+        store_options.caches = CachePolicy::only(move |key| ldc.caches(key));
     }
     let witness = if curp {
         let dir = config.data_dir.join("witness");

@@ -1724,23 +1724,25 @@ async fn a_lock_taken_with_nx_px_is_not_taken_twice_nor_held_long_past_its_ttl_a
 /// sent, and never a value older than one it or an earlier GET of the same client saw.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gets_reading_the_device_off_the_loop_stay_linearizable_under_racing_writes() {
-    gets_stay_linearizable_under_racing_writes("siloed").await;
+    gets_stay_linearizable_under_racing_writes(SILOED).await;
 }
 
 /// The same with LDC: a miss of a key another node owns is fetched from the owner's cache while
-/// writes race it; a fetched value is used only at the version the asker's index holds.
+/// writes race it; a fetched value is used only at the version the asker's index holds. (Owners
+/// only: the cost-benefit admission could find fetching slower than this machine's device and
+/// stop asking.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ldc_remote_hits_stay_linearizable_under_racing_writes() {
-    let cluster = gets_stay_linearizable_under_racing_writes("ldc").await;
+    let cluster = gets_stay_linearizable_under_racing_writes(LDC_OWNERS_ONLY).await;
     let remote_hits = metric_sum_over(&cluster, &[1, 2, 3], "chorus_ldc_remote_hits_total");
     assert!(remote_hits > 1_000.0, "only {remote_hits} remote hits");
 }
 
-async fn gets_stay_linearizable_under_racing_writes(cache_mode: &str) -> Cluster {
+async fn gets_stay_linearizable_under_racing_writes(cache_flags: &[&str]) -> Cluster {
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
     const KEYS: u64 = 2_000;
-    let cluster = device_read_cluster(cache_mode);
+    let cluster = device_read_cluster(cache_flags);
     let mut loader = cluster.client(1).await;
     for chunk in (0..KEYS).collect::<Vec<_>>().chunks(200) {
         let mut args = vec!["MSET".to_string()];
@@ -1802,20 +1804,15 @@ async fn gets_stay_linearizable_under_racing_writes(cache_mode: &str) -> Cluster
     cluster
 }
 
+const SILOED: &[&str] = &["--cache-mode", "siloed"];
+const LDC_OWNERS_ONLY: &[&str] = &["--cache-mode", "ldc", "--ldc-admission", "owners"];
+
 /// Three nodes whose caches (256 KiB) hold a sliver of the tests' data and whose misses read the
-/// device past the page cache, their caches managed as `cache_mode` says.
-fn device_read_cluster(cache_mode: &str) -> Cluster {
-    Cluster::start(
-        3,
-        &[
-            "--cache-bytes",
-            "262144",
-            "--value-direct-io",
-            "true",
-            "--cache-mode",
-            cache_mode,
-        ],
-    )
+/// device past the page cache, their caches managed as `cache_flags` say.
+fn device_read_cluster(cache_flags: &[&str]) -> Cluster {
+    let mut flags = vec!["--cache-bytes", "262144", "--value-direct-io", "true"];
+    flags.extend(cache_flags);
+    Cluster::start(3, &flags)
 }
 
 /// LDC with a node killed while GETs of its keys run on the others: they fall back to the
@@ -1823,7 +1820,7 @@ fn device_read_cluster(cache_mode: &str) -> Cluster {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ldc_a_dead_owner_costs_latency_not_errors() {
     const KEYS: u64 = 1_000;
-    let cluster = device_read_cluster("ldc");
+    let cluster = device_read_cluster(LDC_OWNERS_ONLY);
     let (leader, followers) = cluster.leader_and_followers().await;
     let mut c = cluster.client(leader).await;
     for k in 0..KEYS {
@@ -1851,6 +1848,69 @@ async fn ldc_a_dead_owner_costs_latency_not_errors() {
     }
     let failures = metric_sum_over(&cluster, &[leader], "chorus_ldc_remote_failures_total");
     assert!(failures > 0.0, "the dead owner was never asked");
+}
+
+/// LDC's cost-benefit admission with data that fits one node's cache: keeping every object on
+/// every node makes every read local, whatever a remote hit costs here, so the admission decides
+/// to replicate all of it (its gauge says how many) and reads then neither fetch nor read the
+/// device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ldc_replicates_a_data_set_that_fits_one_cache_on_every_node() {
+    const KEYS: u64 = 300;
+    // Small batches: the values leave the batch being built (held in memory on every node) for
+    // segments, where caching them is the admission's call.
+    let cluster = device_read_cluster(&["--cache-mode", "ldc", "--reduction-batch-writes", "50"]);
+    let mut c = cluster.client(1).await;
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(100) {
+        let mut args = vec!["MSET".to_string()];
+        for k in chunk {
+            args.extend([format!("fit:{k}"), format!("{k:0>100}")]);
+        }
+        assert_eq!(c.command(&args).await.unwrap(), ok());
+    }
+    let mut readers = Vec::new();
+    for id in [1, 2, 3] {
+        readers.push(cluster.client(id).await);
+    }
+    let read_all = |readers: &mut Vec<Client>| {
+        let readers = std::mem::take(readers);
+        async move {
+            let mut back = Vec::new();
+            for mut reader in readers {
+                for k in 0..KEYS {
+                    let reply = reader.command(&["GET", &format!("fit:{k}")]).await.unwrap();
+                    assert_eq!(reply, bulk(&format!("{k:0>100}")));
+                }
+                back.push(reader);
+            }
+            back
+        }
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        readers = read_all(&mut readers).await;
+        let replicated: Vec<f64> = [1, 2, 3]
+            .iter()
+            .map(|id| metric_value(&cluster.metrics(*id), "chorus_ldc_replicated_objects"))
+            .collect();
+        // The store's keys: these and its own bookkeeping.
+        if replicated.iter().all(|r| *r >= KEYS as f64) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the admission replicates {replicated:?} of {KEYS} objects"
+        );
+    }
+    // One more pass brings in what was fetched or read before the decision; then all is local.
+    readers = read_all(&mut readers).await;
+    let away = |cluster: &Cluster| {
+        metric_sum_over(cluster, &[1, 2, 3], "chorus_ldc_remote_hits_total")
+            + metric_sum_over(cluster, &[1, 2, 3], "chorus_storage_cache_misses_total")
+    };
+    let before = away(&cluster);
+    read_all(&mut readers).await;
+    assert_eq!(away(&cluster), before, "reads left their node after the decision");
 }
 
 /// WAIT counts the nodes besides the leader that hold the connection's writes, on the leader and

@@ -1540,6 +1540,15 @@ impl Store {
         self.index.groups_len()
     }
 
+    /// Objects the cache would hold at the mean size of those it holds now (`None` while it holds
+    /// none), and the live keys (`None` while the index is built after a start-up).
+    pub fn cache_shape(&self) -> (Option<f64>, Option<usize>) {
+        let cache = self.cache.stats();
+        let capacity_objects =
+            (cache.objects > 0).then(|| self.options.cache_bytes as f64 * cache.objects as f64 / cache.bytes as f64);
+        (capacity_objects, self.index_ready().then(|| self.index.len()))
+    }
+
     pub fn stats(&mut self) -> StoreStats {
         self.wait_for_index();
         StoreStats {

@@ -24,6 +24,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use chorus_curp::durable_witness::DurableWitness;
@@ -43,7 +44,7 @@ use crate::expiry::{wall_clock_ms, Deadlines};
 use crate::fnv::fnv1a_64;
 use crate::glob::glob_match;
 use crate::keyspace_events;
-use crate::ldc::Ldc;
+use crate::ldc::{Ldc, ReadKind};
 use crate::listeners::Hub;
 use crate::speculation::Proposed;
 use sets::member_key;
@@ -1748,23 +1749,42 @@ impl StateMachine for KvState {
         if expired {
             return Ok(Value::null());
         }
-        let disk_read = match self.store.locate(&string_key(key)) {
+        let store_key = string_key(key);
+        let located_at = Instant::now();
+        let located = self.store.locate(&store_key);
+        if let Some(ldc) = &self.ldc {
+            ldc.record_read(&store_key);
+            if let Ok(Located::Ready(Some(_))) = &located {
+                ldc.observe(ReadKind::LocalHit, located_at.elapsed());
+            }
+        }
+        let disk_read = match located {
             Err(e) => return Ok(storage_error(e)),
             Ok(Located::Ready(None)) if self.key_type(key).is_some() => return Ok(Value::error(WRONGTYPE)),
             Ok(Located::Ready(value)) => return Ok(Value::Bulk(value)),
             Ok(Located::OnDisk(disk_read)) => disk_read,
         };
         let key = key.clone();
-        let owner = self.ldc.clone().filter(|ldc| !ldc.owns(disk_read.key()));
+        let ldc = self.ldc.clone();
+        let owner = ldc.clone().filter(|ldc| !ldc.owns(disk_read.key()));
         Err(Box::new(move || -> FinishRead<Self> {
             let fetched = owner.and_then(|ldc| {
                 let owner = ldc.owner(disk_read.key());
                 ldc.fetch(owner, disk_read.key(), disk_read.version())
             });
             if let Some(value) = fetched {
-                return Box::new(move |_: &mut KvState| Value::Bulk(Some(value)));
+                return Box::new(move |state: &mut KvState| {
+                    state
+                        .store
+                        .admit_read(disk_read.key(), disk_read.version(), value.clone());
+                    Value::Bulk(Some(value))
+                });
             }
+            let read_at = Instant::now();
             let read = disk_read.read();
+            if let Some(ldc) = &ldc {
+                ldc.observe(ReadKind::Device, read_at.elapsed());
+            }
             Box::new(move |state: &mut KvState| match read {
                 Ok(value) => {
                     state
@@ -1828,6 +1848,13 @@ impl StateMachine for KvState {
 
     fn tick(&mut self) {
         self.store.tick();
+        if let Some(ldc) = &self.ldc {
+            let store = &self.store;
+            ldc.reconsider(|| match store.cache_shape() {
+                (Some(capacity_objects), Some(keys)) => Some((capacity_objects, keys as f64)),
+                _ => None,
+            });
+        }
         self.metrics.publish(&mut self.store);
         self.rifl_clients.set(self.completions.clients() as i64);
     }

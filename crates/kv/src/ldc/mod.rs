@@ -10,15 +10,19 @@
 //! does over TCP, so the fetches waiting for one owner go as one call: while a call is out, the
 //! next ones gather (up to `MAX_BATCH_KEYS`) and go together when it returns.
 
+mod admission;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chorus_log::{PeerCalls, PeerRequest, ReadConsistency};
-use chorus_metrics::Counter;
+use chorus_metrics::{Counter, Gauge};
 use chorus_resp::Value;
 
+pub use self::admission::ReadKind;
+use self::admission::{Admission, CacheShape};
 use crate::command::Read;
 use crate::fnv::fnv1a_64;
 use crate::server::KvNode;
@@ -31,6 +35,8 @@ const FETCH_TIMEOUT: Duration = Duration::from_millis(20);
 const BACK_OFF: Duration = Duration::from_millis(500);
 /// Most keys one FETCH asks for.
 const MAX_BATCH_KEYS: usize = 64;
+/// How often the cost-benefit admission decides again.
+const DECIDE_EVERY: Duration = Duration::from_secs(1);
 
 /// A fetch waiting to go to its owner, and where its answer goes.
 struct Waiting {
@@ -55,6 +61,10 @@ pub struct Ldc {
     peers: OnceLock<(Arc<PeerCalls>, tokio::runtime::Handle)>,
     skipped_until: Mutex<HashMap<u64, Instant>>,
     queues: HashMap<u64, Arc<Queue>>,
+    /// Which keys this node caches besides its own: the cost-benefit admission's hot set (none
+    /// without it).
+    admission: Mutex<Option<Admission>>,
+    decided_at: Mutex<Instant>,
     metrics: LdcMetrics,
 }
 
@@ -64,10 +74,17 @@ struct LdcMetrics {
     remote_absent: Arc<Counter>,
     remote_failed: Arc<Counter>,
     fetched_bytes: Arc<Counter>,
+    device_reads: Arc<Counter>,
+    not_fetched: Arc<Counter>,
+    replicated_objects: Arc<Gauge>,
+    /// The admission's inputs: what each kind of read takes here, in ns.
+    read_ns: [Arc<Gauge>; 3],
 }
 
 impl Ldc {
-    pub fn new(me: u64, mut voters: Vec<u64>) -> Arc<Ldc> {
+    /// `cost_benefit`: whether the cost-benefit admission runs (else only owners cache, and
+    /// every miss of another node's key asks its owner).
+    pub fn new(me: u64, mut voters: Vec<u64>, cost_benefit: bool) -> Arc<Ldc> {
         voters.sort_unstable();
         assert!(voters.contains(&me), "a node is one of the voters");
         let counter = chorus_metrics::counter;
@@ -82,6 +99,8 @@ impl Ldc {
             voters,
             peers: OnceLock::new(),
             skipped_until: Mutex::new(HashMap::new()),
+            admission: Mutex::new(cost_benefit.then(Admission::default)),
+            decided_at: Mutex::new(Instant::now()),
             metrics: LdcMetrics {
                 fetch_calls: counter(
                     "chorus_ldc_fetch_calls_total",
@@ -103,6 +122,25 @@ impl Ldc {
                     "chorus_ldc_fetched_bytes_total",
                     "Value bytes fetched from owners' caches",
                 ),
+                device_reads: counter(
+                    "chorus_ldc_device_reads_total",
+                    "Values read from this node's device (missed here, and not fetched from an owner)",
+                ),
+                read_ns: ["local_hit", "remote_hit", "device"].map(|kind| {
+                    chorus_metrics::labeled_gauge(
+                        "chorus_ldc_read_ns",
+                        "Mean time of a read of a value, by where it came from (the cost-benefit admission's inputs)",
+                        Some(("kind", kind)),
+                    )
+                }),
+                not_fetched: counter(
+                    "chorus_ldc_not_fetched_total",
+                    "Misses of another node's key read from the device at once: the owner's cache, as measured, was no faster",
+                ),
+                replicated_objects: chorus_metrics::gauge(
+                    "chorus_ldc_replicated_objects",
+                    "Hottest objects the cost-benefit admission keeps in every node's cache (the rest, once, in their owner's)",
+                ),
             },
         })
     }
@@ -114,6 +152,62 @@ impl Ldc {
 
     pub fn owns(&self, key: &[u8]) -> bool {
         self.owner(key) == self.me
+    }
+
+    /// Whether this node caches the store key `key`: its own keys, and the hot set every node
+    /// replicates.
+    pub fn caches(&self, key: &[u8]) -> bool {
+        self.owns(key) || self.with_admission(|a| a.replicated(fnv1a_64(key))) == Some(true)
+    }
+
+    /// `f` on the cost-benefit admission, if it runs.
+    fn with_admission<R>(&self, f: impl FnOnce(&mut Admission) -> R) -> Option<R> {
+        self.admission.lock().expect("not poisoned").as_mut().map(f)
+    }
+
+    /// Counts a read of the store key `key` in the popularity the admission decides from.
+    pub fn record_read(&self, key: &[u8]) {
+        self.with_admission(|a| a.record_read(fnv1a_64(key)));
+    }
+
+    /// How long a read of a value took, by where the value came from.
+    pub fn observe(&self, kind: ReadKind, took: Duration) {
+        if kind == ReadKind::Device {
+            self.metrics.device_reads.inc();
+        }
+        self.with_admission(|a| a.observe(kind, took));
+    }
+
+    /// Decides again which hot objects every node caches, at most every `DECIDE_EVERY`;
+    /// `shape` is asked only then.
+    pub fn reconsider(&self, shape: impl FnOnce() -> Option<(f64, f64)>) {
+        if self.with_admission(|_| ()).is_none() {
+            return;
+        }
+        let mut decided_at = self.decided_at.lock().expect("not poisoned");
+        if decided_at.elapsed() < DECIDE_EVERY {
+            return;
+        }
+        *decided_at = Instant::now();
+        let Some((capacity_objects, keys)) = shape() else {
+            return;
+        };
+        let shape = CacheShape {
+            nodes: self.voters.len(),
+            capacity_objects,
+            keys,
+        };
+        let replicated = self.with_admission(|admission| {
+            for (gauge, us) in self.metrics.read_ns.iter().zip(admission.measured_us()) {
+                if let Some(us) = us {
+                    gauge.set((us * 1e3) as i64);
+                }
+            }
+            admission.reconsider(shape)
+        });
+        if let Some(Some(replicated)) = replicated {
+            self.metrics.replicated_objects.set(replicated as i64);
+        }
     }
 
     /// Called once the node runs: starts a sender of batched fetches per peer.
@@ -135,6 +229,11 @@ impl Ldc {
             self.metrics.remote_failed.inc();
             return None;
         }
+        if self.with_admission(Admission::worth_fetching) == Some(false) {
+            self.metrics.not_fetched.inc();
+            return None;
+        }
+        let asked_at = Instant::now();
         let (answer, answered) = tokio::sync::oneshot::channel();
         queue.waiting.lock().expect("not poisoned").push(Waiting {
             key: Bytes::copy_from_slice(key),
@@ -143,10 +242,17 @@ impl Ldc {
         });
         queue.ready.notify_one();
         // A batch may wait for the call before it: up to two timeouts.
-        match runtime.block_on(tokio::time::timeout(2 * FETCH_TIMEOUT, answered)) {
+        let value = match runtime.block_on(tokio::time::timeout(2 * FETCH_TIMEOUT, answered)) {
             Ok(Ok(value)) => value,
             _ => None,
-        }
+        };
+        self.with_admission(|admission| {
+            admission.fetched(value.is_some());
+            if value.is_some() {
+                admission.observe(ReadKind::RemoteHit, asked_at.elapsed());
+            }
+        });
+        value
     }
 
     fn backing_off(&self, owner: u64) -> bool {
@@ -309,7 +415,7 @@ mod tests {
 
     #[test]
     fn every_node_names_the_same_owner_and_owners_share_the_keys() {
-        let nodes: Vec<Arc<Ldc>> = [3, 1, 2].iter().map(|me| Ldc::new(*me, vec![2, 3, 1])).collect();
+        let nodes: Vec<Arc<Ldc>> = [3, 1, 2].iter().map(|me| Ldc::new(*me, vec![2, 3, 1], true)).collect();
         let mut owned = [0usize; 3];
         for i in 0..3_000 {
             let key = format!("suser{i}");
