@@ -39,8 +39,8 @@ pub struct LdcBenchArgs {
     #[arg(long, default_value_t = 0.1)]
     pub cache_fraction: f64,
     /// Siloed runs of the first scenario with caches this many times larger (on the first
-    /// cluster size): where siloed catches up with LDC.
-    #[arg(long, value_delimiter = ',', default_value = "2,4")]
+    /// cluster size): where siloed catches up with LDC. The flag alone: none.
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "2,4")]
     pub siloed_cache_multipliers: Vec<f64>,
     /// Concurrent clients, spread over the nodes.
     #[arg(long, default_value_t = 48)]
@@ -48,6 +48,10 @@ pub struct LdcBenchArgs {
     /// Seconds each scenario runs unmeasured first (caches and the admission settle).
     #[arg(long, default_value_t = 10.0)]
     pub warmup_secs: f64,
+    /// µs the servers add to each device read of a value (their --emulated-device-read-us): a
+    /// slower device than this machine's, such as a network-attached volume.
+    #[arg(long, default_value_t = 0)]
+    pub emulated_device_read_us: u64,
     /// Directory for the clusters (default: under the system's temporary directory).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -86,6 +90,7 @@ struct Report<'a> {
     records: u64,
     value_bytes: usize,
     cache_fraction: f64,
+    emulated_device_read_us: u64,
     clients: usize,
     duration_secs: f64,
     rows: &'a [Row],
@@ -134,6 +139,8 @@ async fn run_cluster(
         &cache_bytes.to_string(),
         "--value-direct-io",
         "true",
+        "--emulated-device-read-us",
+        &args.emulated_device_read_us.to_string(),
     ]
     .map(String::from)
     .to_vec();
@@ -278,12 +285,17 @@ pub async fn run(args: LdcBenchArgs) -> anyhow::Result<()> {
     let object_bytes = (KEY_PREFIX.len() + 12 + 1 + args.common.field_bytes) as f64 + CACHED_OBJECT_OVERHEAD_BYTES;
     let cache_bytes = (args.common.records as f64 * args.cache_fraction * object_bytes) as u64;
     println!(
-        "LDC against siloed caches: {} records of {} B, each node's cache {:.0}% of the objects ({} B), {} clients over every node",
+        "LDC against siloed caches: {} records of {} B, each node's cache {:.0}% of the objects ({} B), {} clients over every node, device reads {}",
         args.common.records,
         args.common.field_bytes,
         100.0 * args.cache_fraction,
         cache_bytes,
-        args.clients
+        args.clients,
+        if args.emulated_device_read_us > 0 {
+            format!("slowed by {} µs", args.emulated_device_read_us)
+        } else {
+            "as they are".into()
+        }
     );
     let mut rows = Vec::new();
     for (i, &nodes) in args.nodes.iter().enumerate() {
@@ -308,6 +320,7 @@ pub async fn run(args: LdcBenchArgs) -> anyhow::Result<()> {
             records: args.common.records,
             value_bytes: args.common.field_bytes,
             cache_fraction: args.cache_fraction,
+            emulated_device_read_us: args.emulated_device_read_us,
             clients: args.clients,
             duration_secs: args.common.duration_secs.unwrap_or(30.0),
             rows: &rows,

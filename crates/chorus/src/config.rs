@@ -99,6 +99,9 @@ server_options! {
     /// Read values that miss the cache past the page cache (O_DIRECT) where the file system allows
     /// it: each miss is a device read, as when the data does not fit in memory.
     value_direct_io: bool = false;
+    /// For experiments only: µs added to each GET's read of a value from a segment file, as if
+    /// the device were slower (a network-attached volume takes about 500-2000 µs). 0: none.
+    emulated_device_read_us: u64 = 0;
     /// "siloed" (each node caches what it writes and reads) or "ldc" (the nodes' caches as one:
     /// each key is cached only by its owner, and a miss of another node's key asks its cache
     /// before the device; see docs/ldc.md). Every node of a cluster must agree.

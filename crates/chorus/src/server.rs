@@ -96,6 +96,7 @@ fn store_options(config: &ServerConfig) -> anyhow::Result<StoreOptions> {
         mode: config.storage.parse().map_err(anyhow::Error::msg)?,
         cache_bytes: config.cache_bytes,
         value_direct_io: config.value_direct_io,
+        emulated_device_read_us: config.emulated_device_read_us,
         batch_writes: config.reduction_batch_writes,
         batch_bytes: config.reduction_batch_bytes,
         min_cleanable_dirty_ratio: config.min_cleanable_dirty_ratio,

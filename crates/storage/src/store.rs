@@ -78,6 +78,9 @@ pub struct StoreOptions {
     pub mode: StorageMode,
     /// Bytes of memory the object cache may take: its values, keys and per-object bookkeeping.
     pub cache_bytes: usize,
+    /// Extra µs each value read off the caller's thread (`locate`'s `DiskRead`) waits, as on a
+    /// slower device (a network-attached volume): for experiments, 0 otherwise.
+    pub emulated_device_read_us: u64,
     /// A batch is cut once it holds this many writes or this many key and value bytes.
     pub batch_writes: u64,
     pub batch_bytes: u64,
@@ -169,6 +172,7 @@ impl StoreOptions {
             more_dirs: Vec::new(),
             mode: StorageMode::Reduced,
             cache_bytes: 256 << 20,
+            emulated_device_read_us: 0,
             batch_writes: 1_000,
             batch_bytes: 4 << 20,
             max_unwritten_batches: 8,
@@ -1349,6 +1353,8 @@ impl Store {
         Ok(Located::OnDisk(DiskRead {
             path: self.segments.get(location.segment).path.clone(),
             direct: self.options.value_direct_io,
+            emulated_delay: (self.options.emulated_device_read_us > 0)
+                .then(|| Duration::from_micros(self.options.emulated_device_read_us)),
             key: Bytes::copy_from_slice(key),
             version: location.version,
             record_offset: location.record_offset,
@@ -2245,6 +2251,8 @@ pub enum Located {
 pub struct DiskRead {
     path: PathBuf,
     direct: bool,
+    /// Added to the read (`StoreOptions::emulated_device_read_us`).
+    emulated_delay: Option<Duration>,
     key: Bytes,
     version: u64,
     record_offset: u64,
@@ -2255,6 +2263,9 @@ impl DiskRead {
     /// Reads and verifies the record. An error means it is not where it was (a merge retired
     /// its segment meanwhile, and the file may be gone or reused): ask the store again.
     pub fn read(&self) -> Result<Bytes, StoreError> {
+        if let Some(delay) = self.emulated_delay {
+            std::thread::sleep(delay);
+        }
         let reader = SegmentReader::open(&self.path, self.direct).map_err(io_error(&self.path))?;
         let entry = IndexEntry {
             key: self.key.clone(),

@@ -59,6 +59,10 @@ pub struct Costs {
     pub device_us: f64,
 }
 
+/// Cold or hot, as far as fetching a key is concerned (`Admission::worth_fetching`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FetchClass(usize);
+
 /// A stretch of the popularity curve: `keys` keys that together take `share` of the reads.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Stretch {
@@ -88,9 +92,11 @@ pub struct Admission {
     local_us: Option<f64>,
     remote_us: Option<f64>,
     device_us: Option<f64>,
-    /// Share of fetches the owner answered with the value (moving average).
-    fetch_hit_ratio: Option<f64>,
-    misses_since_probe: u32,
+    /// Share of fetches the owner answered with the value (moving average), for keys too cold to
+    /// tell apart and for hot ones: an owner caches most of its hot keys and few cold ones, so
+    /// fetching may pay for the one and not the other.
+    fetch_hit_ratio: [Option<f64>; 2],
+    misses_since_probe: [u32; 2],
 }
 
 impl Default for Admission {
@@ -107,8 +113,8 @@ impl Default for Admission {
             local_us: None,
             remote_us: None,
             device_us: None,
-            fetch_hit_ratio: None,
-            misses_since_probe: 0,
+            fetch_hit_ratio: [None; 2],
+            misses_since_probe: [0; 2],
         }
     }
 }
@@ -172,25 +178,30 @@ impl Admission {
         *mean = Some(mean.map_or(us, |m| m + COST_SMOOTHING * (us - m)));
     }
 
-    /// Whether a miss of another node's key should ask the owner before the device: when a
-    /// fetch, which costs a remote hit and on a remote miss the device read too, is expected to
-    /// take less than the device read alone (or is not measured yet, or is this miss's probe).
-    pub fn worth_fetching(&mut self) -> bool {
-        self.misses_since_probe += 1;
-        if self.misses_since_probe >= PROBE_EVERY {
-            self.misses_since_probe = 0;
-            return true;
+    /// Whether a miss of the key with hash `hash`, owned by another node, should ask the owner
+    /// before the device: when a fetch, which costs a remote hit and on a remote miss the device
+    /// read too, is expected to take less than the device read alone for keys as popular (or is
+    /// not measured yet, or is this miss's probe). Returns the key's class for `fetched`.
+    pub fn worth_fetching(&mut self, hash: u64) -> (bool, FetchClass) {
+        let class = FetchClass(usize::from(self.estimate(hash) >= 1 << FIRST_RESOLVED_LEVEL));
+        let since_probe = &mut self.misses_since_probe[class.0];
+        *since_probe += 1;
+        if *since_probe >= PROBE_EVERY {
+            *since_probe = 0;
+            return (true, class);
         }
-        match (self.remote_us, self.device_us, self.fetch_hit_ratio) {
+        let worth = match (self.remote_us, self.device_us, self.fetch_hit_ratio[class.0]) {
             (Some(remote), Some(device), Some(hits)) => remote < hits * device,
             _ => true,
-        }
+        };
+        (worth, class)
     }
 
-    /// Counts a fetch the owner answered with the value (`true`) or without.
-    pub fn fetched(&mut self, hit: bool) {
+    /// Counts a fetch of a key of `class` the owner answered with the value (`hit`) or without.
+    pub fn fetched(&mut self, class: FetchClass, hit: bool) {
         let hit = if hit { 1.0 } else { 0.0 };
-        self.fetch_hit_ratio = Some(self.fetch_hit_ratio.map_or(hit, |r| r + COST_SMOOTHING * (hit - r)));
+        let ratio = &mut self.fetch_hit_ratio[class.0];
+        *ratio = Some(ratio.map_or(hit, |r| r + COST_SMOOTHING * (hit - r)));
     }
 
     /// The mean µs of a local hit, a remote hit and a device read, each once measured.
@@ -478,20 +489,33 @@ mod tests {
     #[test]
     fn misses_ask_the_owner_only_while_it_pays_and_probe_otherwise() {
         let mut admission = Admission::default();
-        assert!(admission.worth_fetching(), "nothing measured yet");
+        let (cold, hot) = (hash(1), hash(2));
+        for _ in 0..100 {
+            admission.record_read(hot);
+        }
+        let (worth, cold_class) = admission.worth_fetching(cold);
+        assert!(worth, "nothing measured yet");
+        let (_, hot_class) = admission.worth_fetching(hot);
+        assert_ne!(cold_class, hot_class);
         admission.observe(ReadKind::Device, Duration::from_micros(200));
         admission.observe(ReadKind::RemoteHit, Duration::from_micros(100));
-        admission.fetched(true);
-        assert!(
-            (0..100).all(|_| admission.worth_fetching()),
+        admission.fetched(cold_class, true);
+        admission.fetched(hot_class, true);
+        let asked = |admission: &mut Admission, key: u64, times: usize| {
+            (0..times).filter(|_| admission.worth_fetching(key).0).count()
+        };
+        assert_eq!(
+            asked(&mut admission, cold, 100),
+            100,
             "a remote hit at half a device read"
         );
-        // Mostly absent on the owner: a fetch is a round trip before the device read.
+        // Cold keys mostly absent on their owners: a fetch is a round trip before the device
+        // read. Hot keys are still there.
         for _ in 0..100 {
-            admission.fetched(false);
+            admission.fetched(cold_class, false);
         }
-        let asked = (0..320).filter(|_| admission.worth_fetching()).count();
-        assert_eq!(asked, 10, "one probe in {PROBE_EVERY}");
+        assert_eq!(asked(&mut admission, cold, 320), 10, "one probe in {PROBE_EVERY}");
+        assert_eq!(asked(&mut admission, hot, 100), 100);
     }
 
     #[test]

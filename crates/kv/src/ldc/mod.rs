@@ -229,10 +229,15 @@ impl Ldc {
             self.metrics.remote_failed.inc();
             return None;
         }
-        if self.with_admission(Admission::worth_fetching) == Some(false) {
-            self.metrics.not_fetched.inc();
-            return None;
-        }
+        let hash = fnv1a_64(key);
+        let class = match self.with_admission(|a| a.worth_fetching(hash)) {
+            Some((false, _)) => {
+                self.metrics.not_fetched.inc();
+                return None;
+            }
+            Some((true, class)) => Some(class),
+            None => None,
+        };
         let asked_at = Instant::now();
         let (answer, answered) = tokio::sync::oneshot::channel();
         queue.waiting.lock().expect("not poisoned").push(Waiting {
@@ -247,7 +252,9 @@ impl Ldc {
             _ => None,
         };
         self.with_admission(|admission| {
-            admission.fetched(value.is_some());
+            if let Some(class) = class {
+                admission.fetched(class, value.is_some());
+            }
             if value.is_some() {
                 admission.observe(ReadKind::RemoteHit, asked_at.elapsed());
             }
