@@ -12,6 +12,7 @@ mod manifest;
 mod reduce;
 mod scan_map;
 mod segment;
+mod sharded_map;
 mod startup_index;
 mod store;
 

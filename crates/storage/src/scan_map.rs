@@ -10,7 +10,8 @@ use std::hash::{Hash, Hasher};
 use std::ops::Bound;
 
 use bytes::Bytes;
-use foldhash::HashMap;
+
+use crate::sharded_map::ShardedMap;
 
 /// The length of `key`'s group prefix, or `None` when the key belongs to no group. Scans are
 /// asked only for whole group prefixes.
@@ -92,10 +93,10 @@ impl Borrow<[u8]> for SingleKey {
 
 #[derive(Debug)]
 pub struct ScanMap<V> {
-    singles: HashMap<SingleKey, V>,
+    singles: ShardedMap<SingleKey, V>,
     /// Group prefix → the group's keys by what follows the prefix (compared without the shared
     /// prefix), each with its whole key.
-    groups: HashMap<Bytes, BTreeMap<Bytes, (Bytes, V)>>,
+    groups: ShardedMap<Bytes, BTreeMap<Bytes, (Bytes, V)>>,
     group_of: GroupOf,
     len: usize,
 }
@@ -103,8 +104,8 @@ pub struct ScanMap<V> {
 impl<V> ScanMap<V> {
     pub fn new(group_of: GroupOf) -> Self {
         ScanMap {
-            singles: HashMap::default(),
-            groups: HashMap::default(),
+            singles: ShardedMap::default(),
+            groups: ShardedMap::default(),
             group_of,
             len: 0,
         }
@@ -127,27 +128,22 @@ impl<V> ScanMap<V> {
     /// Makes room for those of `keys` outside groups at once, rather than by repeated doubling
     /// (each a rehash of every key) as they arrive.
     pub fn reserve_for<'a>(&mut self, keys: impl IntoIterator<Item = &'a [u8]>) {
-        let ungrouped = keys.into_iter().filter(|key| (self.group_of)(key).is_none()).count();
-        self.singles.reserve(ungrouped);
+        let group_of = self.group_of;
+        self.singles
+            .reserve_for(keys.into_iter().filter(|key| group_of(key).is_none()));
     }
 
     pub fn len(&self) -> usize {
         self.len
     }
 
-    /// Bytes allocated for the entries: each hash table as hashbrown sizes it (a power of two of
-    /// buckets, 8 per 7 entries of capacity, and a control byte per bucket), and each group's
-    /// members by their size alone (a lower bound: tree nodes' slack is not counted).
+    /// Bytes allocated for the entries: the hash tables as hashbrown sizes them, and each
+    /// group's members by their size alone (a lower bound: tree nodes' slack is not counted).
     pub fn allocated_bytes(&self) -> usize {
-        fn table_bytes<K, T>(table: &HashMap<K, T>) -> usize {
-            if table.capacity() == 0 {
-                return 0;
-            }
-            let buckets = (table.capacity() * 8).div_ceil(7).next_power_of_two();
-            buckets * (std::mem::size_of::<(K, T)>() + 1)
-        }
         let members = self.len - self.singles.len();
-        table_bytes(&self.singles) + table_bytes(&self.groups) + members * std::mem::size_of::<(Bytes, (Bytes, V))>()
+        self.singles.allocated_bytes()
+            + self.groups.allocated_bytes()
+            + members * std::mem::size_of::<(Bytes, (Bytes, V))>()
     }
 
     pub fn insert(&mut self, key: Bytes, value: V) -> Option<V> {
@@ -237,7 +233,7 @@ impl<V> ScanMap<V> {
     /// Every entry, taken out, in no particular order.
     pub fn into_entries(self) -> impl Iterator<Item = (Bytes, V)> {
         self.singles
-            .into_iter()
+            .into_entries()
             .map(|(key, value)| {
                 let key = match key {
                     SingleKey::Heap(key) => key,
@@ -253,8 +249,8 @@ impl<V> ScanMap<V> {
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &V)> + '_ {
         self.singles.iter().map(|(key, value)| (key.as_slice(), value)).chain(
             self.groups
-                .values()
-                .flat_map(|members| members.values().map(|(key, value)| (key.as_ref(), value))),
+                .iter()
+                .flat_map(|(_, members)| members.values().map(|(key, value)| (key.as_ref(), value))),
         )
     }
 
@@ -328,16 +324,16 @@ mod tests {
         let entry_bytes = std::mem::size_of::<(SingleKey, [u64; 4])>() + 1;
         assert_eq!(entry_bytes, 65);
         assert_eq!(m.allocated_bytes(), 0);
-        for i in 0..896u32 {
+        for i in 0..100_000u32 {
             m.insert(Bytes::from(i.to_string()), [0; 4]);
         }
-        assert_eq!(
-            m.allocated_bytes(),
-            1_024 * entry_bytes,
-            "896 keys fill 7/8 of 1,024 buckets"
+        // Each shard's table holds its keys at 7/8 of its buckets at most, and at least 7/16
+        // (it doubled when full).
+        let allocated = m.allocated_bytes();
+        assert!(
+            (100_000 * entry_bytes * 8 / 7..=100_000 * entry_bytes * 16 / 7).contains(&allocated),
+            "{allocated} bytes for 100,000 keys"
         );
-        m.insert(Bytes::from("one more"), [0; 4]);
-        assert_eq!(m.allocated_bytes(), 2_048 * entry_bytes, "the table doubled");
     }
 
     #[test]
@@ -355,7 +351,7 @@ mod tests {
         assert_eq!(m.get(b"g2a"), Some(&3));
         assert_eq!(m.len(), 3);
         assert_eq!(m.remove(b"g2a"), Some(3));
-        assert!(!m.groups.contains_key(b"g2".as_slice()), "an emptied group goes");
+        assert!(m.groups.get(b"g2".as_slice()).is_none(), "an emptied group goes");
         assert_eq!((m.group_len(b"g1"), m.group_len(b"g2")), (2, 0));
         assert_eq!((m.ungrouped_len(), m.groups_len()), (0, 1));
         assert_eq!(m.len(), 2);

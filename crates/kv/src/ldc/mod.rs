@@ -1,8 +1,10 @@
 //! LDC (`--cache-mode ldc`, issue 14; the plan is `docs/ldc.md`): the nodes' object caches
 //! managed as one logical cache. Each key has one owner, a hash of the key over the voters; only
-//! the owner caches the key's value (a written value that was not cached leaves memory once
-//! durable on the others: quick demotion), and a node that misses a key it does not own asks the
-//! owner's cache (`FETCH`, over the peer transport) before it reads its own device. The owner
+//! the owner caches the key's value, besides the hot set the cost-benefit admission
+//! (`admission.rs`) has every node cache (a written value that neither leaves memory once durable
+//! on the others: quick demotion), and a node that misses a key it does not own asks the owner's
+//! cache (`FETCH`, over the peer transport) before it reads its own device — while, as measured,
+//! that is faster than the device. The owner
 //! answers from memory only, and only with the version (the log index of the key's last write)
 //! the asker's index holds: a remote hit can never be stale. A wrong or absent answer, or a slow
 //! peer, costs a round trip and the device read the asker would have made anyway; a peer that
