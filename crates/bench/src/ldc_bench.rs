@@ -17,9 +17,6 @@ use crate::cli::{resp_target, run_target, save_run, CommonArgs};
 use crate::plot::{self, BarGroup};
 use crate::report;
 
-/// Bytes the store charges a cached object beyond its key and value (its cache's accounting),
-/// so that a cache of `--cache-fraction` holds that share of the objects.
-const CACHED_OBJECT_OVERHEAD_BYTES: f64 = 196.0;
 /// 24-byte keys, as the paper's: this prefix and the workload's 12 digits.
 const KEY_PREFIX: &str = "user12345678";
 
@@ -282,7 +279,9 @@ pub async fn run(args: LdcBenchArgs) -> anyhow::Result<()> {
         "--cache-fraction is a share of the data set, above 0 and at most 1"
     );
     anyhow::ensure!(!args.scenarios.is_empty(), "give at least one --scenarios entry");
-    let object_bytes = (KEY_PREFIX.len() + 12 + 1 + args.common.field_bytes) as f64 + CACHED_OBJECT_OVERHEAD_BYTES;
+    // What the store's cache charges an object, so that the cache holds `--cache-fraction` of them.
+    let object_bytes =
+        (KEY_PREFIX.len() + 12 + 1 + args.common.field_bytes) as f64 + chorus_storage::OBJECT_OVERHEAD_BYTES as f64;
     let cache_bytes = (args.common.records as f64 * args.cache_fraction * object_bytes) as u64;
     println!(
         "LDC against siloed caches: {} records of {} B, each node's cache {:.0}% of the objects ({} B), {} clients over every node, device reads {}",

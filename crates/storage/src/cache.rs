@@ -28,7 +28,7 @@ use crate::scan_map::SingleKey;
 /// rounding and fragmentation around them. Measured as the resident memory a node gains per
 /// cached object of a 16-byte key and a 100-byte value: 41 MiB for 32 MiB more of cache at 244
 /// bytes an object (`scripts/bench-rss` at 16 and 48 MiB), about 312 bytes an object.
-const OBJECT_OVERHEAD_BYTES: usize = 196;
+pub const OBJECT_OVERHEAD_BYTES: usize = 196;
 const MAX_FREQUENCY: u8 = 3;
 /// A FIFO is compacted once it holds this many released objects more than live ones.
 const COMPACT_AFTER_RELEASED: usize = 1_024;

@@ -16,7 +16,7 @@ mod sharded_map;
 mod startup_index;
 mod store;
 
-pub use cache::CacheStats;
+pub use cache::{CacheStats, OBJECT_OVERHEAD_BYTES};
 pub use manifest::Manifest;
 pub use reduce::{CutBatch, ReducedBatch, Reducer};
 pub use scan_map::{no_groups, GroupOf};
