@@ -1902,15 +1902,26 @@ async fn ldc_replicates_a_data_set_that_fits_one_cache_on_every_node() {
             "the admission replicates {replicated:?} of {KEYS} objects"
         );
     }
-    // One more pass brings in what was fetched or read before the decision; then all is local.
-    readers = read_all(&mut readers).await;
+    // Passes after the decision bring in what was fetched or read before it: a value enters the
+    // cache's small FIFO and, read again, its main one (S3-FIFO), which can take a few passes
+    // when a pass admits more than the small FIFO holds. Then a whole pass stays local.
     let away = |cluster: &Cluster| {
         metric_sum_over(cluster, &[1, 2, 3], "chorus_ldc_remote_hits_total")
             + metric_sum_over(cluster, &[1, 2, 3], "chorus_storage_cache_misses_total")
     };
-    let before = away(&cluster);
-    read_all(&mut readers).await;
-    assert_eq!(away(&cluster), before, "reads left their node after the decision");
+    let mut left_in_last_pass = f64::NAN;
+    for _ in 0..10 {
+        let before = away(&cluster);
+        readers = read_all(&mut readers).await;
+        left_in_last_pass = away(&cluster) - before;
+        if left_in_last_pass == 0.0 {
+            break;
+        }
+    }
+    assert_eq!(
+        left_in_last_pass, 0.0,
+        "reads still leave their node after the decision"
+    );
 }
 
 /// WAIT counts the nodes besides the leader that hold the connection's writes, on the leader and
