@@ -43,6 +43,8 @@ server_options! {
     data_dir: PathBuf = PathBuf::from("chorus-data");
     /// Address for Redis clients (RESP).
     resp_addr: SocketAddr = "127.0.0.1:6379".parse().expect("valid");
+    /// Address for PostgreSQL clients of `chorus sql`.
+    pg_addr: SocketAddr = "127.0.0.1:5433".parse().expect("valid");
     /// Address for the Prometheus metrics endpoint (GET /metrics).
     metrics_addr: SocketAddr = "127.0.0.1:9379".parse().expect("valid");
     /// Every voter as id=host:port (peer port), comma separated, this node included.

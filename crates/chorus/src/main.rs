@@ -3,6 +3,7 @@
 mod config;
 mod demo;
 mod server;
+mod sql_server;
 
 use std::path::PathBuf;
 
@@ -26,6 +27,15 @@ enum Commands {
     /// Run one node. Settings come from --config FILE (TOML) and flags; flags win.
     Server {
         /// TOML file with any of the settings below.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        options: Box<config::ServerOptions>,
+    },
+    /// Run one SQL node: PostgreSQL clients, an embedded SQLite replicated over the log. Takes
+    /// the settings of `chorus server` (its own port is --pg-addr; the key-value ones are unused).
+    Sql {
+        /// TOML file with any of the settings of `chorus server`.
         #[arg(long)]
         config: Option<PathBuf>,
         #[command(flatten)]
@@ -93,6 +103,17 @@ fn init_logging(filter: &str) {
         .init();
 }
 
+/// A node's settings: flags over the file over defaults; starts logging at the level they say.
+fn node_config(file: Option<PathBuf>, flags: config::ServerOptions) -> anyhow::Result<config::ServerConfig> {
+    let from_file = match file {
+        Some(path) => config::ServerOptions::from_file(&path)?,
+        None => config::ServerOptions::default(),
+    };
+    let config = flags.over(from_file).resolve();
+    init_logging(&config.log);
+    Ok(config)
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // A node runs on one thread (see `chorus_log::node`), and so does `chorus bench`: on two
@@ -100,7 +121,9 @@ fn main() -> anyhow::Result<()> {
     // pay for (client CPU per op on 100% writes at 50 clients: Chorus 9.7 -> 8.1-8.5 µs, etcd
     // over gRPC 22 -> 15-17 µs). The other tools use every core.
     let runtime = match cli.command {
-        Commands::Server { .. } | Commands::Bench { .. } => tokio::runtime::Builder::new_current_thread(),
+        Commands::Server { .. } | Commands::Sql { .. } | Commands::Bench { .. } => {
+            tokio::runtime::Builder::new_current_thread()
+        }
         _ => tokio::runtime::Builder::new_multi_thread(),
     }
     .enable_all()
@@ -108,15 +131,8 @@ fn main() -> anyhow::Result<()> {
     .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         match cli.command {
-            Commands::Server { config, options } => {
-                let file = match config {
-                    Some(path) => config::ServerOptions::from_file(&path)?,
-                    None => config::ServerOptions::default(),
-                };
-                let config = (*options).over(file).resolve();
-                init_logging(&config.log);
-                server::run(config).await
-            }
+            Commands::Server { config, options } => server::run(node_config(config, *options)?).await,
+            Commands::Sql { config, options } => sql_server::run(node_config(config, *options)?).await,
             Commands::Cluster { command } => match command {
                 ClusterCommand::Start {
                     nodes,

@@ -51,7 +51,7 @@ fn curp_on(config: &ServerConfig) -> anyhow::Result<bool> {
 }
 
 /// The raft node's settings from the server's.
-fn node_config(config: &ServerConfig, peers: Vec<(u64, std::net::SocketAddr)>) -> NodeConfig {
+pub(crate) fn node_config(config: &ServerConfig, peers: Vec<(u64, std::net::SocketAddr)>) -> NodeConfig {
     NodeConfig {
         id: config.id,
         peers,
@@ -244,7 +244,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
 }
 
 /// A minimal HTTP/1.1 responder: GET /metrics in Prometheus text format, 404 otherwise.
-async fn serve_metrics(listener: TcpListener) {
+pub(crate) async fn serve_metrics(listener: TcpListener) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
             continue;

@@ -22,6 +22,7 @@ use chorus_log::frame::{encode_frame, encode_hello, encode_request, encode_respo
 use chorus_log::shipment::{encode_chunk, encode_offer, encode_resume, Offer};
 use chorus_log::storage::{write_snapshot_file, DiskStorage, StorageOptions};
 use chorus_log::{EntryCodec, StateMachine};
+use chorus_sql::txn::{Statement as SqlStatement, Txn, TxnId, Value as SqlValue};
 use chorus_storage::{encode_segment, segment_file_name, Reducer, StoreOptions};
 use chorus_unicache::{
     absorb_command, encode_command, CsvPreprocessor, ItemCache, Preprocessor, SqlParams, SqlPreprocessor,
@@ -331,6 +332,23 @@ fn main() {
         "segment",
         "reads-only",
         &encode_segment(&reducer.take().expect("a batch")),
+    );
+    // SQL: a transaction as the writer logs it, and statement text as clients send it.
+    let txn = Txn {
+        id: TxnId { incarnation: 9, seq: 2 },
+        after: TxnId { incarnation: 9, seq: 1 },
+        seed: 77,
+        statements: vec![SqlStatement {
+            sql: "UPDATE accounts SET balance = balance + ?1 WHERE id = ?2".into(),
+            params: vec![SqlValue::Integer(-5), SqlValue::Text("3".into())],
+        }],
+    };
+    write(&out, "sql", "txn", &txn.encode());
+    write(
+        &out,
+        "sql",
+        "statements",
+        b"BEGIN; INSERT INTO t VALUES ($1, 'a;b', now(), datetime('now')); /* c */ COMMIT;",
     );
     println!("seeds written under {}", out.display());
 }

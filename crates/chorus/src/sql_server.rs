@@ -1,0 +1,65 @@
+//! `chorus sql`: a SQL node — the raft log, the SQL middleware over an embedded SQLite, the
+//! PostgreSQL front end and metrics.
+
+use std::os::unix::process::CommandExt;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use chorus_log::IdentityCodec;
+use chorus_sql::SqlOptions;
+use tokio::net::TcpListener;
+
+use crate::config::{parse_peers, ServerConfig};
+use crate::server::{node_config, serve_metrics};
+
+pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
+    let peers = parse_peers(&config.peers)?;
+    if !peers.iter().any(|(id, _)| *id == config.id) {
+        bail!("node id {} is not in peers '{}'", config.id, config.peers);
+    }
+    let listener = TcpListener::bind(config.pg_addr)
+        .await
+        .with_context(|| format!("cannot listen for PostgreSQL clients on {}", config.pg_addr))?;
+    let metrics_listener = TcpListener::bind(config.metrics_addr)
+        .await
+        .with_context(|| format!("cannot serve metrics on {}", config.metrics_addr))?;
+    let options = SqlOptions {
+        commit_timeout: Duration::from_millis(config.request_timeout_ms),
+        lock_wait: Duration::from_millis(config.request_timeout_ms),
+        on_diverged: Box::new(restart_in_place),
+    };
+    chorus_sql::start(
+        node_config(&config, peers),
+        &config.data_dir.join("sql"),
+        listener,
+        Box::new(IdentityCodec),
+        options,
+    )
+    .await
+    .context("cannot start the SQL node")?;
+    tokio::spawn(serve_metrics(metrics_listener));
+    tracing::info!(
+        id = config.id, pg = %config.pg_addr, metrics = %config.metrics_addr,
+        data_dir = %config.data_dir.display(), "chorus SQL node serving"
+    );
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM received; exiting"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received; exiting"),
+    }
+    // Every acknowledged COMMIT is in the fsynced raft log; the database follows from it.
+    Ok(())
+}
+
+/// The database holds transactions the log will not have: the process replaces itself with a
+/// fresh start of the same command (same pid, so supervisors and pid files still match), which
+/// rebuilds the database from the log. Every descriptor is close-on-exec; the raft log is safe
+/// to cut at any point, as after a crash.
+fn restart_in_place() {
+    let error = match std::env::current_exe() {
+        Ok(exe) => std::process::Command::new(exe).args(std::env::args_os().skip(1)).exec(),
+        Err(e) => e,
+    };
+    tracing::error!(error = %error, "cannot restart in place; exiting so a supervisor restarts the node");
+    std::process::exit(75);
+}

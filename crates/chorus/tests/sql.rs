@@ -1,0 +1,406 @@
+//! Integration tests of the SQL middleware: real `chorus sql` node processes on 127.0.0.1,
+//! real PostgreSQL clients (psql and tokio-postgres).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+
+const CHORUS: &str = env!("CARGO_BIN_EXE_chorus");
+
+struct Node {
+    pg: SocketAddr,
+    metrics: SocketAddr,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+/// A local cluster of `chorus sql` nodes, stopped when dropped.
+struct SqlCluster {
+    _dir: tempfile::TempDir,
+    peers: String,
+    nodes: Vec<Node>,
+}
+
+impl SqlCluster {
+    fn start(count: u64) -> SqlCluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ports = chorus_cluster::ports::free_loopback_ports(3 * count as usize).expect("free ports");
+        let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+        let peers = (0..count)
+            .map(|i| format!("{}={}", i + 1, addr(ports[3 * i as usize])))
+            .collect::<Vec<_>>()
+            .join(",");
+        let nodes = (0..count)
+            .map(|i| Node {
+                pg: addr(ports[3 * i as usize + 1]),
+                metrics: addr(ports[3 * i as usize + 2]),
+                dir: dir.path().join(format!("node{}", i + 1)),
+                child: None,
+            })
+            .collect();
+        let mut cluster = SqlCluster {
+            _dir: dir,
+            peers,
+            nodes,
+        };
+        for id in 1..=count {
+            cluster.launch(id);
+        }
+        cluster
+    }
+
+    fn node(&self, id: u64) -> &Node {
+        &self.nodes[id as usize - 1]
+    }
+
+    fn launch(&mut self, id: u64) {
+        let peers = self.peers.clone();
+        let node = &mut self.nodes[id as usize - 1];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(node.dir.with_extension("log"))
+            .expect("node log");
+        let child = Command::new(CHORUS)
+            .args(["sql", "--id", &id.to_string(), "--peers", &peers])
+            .args(["--data-dir", node.dir.to_str().expect("utf-8 path")])
+            .args([
+                "--pg-addr",
+                &node.pg.to_string(),
+                "--metrics-addr",
+                &node.metrics.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start chorus sql");
+        node.child = Some(child);
+    }
+
+    fn kill(&mut self, id: u64) {
+        if let Some(mut child) = self.nodes[id as usize - 1].child.take() {
+            child.kill().expect("SIGKILL");
+            child.wait().expect("reap");
+        }
+    }
+
+    fn role(&self, id: u64) -> Option<u64> {
+        let metrics = http_get(self.node(id).metrics, "/metrics")?;
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("chorus_raft_role "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map(|v| v as u64)
+    }
+
+    /// Waits until one of `ids` leads and returns it.
+    async fn leader_among(&self, ids: &[u64]) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(&leader) = ids.iter().find(|&&id| self.role(id) == Some(3)) {
+                return leader;
+            }
+            assert!(Instant::now() < deadline, "no leader among {ids:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn client(&self, id: u64) -> Client {
+        let node = self.node(id);
+        let config = format!(
+            "host=127.0.0.1 port={} user=chorus dbname=chorus connect_timeout=5",
+            node.pg.port()
+        );
+        let (client, connection) = tokio_postgres::connect(&config, NoTls).await.expect("connect");
+        tokio::spawn(connection);
+        client
+    }
+
+    fn psql(&self, id: u64, script: &str) -> String {
+        let node = self.node(id);
+        let mut child = Command::new("psql")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &node.pg.port().to_string(),
+                "-U",
+                "chorus",
+                "-d",
+                "chorus",
+            ])
+            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("psql is installed (scripts/install-bench-tools installs postgresql-client)");
+        child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "psql on node {id} failed: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    }
+}
+
+impl Drop for SqlCluster {
+    fn drop(&mut self) {
+        for id in 1..=self.nodes.len() as u64 {
+            self.kill(id);
+        }
+    }
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+/// Every row of `query`, as text, from a simple query.
+async fn rows(client: &Client, query: &str) -> Vec<Vec<Option<String>>> {
+    client
+        .simple_query(query)
+        .await
+        .expect(query)
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(row) => Some((0..row.len()).map(|i| row.get(i).map(str::to_owned)).collect()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn others(leader: u64) -> Vec<u64> {
+    (1..=3).filter(|&id| id != leader).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psql_and_tokio_postgres_on_different_nodes_see_each_others_committed_writes() {
+    let cluster = SqlCluster::start(3);
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let followers = others(leader);
+
+    cluster.psql(
+        leader,
+        "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT NOT NULL, score REAL);
+         BEGIN;
+         INSERT INTO notes VALUES (1, 'from psql', 1.5);
+         INSERT INTO notes VALUES (2, 'also psql', NULL);
+         COMMIT;",
+    );
+    // A prepared statement with parameters, over the extended protocol, on the leader.
+    let writer = cluster.client(leader).await;
+    let inserted = writer
+        .execute(
+            "INSERT INTO notes (id, body, score) VALUES ($1, $2, $3)",
+            &[&"3", &"from tokio-postgres", &"2.25"],
+        )
+        .await
+        .expect("prepared insert");
+    assert_eq!(inserted, 1);
+    let typed = writer
+        .query_typed(
+            "SELECT id, body FROM notes WHERE id >= $1 ORDER BY id",
+            &[(&2i64, tokio_postgres::types::Type::INT8)],
+        )
+        .await
+        .expect("typed query");
+    assert_eq!(typed.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>(), vec![2, 3]);
+
+    // Linearizable reads on a follower see every write acknowledged before they began.
+    let reader = cluster.client(followers[0]).await;
+    let seen = reader
+        .query("SELECT id, body, score FROM notes ORDER BY id", &[])
+        .await
+        .expect("follower read");
+    let seen: Vec<(i64, String, Option<f64>)> = seen.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+    assert_eq!(
+        seen,
+        vec![
+            (1, "from psql".into(), Some(1.5)),
+            (2, "also psql".into(), None),
+            (3, "from tokio-postgres".into(), Some(2.25)),
+        ]
+    );
+    assert_eq!(
+        cluster
+            .psql(followers[1], "SELECT count(*), sum(id) FROM notes;")
+            .trim(),
+        "3|6"
+    );
+
+    // A replica refuses writes with the SQLSTATE a PostgreSQL standby gives, and changes nothing.
+    let refused = reader
+        .simple_query("INSERT INTO notes VALUES (9, 'nope', NULL)")
+        .await
+        .expect_err("a replica refuses writes");
+    assert_eq!(refused.code().map(|c| c.code()), Some("25006"), "{refused}");
+
+    // A failed statement aborts its transaction as in PostgreSQL, and nothing of it replicates.
+    writer.simple_query("BEGIN").await.unwrap();
+    writer
+        .simple_query("INSERT INTO notes VALUES (4, 'rolled back', NULL)")
+        .await
+        .unwrap();
+    let duplicate = writer
+        .simple_query("INSERT INTO notes VALUES (1, 'duplicate', NULL)")
+        .await
+        .expect_err("duplicate key");
+    assert_eq!(duplicate.code().map(|c| c.code()), Some("23505"), "{duplicate}");
+    let ignored = writer.simple_query("SELECT 1").await.expect_err("aborted transaction");
+    assert_eq!(ignored.code().map(|c| c.code()), Some("25P02"));
+    writer.simple_query("COMMIT").await.unwrap();
+    assert_eq!(
+        rows(&reader, "SELECT count(*) FROM notes WHERE id = 4").await,
+        vec![vec![Some("0".to_string())]]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_deterministic_statements_are_fixed_once_or_refused_by_name() {
+    let cluster = SqlCluster::start(3);
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let client = cluster.client(leader).await;
+    client
+        .batch_execute(
+            "CREATE TABLE draws (n INTEGER, blob BLOB, id TEXT, at TEXT, day TEXT);
+             INSERT INTO draws VALUES (random(), randomblob(8), gen_random_uuid(), CURRENT_TIMESTAMP, date('now'));
+             INSERT INTO draws SELECT random(), randomblob(8), gen_random_uuid(), now(), CURRENT_DATE FROM draws;",
+        )
+        .await
+        .expect("non-deterministic functions are fixed");
+    let query = "SELECT n, hex(blob), id, at, day FROM draws ORDER BY n";
+    let on_leader = rows(&client, query).await;
+    assert_eq!(on_leader.len(), 2);
+    assert_ne!(on_leader[0], on_leader[1], "each row drew its own values");
+    for follower in others(leader) {
+        assert_eq!(
+            rows(&cluster.client(follower).await, query).await,
+            on_leader,
+            "node {follower}"
+        );
+    }
+    for (statement, named) in [
+        (
+            "INSERT INTO draws (at) VALUES (datetime('now', 'localtime'))",
+            "localtime",
+        ),
+        (
+            "CREATE TABLE stamped (at TEXT DEFAULT CURRENT_TIMESTAMP)",
+            "CURRENT_TIMESTAMP",
+        ),
+        ("ATTACH DATABASE '/tmp/elsewhere.db' AS elsewhere", "ATTACH"),
+    ] {
+        let error = client.simple_query(statement).await.expect_err(statement);
+        let db_error = error.as_db_error().expect("a server error");
+        assert_eq!(db_error.code().code(), "0A000", "{statement}: {db_error}");
+        assert!(db_error.message().contains(named), "{statement}: {db_error}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_the_leader_mid_load_loses_no_committed_transaction() {
+    let mut cluster = SqlCluster::start(3);
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let setup = cluster.client(leader).await;
+    setup
+        .batch_execute(
+            "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL);
+             CREATE TABLE ledger (id INTEGER PRIMARY KEY, account INTEGER NOT NULL, amount INTEGER NOT NULL);
+             INSERT INTO accounts VALUES (1, 1000), (2, 1000), (3, 1000), (4, 1000);",
+        )
+        .await
+        .unwrap();
+
+    // Transfers on the leader until it dies; each acknowledged one is remembered.
+    let acknowledged = Arc::new(Mutex::new(Vec::new()));
+    let mut workers = Vec::new();
+    for worker in 0..4u64 {
+        let client = cluster.client(leader).await;
+        let acknowledged = acknowledged.clone();
+        workers.push(tokio::spawn(async move {
+            for n in 0.. {
+                let id = worker * 1_000_000 + n;
+                let (from, to) = (1 + (id % 4), 1 + ((id + 1) % 4));
+                let transfer = format!(
+                    "BEGIN;
+                     UPDATE accounts SET balance = balance - 1 WHERE id = {from};
+                     UPDATE accounts SET balance = balance + 1 WHERE id = {to};
+                     INSERT INTO ledger VALUES ({id}, {from}, -1);
+                     COMMIT;"
+                );
+                match client.batch_execute(&transfer).await {
+                    Ok(()) => acknowledged.lock().unwrap().push(id),
+                    Err(_) => return,
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    cluster.kill(leader);
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let acknowledged = acknowledged.lock().unwrap().clone();
+    assert!(
+        acknowledged.len() > 50,
+        "only {} transfers before the crash",
+        acknowledged.len()
+    );
+
+    let survivors = others(leader);
+    let new_leader = cluster.leader_among(&survivors).await;
+    cluster.launch(leader);
+    // The restarted node catches up from the log; then every node holds the same rows.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let dump = "SELECT 'a', id, balance FROM accounts UNION ALL SELECT 'l', id, amount FROM ledger ORDER BY 1, 2";
+    let reference = rows(&cluster.client(new_leader).await, dump).await;
+    let ledger: std::collections::HashSet<String> = reference
+        .iter()
+        .filter(|r| r[0].as_deref() == Some("l"))
+        .map(|r| r[1].clone().unwrap())
+        .collect();
+    for id in &acknowledged {
+        assert!(ledger.contains(&id.to_string()), "acknowledged transfer {id} was lost");
+    }
+    let total: i64 = reference
+        .iter()
+        .filter(|r| r[0].as_deref() == Some("a"))
+        .map(|r| r[2].as_deref().unwrap().parse::<i64>().unwrap())
+        .sum();
+    assert_eq!(total, 4000, "transfers keep the total");
+    for id in 1..=3 {
+        loop {
+            let client = loop {
+                let node = cluster.node(id);
+                let config = format!("host=127.0.0.1 port={} user=chorus connect_timeout=2", node.pg.port());
+                if let Ok((client, connection)) = tokio_postgres::connect(&config, NoTls).await {
+                    tokio::spawn(connection);
+                    break client;
+                }
+                assert!(Instant::now() < deadline, "node {id} does not come back");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            match client.simple_query(dump).await {
+                Ok(_) if rows(&client, dump).await == reference => break,
+                _ => {
+                    assert!(Instant::now() < deadline, "node {id} does not match the leader's rows");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,409 @@
+//! The database under the middleware, behind one trait: SQLite embedded (here), PostgreSQL next.
+//!
+//! The engine keeps two things of Chorus's own, in the same transactions as the data: the log
+//! position and the last transaction applied (`_chorus_applied`), so a restart resumes exactly;
+//! and the transactions a leader executed ahead of the log (`_chorus_ahead`), so a restart
+//! knows whether the file holds work the log may not have (see `machine`).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use rusqlite::functions::FunctionFlags;
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::{Connection, OpenFlags};
+
+use crate::error::SqlError;
+use crate::txn::{TxnId, Value};
+
+/// A result column: its name and the type its table declares (none for an expression).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Column {
+    pub name: String,
+    pub declared: Option<String>,
+}
+
+/// What a statement gave.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcome {
+    pub columns: Vec<Column>,
+    pub rows: Vec<Vec<Value>>,
+    /// Rows inserted, updated or deleted.
+    pub changes: u64,
+    /// The engine says the statement cannot have changed the database.
+    pub read_only: bool,
+}
+
+/// Where the engine's state stands in the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AppliedMark {
+    pub log_index: u64,
+    /// Which command of the entry at `log_index` (an entry carries a batch of them).
+    pub command: u32,
+    pub last_txn: TxnId,
+}
+
+impl AppliedMark {
+    /// Whether the command at (`log_index`, `command`) is already in the state.
+    pub fn covers(&self, log_index: u64, command: u32) -> bool {
+        (log_index, command) <= (self.log_index, self.command)
+    }
+}
+
+/// One writer's view of a database engine. Every method runs on the writer thread.
+pub trait Engine: Send {
+    fn begin(&mut self) -> Result<(), SqlError>;
+    fn commit(&mut self) -> Result<(), SqlError>;
+    fn rollback(&mut self);
+    /// Random values of the next statements come from this seed.
+    fn seed(&mut self, seed: u64);
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<Outcome, SqlError>;
+    /// Inside the open transaction: the engine's state is now at `mark`.
+    fn mark_applied(&mut self, mark: AppliedMark) -> Result<(), SqlError>;
+    /// Inside the open transaction: it is executed ahead of the log as `id`.
+    fn mark_ahead(&mut self, id: TxnId) -> Result<(), SqlError>;
+    /// Inside the open transaction: `id`, executed ahead, is now in the log.
+    fn clear_ahead(&mut self, id: TxnId) -> Result<(), SqlError>;
+    fn applied(&mut self) -> Result<AppliedMark, SqlError>;
+    /// Whether the database holds transactions executed ahead of the log.
+    fn holds_ahead(&mut self) -> Result<bool, SqlError>;
+}
+
+/// SQLite, in WAL mode without an fsync per commit: the raft log is what is durable, and a
+/// power cut leaves a consistent (older) database that the log brings forward.
+pub struct Sqlite {
+    conn: Connection,
+    random: Arc<AtomicU64>,
+}
+
+/// The database file inside a node's SQL directory.
+pub fn database_path(dir: &Path) -> std::path::PathBuf {
+    dir.join("db.sqlite")
+}
+
+impl Sqlite {
+    pub fn open(dir: &Path) -> Result<Sqlite, SqlError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| SqlError::new("58030", format!("cannot create {}: {e}", dir.display())))?;
+        let conn = Connection::open(database_path(dir)).map_err(|e| SqlError::from_sqlite(&e))?;
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL;
+             PRAGMA synchronous = NORMAL;
+             PRAGMA foreign_keys = ON;
+             CREATE TABLE IF NOT EXISTS _chorus_applied (
+                 only INTEGER PRIMARY KEY CHECK (only = 0),
+                 log_index INTEGER NOT NULL,
+                 command INTEGER NOT NULL,
+                 txn_incarnation INTEGER NOT NULL,
+                 txn_seq INTEGER NOT NULL);
+             INSERT OR IGNORE INTO _chorus_applied VALUES (0, 0, 0, 0, 0);
+             CREATE TABLE IF NOT EXISTS _chorus_ahead (
+                 incarnation INTEGER NOT NULL,
+                 seq INTEGER NOT NULL,
+                 PRIMARY KEY (incarnation, seq));",
+        )
+        .map_err(|e| SqlError::from_sqlite(&e))?;
+        let random = Arc::new(AtomicU64::new(0));
+        register_seeded_functions(&conn, &random).map_err(|e| SqlError::from_sqlite(&e))?;
+        Ok(Sqlite { conn, random })
+    }
+
+    /// Removes the database files so the next `open` starts empty.
+    pub fn remove(dir: &Path) -> std::io::Result<()> {
+        let db = database_path(dir);
+        for suffix in ["", "-wal", "-shm"] {
+            let mut path = db.clone().into_os_string();
+            path.push(suffix);
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A read-only connection to the same database, for reads off the writer's thread.
+pub fn open_reader(dir: &Path) -> Result<Connection, SqlError> {
+    let conn = Connection::open_with_flags(
+        database_path(dir),
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| SqlError::from_sqlite(&e))?;
+    conn.execute_batch("PRAGMA query_only = ON;")
+        .map_err(|e| SqlError::from_sqlite(&e))?;
+    Ok(conn)
+}
+
+/// SplitMix64: one step from `state`.
+fn next_random(state: &AtomicU64) -> u64 {
+    let mut z = state
+        .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+        .wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// `random()`, `randomblob(n)` and `gen_random_uuid()` drawn from the writer's seed, so every
+/// replica draws the same values.
+fn register_seeded_functions(conn: &Connection, random: &Arc<AtomicU64>) -> rusqlite::Result<()> {
+    let flags = FunctionFlags::SQLITE_UTF8;
+    let state = random.clone();
+    conn.create_scalar_function("random", 0, flags, move |_| Ok(next_random(&state) as i64))?;
+    let state = random.clone();
+    conn.create_scalar_function("randomblob", 1, flags, move |ctx| {
+        let len = ctx.get::<i64>(0)?.clamp(1, 1 << 20) as usize;
+        let mut blob = Vec::with_capacity(len + 8);
+        while blob.len() < len {
+            blob.extend_from_slice(&next_random(&state).to_le_bytes());
+        }
+        blob.truncate(len);
+        Ok(blob)
+    })?;
+    let state = random.clone();
+    conn.create_scalar_function("gen_random_uuid", 0, flags, move |_| {
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&next_random(&state).to_le_bytes());
+        bytes[8..].copy_from_slice(&next_random(&state).to_le_bytes());
+        bytes[6] = (bytes[6] & 0x0f) | 0x40;
+        bytes[8] = (bytes[8] & 0x3f) | 0x80;
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        Ok(format!(
+            "{}-{}-{}-{}-{}",
+            &hex[..8],
+            &hex[8..12],
+            &hex[12..16],
+            &hex[16..20],
+            &hex[20..]
+        ))
+    })?;
+    Ok(())
+}
+
+impl rusqlite::ToSql for Value {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match self {
+            Value::Null => ValueRef::Null,
+            Value::Integer(i) => ValueRef::Integer(*i),
+            Value::Real(f) => ValueRef::Real(*f),
+            Value::Text(t) => ValueRef::Text(t.as_bytes()),
+            Value::Blob(b) => ValueRef::Blob(b),
+        }))
+    }
+}
+
+fn value_of(value: ValueRef) -> Value {
+    match value {
+        ValueRef::Null => Value::Null,
+        ValueRef::Integer(i) => Value::Integer(i),
+        ValueRef::Real(f) => Value::Real(f),
+        ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
+        ValueRef::Blob(b) => Value::Blob(b.to_vec()),
+    }
+}
+
+/// The result columns of a prepared statement.
+pub fn columns_of(statement: &rusqlite::Statement) -> Vec<Column> {
+    statement
+        .columns()
+        .map(|c| Column {
+            name: c.name().to_owned(),
+            declared: c.decl_type().map(str::to_owned),
+        })
+        .collect()
+}
+
+/// Runs one statement on `conn` and collects what it gave.
+pub fn run(conn: &Connection, sql: &str, params: &[Value]) -> Result<Outcome, SqlError> {
+    let mut statement = conn.prepare(sql).map_err(|e| SqlError::from_sqlite(&e))?;
+    let expected = statement.parameter_count();
+    if params.len() != expected {
+        return Err(SqlError::new(
+            "08P01",
+            format!("the statement takes {expected} parameters, {} were bound", params.len()),
+        ));
+    }
+    let read_only = statement.readonly();
+    let columns = columns_of(&statement);
+    let mut rows = Vec::new();
+    if columns.is_empty() {
+        statement
+            .execute(rusqlite::params_from_iter(params))
+            .map_err(|e| SqlError::from_sqlite(&e))?;
+    } else {
+        let mut cursor = statement
+            .query(rusqlite::params_from_iter(params))
+            .map_err(|e| SqlError::from_sqlite(&e))?;
+        while let Some(row) = cursor.next().map_err(|e| SqlError::from_sqlite(&e))? {
+            rows.push(
+                (0..columns.len())
+                    .map(|i| row.get_ref(i).map(value_of))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| SqlError::from_sqlite(&e))?,
+            );
+        }
+    }
+    Ok(Outcome {
+        changes: if read_only { 0 } else { conn.changes() },
+        columns,
+        rows,
+        read_only,
+    })
+}
+
+impl Engine for Sqlite {
+    fn begin(&mut self) -> Result<(), SqlError> {
+        self.conn
+            .execute_batch("BEGIN IMMEDIATE")
+            .map_err(|e| SqlError::from_sqlite(&e))
+    }
+
+    fn commit(&mut self) -> Result<(), SqlError> {
+        self.conn.execute_batch("COMMIT").map_err(|e| SqlError::from_sqlite(&e))
+    }
+
+    fn rollback(&mut self) {
+        if !self.conn.is_autocommit() {
+            self.conn
+                .execute_batch("ROLLBACK")
+                .expect("SQLite rolls back an open transaction");
+        }
+    }
+
+    fn seed(&mut self, seed: u64) {
+        self.random.store(seed, Ordering::Relaxed);
+    }
+
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<Outcome, SqlError> {
+        run(&self.conn, sql, params)
+    }
+
+    fn mark_applied(&mut self, mark: AppliedMark) -> Result<(), SqlError> {
+        self.conn
+            .execute(
+                "UPDATE _chorus_applied SET log_index = ?1, command = ?2, txn_incarnation = ?3, txn_seq = ?4",
+                (
+                    mark.log_index as i64,
+                    mark.command,
+                    mark.last_txn.incarnation as i64,
+                    mark.last_txn.seq as i64,
+                ),
+            )
+            .map(drop)
+            .map_err(|e| SqlError::from_sqlite(&e))
+    }
+
+    fn mark_ahead(&mut self, id: TxnId) -> Result<(), SqlError> {
+        self.conn
+            .execute(
+                "INSERT INTO _chorus_ahead VALUES (?1, ?2)",
+                (id.incarnation as i64, id.seq as i64),
+            )
+            .map(drop)
+            .map_err(|e| SqlError::from_sqlite(&e))
+    }
+
+    fn clear_ahead(&mut self, id: TxnId) -> Result<(), SqlError> {
+        self.conn
+            .execute(
+                "DELETE FROM _chorus_ahead WHERE incarnation = ?1 AND seq = ?2",
+                (id.incarnation as i64, id.seq as i64),
+            )
+            .map(drop)
+            .map_err(|e| SqlError::from_sqlite(&e))
+    }
+
+    fn applied(&mut self) -> Result<AppliedMark, SqlError> {
+        self.conn
+            .query_row(
+                "SELECT log_index, command, txn_incarnation, txn_seq FROM _chorus_applied",
+                (),
+                |row| {
+                    Ok(AppliedMark {
+                        log_index: row.get::<_, i64>(0)? as u64,
+                        command: row.get(1)?,
+                        last_txn: TxnId {
+                            incarnation: row.get::<_, i64>(2)? as u64,
+                            seq: row.get::<_, i64>(3)? as u64,
+                        },
+                    })
+                },
+            )
+            .map_err(|e| SqlError::from_sqlite(&e))
+    }
+
+    fn holds_ahead(&mut self) -> Result<bool, SqlError> {
+        self.conn
+            .query_row("SELECT EXISTS (SELECT 1 FROM _chorus_ahead)", (), |row| {
+                row.get::<_, bool>(0)
+            })
+            .map_err(|e| SqlError::from_sqlite(&e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_seed_draws_the_same_random_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = Sqlite::open(&dir.path().join("a")).unwrap();
+        let mut b = Sqlite::open(&dir.path().join("b")).unwrap();
+        let draw = |engine: &mut Sqlite| {
+            engine.seed(42);
+            engine
+                .execute("SELECT random(), hex(randomblob(5)), gen_random_uuid()", &[])
+                .unwrap()
+                .rows
+        };
+        let drawn = draw(&mut a);
+        assert_eq!(drawn, draw(&mut b));
+        assert_ne!(drawn, {
+            a.seed(43);
+            a.execute("SELECT random(), hex(randomblob(5)), gen_random_uuid()", &[])
+                .unwrap()
+                .rows
+        });
+    }
+
+    #[test]
+    fn the_applied_mark_and_ahead_rows_commit_with_the_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut engine = Sqlite::open(dir.path()).unwrap();
+        engine.execute("CREATE TABLE t (a INTEGER)", &[]).unwrap();
+        let id = TxnId { incarnation: 1, seq: 1 };
+        engine.begin().unwrap();
+        engine
+            .execute("INSERT INTO t VALUES (?1)", &[Value::Integer(5)])
+            .unwrap();
+        engine.mark_ahead(id).unwrap();
+        engine
+            .mark_applied(AppliedMark {
+                log_index: 9,
+                command: 2,
+                last_txn: id,
+            })
+            .unwrap();
+        engine.rollback();
+        assert!(!engine.holds_ahead().unwrap());
+        assert_eq!(engine.applied().unwrap(), AppliedMark::default());
+        engine.begin().unwrap();
+        engine.mark_ahead(id).unwrap();
+        engine.commit().unwrap();
+        drop(engine);
+        let mut reopened = Sqlite::open(dir.path()).unwrap();
+        assert!(reopened.holds_ahead().unwrap());
+        reopened.begin().unwrap();
+        let mark = AppliedMark {
+            log_index: 9,
+            command: 2,
+            last_txn: id,
+        };
+        reopened.mark_applied(mark).unwrap();
+        reopened.commit().unwrap();
+        assert_eq!(reopened.applied().unwrap(), mark);
+        assert!(mark.covers(9, 2) && mark.covers(8, 7) && !mark.covers(9, 3) && !mark.covers(10, 0));
+    }
+}

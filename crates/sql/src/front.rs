@@ -1,0 +1,723 @@
+//! The PostgreSQL wire protocol front end (simple and extended query), one session per
+//! connection.
+//!
+//! A session's transaction runs in one of two places. Writes, and every explicit transaction
+//! on the leader, run on the writer thread, which holds the engine's one write lock for them.
+//! Reads that need no lock (autocommit SELECTs anywhere, explicit transactions on replicas or
+//! declared READ ONLY) run on a reader connection of their own after a linearizable barrier,
+//! and answer only once the log has every transaction they could have seen.
+
+use std::fmt::Debug;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chorus_log::node::Pending;
+use chorus_log::{NodeError, NodeHandle, ReadConsistency, Role};
+use futures::stream;
+use pgwire::api::auth::noop::NoopStartupHandler;
+use pgwire::api::portal::{Format, Portal};
+use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo, QueryResponse, Response, Tag};
+use pgwire::api::stmt::QueryParser;
+use pgwire::api::{ClientInfo, PgWireServerHandlers, Type};
+use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use rusqlite::Connection;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::engine::{self, Outcome};
+use crate::error::SqlError;
+use crate::machine::{Barrier, SqlState};
+use crate::text::{classify, command_verb, number_parameters, parameter_count, split_statements, StatementKind};
+use crate::txn::Value;
+use crate::writer::{Applied, Committed, Job, Proposal, WriterHandle};
+
+/// What every session of a node shares.
+pub struct Shared {
+    node: NodeHandle<SqlState>,
+    writer: WriterHandle,
+    db_dir: PathBuf,
+    readers: Mutex<Vec<Connection>>,
+    next_session: AtomicU64,
+    commit_timeout: Duration,
+}
+
+/// Reader connections kept for reuse.
+const IDLE_READERS: usize = 16;
+
+impl Shared {
+    /// `commit_timeout`: how long a COMMIT waits for the log before its outcome is unknown.
+    pub fn new(
+        node: NodeHandle<SqlState>,
+        writer: WriterHandle,
+        db_dir: PathBuf,
+        commit_timeout: Duration,
+    ) -> Arc<Self> {
+        tokio::spawn(tell_writer_when_leading(node.clone(), writer.clone()));
+        Arc::new(Shared {
+            node,
+            writer,
+            db_dir,
+            readers: Mutex::new(Vec::new()),
+            next_session: AtomicU64::new(1),
+            commit_timeout,
+        })
+    }
+
+    fn reader(&self) -> Result<Connection, SqlError> {
+        match self.readers.lock().expect("reader pool").pop() {
+            Some(conn) => Ok(conn),
+            None => engine::open_reader(&self.db_dir),
+        }
+    }
+
+    fn give_back(&self, conn: Connection) {
+        let mut readers = self.readers.lock().expect("reader pool");
+        if readers.len() < IDLE_READERS && conn.is_autocommit() {
+            readers.push(conn);
+        }
+    }
+
+    /// Waits until this node has applied everything committed when the read began (ReadIndex).
+    async fn read_barrier(&self) -> Result<(), SqlError> {
+        self.node
+            .read(Barrier, ReadConsistency::Linearizable)
+            .await
+            .map(drop)
+            .map_err(|e| SqlError::unavailable(&format!("cannot serve a linearizable read now: {e}")))
+    }
+
+    /// Runs `sql` on a reader connection off the runtime's thread.
+    async fn run_on_reader(
+        &self,
+        conn: Connection,
+        sql: String,
+        params: Vec<Value>,
+    ) -> (Connection, Result<Outcome, SqlError>) {
+        tokio::task::spawn_blocking(move || {
+            let outcome = engine::run(&conn, &sql, &params);
+            (conn, outcome)
+        })
+        .await
+        .expect("a reader task does not panic")
+    }
+
+    /// Waits until the log has applied a transaction committed ahead.
+    async fn replicate(
+        &self,
+        proposed: oneshot::Receiver<Result<Pending<Applied>, NodeError>>,
+    ) -> Result<(), SqlError> {
+        let applied = async {
+            let pending = proposed
+                .await
+                .map_err(|_| SqlError::outcome_unknown("the node stopped proposing"))?
+                .map_err(|e| SqlError::outcome_unknown(&format!("the transaction was not proposed: {e}")))?;
+            pending
+                .await
+                .map_err(|_| SqlError::outcome_unknown("the node stopped before the transaction applied"))?
+                .map_err(|e| SqlError::outcome_unknown(&format!("the log did not confirm the transaction: {e}")))
+        };
+        match tokio::time::timeout(self.commit_timeout, applied).await {
+            Err(_) => Err(SqlError::outcome_unknown(
+                "the log did not commit the transaction in time",
+            )),
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(Applied::Committed)) => Ok(()),
+            Ok(Ok(Applied::Void)) => Err(SqlError::serialization(
+                "the transaction ran on a leader that lost its place in the log; retry it",
+            )),
+        }
+    }
+}
+
+/// Proposes transactions in the order the writer committed them.
+pub async fn propose_in_order(node: NodeHandle<SqlState>, mut queue: mpsc::UnboundedReceiver<Proposal>) {
+    while let Some((txn, reply)) = queue.recv().await {
+        let _ = reply.send(node.submit_write(txn.encode().into()).await);
+    }
+}
+
+/// Tells the writer when this node leads with everything earlier leaders committed applied
+/// (only then may it execute ahead of the log) and when it stops.
+async fn tell_writer_when_leading(node: NodeHandle<SqlState>, writer: WriterHandle) {
+    let mut leading = false;
+    loop {
+        let status = node.status();
+        let now_leading = status.role == Role::Leader
+            && (leading || (status.commit_index == status.last_index && status.applied_index >= status.commit_index));
+        if now_leading != leading {
+            leading = now_leading;
+            writer.send(Job::Leading(leading));
+        }
+        node.status_changed(Duration::from_millis(100)).await;
+    }
+}
+
+/// Serves PostgreSQL clients on `listener`.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let (socket, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting a SQL client failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = socket.set_nodelay(true);
+        let session = Arc::new(Session {
+            id: shared.next_session.fetch_add(1, Ordering::Relaxed),
+            shared: shared.clone(),
+            state: tokio::sync::Mutex::new(TxnState::Idle),
+            parser: Arc::new(Parser { shared: shared.clone() }),
+        });
+        tokio::spawn(async move {
+            if let Err(e) = pgwire::tokio::process_socket(socket, None, Handlers(session)).await {
+                tracing::debug!(error = %e, "SQL client connection ended");
+            }
+        });
+    }
+}
+
+struct Handlers(Arc<Session>);
+
+impl PgWireServerHandlers for Handlers {
+    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
+        self.0.clone()
+    }
+
+    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
+        self.0.clone()
+    }
+
+    fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
+        self.0.clone()
+    }
+}
+
+enum TxnState {
+    Idle,
+    Open(Open),
+}
+
+/// An explicit transaction in progress.
+struct Open {
+    read_only: bool,
+    /// Where it runs, once its first statement chose.
+    place: Option<Place>,
+    failed: bool,
+}
+
+enum Place {
+    Writer,
+    /// A reader connection inside BEGIN, and how many transactions had been executed ahead when
+    /// its snapshot was taken.
+    Reader(Option<Connection>, u64),
+}
+
+/// One client connection.
+struct Session {
+    id: u64,
+    shared: Arc<Shared>,
+    state: tokio::sync::Mutex<TxnState>,
+    parser: Arc<Parser>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let TxnState::Open(Open {
+            place: Some(Place::Writer),
+            ..
+        }) = self.state.get_mut()
+        {
+            self.shared.writer.send(Job::Rollback { session: self.id });
+        }
+    }
+}
+
+impl NoopStartupHandler for Session {}
+
+/// What a statement answers, before it is encoded for the client.
+enum Answer {
+    Rows(Outcome, &'static str),
+    Done(Tag),
+    Began,
+    Ended(&'static str),
+}
+
+impl Session {
+    async fn run(&self, sql: &str, params: Vec<Value>) -> Result<Answer, SqlError> {
+        let kind = classify(sql)?;
+        let mut state = self.state.lock().await;
+        match (kind, &mut *state) {
+            (StatementKind::Setting, _) => Ok(Answer::Done(Tag::new(leading_words(sql, 1).as_str()))),
+            (StatementKind::Begin { .. }, TxnState::Open(_)) => Ok(Answer::Began),
+            (StatementKind::Begin { read_only }, TxnState::Idle) => {
+                *state = TxnState::Open(Open {
+                    read_only,
+                    place: None,
+                    failed: false,
+                });
+                Ok(Answer::Began)
+            }
+            (StatementKind::Commit, TxnState::Idle) => Ok(Answer::Ended("COMMIT")),
+            (StatementKind::Rollback, TxnState::Idle) => Ok(Answer::Ended("ROLLBACK")),
+            (StatementKind::Commit, TxnState::Open(_)) => {
+                let TxnState::Open(open) = std::mem::replace(&mut *state, TxnState::Idle) else {
+                    unreachable!("matched Open")
+                };
+                self.commit(open).await
+            }
+            (StatementKind::Rollback, TxnState::Open(_)) => {
+                let TxnState::Open(open) = std::mem::replace(&mut *state, TxnState::Idle) else {
+                    unreachable!("matched Open")
+                };
+                if let Some(Place::Writer) = open.place {
+                    self.shared.writer.send(Job::Rollback { session: self.id });
+                }
+                Ok(Answer::Ended("ROLLBACK"))
+            }
+            (_, TxnState::Open(open)) => {
+                if open.failed {
+                    return Err(SqlError::in_failed_transaction());
+                }
+                let result = self.run_in_transaction(open, kind, sql, params).await;
+                if result.is_err() {
+                    open.failed = true;
+                }
+                result
+            }
+            (StatementKind::Read, TxnState::Idle) => {
+                self.shared.read_barrier().await?;
+                let executed = self.shared.writer.progress.executed();
+                let conn = self.shared.reader()?;
+                let (conn, outcome) = self.shared.run_on_reader(conn, number_parameters(sql)?, params).await;
+                self.shared.give_back(conn);
+                let outcome = outcome?;
+                self.shared.writer.progress.confirmed(executed).await;
+                Ok(Answer::Rows(outcome, "SELECT"))
+            }
+            (_, TxnState::Idle) => {
+                self.take_writer().await?;
+                let outcome = self.on_writer(sql, params).await;
+                let committed = match outcome {
+                    Ok(_) => {
+                        self.shared
+                            .writer
+                            .ask(|reply| Job::Commit {
+                                session: self.id,
+                                reply,
+                            })
+                            .await?
+                    }
+                    Err(e) => {
+                        self.shared.writer.send(Job::Rollback { session: self.id });
+                        return Err(e);
+                    }
+                }?;
+                if let Committed::Ahead(proposed) = committed {
+                    self.shared.replicate(proposed).await?;
+                }
+                Ok(statement_answer(sql, outcome?))
+            }
+        }
+    }
+
+    async fn run_in_transaction(
+        &self,
+        open: &mut Open,
+        kind: StatementKind,
+        sql: &str,
+        params: Vec<Value>,
+    ) -> Result<Answer, SqlError> {
+        if open.place.is_none() {
+            let leading = self.shared.node.status().role == Role::Leader;
+            open.place = Some(if leading && !open.read_only {
+                self.take_writer().await?;
+                Place::Writer
+            } else {
+                self.shared.read_barrier().await?;
+                let conn = self.shared.reader()?;
+                conn.execute_batch("BEGIN").map_err(|e| SqlError::from_sqlite(&e))?;
+                Place::Reader(Some(conn), self.shared.writer.progress.executed())
+            });
+        }
+        match open.place.as_mut().expect("chosen above") {
+            Place::Writer => Ok(statement_answer(sql, self.on_writer(sql, params).await?)),
+            Place::Reader(conn, executed) => {
+                if kind != StatementKind::Read {
+                    return Err(if open.read_only {
+                        SqlError::new("25006", "cannot write in a read-only transaction")
+                    } else {
+                        SqlError::read_only(self.shared.node.status().leader_id)
+                    });
+                }
+                let taken = conn.take().expect("a reader transaction keeps its connection");
+                let (back, outcome) = self.shared.run_on_reader(taken, number_parameters(sql)?, params).await;
+                *conn = Some(back);
+                let outcome = outcome?;
+                self.shared.writer.progress.confirmed(*executed).await;
+                Ok(Answer::Rows(outcome, "SELECT"))
+            }
+        }
+    }
+
+    async fn commit(&self, open: Open) -> Result<Answer, SqlError> {
+        match open.place {
+            None => Ok(Answer::Ended(if open.failed { "ROLLBACK" } else { "COMMIT" })),
+            Some(Place::Reader(conn, _)) => {
+                if let Some(conn) = conn {
+                    let _ = conn.execute_batch("ROLLBACK");
+                    self.shared.give_back(conn);
+                }
+                Ok(Answer::Ended(if open.failed { "ROLLBACK" } else { "COMMIT" }))
+            }
+            Some(Place::Writer) => match self
+                .shared
+                .writer
+                .ask(|reply| Job::Commit {
+                    session: self.id,
+                    reply,
+                })
+                .await??
+            {
+                Committed::Nothing { rolled_back } => {
+                    Ok(Answer::Ended(if rolled_back { "ROLLBACK" } else { "COMMIT" }))
+                }
+                Committed::Ahead(proposed) => {
+                    self.shared.replicate(proposed).await?;
+                    Ok(Answer::Ended("COMMIT"))
+                }
+            },
+        }
+    }
+
+    async fn take_writer(&self) -> Result<(), SqlError> {
+        let status = self.shared.node.status();
+        if status.role != Role::Leader {
+            return Err(SqlError::read_only(status.leader_id));
+        }
+        self.shared
+            .writer
+            .ask(|reply| Job::Begin {
+                session: self.id,
+                reply,
+            })
+            .await?
+    }
+
+    async fn on_writer(&self, sql: &str, params: Vec<Value>) -> Result<Outcome, SqlError> {
+        self.shared
+            .writer
+            .ask(|reply| Job::Execute {
+                session: self.id,
+                sql: sql.to_owned(),
+                params,
+                reply,
+            })
+            .await?
+    }
+}
+
+/// The first `n` words of a statement, upper-cased: its command tag.
+fn leading_words(sql: &str, n: usize) -> String {
+    sql.split_whitespace()
+        .take(n)
+        .map(str::to_ascii_uppercase)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The answer to a statement that ran: its rows, or the command tag PostgreSQL gives.
+fn statement_answer(sql: &str, outcome: Outcome) -> Answer {
+    let verb = command_verb(sql);
+    if !outcome.columns.is_empty() {
+        return Answer::Rows(
+            outcome,
+            match verb.as_str() {
+                "INSERT" => "INSERT 0",
+                "UPDATE" => "UPDATE",
+                "DELETE" => "DELETE",
+                _ => "SELECT",
+            },
+        );
+    }
+    let rows = outcome.changes as usize;
+    Answer::Done(match verb.as_str() {
+        "INSERT" | "REPLACE" => Tag::new("INSERT").with_oid(0).with_rows(rows),
+        "UPDATE" | "DELETE" => Tag::new(&verb).with_rows(rows),
+        "CREATE" | "DROP" | "ALTER" => Tag::new(&leading_words(sql, 2)),
+        _ => Tag::new(&verb),
+    })
+}
+
+/// The PostgreSQL type a column answers with, from the type its table declares (SQLite's
+/// affinity rules); expressions answer as text.
+fn column_type(declared: Option<&str>) -> Type {
+    let declared = declared.unwrap_or("").to_ascii_uppercase();
+    if declared.contains("INT") {
+        Type::INT8
+    } else if declared.contains("CHAR") || declared.contains("CLOB") || declared.contains("TEXT") {
+        Type::TEXT
+    } else if declared.contains("BOOL") {
+        Type::BOOL
+    } else if declared.contains("BLOB") || declared == "BYTEA" {
+        Type::BYTEA
+    } else if ["REAL", "FLOA", "DOUB", "NUMERIC", "DECIMAL"]
+        .iter()
+        .any(|t| declared.contains(t))
+    {
+        Type::FLOAT8
+    } else {
+        Type::TEXT
+    }
+}
+
+fn fields(columns: &[engine::Column], format: &Format) -> Vec<FieldInfo> {
+    columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            FieldInfo::new(
+                c.name.clone(),
+                None,
+                None,
+                column_type(c.declared.as_deref()),
+                format.format_for(i),
+            )
+        })
+        .collect()
+}
+
+fn as_text(value: &Value) -> Option<String> {
+    match value {
+        Value::Null => None,
+        Value::Integer(i) => Some(i.to_string()),
+        Value::Real(f) => Some(f.to_string()),
+        Value::Text(t) => Some(t.clone()),
+        Value::Blob(b) => Some(String::from_utf8_lossy(b).into_owned()),
+    }
+}
+
+fn mismatch(value: &Value, ty: &Type) -> PgWireError {
+    user_error(SqlError::new(
+        "22P02",
+        format!("a stored value {value:?} is not a valid {}", ty.name()),
+    ))
+}
+
+/// Encodes one value as the column's type (SQLite lets any column hold any value).
+fn encode_value(encoder: &mut DataRowEncoder, field: &FieldInfo, value: &Value) -> PgWireResult<()> {
+    let ty = field.datatype();
+    match (ty, value) {
+        (_, Value::Null) => encoder.encode_field(&None::<String>),
+        (&Type::INT8, Value::Integer(i)) => encoder.encode_field(i),
+        (&Type::INT8, Value::Real(f)) if f.fract() == 0.0 => encoder.encode_field(&(*f as i64)),
+        (&Type::INT8, Value::Text(t)) => {
+            encoder.encode_field(&t.trim().parse::<i64>().map_err(|_| mismatch(value, ty))?)
+        }
+        (&Type::FLOAT8, Value::Real(f)) => encoder.encode_field(f),
+        (&Type::FLOAT8, Value::Integer(i)) => encoder.encode_field(&(*i as f64)),
+        (&Type::FLOAT8, Value::Text(t)) => {
+            encoder.encode_field(&t.trim().parse::<f64>().map_err(|_| mismatch(value, ty))?)
+        }
+        (&Type::BOOL, Value::Integer(i)) => encoder.encode_field(&(*i != 0)),
+        (&Type::BYTEA, Value::Blob(b)) => encoder.encode_field(b),
+        (&Type::BYTEA, Value::Text(t)) => encoder.encode_field(&t.as_bytes()),
+        (&Type::TEXT, _) => encoder.encode_field(&as_text(value)),
+        _ => Err(mismatch(value, ty)),
+    }
+}
+
+fn query_response(outcome: Outcome, tag: &str, format: &Format) -> PgWireResult<QueryResponse> {
+    let schema = Arc::new(fields(&outcome.columns, format));
+    let mut rows = Vec::with_capacity(outcome.rows.len());
+    let mut encoder = DataRowEncoder::new(schema.clone());
+    for row in &outcome.rows {
+        for (field, value) in schema.iter().zip(row) {
+            encode_value(&mut encoder, field, value)?;
+        }
+        rows.push(Ok(encoder.take_row()));
+    }
+    let mut response = QueryResponse::new(schema, stream::iter(rows));
+    response.set_command_tag(tag);
+    Ok(response)
+}
+
+fn user_error(e: SqlError) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new("ERROR".into(), e.code.into(), e.message)))
+}
+
+fn error_response(e: SqlError) -> Response {
+    Response::Error(Box::new(ErrorInfo::new("ERROR".into(), e.code.into(), e.message)))
+}
+
+fn response(answer: Answer, format: &Format) -> PgWireResult<Response> {
+    Ok(match answer {
+        Answer::Rows(outcome, tag) => Response::Query(query_response(outcome, tag, format)?),
+        Answer::Done(tag) => Response::Execution(tag),
+        Answer::Began => Response::TransactionStart(Tag::new("BEGIN")),
+        Answer::Ended(tag) => Response::TransactionEnd(Tag::new(tag)),
+    })
+}
+
+#[async_trait]
+impl SimpleQueryHandler for Session {
+    async fn do_query<C>(&self, _client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
+    where
+        C: ClientInfo + Unpin + Send + Sync,
+    {
+        let statements = match split_statements(query) {
+            Ok(statements) => statements,
+            Err(e) => return Ok(vec![error_response(e)]),
+        };
+        let mut responses = Vec::with_capacity(statements.len());
+        for statement in statements {
+            match self.run(&statement, Vec::new()).await {
+                Ok(answer) => responses.push(response(answer, &Format::UnifiedText)?),
+                Err(e) => {
+                    // PostgreSQL stops a query string at its first error.
+                    responses.push(error_response(e));
+                    break;
+                }
+            }
+        }
+        Ok(responses)
+    }
+}
+
+/// A statement as the extended protocol keeps it.
+#[derive(Debug, Clone)]
+pub struct Parsed {
+    sql: String,
+    parameters: usize,
+}
+
+/// Parses for the extended protocol; describes results from a reader connection's plan.
+struct Parser {
+    shared: Arc<Shared>,
+}
+
+#[async_trait]
+impl QueryParser for Parser {
+    type Statement = Parsed;
+
+    async fn parse_sql<C>(&self, _client: &C, sql: &str, _types: &[Option<Type>]) -> PgWireResult<Option<Parsed>>
+    where
+        C: ClientInfo + Unpin + Send + Sync,
+    {
+        let mut statements = split_statements(sql).map_err(user_error)?;
+        if statements.len() > 1 {
+            return Err(user_error(SqlError::syntax(
+                "cannot insert multiple commands into a prepared statement",
+            )));
+        }
+        let Some(sql) = statements.pop() else {
+            return Ok(None);
+        };
+        let parameters = parameter_count(&sql).map_err(user_error)?;
+        Ok(Some(Parsed { sql, parameters }))
+    }
+
+    fn get_parameter_types(&self, statement: &Parsed) -> PgWireResult<Vec<Type>> {
+        Ok(vec![Type::TEXT; statement.parameters])
+    }
+
+    fn get_result_schema(&self, statement: &Parsed, format: Option<&Format>) -> PgWireResult<Vec<FieldInfo>> {
+        let format = format.cloned().unwrap_or(Format::UnifiedBinary);
+        let Ok(conn) = self.shared.reader() else {
+            return Ok(Vec::new());
+        };
+        // A statement the reader cannot plan (its table is created in the same transaction,
+        // say) describes as returning nothing; executing it tells the truth.
+        let columns = number_parameters(&statement.sql)
+            .ok()
+            .and_then(|sql| conn.prepare(&sql).ok().map(|prepared| engine::columns_of(&prepared)))
+            .unwrap_or_default();
+        self.shared.give_back(conn);
+        Ok(fields(&columns, &format))
+    }
+}
+
+/// The bound parameters of a portal as values: text-format ones as the engine would read them,
+/// binary ones by their declared type.
+fn bound_values(portal: &Portal<Parsed>) -> PgWireResult<Vec<Value>> {
+    (0..portal.parameter_len())
+        .map(|i| {
+            let ty = portal
+                .statement
+                .parameter_types
+                .get(i)
+                .cloned()
+                .flatten()
+                .unwrap_or(Type::TEXT);
+            let Some(raw) = &portal.parameters[i] else {
+                return Ok(Value::Null);
+            };
+            if portal.parameter_format.format_for(i) == FieldFormat::Text {
+                let text = std::str::from_utf8(raw)
+                    .map_err(|_| user_error(SqlError::new("22021", "a parameter is not valid UTF-8")))?;
+                return Ok(match ty {
+                    Type::INT2 | Type::INT4 | Type::INT8 => text
+                        .parse()
+                        .map(Value::Integer)
+                        .unwrap_or_else(|_| Value::Text(text.to_owned())),
+                    Type::FLOAT4 | Type::FLOAT8 | Type::NUMERIC => text
+                        .parse()
+                        .map(Value::Real)
+                        .unwrap_or_else(|_| Value::Text(text.to_owned())),
+                    Type::BYTEA => Value::Blob(raw.to_vec()),
+                    _ => Value::Text(text.to_owned()),
+                });
+            }
+            Ok(match ty {
+                Type::INT2 => Value::Integer(portal.parameter::<i16>(i, &ty)?.unwrap_or_default().into()),
+                Type::INT4 => Value::Integer(portal.parameter::<i32>(i, &ty)?.unwrap_or_default().into()),
+                Type::INT8 => Value::Integer(portal.parameter::<i64>(i, &ty)?.unwrap_or_default()),
+                Type::FLOAT4 => Value::Real(portal.parameter::<f32>(i, &ty)?.unwrap_or_default().into()),
+                Type::FLOAT8 => Value::Real(portal.parameter::<f64>(i, &ty)?.unwrap_or_default()),
+                Type::BOOL => Value::Integer(portal.parameter::<bool>(i, &ty)?.unwrap_or_default().into()),
+                Type::BYTEA => Value::Blob(raw.to_vec()),
+                Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => {
+                    Value::Text(String::from_utf8_lossy(raw).into_owned())
+                }
+                other => {
+                    return Err(user_error(SqlError::unsupported(format!(
+                        "binary parameters of type {} are not supported; send them as text",
+                        other.name()
+                    ))))
+                }
+            })
+        })
+        .collect()
+}
+
+#[async_trait]
+impl ExtendedQueryHandler for Session {
+    type Statement = Parsed;
+    type QueryParser = Parser;
+
+    fn query_parser(&self) -> Arc<Parser> {
+        self.parser.clone()
+    }
+
+    async fn do_query<C>(&self, _client: &mut C, portal: &Portal<Parsed>, _max_rows: usize) -> PgWireResult<Response>
+    where
+        C: ClientInfo + Unpin + Send + Sync,
+    {
+        let params = bound_values(portal)?;
+        match self.run(&portal.statement.statement.sql, params).await {
+            Ok(answer) => response(answer, &portal.result_column_format),
+            Err(e) => Ok(error_response(e)),
+        }
+    }
+}
+
+impl Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("id", &self.id).finish()
+    }
+}

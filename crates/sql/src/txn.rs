@@ -1,0 +1,235 @@
+//! A transaction as it travels through the log: the statements the leader ran (already made
+//! deterministic), their parameters, the seed of its random values, and the transaction it
+//! was executed after.
+
+/// A value bound to a statement's parameter or read from a row.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Integer(i64),
+    Real(f64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+/// Names a transaction: the leader's incarnation (a process start) and its count within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct TxnId {
+    pub incarnation: u64,
+    pub seq: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Statement {
+    pub sql: String,
+    pub params: Vec<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Txn {
+    pub id: TxnId,
+    /// The transaction whose state this one was executed on. Every replica applies it only if
+    /// that is the last transaction it applied, so a transaction never runs on a state other
+    /// than the one its client saw (see `machine`).
+    pub after: TxnId,
+    /// Seeds `random()`, `randomblob()` and `gen_random_uuid()`.
+    pub seed: u64,
+    pub statements: Vec<Statement>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("not a SQL transaction (bad magic)")]
+    Magic,
+    #[error("truncated at byte {0}")]
+    Truncated(usize),
+    #[error("unknown value tag {0}")]
+    Tag(u8),
+    #[error("text that is not UTF-8")]
+    Utf8,
+    #[error("{0} bytes left over")]
+    Trailing(usize),
+}
+
+const MAGIC: &[u8; 4] = b"SQT1";
+
+impl Txn {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64 + self.statements.iter().map(|s| s.sql.len() + 16).sum::<usize>());
+        out.extend_from_slice(MAGIC);
+        for n in [
+            self.id.incarnation,
+            self.id.seq,
+            self.after.incarnation,
+            self.after.seq,
+            self.seed,
+        ] {
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        put_len(&mut out, self.statements.len());
+        for statement in &self.statements {
+            put_bytes(&mut out, statement.sql.as_bytes());
+            put_len(&mut out, statement.params.len());
+            for value in &statement.params {
+                match value {
+                    Value::Null => out.push(0),
+                    Value::Integer(i) => {
+                        out.push(1);
+                        out.extend_from_slice(&i.to_le_bytes());
+                    }
+                    Value::Real(f) => {
+                        out.push(2);
+                        out.extend_from_slice(&f.to_bits().to_le_bytes());
+                    }
+                    Value::Text(t) => {
+                        out.push(3);
+                        put_bytes(&mut out, t.as_bytes());
+                    }
+                    Value::Blob(b) => {
+                        out.push(4);
+                        put_bytes(&mut out, b);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Txn, DecodeError> {
+        let mut r = Reader { bytes, at: 0 };
+        if r.take(4)? != MAGIC {
+            return Err(DecodeError::Magic);
+        }
+        let id = TxnId {
+            incarnation: r.u64()?,
+            seq: r.u64()?,
+        };
+        let after = TxnId {
+            incarnation: r.u64()?,
+            seq: r.u64()?,
+        };
+        let seed = r.u64()?;
+        let count = r.len()?;
+        // Each statement takes at least 8 bytes: a count never reserves more than the input holds.
+        let mut statements = Vec::with_capacity(count.min(bytes.len() / 8));
+        for _ in 0..count {
+            let sql = r.text()?;
+            let param_count = r.len()?;
+            let mut params = Vec::with_capacity(param_count.min(bytes.len()));
+            for _ in 0..param_count {
+                params.push(match r.take(1)?[0] {
+                    0 => Value::Null,
+                    1 => Value::Integer(r.u64()? as i64),
+                    2 => Value::Real(f64::from_bits(r.u64()?)),
+                    3 => Value::Text(r.text()?),
+                    4 => Value::Blob(r.bytes()?.to_vec()),
+                    tag => return Err(DecodeError::Tag(tag)),
+                });
+            }
+            statements.push(Statement { sql, params });
+        }
+        if r.at != bytes.len() {
+            return Err(DecodeError::Trailing(bytes.len() - r.at));
+        }
+        Ok(Txn {
+            id,
+            after,
+            seed,
+            statements,
+        })
+    }
+}
+
+fn put_len(out: &mut Vec<u8>, len: usize) {
+    out.extend_from_slice(
+        &u32::try_from(len)
+            .expect("a transaction part under 4 GiB")
+            .to_le_bytes(),
+    );
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    put_len(out, bytes.len());
+    out.extend_from_slice(bytes);
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&end| end <= self.bytes.len())
+            .ok_or(DecodeError::Truncated(self.at))?;
+        let out = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(out)
+    }
+
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+
+    fn len(&mut self) -> Result<usize, DecodeError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")) as usize)
+    }
+
+    fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
+        let len = self.len()?;
+        self.take(len)
+    }
+
+    fn text(&mut self) -> Result<String, DecodeError> {
+        String::from_utf8(self.bytes()?.to_vec()).map_err(|_| DecodeError::Utf8)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Txn {
+        Txn {
+            id: TxnId { incarnation: 7, seq: 3 },
+            after: TxnId { incarnation: 7, seq: 2 },
+            seed: 0xfeed,
+            statements: vec![
+                Statement {
+                    sql: "INSERT INTO t VALUES (?1, ?2, ?3, ?4, ?5)".into(),
+                    params: vec![
+                        Value::Null,
+                        Value::Integer(-5),
+                        Value::Real(2.5),
+                        Value::Text("é".into()),
+                        Value::Blob(vec![0, 1]),
+                    ],
+                },
+                Statement {
+                    sql: "DELETE FROM t".into(),
+                    params: vec![],
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_decoded_transaction_equals_the_encoded_one() {
+        let txn = sample();
+        assert_eq!(Txn::decode(&txn.encode()).unwrap(), txn);
+    }
+
+    #[test]
+    fn every_truncation_and_a_trailing_byte_are_errors() {
+        let bytes = sample().encode();
+        for cut in 0..bytes.len() {
+            assert!(Txn::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert_eq!(Txn::decode(&longer), Err(DecodeError::Trailing(1)));
+    }
+}

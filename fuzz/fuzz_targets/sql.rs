@@ -1,0 +1,40 @@
+//! The SQL middleware's untrusted inputs: a transaction's bytes from the log, and statement
+//! text from clients (splitting, classifying, the determinism rewrite).
+#![no_main]
+
+use chorus_sql::text::{classify, command_verb, fix_writes, parameter_count, split_statements, FixedClock};
+use chorus_sql::txn::Txn;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(txn) = Txn::decode(data) {
+        assert_eq!(
+            Txn::decode(&txn.encode()).unwrap(),
+            txn,
+            "a transaction decodes as it was encoded"
+        );
+    }
+    let Ok(sql) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(statements) = split_statements(sql) {
+        for statement in statements {
+            let _ = classify(&statement);
+            let _ = command_verb(&statement);
+            let _ = parameter_count(&statement);
+            if let Ok(fixed) = fix_writes(
+                &statement,
+                FixedClock {
+                    unix_ms: 1_764_000_000_000,
+                },
+            ) {
+                // The rewrite is done once: a fixed statement reads no clock.
+                assert_eq!(
+                    fix_writes(&fixed, FixedClock { unix_ms: 0 }).unwrap(),
+                    fixed,
+                    "fixing a fixed statement changes nothing"
+                );
+            }
+        }
+    }
+});
