@@ -70,6 +70,10 @@ enum ClusterCommand {
         dir: PathBuf,
         #[command(flatten)]
         net: chorus_bench::cli::NetArgs,
+        /// Nodes run `chorus sql`: PostgreSQL clients (psql -h 127.0.0.1 -p PORT) on each node's
+        /// client port, an embedded SQLite replicated over the log.
+        #[arg(long)]
+        sql: bool,
         /// Extra `chorus server` flags for every node, after `--`.
         #[arg(last = true)]
         server_args: Vec<String>,
@@ -138,13 +142,21 @@ fn main() -> anyhow::Result<()> {
                     nodes,
                     dir,
                     net,
+                    sql,
                     server_args,
                 } => {
                     let net = cluster::NetOptions {
                         profile: net.net,
                         bandwidth_mbit: net.net_bandwidth_mbit,
                     };
-                    let file = cluster::start(&dir, nodes, server_args, &net).await?;
+                    let file = if sql {
+                        if net.profile.is_some() {
+                            anyhow::bail!("--net is not available for SQL clusters yet: start it without --net");
+                        }
+                        cluster::start_sql(&dir, nodes, server_args).await?
+                    } else {
+                        cluster::start(&dir, nodes, server_args, &net).await?
+                    };
                     cluster::print_status(&file, &cluster::status(&dir, &file).await);
                     Ok(())
                 }

@@ -30,6 +30,7 @@ use crate::netem::{Link, PathCheck, Profile, Toxiproxy};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NodeEntry {
     pub id: u64,
+    /// The client port: RESP, or PostgreSQL in a SQL cluster (`pg` true).
     pub resp_addr: SocketAddr,
     pub peer_addr: SocketAddr,
     pub metrics_addr: SocketAddr,
@@ -53,6 +54,9 @@ pub struct NetEntry {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClusterFile {
+    /// The nodes run `chorus sql` (PostgreSQL clients) rather than `chorus server`.
+    #[serde(default)]
+    pub sql: bool,
     /// Extra `chorus server` flags given at creation, reused on every restart.
     #[serde(default)]
     pub server_args: Vec<String>,
@@ -181,7 +185,10 @@ fn chorus_links(profile: &Profile, nodes: &[NodeEntry], proxy_ports: &[u16]) -> 
 struct NodeConfigFile {
     id: u64,
     data_dir: PathBuf,
-    resp_addr: SocketAddr,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resp_addr: Option<SocketAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pg_addr: Option<SocketAddr>,
     metrics_addr: SocketAddr,
     peers: String,
 }
@@ -191,7 +198,13 @@ pub fn peer_link_name(from: u64, to: u64) -> String {
     format!("peer-{from}-to-{to}")
 }
 
-fn create(dir: &Path, nodes: usize, server_args: Vec<String>, net: &NetOptions) -> anyhow::Result<ClusterFile> {
+fn create(
+    dir: &Path,
+    nodes: usize,
+    server_args: Vec<String>,
+    net: &NetOptions,
+    sql: bool,
+) -> anyhow::Result<ClusterFile> {
     if nodes == 0 {
         bail!("a cluster needs at least one node: pass --nodes 1 or more");
     }
@@ -267,7 +280,8 @@ fn create(dir: &Path, nodes: usize, server_args: Vec<String>, net: &NetOptions) 
         let config = NodeConfigFile {
             id: n.id,
             data_dir: ndir.join("data"),
-            resp_addr: n.resp_addr,
+            resp_addr: (!sql).then_some(n.resp_addr),
+            pg_addr: sql.then_some(n.resp_addr),
             metrics_addr: n.metrics_addr,
             peers,
         };
@@ -275,6 +289,7 @@ fn create(dir: &Path, nodes: usize, server_args: Vec<String>, net: &NetOptions) 
         std::fs::write(ndir.join("chorus.toml"), config)?;
     }
     let file = ClusterFile {
+        sql,
         server_args,
         nodes: entries,
         net: net_entry,
@@ -288,7 +303,7 @@ fn spawn_node(dir: &Path, file: &ClusterFile, id: u64) -> anyhow::Result<u32> {
     let exe = std::env::current_exe().context("cannot find the chorus executable")?;
     let mut command = Command::new(exe);
     command
-        .arg("server")
+        .arg(if file.sql { "sql" } else { "server" })
         .arg("--config")
         .arg(ndir.join("chorus.toml"))
         .args(&file.server_args);
@@ -326,6 +341,22 @@ pub async fn start(
     server_args: Vec<String>,
     net: &NetOptions,
 ) -> anyhow::Result<ClusterFile> {
+    start_nodes(dir, nodes, server_args, net, false).await
+}
+
+/// `start` for a cluster of `chorus sql` nodes, which PostgreSQL clients reach on each node's
+/// client port.
+pub async fn start_sql(dir: &Path, nodes: usize, server_args: Vec<String>) -> anyhow::Result<ClusterFile> {
+    start_nodes(dir, nodes, server_args, &NetOptions::default(), true).await
+}
+
+async fn start_nodes(
+    dir: &Path,
+    nodes: usize,
+    server_args: Vec<String>,
+    net: &NetOptions,
+    sql: bool,
+) -> anyhow::Result<ClusterFile> {
     let file = if cluster_file(dir).exists() {
         let file = load(dir)?;
         if !server_args.is_empty() && server_args != file.server_args {
@@ -350,8 +381,16 @@ pub async fn start(
         ensure_network(dir, &file)?;
         file
     } else {
-        create(dir, nodes, server_args, net)?
+        create(dir, nodes, server_args, net, sql)?
     };
+    if file.sql != sql {
+        bail!(
+            "{} holds a {} cluster; start it with{} --sql",
+            dir.display(),
+            if file.sql { "SQL" } else { "key-value" },
+            if file.sql { "" } else { "out" }
+        );
+    }
     let mut spawned = Vec::new();
     for node in &file.nodes {
         if read_pid(dir, node.id).is_none() {
@@ -454,6 +493,28 @@ fn info_field(info: &str, key: &str) -> Option<String> {
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(':').map(|v| v.trim().to_string()))
 }
 
+/// A SQL node's raft state, from its metrics, in the words of `INFO raft`.
+async fn query_sql_node(entry: &NodeEntry) -> Option<String> {
+    let text = tokio::time::timeout(Duration::from_secs(1), metrics::scrape(entry.metrics_addr))
+        .await
+        .ok()?
+        .ok()?;
+    let gauge = |name: &str| metrics::metric_sum(&text, name) as u64;
+    let role = match gauge("chorus_raft_role") {
+        3 => "leader",
+        2 => "candidate",
+        1 => "precandidate",
+        _ => "follower",
+    };
+    Some(format!(
+        "raft_role:{role}\nraft_term:{}\nraft_leader_id:{}\nraft_commit_index:{}\nraft_applied_index:{}\n",
+        gauge("chorus_raft_term"),
+        gauge("chorus_raft_leader_id"),
+        gauge("chorus_raft_commit_index"),
+        gauge("chorus_raft_applied_index")
+    ))
+}
+
 async fn query_node(entry: &NodeEntry) -> Option<String> {
     let work = async {
         let mut client = Client::connect(entry.resp_addr).await.ok()?;
@@ -469,7 +530,11 @@ pub async fn status(dir: &Path, file: &ClusterFile) -> Vec<NodeState> {
     let mut out = Vec::new();
     for entry in &file.nodes {
         let pid = read_pid(dir, entry.id);
-        let info = if pid.is_some() { query_node(entry).await } else { None };
+        let info = match pid {
+            None => None,
+            Some(_) if file.sql => query_sql_node(entry).await,
+            Some(_) => query_node(entry).await,
+        };
         let field = |k: &str| info.as_deref().and_then(|i| info_field(i, k));
         let number = |k: &str| field(k).and_then(|v| v.parse().ok()).unwrap_or(0);
         out.push(NodeState {
@@ -505,8 +570,16 @@ pub fn print_status(file: &ClusterFile, states: &[NodeState]) {
             String::new()
         };
         println!(
-            "node {}  {:<9}  pid {:<7}  resp {}{client}  metrics http://{}/metrics  term {}  commit {}  applied {}",
-            s.entry.id, s.role, pid, s.entry.resp_addr, s.entry.metrics_addr, s.term, s.commit_index, s.applied_index
+            "node {}  {:<9}  pid {:<7}  {} {}{client}  metrics http://{}/metrics  term {}  commit {}  applied {}",
+            s.entry.id,
+            s.role,
+            pid,
+            if file.sql { "pg" } else { "resp" },
+            s.entry.resp_addr,
+            s.entry.metrics_addr,
+            s.term,
+            s.commit_index,
+            s.applied_index
         );
     }
 }

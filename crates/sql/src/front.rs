@@ -33,7 +33,7 @@ use crate::error::SqlError;
 use crate::machine::{Barrier, SqlState};
 use crate::text::{classify, command_verb, number_parameters, parameter_count, split_statements, StatementKind};
 use crate::txn::Value;
-use crate::writer::{Applied, Committed, Job, Proposal, WriterHandle};
+use crate::writer::{Applied, Committed, Proposal, WriterHandle};
 
 /// What every session of a node shares.
 pub struct Shared {
@@ -90,6 +90,14 @@ impl Shared {
             .map_err(|e| SqlError::unavailable(&format!("cannot serve a linearizable read now: {e}")))
     }
 
+    /// Waits until the log has applied the first `executed` transactions this node executed
+    /// ahead: a read that may have seen them answers only then.
+    async fn confirmed(&self, executed: u64) -> Result<(), SqlError> {
+        tokio::time::timeout(self.commit_timeout, self.writer.progress.confirmed(executed))
+            .await
+            .map_err(|_| SqlError::unavailable("the log has not confirmed what this read saw in time; retry it"))
+    }
+
     /// Runs `sql` on a reader connection off the runtime's thread.
     async fn run_on_reader(
         &self,
@@ -141,16 +149,23 @@ pub async fn propose_in_order(node: NodeHandle<SqlState>, mut queue: mpsc::Unbou
 }
 
 /// Tells the writer when this node leads with everything earlier leaders committed applied
-/// (only then may it execute ahead of the log) and when it stops.
+/// (only then may it execute ahead of the log) and when it stops — also when it leads again in
+/// a later term, which it may have lost in between, with its uncommitted entries.
 async fn tell_writer_when_leading(node: NodeHandle<SqlState>, writer: WriterHandle) {
-    let mut leading = false;
+    let mut leading_term = None;
     loop {
         let status = node.status();
-        let now_leading = status.role == Role::Leader
-            && (leading || (status.commit_index == status.last_index && status.applied_index >= status.commit_index));
-        if now_leading != leading {
-            leading = now_leading;
-            writer.send(Job::Leading(leading));
+        if leading_term.is_some_and(|term| status.role != Role::Leader || status.term != term) {
+            leading_term = None;
+            writer.leading(false);
+        }
+        if leading_term.is_none()
+            && status.role == Role::Leader
+            && status.commit_index == status.last_index
+            && status.applied_index >= status.commit_index
+        {
+            leading_term = Some(status.term);
+            writer.leading(true);
         }
         node.status_changed(Duration::from_millis(100)).await;
     }
@@ -233,7 +248,7 @@ impl Drop for Session {
             ..
         }) = self.state.get_mut()
         {
-            self.shared.writer.send(Job::Rollback { session: self.id });
+            self.shared.writer.rollback(self.id);
         }
     }
 }
@@ -276,7 +291,7 @@ impl Session {
                     unreachable!("matched Open")
                 };
                 if let Some(Place::Writer) = open.place {
-                    self.shared.writer.send(Job::Rollback { session: self.id });
+                    self.shared.writer.rollback(self.id);
                 }
                 Ok(Answer::Ended("ROLLBACK"))
             }
@@ -297,31 +312,22 @@ impl Session {
                 let (conn, outcome) = self.shared.run_on_reader(conn, number_parameters(sql)?, params).await;
                 self.shared.give_back(conn);
                 let outcome = outcome?;
-                self.shared.writer.progress.confirmed(executed).await;
+                self.shared.confirmed(executed).await?;
                 Ok(Answer::Rows(outcome, "SELECT"))
             }
             (_, TxnState::Idle) => {
                 self.take_writer().await?;
-                let outcome = self.on_writer(sql, params).await;
-                let committed = match outcome {
-                    Ok(_) => {
-                        self.shared
-                            .writer
-                            .ask(|reply| Job::Commit {
-                                session: self.id,
-                                reply,
-                            })
-                            .await?
-                    }
+                let outcome = match self.shared.writer.execute(self.id, sql, params) {
+                    Ok(outcome) => outcome,
                     Err(e) => {
-                        self.shared.writer.send(Job::Rollback { session: self.id });
+                        self.shared.writer.rollback(self.id);
                         return Err(e);
                     }
-                }?;
-                if let Committed::Ahead(proposed) = committed {
+                };
+                if let Committed::Ahead(proposed) = self.shared.writer.commit(self.id)? {
                     self.shared.replicate(proposed).await?;
                 }
-                Ok(statement_answer(sql, outcome?))
+                Ok(statement_answer(sql, outcome))
             }
         }
     }
@@ -346,7 +352,7 @@ impl Session {
             });
         }
         match open.place.as_mut().expect("chosen above") {
-            Place::Writer => Ok(statement_answer(sql, self.on_writer(sql, params).await?)),
+            Place::Writer => Ok(statement_answer(sql, self.shared.writer.execute(self.id, sql, params)?)),
             Place::Reader(conn, executed) => {
                 if kind != StatementKind::Read {
                     return Err(if open.read_only {
@@ -359,7 +365,7 @@ impl Session {
                 let (back, outcome) = self.shared.run_on_reader(taken, number_parameters(sql)?, params).await;
                 *conn = Some(back);
                 let outcome = outcome?;
-                self.shared.writer.progress.confirmed(*executed).await;
+                self.shared.confirmed(*executed).await?;
                 Ok(Answer::Rows(outcome, "SELECT"))
             }
         }
@@ -375,15 +381,7 @@ impl Session {
                 }
                 Ok(Answer::Ended(if open.failed { "ROLLBACK" } else { "COMMIT" }))
             }
-            Some(Place::Writer) => match self
-                .shared
-                .writer
-                .ask(|reply| Job::Commit {
-                    session: self.id,
-                    reply,
-                })
-                .await??
-            {
+            Some(Place::Writer) => match self.shared.writer.commit(self.id)? {
                 Committed::Nothing { rolled_back } => {
                     Ok(Answer::Ended(if rolled_back { "ROLLBACK" } else { "COMMIT" }))
                 }
@@ -400,25 +398,7 @@ impl Session {
         if status.role != Role::Leader {
             return Err(SqlError::read_only(status.leader_id));
         }
-        self.shared
-            .writer
-            .ask(|reply| Job::Begin {
-                session: self.id,
-                reply,
-            })
-            .await?
-    }
-
-    async fn on_writer(&self, sql: &str, params: Vec<Value>) -> Result<Outcome, SqlError> {
-        self.shared
-            .writer
-            .ask(|reply| Job::Execute {
-                session: self.id,
-                sql: sql.to_owned(),
-                params,
-                reply,
-            })
-            .await?
+        self.shared.writer.begin(self.id).await
     }
 }
 

@@ -63,7 +63,7 @@ pub async fn start(
     }
     let (proposals, proposal_queue) = tokio::sync::mpsc::unbounded_channel();
     let writer = writer::start(
-        engine,
+        Box::new(engine),
         writer::WriterOptions {
             lock_wait: options.lock_wait,
             on_diverged: options.on_diverged,

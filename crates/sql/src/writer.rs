@@ -1,5 +1,8 @@
-//! The one thread that writes the database: it runs the leader's client transactions, one at
-//! a time as the engine allows, and applies the log's transactions in log order.
+//! The database's one writer: it runs the leader's client transactions, one at a time as the
+//! engine allows, and applies the log's transactions in log order. It runs on the node's thread
+//! (as the raft loop and the sessions do: a node is one thread, see `chorus_log::node`), so
+//! handing a statement to it costs no cross-thread wake-up; a long statement holds the node's
+//! thread as a long key-value command does.
 //!
 //! A leader executes a client's transaction and commits it locally at once (no fsync: the log
 //! is the durability), then proposes it and goes on with the next one while the log commits it
@@ -12,8 +15,8 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chorus_log::node::Pending;
 use chorus_log::NodeError;
@@ -42,32 +45,6 @@ pub enum Committed {
     Ahead(oneshot::Receiver<Result<Pending<Applied>, NodeError>>),
 }
 
-pub(crate) enum Job {
-    Begin {
-        session: u64,
-        reply: oneshot::Sender<Result<(), SqlError>>,
-    },
-    Execute {
-        session: u64,
-        sql: String,
-        params: Vec<Value>,
-        reply: oneshot::Sender<Result<Outcome, SqlError>>,
-    },
-    Commit {
-        session: u64,
-        reply: oneshot::Sender<Result<Committed, SqlError>>,
-    },
-    /// Also sent when a session ends inside a transaction.
-    Rollback { session: u64 },
-    Apply {
-        index: u64,
-        txn: Txn,
-        reply: mpsc::Sender<Applied>,
-    },
-    /// Whether this node leads and has applied what earlier leaders committed.
-    Leading(bool),
-}
-
 /// How far the writer's local commits and the log's applies are, for reads that must not
 /// answer with a transaction the log does not have yet.
 #[derive(Debug)]
@@ -91,32 +68,77 @@ impl Progress {
     }
 }
 
-/// Sends jobs to the writer thread.
+/// The writer, shared by the node's sessions and its state machine (all on one thread; the
+/// lock is never contended for long).
 #[derive(Clone)]
 pub struct WriterHandle {
-    jobs: mpsc::Sender<Job>,
+    writer: Arc<Mutex<Writer>>,
     pub progress: Arc<Progress>,
+    lock_wait: Duration,
 }
 
 impl WriterHandle {
-    pub(crate) fn send(&self, job: Job) {
-        // The writer thread outlives every handle but at process exit.
-        let _ = self.jobs.send(job);
+    fn writer(&self) -> MutexGuard<'_, Writer> {
+        self.writer.lock().expect("the writer does not panic while locked")
     }
 
-    pub(crate) async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Job) -> Result<T, SqlError> {
-        let (reply, answer) = oneshot::channel();
-        self.send(make(reply));
-        answer
-            .await
-            .map_err(|_| SqlError::unavailable("the database writer stopped"))
+    /// Whether this node leads with everything earlier leaders committed applied.
+    pub fn leading(&self, leading: bool) {
+        let mut writer = self.writer();
+        if writer.leading && !leading {
+            writer.step_down();
+        }
+        writer.leading = leading;
+        writer.after_release();
     }
 
-    /// Applies a transaction from the log; blocks until done (the raft loop applies in order).
+    /// Waits for the write lock for `session`, as long as the options allow.
+    pub async fn begin(&self, session: u64) -> Result<(), SqlError> {
+        let granted = {
+            let mut writer = self.writer();
+            if !writer.leading {
+                return Err(SqlError::read_only(0));
+            }
+            let (reply, granted) = oneshot::channel();
+            writer.waiting.push_back((session, reply));
+            writer.after_release();
+            granted
+        };
+        match tokio::time::timeout(self.lock_wait, granted).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(SqlError::unavailable("the database writer stopped")),
+            // Dropping `granted` tells the writer to skip this session.
+            Err(_) => Err(SqlError::lock_timeout(self.lock_wait.as_millis() as u64)),
+        }
+    }
+
+    pub fn execute(&self, session: u64, sql: &str, params: Vec<Value>) -> Result<Outcome, SqlError> {
+        self.writer().execute(session, sql, params)
+    }
+
+    pub fn commit(&self, session: u64) -> Result<Committed, SqlError> {
+        let mut writer = self.writer();
+        let committed = writer.commit(session);
+        writer.after_release();
+        committed
+    }
+
+    /// Ends `session`'s transaction without a trace (also when the session ends inside one).
+    pub fn rollback(&self, session: u64) {
+        let mut writer = self.writer();
+        if writer.active.as_ref().is_some_and(|a| a.session == session) {
+            writer.engine.rollback();
+            writer.active = None;
+        }
+        writer.after_release();
+    }
+
+    /// Applies a transaction from the log (the raft loop applies in order).
     pub fn apply(&self, index: u64, txn: Txn) -> Applied {
-        let (reply, answer) = mpsc::channel();
-        self.send(Job::Apply { index, txn, reply });
-        answer.recv().expect("the database writer answers every apply")
+        let mut writer = self.writer();
+        let applied = writer.apply(index, txn);
+        writer.after_release();
+        applied
     }
 }
 
@@ -131,8 +153,8 @@ pub struct WriterOptions {
     pub on_diverged: Box<dyn FnOnce() + Send>,
 }
 
-/// A session waiting for the write lock: its id, where to say it has it, and until when.
-type Waiting = (u64, oneshot::Sender<Result<(), SqlError>>, Instant);
+/// A session waiting for the write lock: its id, and where to say it has it.
+type Waiting = (u64, oneshot::Sender<Result<(), SqlError>>);
 
 struct Active {
     session: u64,
@@ -142,8 +164,8 @@ struct Active {
     failed: bool,
 }
 
-struct Writer<E: Engine> {
-    engine: E,
+struct Writer {
+    engine: Box<dyn Engine>,
     incarnation: u64,
     next_seq: u64,
     leading: bool,
@@ -163,23 +185,20 @@ struct Writer<E: Engine> {
     progress: Arc<Progress>,
     /// Transactions go to the proposer from here, so the log gets them in commit order.
     proposals: async_mpsc::UnboundedSender<Proposal>,
-    options: WriterOptions,
     on_diverged: Option<Box<dyn FnOnce() + Send>>,
 }
 
-/// Starts the writer thread over `engine`.
-pub fn start<E: Engine + 'static>(
-    mut engine: E,
-    mut options: WriterOptions,
+/// The writer over `engine`.
+pub fn start(
+    mut engine: Box<dyn Engine>,
+    options: WriterOptions,
     proposals: async_mpsc::UnboundedSender<Proposal>,
 ) -> Result<WriterHandle, SqlError> {
     let applied = engine.applied()?;
-    let (jobs, rx) = mpsc::channel();
     let progress = Arc::new(Progress {
         executed: AtomicU64::new(0),
         confirmed: watch::Sender::new(0),
     });
-    let on_diverged = std::mem::replace(&mut options.on_diverged, Box::new(|| {}));
     let writer = Writer {
         engine,
         incarnation: SystemTime::now()
@@ -198,14 +217,13 @@ pub fn start<E: Engine + 'static>(
         confirmed_unrecorded: Vec::new(),
         progress: progress.clone(),
         proposals,
-        options,
-        on_diverged: Some(on_diverged),
+        on_diverged: Some(options.on_diverged),
     };
-    std::thread::Builder::new()
-        .name("sql-writer".into())
-        .spawn(move || writer.run(rx))
-        .map_err(|e| SqlError::unavailable(&format!("cannot start the database writer: {e}")))?;
-    Ok(WriterHandle { jobs, progress })
+    Ok(WriterHandle {
+        writer: Arc::new(Mutex::new(writer)),
+        progress,
+        lock_wait: options.lock_wait,
+    })
 }
 
 /// The seed of the statement at `ordinal` among a transaction's replicated statements.
@@ -213,84 +231,19 @@ fn statement_seed(seed: u64, ordinal: usize) -> u64 {
     seed ^ (ordinal as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
-impl<E: Engine> Writer<E> {
-    fn run(mut self, jobs: mpsc::Receiver<Job>) {
-        loop {
-            let job = match self.waiting.front() {
-                Some((_, _, deadline)) => match jobs.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                    Ok(job) => job,
-                    Err(mpsc::RecvTimeoutError::Timeout) => {
-                        self.expire_waiting();
-                        continue;
-                    }
-                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                },
-                None => match jobs.recv() {
-                    Ok(job) => job,
-                    Err(_) => return,
-                },
-            };
-            self.on_job(job);
-            if self.active.is_none() {
-                self.record_applied();
-                self.start_waiting();
-            }
-        }
-    }
-
-    fn on_job(&mut self, job: Job) {
-        match job {
-            Job::Begin { session, reply } => {
-                if !self.leading {
-                    let _ = reply.send(Err(SqlError::read_only(0)));
-                } else {
-                    self.waiting
-                        .push_back((session, reply, Instant::now() + self.options.lock_wait));
-                }
-            }
-            Job::Execute {
-                session,
-                sql,
-                params,
-                reply,
-            } => {
-                let _ = reply.send(self.execute(session, &sql, params));
-            }
-            Job::Commit { session, reply } => {
-                let _ = reply.send(self.commit(session));
-            }
-            Job::Rollback { session } => {
-                if self.active.as_ref().is_some_and(|a| a.session == session) {
-                    self.engine.rollback();
-                    self.active = None;
-                } else {
-                    self.waiting.retain(|(s, _, _)| *s != session);
-                }
-            }
-            Job::Apply { index, txn, reply } => {
-                let applied = self.apply(index, txn);
-                let _ = reply.send(applied);
-            }
-            Job::Leading(leading) => {
-                if self.leading && !leading {
-                    self.step_down();
-                }
-                self.leading = leading;
-            }
-        }
-    }
-
-    fn expire_waiting(&mut self) {
-        let now = Instant::now();
-        while self.waiting.front().is_some_and(|(_, _, deadline)| *deadline <= now) {
-            let (_, reply, _) = self.waiting.pop_front().expect("checked");
-            let _ = reply.send(Err(SqlError::lock_timeout(self.options.lock_wait.as_millis() as u64)));
+impl Writer {
+    /// Once no transaction is open: records what was applied and gives the write lock to the
+    /// next waiting session.
+    fn after_release(&mut self) {
+        if self.active.is_none() {
+            self.record_applied();
+            self.start_waiting();
         }
     }
 
     /// Gives the write lock to the next waiting session.
     fn start_waiting(&mut self) {
-        while let Some((session, reply, _)) = self.waiting.pop_front() {
+        while let Some((session, reply)) = self.waiting.pop_front() {
             if reply.is_closed() {
                 continue;
             }
@@ -424,9 +377,6 @@ impl<E: Engine> Writer<E> {
             self.unrecorded = Some(mark);
             self.confirmed_unrecorded.push(txn.id);
             self.progress.confirmed.send_modify(|confirmed| *confirmed += 1);
-            if self.active.is_none() {
-                self.record_applied();
-            }
             return Applied::Committed;
         }
         if !self.ahead.is_empty() {
@@ -488,7 +438,7 @@ impl<E: Engine> Writer<E> {
     }
 
     fn step_down(&mut self) {
-        for (_, reply, _) in self.waiting.drain(..) {
+        for (_, reply) in self.waiting.drain(..) {
             let _ = reply.send(Err(SqlError::read_only(0)));
         }
         if self.active.take().is_some() {
@@ -508,5 +458,130 @@ impl<E: Engine> Writer<E> {
             );
             on_diverged();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+    use crate::engine::Sqlite;
+
+    struct Node {
+        writer: WriterHandle,
+        proposals: async_mpsc::UnboundedReceiver<Proposal>,
+        diverged: Arc<AtomicBool>,
+        _dir: tempfile::TempDir,
+    }
+
+    fn node() -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let diverged = Arc::new(AtomicBool::new(false));
+        let flag = diverged.clone();
+        let (proposals_tx, proposals) = async_mpsc::unbounded_channel();
+        let writer = start(
+            Box::new(Sqlite::open(dir.path()).unwrap()),
+            WriterOptions {
+                lock_wait: Duration::from_secs(1),
+                on_diverged: Box::new(move || flag.store(true, Ordering::SeqCst)),
+            },
+            proposals_tx,
+        )
+        .unwrap();
+        Node {
+            writer,
+            proposals,
+            diverged,
+            _dir: dir,
+        }
+    }
+
+    /// Runs `statements` as one client transaction on a leading node; returns what it proposed.
+    async fn transact(node: &mut Node, session: u64, statements: &[&str]) -> Txn {
+        node.writer.begin(session).await.unwrap();
+        for sql in statements {
+            node.writer.execute(session, sql, Vec::new()).unwrap();
+        }
+        assert!(matches!(node.writer.commit(session).unwrap(), Committed::Ahead(_)));
+        node.proposals.try_recv().expect("a proposal in commit order").0
+    }
+
+    fn count(node: &Node) -> i64 {
+        let mut writer = node.writer.writer();
+        match writer.engine.execute("SELECT count(*) FROM t", &[]).unwrap().rows[0][0] {
+            Value::Integer(n) => n,
+            ref other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_transaction_applies_only_after_the_one_it_ran_after() {
+        let mut leader = node();
+        let replica = node();
+        leader.writer.leading(true);
+        let create = transact(&mut leader, 1, &["CREATE TABLE t (n INTEGER)"]).await;
+        let first = transact(&mut leader, 1, &["INSERT INTO t VALUES (random())"]).await;
+        let second = transact(&mut leader, 2, &["INSERT INTO t SELECT n + 1 FROM t"]).await;
+        assert_eq!(second.after, first.id);
+
+        // In log order every node applies them; the leader only confirms its own.
+        for (index, txn) in [(1, &create), (2, &first), (2, &second)] {
+            assert_eq!(leader.writer.apply(index, txn.clone()), Applied::Committed);
+            assert_eq!(replica.writer.apply(index, txn.clone()), Applied::Committed);
+        }
+        assert_eq!(leader.writer.progress.executed(), 3);
+        assert_eq!(*leader.writer.progress.confirmed.borrow(), 3);
+        assert_eq!((count(&leader), count(&replica)), (2, 2));
+
+        // A transaction run on a state the log did not reach is void on every node.
+        let stale = Txn {
+            id: TxnId {
+                incarnation: 99,
+                seq: 1,
+            },
+            after: first.id,
+            ..second.clone()
+        };
+        assert_eq!(replica.writer.apply(3, stale.clone()), Applied::Void);
+        assert_eq!(leader.writer.apply(3, stale), Applied::Void);
+        assert_eq!((count(&leader), count(&replica)), (2, 2));
+        assert!(!leader.diverged.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_leader_whose_work_ahead_missed_the_log_reports_itself_diverged() {
+        let mut leader = node();
+        let mut rival = node();
+        leader.writer.leading(true);
+        rival.writer.leading(true);
+        let create = transact(&mut rival, 1, &["CREATE TABLE t (n INTEGER)"]).await;
+        leader.writer.leading(false);
+        assert_eq!(leader.writer.apply(1, create.clone()), Applied::Committed);
+        leader.writer.leading(true);
+        transact(&mut leader, 1, &["INSERT INTO t VALUES (1)"]).await;
+        // Another leader's transaction reaches the log first.
+        let theirs = transact(&mut rival, 1, &["INSERT INTO t VALUES (2)"]).await;
+        assert_eq!(leader.writer.apply(2, theirs), Applied::Committed);
+        assert!(leader.diverged.load(Ordering::SeqCst));
+        // Stepping down with work ahead diverges too.
+        let mut other = node();
+        other.writer.leading(true);
+        transact(&mut other, 1, &["CREATE TABLE t (n INTEGER)"]).await;
+        other.writer.leading(false);
+        assert!(other.diverged.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_session_waits_for_the_write_lock_and_gives_up_after_lock_wait() {
+        let leader = node();
+        leader.writer.leading(true);
+        leader.writer.begin(1).await.unwrap();
+        let started = std::time::Instant::now();
+        let error = leader.writer.begin(2).await.unwrap_err();
+        assert_eq!(error.code, "55P03");
+        assert!(started.elapsed() >= Duration::from_secs(1));
+        leader.writer.rollback(1);
+        leader.writer.begin(2).await.unwrap();
     }
 }
