@@ -24,10 +24,16 @@ struct SqlCluster {
     _dir: tempfile::TempDir,
     peers: String,
     nodes: Vec<Node>,
+    /// Extra `chorus sql` flags for every node.
+    args: Vec<String>,
 }
 
 impl SqlCluster {
     fn start(count: u64) -> SqlCluster {
+        Self::start_with(count, &[])
+    }
+
+    fn start_with(count: u64, args: &[&str]) -> SqlCluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let ports = chorus_cluster::ports::free_loopback_ports(3 * count as usize).expect("free ports");
         let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
@@ -47,6 +53,7 @@ impl SqlCluster {
             _dir: dir,
             peers,
             nodes,
+            args: args.iter().map(|a| a.to_string()).collect(),
         };
         for id in 1..=count {
             cluster.launch(id);
@@ -60,6 +67,7 @@ impl SqlCluster {
 
     fn launch(&mut self, id: u64) {
         let peers = self.peers.clone();
+        let args = self.args.clone();
         let node = &mut self.nodes[id as usize - 1];
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -75,6 +83,7 @@ impl SqlCluster {
                 "--metrics-addr",
                 &node.metrics.to_string(),
             ])
+            .args(&args)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -89,13 +98,64 @@ impl SqlCluster {
         }
     }
 
-    fn role(&self, id: u64) -> Option<u64> {
+    fn gauge(&self, id: u64, name: &str) -> Option<u64> {
         let metrics = http_get(self.node(id).metrics, "/metrics")?;
+        let prefix = format!("{name} ");
         metrics
             .lines()
-            .find_map(|l| l.strip_prefix("chorus_raft_role "))
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
             .and_then(|v| v.trim().parse::<f64>().ok())
             .map(|v| v as u64)
+    }
+
+    /// The last lines of node `id`'s log, for failure messages.
+    fn log_tail(&self, id: u64) -> String {
+        let log = std::fs::read_to_string(self.node(id).dir.with_extension("log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().filter(|l| !l.contains(" raft: ")).collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// Waits until node `id` has compacted its log past `index` (snapshots are written off its
+    /// main thread).
+    async fn wait_for_compaction(&self, id: u64, index: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.gauge(id, "chorus_raft_first_index").unwrap_or(0) <= index {
+            assert!(
+                Instant::now() < deadline,
+                "node {id} did not compact its log past {index}; its log ends:\n{}",
+                self.log_tail(id)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn role(&self, id: u64) -> Option<u64> {
+        self.gauge(id, "chorus_raft_role")
+    }
+
+    /// Waits until node `id` answers `query` with `expected`.
+    async fn wait_for_rows(&self, id: u64, query: &str, expected: &[Vec<Option<String>>]) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let config = format!(
+                "host=127.0.0.1 port={} user=chorus connect_timeout=2",
+                self.node(id).pg.port()
+            );
+            if let Ok((client, connection)) = tokio_postgres::connect(&config, NoTls).await {
+                tokio::spawn(connection);
+                if let Ok(messages) = client.simple_query(query).await {
+                    if rows_of(messages) == expected {
+                        return;
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} does not answer {query} with {expected:?}; its log ends:\n{}",
+                self.log_tail(id)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Waits until one of `ids` leads and returns it.
@@ -171,10 +231,11 @@ fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
 
 /// Every row of `query`, as text, from a simple query.
 async fn rows(client: &Client, query: &str) -> Vec<Vec<Option<String>>> {
-    client
-        .simple_query(query)
-        .await
-        .expect(query)
+    rows_of(client.simple_query(query).await.expect(query))
+}
+
+fn rows_of(messages: Vec<SimpleQueryMessage>) -> Vec<Vec<Option<String>>> {
+    messages
         .into_iter()
         .filter_map(|m| match m {
             SimpleQueryMessage::Row(row) => Some((0..row.len()).map(|i| row.get(i).map(str::to_owned)).collect()),
@@ -313,7 +374,8 @@ async fn non_deterministic_statements_are_fixed_once_or_refused_by_name() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_the_leader_mid_load_loses_no_committed_transaction() {
-    let mut cluster = SqlCluster::start(3);
+    // Checkpoints every 100 entries: the killed leader rebuilds from one and the log after it.
+    let mut cluster = SqlCluster::start_with(3, &["--snapshot-interval-entries", "100", "--log-keep-entries", "20"]);
     let leader = cluster.leader_among(&[1, 2, 3]).await;
     let setup = cluster.client(leader).await;
     setup
@@ -365,7 +427,6 @@ async fn sigkill_of_the_leader_mid_load_loses_no_committed_transaction() {
     let new_leader = cluster.leader_among(&survivors).await;
     cluster.launch(leader);
     // The restarted node catches up from the log; then every node holds the same rows.
-    let deadline = Instant::now() + Duration::from_secs(30);
     let dump = "SELECT 'a', id, balance FROM accounts UNION ALL SELECT 'l', id, amount FROM ledger ORDER BY 1, 2";
     let reference = rows(&cluster.client(new_leader).await, dump).await;
     let ledger: std::collections::HashSet<String> = reference
@@ -382,25 +443,41 @@ async fn sigkill_of_the_leader_mid_load_loses_no_committed_transaction() {
         .map(|r| r[2].as_deref().unwrap().parse::<i64>().unwrap())
         .sum();
     assert_eq!(total, 4000, "transfers keep the total");
+    cluster.wait_for_compaction(new_leader, 1).await;
     for id in 1..=3 {
-        loop {
-            let client = loop {
-                let node = cluster.node(id);
-                let config = format!("host=127.0.0.1 port={} user=chorus connect_timeout=2", node.pg.port());
-                if let Ok((client, connection)) = tokio_postgres::connect(&config, NoTls).await {
-                    tokio::spawn(connection);
-                    break client;
-                }
-                assert!(Instant::now() < deadline, "node {id} does not come back");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            };
-            match client.simple_query(dump).await {
-                Ok(_) if rows(&client, dump).await == reference => break,
-                _ => {
-                    assert!(Instant::now() < deadline, "node {id} does not match the leader's rows");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-        }
+        cluster.wait_for_rows(id, dump, &reference).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_behind_the_compacted_log_catches_up_from_a_checkpoint() {
+    let mut cluster = SqlCluster::start_with(3, &["--snapshot-interval-entries", "30", "--log-keep-entries", "5"]);
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let lagging = others(leader)[0];
+    let client = cluster.client(leader).await;
+    client
+        .batch_execute("CREATE TABLE t (n INTEGER PRIMARY KEY, square INTEGER)")
+        .await
+        .unwrap();
+    cluster.kill(lagging);
+    for n in 0..200 {
+        client
+            .execute("INSERT INTO t VALUES ($1, $1 * $1)", &[&n.to_string()])
+            .await
+            .unwrap();
+    }
+    cluster.wait_for_compaction(leader, 20).await;
+    cluster.launch(lagging);
+    let query = "SELECT count(*), sum(square) FROM t";
+    let expected = rows(&client, query).await;
+    assert_eq!(
+        expected,
+        vec![vec![Some("200".to_string()), Some("2646700".to_string())]]
+    );
+    cluster.wait_for_rows(lagging, query, &expected).await;
+    // It goes on applying the log after the checkpoint it received.
+    client.execute("INSERT INTO t VALUES (1000, 0)", &[]).await.unwrap();
+    cluster
+        .wait_for_rows(lagging, "SELECT count(*) FROM t", &[vec![Some("201".to_string())]])
+        .await;
 }

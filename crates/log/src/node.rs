@@ -64,6 +64,12 @@ pub trait StateMachine: Send + 'static {
     {
         Ok(self.query(query))
     }
+    /// Whether the state can be captured now. One that says no is asked again after later
+    /// applies, and should make itself ready soon (a state with work not yet in the log waits
+    /// for the log to catch up).
+    fn snapshot_ready(&mut self) -> bool {
+        true
+    }
     /// Captures the state at the last applied entry and returns what, run on another thread,
     /// waits until that state is durable and returns the snapshot data describing it. The raft
     /// log up to that entry is compacted once the data is written.
@@ -2195,6 +2201,10 @@ impl<SM: StateMachine> RaftLoop<SM> {
         {
             return;
         }
+        if !self.sm.snapshot_ready() {
+            return;
+        }
+        let store = self.raw.store();
         let index = self.applied_index;
         let term = raft::Storage::term(store, index).expect("applied entries are in the log");
         let mut snapshot = Snapshot::default();

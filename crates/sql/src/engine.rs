@@ -67,11 +67,14 @@ pub trait Engine: Send {
     fn applied(&mut self) -> Result<AppliedMark, SqlError>;
     /// Whether the database holds transactions executed ahead of the log.
     fn holds_ahead(&mut self) -> Result<bool, SqlError>;
+    /// Replaces the database with a copy of `checkpoint` (or an empty one) standing at `mark`.
+    fn restore(&mut self, checkpoint: Option<&Path>, mark: AppliedMark) -> Result<(), SqlError>;
 }
 
 /// SQLite, in WAL mode without an fsync per commit: the raft log is what is durable, and a
 /// power cut leaves a consistent (older) database that the log brings forward.
 pub struct Sqlite {
+    dir: std::path::PathBuf,
     conn: Connection,
     random: Arc<AtomicU64>,
 }
@@ -105,7 +108,11 @@ impl Sqlite {
         .map_err(|e| SqlError::from_sqlite(&e))?;
         let random = Arc::new(AtomicU64::new(0));
         register_seeded_functions(&conn, &random).map_err(|e| SqlError::from_sqlite(&e))?;
-        Ok(Sqlite { conn, random })
+        Ok(Sqlite {
+            dir: dir.to_path_buf(),
+            conn,
+            random,
+        })
     }
 
     /// Removes the database files so the next `open` starts empty.
@@ -331,6 +338,29 @@ impl Engine for Sqlite {
                 },
             )
             .map_err(|e| SqlError::from_sqlite(&e))
+    }
+
+    fn restore(&mut self, checkpoint: Option<&Path>, mark: AppliedMark) -> Result<(), SqlError> {
+        let io = |what: &str, e: std::io::Error| SqlError::new("58030", format!("{what}: {e}"));
+        // Close the database before its files are replaced.
+        self.conn = Connection::open_in_memory().map_err(|e| SqlError::from_sqlite(&e))?;
+        Sqlite::remove(&self.dir).map_err(|e| io("cannot remove the database", e))?;
+        if let Some(checkpoint) = checkpoint {
+            let db = database_path(&self.dir);
+            std::fs::copy(checkpoint, &db).map_err(|e| io("cannot copy the checkpoint", e))?;
+        }
+        *self = Sqlite::open(&self.dir)?;
+        self.begin()?;
+        let restored = self
+            .conn
+            .execute_batch("DELETE FROM _chorus_ahead")
+            .map_err(|e| SqlError::from_sqlite(&e))
+            .and_then(|()| self.mark_applied(mark));
+        if let Err(e) = restored {
+            self.rollback();
+            return Err(e);
+        }
+        self.commit()
     }
 
     fn holds_ahead(&mut self) -> Result<bool, SqlError> {

@@ -8,9 +8,8 @@
 //! and answer only once the log has every transaction they could have seen.
 
 use std::fmt::Debug;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -24,13 +23,13 @@ use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo, QueryResponse
 use pgwire::api::stmt::QueryParser;
 use pgwire::api::{ClientInfo, PgWireServerHandlers, Type};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
-use rusqlite::Connection;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::{self, Outcome};
 use crate::error::SqlError;
 use crate::machine::{Barrier, SqlState};
+use crate::readers::{Reader, Readers};
 use crate::text::{classify, command_verb, number_parameters, parameter_count, split_statements, StatementKind};
 use crate::txn::Value;
 use crate::writer::{Applied, Committed, Proposal, WriterHandle};
@@ -39,46 +38,27 @@ use crate::writer::{Applied, Committed, Proposal, WriterHandle};
 pub struct Shared {
     node: NodeHandle<SqlState>,
     writer: WriterHandle,
-    db_dir: PathBuf,
-    readers: Mutex<Vec<Connection>>,
+    readers: Arc<Readers>,
     next_session: AtomicU64,
     commit_timeout: Duration,
 }
-
-/// Reader connections kept for reuse.
-const IDLE_READERS: usize = 16;
 
 impl Shared {
     /// `commit_timeout`: how long a COMMIT waits for the log before its outcome is unknown.
     pub fn new(
         node: NodeHandle<SqlState>,
         writer: WriterHandle,
-        db_dir: PathBuf,
+        readers: Arc<Readers>,
         commit_timeout: Duration,
     ) -> Arc<Self> {
         tokio::spawn(tell_writer_when_leading(node.clone(), writer.clone()));
         Arc::new(Shared {
             node,
             writer,
-            db_dir,
-            readers: Mutex::new(Vec::new()),
+            readers,
             next_session: AtomicU64::new(1),
             commit_timeout,
         })
-    }
-
-    fn reader(&self) -> Result<Connection, SqlError> {
-        match self.readers.lock().expect("reader pool").pop() {
-            Some(conn) => Ok(conn),
-            None => engine::open_reader(&self.db_dir),
-        }
-    }
-
-    fn give_back(&self, conn: Connection) {
-        let mut readers = self.readers.lock().expect("reader pool");
-        if readers.len() < IDLE_READERS && conn.is_autocommit() {
-            readers.push(conn);
-        }
     }
 
     /// Waits until this node has applied everything committed when the read began (ReadIndex).
@@ -101,13 +81,13 @@ impl Shared {
     /// Runs `sql` on a reader connection off the runtime's thread.
     async fn run_on_reader(
         &self,
-        conn: Connection,
+        reader: Reader,
         sql: String,
         params: Vec<Value>,
-    ) -> (Connection, Result<Outcome, SqlError>) {
+    ) -> (Reader, Result<Outcome, SqlError>) {
         tokio::task::spawn_blocking(move || {
-            let outcome = engine::run(&conn, &sql, &params);
-            (conn, outcome)
+            let outcome = engine::run(&reader.conn, &sql, &params);
+            (reader, outcome)
         })
         .await
         .expect("a reader task does not panic")
@@ -230,7 +210,7 @@ enum Place {
     Writer,
     /// A reader connection inside BEGIN, and how many transactions had been executed ahead when
     /// its snapshot was taken.
-    Reader(Option<Connection>, u64),
+    Reader(Option<Reader>, u64),
 }
 
 /// One client connection.
@@ -308,9 +288,9 @@ impl Session {
             (StatementKind::Read, TxnState::Idle) => {
                 self.shared.read_barrier().await?;
                 let executed = self.shared.writer.progress.executed();
-                let conn = self.shared.reader()?;
-                let (conn, outcome) = self.shared.run_on_reader(conn, number_parameters(sql)?, params).await;
-                self.shared.give_back(conn);
+                let reader = self.shared.readers.take()?;
+                let (reader, outcome) = self.shared.run_on_reader(reader, number_parameters(sql)?, params).await;
+                self.shared.readers.give_back(reader);
                 let outcome = outcome?;
                 self.shared.confirmed(executed).await?;
                 Ok(Answer::Rows(outcome, "SELECT"))
@@ -346,9 +326,12 @@ impl Session {
                 Place::Writer
             } else {
                 self.shared.read_barrier().await?;
-                let conn = self.shared.reader()?;
-                conn.execute_batch("BEGIN").map_err(|e| SqlError::from_sqlite(&e))?;
-                Place::Reader(Some(conn), self.shared.writer.progress.executed())
+                let reader = self.shared.readers.take()?;
+                reader
+                    .conn
+                    .execute_batch("BEGIN")
+                    .map_err(|e| SqlError::from_sqlite(&e))?;
+                Place::Reader(Some(reader), self.shared.writer.progress.executed())
             });
         }
         match open.place.as_mut().expect("chosen above") {
@@ -374,10 +357,10 @@ impl Session {
     async fn commit(&self, open: Open) -> Result<Answer, SqlError> {
         match open.place {
             None => Ok(Answer::Ended(if open.failed { "ROLLBACK" } else { "COMMIT" })),
-            Some(Place::Reader(conn, _)) => {
-                if let Some(conn) = conn {
-                    let _ = conn.execute_batch("ROLLBACK");
-                    self.shared.give_back(conn);
+            Some(Place::Reader(reader, _)) => {
+                if let Some(reader) = reader {
+                    let _ = reader.conn.execute_batch("ROLLBACK");
+                    self.shared.readers.give_back(reader);
                 }
                 Ok(Answer::Ended(if open.failed { "ROLLBACK" } else { "COMMIT" }))
             }
@@ -608,16 +591,22 @@ impl QueryParser for Parser {
 
     fn get_result_schema(&self, statement: &Parsed, format: Option<&Format>) -> PgWireResult<Vec<FieldInfo>> {
         let format = format.cloned().unwrap_or(Format::UnifiedBinary);
-        let Ok(conn) = self.shared.reader() else {
+        let Ok(reader) = self.shared.readers.take() else {
             return Ok(Vec::new());
         };
         // A statement the reader cannot plan (its table is created in the same transaction,
         // say) describes as returning nothing; executing it tells the truth.
         let columns = number_parameters(&statement.sql)
             .ok()
-            .and_then(|sql| conn.prepare(&sql).ok().map(|prepared| engine::columns_of(&prepared)))
+            .and_then(|sql| {
+                reader
+                    .conn
+                    .prepare(&sql)
+                    .ok()
+                    .map(|prepared| engine::columns_of(&prepared))
+            })
             .unwrap_or_default();
-        self.shared.give_back(conn);
+        self.shared.readers.give_back(reader);
         Ok(fields(&columns, &format))
     }
 }

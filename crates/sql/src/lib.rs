@@ -9,10 +9,12 @@
 //! the transaction (fsynced on a majority). See `writer` for how a leader executing ahead of
 //! the log stays exact.
 
+pub mod checkpoint;
 pub mod engine;
 pub mod error;
 mod front;
 pub mod machine;
+mod readers;
 pub mod text;
 pub mod txn;
 pub mod writer;
@@ -23,7 +25,6 @@ use std::time::Duration;
 
 use chorus_log::{EntryCodec, NodeConfig, NodeHandle};
 
-use crate::engine::Engine;
 use tokio::net::TcpListener;
 
 pub use error::SqlError;
@@ -41,26 +42,17 @@ pub struct SqlOptions {
     pub on_diverged: Box<dyn FnOnce() + Send>,
 }
 
-/// Opens the database under `sql_dir` (rebuilding it from the log if it holds transactions the
-/// log may not have), starts the writer and the raft node, and serves PostgreSQL clients on
-/// `listener`.
+/// Opens the database under `sql_dir` (rebuilt from the last checkpoint and the log if it holds
+/// transactions the log may not have), starts the writer and the raft node, and serves
+/// PostgreSQL clients on `listener`.
 pub async fn start(
-    mut node_config: NodeConfig,
+    node_config: NodeConfig,
     sql_dir: &Path,
     listener: TcpListener,
     codec: Box<dyn EntryCodec>,
     options: SqlOptions,
 ) -> Result<NodeHandle<SqlState>, StartError> {
-    let mut engine = engine::Sqlite::open(sql_dir).map_err(StartError::Database)?;
-    if engine.holds_ahead().map_err(StartError::Database)? {
-        tracing::warn!(
-            dir = %sql_dir.display(),
-            "the database holds transactions executed ahead of the log; rebuilding it from the log"
-        );
-        drop(engine);
-        engine::Sqlite::remove(sql_dir).map_err(|e| StartError::Database(SqlError::new("58030", e.to_string())))?;
-        engine = engine::Sqlite::open(sql_dir).map_err(StartError::Database)?;
-    }
+    let engine = engine::Sqlite::open(sql_dir).map_err(StartError::Database)?;
     let (proposals, proposal_queue) = tokio::sync::mpsc::unbounded_channel();
     let writer = writer::start(
         Box::new(engine),
@@ -71,15 +63,18 @@ pub async fn start(
         proposals,
     )
     .map_err(StartError::Database)?;
-    // Snapshots wait for checkpoints (see `machine`): the whole log is kept.
-    node_config.snapshot_interval_entries = u64::MAX;
-    node_config.snapshot_interval_bytes = u64::MAX;
-    let state_writer = writer.clone();
-    let node = chorus_log::start(node_config, move |_| Ok(SqlState::new(state_writer)), codec, None)
-        .await
-        .map_err(StartError::Node)?;
+    let readers = Arc::new(readers::Readers::new(sql_dir.to_path_buf()));
+    let (state_writer, state_readers, state_dir) = (writer.clone(), readers.clone(), sql_dir.to_path_buf());
+    let node = chorus_log::start(
+        node_config,
+        move |snapshot| SqlState::open(state_writer, state_readers, state_dir, snapshot),
+        codec,
+        None,
+    )
+    .await
+    .map_err(StartError::Node)?;
     tokio::spawn(front::propose_in_order(node.clone(), proposal_queue));
-    let shared = Shared::new(node.clone(), writer, sql_dir.to_path_buf(), options.commit_timeout);
+    let shared = Shared::new(node.clone(), writer, readers, options.commit_timeout);
     tokio::spawn(serve(listener, Arc::clone(&shared)));
     Ok(node)
 }

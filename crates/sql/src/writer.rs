@@ -133,6 +133,46 @@ impl WriterHandle {
         writer.after_release();
     }
 
+    /// Where the database stands in the log.
+    pub fn applied(&self) -> AppliedMark {
+        self.writer().applied
+    }
+
+    /// Whether the database is exactly the log's state (no work ahead of it), so a checkpoint
+    /// may be taken. If not, no session gets the write lock until the work ahead is applied.
+    pub fn checkpoint_ready(&self) -> bool {
+        let mut writer = self.writer();
+        writer.wants_checkpoint = !writer.ahead.is_empty();
+        !writer.wants_checkpoint
+    }
+
+    /// Whether the database must be rebuilt before it serves: it holds work the log may not
+    /// have, or stands before the raft snapshot's position (`snapshot`).
+    pub fn needs_rebuild(&self, snapshot: Option<AppliedMark>) -> Result<bool, SqlError> {
+        let mut writer = self.writer();
+        let applied = writer.engine.applied()?;
+        Ok(writer.engine.holds_ahead()? || snapshot.is_some_and(|mark| !applied.covers(mark.log_index, mark.command)))
+    }
+
+    /// Replaces the database with `checkpoint` (or an empty one) standing at `mark`.
+    pub fn restore(&self, checkpoint: Option<&std::path::Path>, mark: AppliedMark) -> Result<(), SqlError> {
+        let mut writer = self.writer();
+        if writer.active.take().is_some() {
+            writer.engine.rollback();
+        }
+        if !writer.ahead.is_empty() {
+            writer.diverged("a checkpoint replaces a database with work ahead of the log");
+        }
+        writer.engine.restore(checkpoint, mark)?;
+        writer.applied = mark;
+        writer.executed = mark.last_txn;
+        writer.last_apply = None;
+        writer.ahead.clear();
+        writer.unrecorded = None;
+        writer.confirmed_unrecorded.clear();
+        Ok(())
+    }
+
     /// Applies a transaction from the log (the raft loop applies in order).
     pub fn apply(&self, index: u64, txn: Txn) -> Applied {
         let mut writer = self.writer();
@@ -182,6 +222,8 @@ struct Writer {
     /// database (it is recorded between client transactions).
     unrecorded: Option<AppliedMark>,
     confirmed_unrecorded: Vec<TxnId>,
+    /// A checkpoint waits for the work ahead to be applied: no new transaction starts.
+    wants_checkpoint: bool,
     progress: Arc<Progress>,
     /// Transactions go to the proposer from here, so the log gets them in commit order.
     proposals: async_mpsc::UnboundedSender<Proposal>,
@@ -215,6 +257,7 @@ pub fn start(
         ahead: VecDeque::new(),
         unrecorded: None,
         confirmed_unrecorded: Vec::new(),
+        wants_checkpoint: false,
         progress: progress.clone(),
         proposals,
         on_diverged: Some(options.on_diverged),
@@ -243,6 +286,9 @@ impl Writer {
 
     /// Gives the write lock to the next waiting session.
     fn start_waiting(&mut self) {
+        if self.wants_checkpoint && !self.ahead.is_empty() {
+            return;
+        }
         while let Some((session, reply)) = self.waiting.pop_front() {
             if reply.is_closed() {
                 continue;
