@@ -330,6 +330,29 @@ async fn psql_and_tokio_postgres_on_different_nodes_see_each_others_committed_wr
     );
 }
 
+/// psycopg 3, installed by `scripts/install-client-libs`, runs `tests/clients/psycopg_check.py`:
+/// parameters, executemany, transaction blocks, a unique violation rolling a block back, reads
+/// on a replica, and a replica refusing a write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psycopg_passes_its_check_against_a_cluster() {
+    let manifest_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = manifest_dir.join("../../target/client-libs/python/bin/python");
+    assert!(
+        python.exists(),
+        "the client libraries are not installed; run scripts/install-client-libs (scripts/test does)"
+    );
+    let cluster = SqlCluster::start(3);
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let port = |id: u64| cluster.node(id).pg.port().to_string();
+    let out = Command::new(python)
+        .arg(manifest_dir.join("tests/clients/psycopg_check.py"))
+        .args([port(leader), port(others(leader)[0])])
+        .output()
+        .expect("run the psycopg check");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.trim() == "ok", "psycopg: {text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_deterministic_statements_are_fixed_once_or_refused_by_name() {
     let cluster = SqlCluster::start(3);

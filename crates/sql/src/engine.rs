@@ -16,11 +16,13 @@ use rusqlite::{Connection, OpenFlags};
 use crate::error::SqlError;
 use crate::txn::{TxnId, Value};
 
-/// A result column: its name and the type its table declares (none for an expression).
+/// A result column: its name, the type its table declares (none for an expression), and the
+/// function computing it, when the select list says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Column {
     pub name: String,
     pub declared: Option<String>,
+    pub function: Option<String>,
 }
 
 /// What a statement gave.
@@ -210,13 +212,19 @@ fn value_of(value: ValueRef) -> Value {
     }
 }
 
-/// The result columns of a prepared statement.
-pub fn columns_of(statement: &rusqlite::Statement) -> Vec<Column> {
+/// The result columns of `statement`, prepared from `sql`.
+pub fn columns_of(statement: &rusqlite::Statement, sql: &str) -> Vec<Column> {
+    let mut functions = crate::text::select_item_functions(sql);
+    if functions.len() != statement.column_count() {
+        functions.clear();
+    }
     statement
         .columns()
-        .map(|c| Column {
+        .enumerate()
+        .map(|(i, c)| Column {
             name: c.name().to_owned(),
             declared: c.decl_type().map(str::to_owned),
+            function: functions.get(i).cloned().flatten(),
         })
         .collect()
 }
@@ -232,7 +240,7 @@ pub fn run(conn: &Connection, sql: &str, params: &[Value]) -> Result<Outcome, Sq
         ));
     }
     let read_only = statement.readonly();
-    let columns = columns_of(&statement);
+    let columns = columns_of(&statement, sql);
     let mut rows = Vec::new();
     if columns.is_empty() {
         statement

@@ -417,10 +417,17 @@ fn statement_answer(sql: &str, outcome: Outcome) -> Answer {
     })
 }
 
-/// The PostgreSQL type a column answers with, from the type its table declares (SQLite's
-/// affinity rules); expressions answer as text.
-fn column_type(declared: Option<&str>) -> Type {
-    let declared = declared.unwrap_or("").to_ascii_uppercase();
+/// The PostgreSQL type a column answers with: from the type its table declares (SQLite's
+/// affinity rules), else from the function computing it (`count(*)` is a bigint); other
+/// expressions answer as text.
+fn column_type(declared: Option<&str>, function: Option<&str>) -> Type {
+    let Some(declared) = declared.map(str::to_ascii_uppercase) else {
+        return match function {
+            Some("count" | "length" | "instr" | "unicode" | "random" | "changes" | "last_insert_rowid") => Type::INT8,
+            Some("avg" | "total" | "julianday") => Type::FLOAT8,
+            _ => Type::TEXT,
+        };
+    };
     if declared.contains("INT") {
         Type::INT8
     } else if declared.contains("CHAR") || declared.contains("CLOB") || declared.contains("TEXT") {
@@ -448,7 +455,7 @@ fn fields(columns: &[engine::Column], format: &Format) -> Vec<FieldInfo> {
                 c.name.clone(),
                 None,
                 None,
-                column_type(c.declared.as_deref()),
+                column_type(c.declared.as_deref(), c.function.as_deref()),
                 format.format_for(i),
             )
         })
@@ -603,7 +610,7 @@ impl QueryParser for Parser {
                     .conn
                     .prepare(&sql)
                     .ok()
-                    .map(|prepared| engine::columns_of(&prepared))
+                    .map(|prepared| engine::columns_of(&prepared, &sql))
             })
             .unwrap_or_default();
         self.shared.readers.give_back(reader);

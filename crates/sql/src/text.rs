@@ -249,7 +249,8 @@ pub fn classify(statement: &str) -> Result<StatementKind, SqlError> {
         "ROLLBACK" | "ABORT" if has("TO") => StatementKind::Savepoint,
         "ROLLBACK" | "ABORT" => StatementKind::Rollback,
         "SAVEPOINT" | "RELEASE" => StatementKind::Savepoint,
-        "SET" | "RESET" => StatementKind::Setting,
+        // Session state that lives in the connection (prepared statements are the protocol's).
+        "SET" | "RESET" | "DEALLOCATE" | "DISCARD" => StatementKind::Setting,
         "ATTACH" | "DETACH" | "VACUUM" => {
             return Err(SqlError::unsupported(format!(
                 "{first} is not replicated: it reaches files outside the replicated database"
@@ -297,6 +298,73 @@ pub fn command_verb(statement: &str) -> String {
         }
     }
     first.unwrap_or_default()
+}
+
+/// For each column of a SELECT whose value is a call of a known function, its name (lower-case):
+/// what a column without a declared type is typed by. `None` where the item is something else;
+/// empty when the select list has a `*` (its columns cannot be matched to the items).
+pub fn select_item_functions(statement: &str) -> Vec<Option<String>> {
+    let Ok(tokens) = tokenize(statement) else {
+        return Vec::new();
+    };
+    let significant: Vec<Token> = tokens.into_iter().filter(|t| t.kind != TokenKind::Gap).collect();
+    let Some(start) = significant
+        .iter()
+        .position(|t| t.kind == TokenKind::Word && t.text.eq_ignore_ascii_case("select"))
+    else {
+        return Vec::new();
+    };
+    let mut items: Vec<Vec<Token>> = vec![Vec::new()];
+    let mut depth = 0i32;
+    for token in &significant[start + 1..] {
+        match (token.kind, token.text) {
+            (TokenKind::Punct, "(") => depth += 1,
+            (TokenKind::Punct, ")") => depth -= 1,
+            (TokenKind::Punct, ",") if depth == 0 => {
+                items.push(Vec::new());
+                continue;
+            }
+            (TokenKind::Word, word)
+                if depth == 0
+                    && ["from", "where", "group", "order", "limit", "union"]
+                        .iter()
+                        .any(|k| word.eq_ignore_ascii_case(k)) =>
+            {
+                break
+            }
+            _ => {}
+        }
+        items.last_mut().expect("one item at least").push(*token);
+    }
+    if items.iter().any(|item| item.last().is_some_and(|t| t.text == "*")) {
+        return Vec::new();
+    }
+    items
+        .iter()
+        .map(|item| match item.as_slice() {
+            [name, open, ..] if name.kind == TokenKind::Word && open.text == "(" => {
+                // The call must be the whole item, but for an alias.
+                let mut depth = 0;
+                let close = item.iter().position(|t| {
+                    match t.text {
+                        "(" => depth += 1,
+                        ")" => depth -= 1,
+                        _ => {}
+                    }
+                    t.text == ")" && depth == 0
+                })?;
+                let rest = &item[close + 1..];
+                let aliased = match rest {
+                    [] => true,
+                    [alias] => alias.kind == TokenKind::Word,
+                    [as_word, alias] => as_word.text.eq_ignore_ascii_case("as") && alias.kind != TokenKind::Punct,
+                    _ => false,
+                };
+                aliased.then(|| name.text.to_ascii_lowercase())
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// Chorus's own tables in the engine start with this; clients may not name them.
@@ -558,6 +626,16 @@ mod tests {
             "SELECT"
         );
         assert_eq!(command_verb("  update t set a = 1"), "UPDATE");
+    }
+
+    #[test]
+    fn select_items_that_are_function_calls_are_named() {
+        assert_eq!(
+            select_item_functions("SELECT count(*), sum(a) AS total, a, max(b) + 1, avg(c) n FROM t GROUP BY a"),
+            vec![Some("count".into()), Some("sum".into()), None, None, Some("avg".into())]
+        );
+        assert!(select_item_functions("SELECT *, count(*) FROM t").is_empty());
+        assert!(select_item_functions("SELECT t.*, count(*) FROM t").is_empty());
     }
 
     #[test]
