@@ -450,8 +450,18 @@ async fn sigkill_of_the_leader_mid_load_loses_no_committed_transaction() {
     let new_leader = cluster.leader_among(&survivors).await;
     cluster.launch(leader);
     // The restarted node catches up from the log; then every node holds the same rows.
+    // The new leader takes writes (once it has applied what the old one committed).
+    let successor = cluster.client(new_leader).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(e) = successor
+        .batch_execute("INSERT INTO ledger VALUES (999999999, 1, 0)")
+        .await
+    {
+        assert!(Instant::now() < deadline, "the new leader takes no writes: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let dump = "SELECT 'a', id, balance FROM accounts UNION ALL SELECT 'l', id, amount FROM ledger ORDER BY 1, 2";
-    let reference = rows(&cluster.client(new_leader).await, dump).await;
+    let reference = rows(&successor, dump).await;
     let ledger: std::collections::HashSet<String> = reference
         .iter()
         .filter(|r| r[0].as_deref() == Some("l"))

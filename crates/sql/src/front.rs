@@ -122,9 +122,17 @@ impl Shared {
 }
 
 /// Proposes transactions in the order the writer committed them.
-pub async fn propose_in_order(node: NodeHandle<SqlState>, mut queue: mpsc::UnboundedReceiver<Proposal>) {
+pub async fn propose_in_order(
+    node: NodeHandle<SqlState>,
+    writer: WriterHandle,
+    mut queue: mpsc::UnboundedReceiver<Proposal>,
+) {
     while let Some((txn, reply)) = queue.recv().await {
-        let _ = reply.send(node.submit_write(txn.encode().into()).await);
+        let proposed = node.submit_write(txn.encode().into()).await;
+        if proposed.is_err() {
+            writer.proposal_lost();
+        }
+        let _ = reply.send(proposed);
     }
 }
 
@@ -208,9 +216,9 @@ struct Open {
 
 enum Place {
     Writer,
-    /// A reader connection inside BEGIN, and how many transactions had been executed ahead when
-    /// its snapshot was taken.
-    Reader(Option<Reader>, u64),
+    /// A reader connection inside BEGIN, and how many transactions had been executed ahead by
+    /// the end of its first read (which took its snapshot): every one it can see.
+    Reader(Option<Reader>, Option<u64>),
 }
 
 /// One client connection.
@@ -287,9 +295,10 @@ impl Session {
             }
             (StatementKind::Read, TxnState::Idle) => {
                 self.shared.read_barrier().await?;
-                let executed = self.shared.writer.progress.executed();
                 let reader = self.shared.readers.take()?;
                 let (reader, outcome) = self.shared.run_on_reader(reader, number_parameters(sql)?, params).await;
+                // Counted after the read, which may have seen anything executed until it ended.
+                let executed = self.shared.writer.progress.executed();
                 self.shared.readers.give_back(reader);
                 let outcome = outcome?;
                 self.shared.confirmed(executed).await?;
@@ -331,7 +340,7 @@ impl Session {
                     .conn
                     .execute_batch("BEGIN")
                     .map_err(|e| SqlError::from_sqlite(&e))?;
-                Place::Reader(Some(reader), self.shared.writer.progress.executed())
+                Place::Reader(Some(reader), None)
             });
         }
         match open.place.as_mut().expect("chosen above") {
@@ -347,8 +356,9 @@ impl Session {
                 let taken = conn.take().expect("a reader transaction keeps its connection");
                 let (back, outcome) = self.shared.run_on_reader(taken, number_parameters(sql)?, params).await;
                 *conn = Some(back);
+                let executed = *executed.get_or_insert_with(|| self.shared.writer.progress.executed());
                 let outcome = outcome?;
-                self.shared.confirmed(*executed).await?;
+                self.shared.confirmed(executed).await?;
                 Ok(Answer::Rows(outcome, "SELECT"))
             }
         }

@@ -73,7 +73,7 @@ pub async fn start(
     )
     .await
     .map_err(StartError::Node)?;
-    tokio::spawn(front::propose_in_order(node.clone(), proposal_queue));
+    tokio::spawn(front::propose_in_order(node.clone(), writer.clone(), proposal_queue));
     let shared = Shared::new(node.clone(), writer, readers, options.commit_timeout);
     tokio::spawn(serve(listener, Arc::clone(&shared)));
     Ok(node)

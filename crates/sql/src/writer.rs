@@ -92,6 +92,13 @@ impl WriterHandle {
         writer.after_release();
     }
 
+    /// A transaction executed ahead could not be proposed: the database holds what the log
+    /// never will.
+    pub fn proposal_lost(&self) {
+        self.writer()
+            .diverged("a transaction executed ahead could not be proposed");
+    }
+
     /// Waits for the write lock for `session`, as long as the options allow.
     pub async fn begin(&self, session: u64) -> Result<(), SqlError> {
         let granted = {
@@ -446,6 +453,8 @@ impl Writer {
             );
         }
         self.applied = mark;
+        // Nothing is ahead here: a transaction this node runs next runs after this one.
+        self.executed = txn.id;
         Applied::Committed
     }
 
@@ -616,6 +625,27 @@ mod tests {
         transact(&mut other, 1, &["CREATE TABLE t (n INTEGER)"]).await;
         other.writer.leading(false);
         assert!(other.diverged.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_becomes_leader_runs_its_transactions_after_what_it_applied() {
+        let mut first = node();
+        let mut second = node();
+        first.writer.leading(true);
+        let create = transact(&mut first, 1, &["CREATE TABLE t (n INTEGER)"]).await;
+        let insert = transact(&mut first, 1, &["INSERT INTO t VALUES (1)"]).await;
+        for (index, txn) in [(1, &create), (2, &insert)] {
+            assert_eq!(first.writer.apply(index, txn.clone()), Applied::Committed);
+            assert_eq!(second.writer.apply(index, txn.clone()), Applied::Committed);
+        }
+        first.writer.leading(false);
+        second.writer.leading(true);
+        let next = transact(&mut second, 7, &["INSERT INTO t VALUES (2)"]).await;
+        assert_eq!(next.after, insert.id);
+        assert_eq!(second.writer.apply(3, next.clone()), Applied::Committed);
+        assert_eq!(first.writer.apply(3, next), Applied::Committed);
+        assert_eq!((count(&first), count(&second)), (2, 2));
+        assert!(!first.diverged.load(Ordering::SeqCst) && !second.diverged.load(Ordering::SeqCst));
     }
 
     #[tokio::test]
