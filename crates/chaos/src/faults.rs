@@ -318,7 +318,12 @@ impl Target<'_> {
 
     /// Starts every node that is not running and waits for a leader.
     pub async fn restart_stopped(&self) -> anyhow::Result<()> {
-        chorus_cluster::start(self.dir, self.file.nodes.len(), Vec::new(), self.net).await?;
+        let nodes = self.file.nodes.len();
+        if self.file.sql {
+            chorus_cluster::start_sql(self.dir, nodes, Vec::new(), self.net).await?;
+        } else {
+            chorus_cluster::start(self.dir, nodes, Vec::new(), self.net).await?;
+        }
         Ok(())
     }
 

@@ -11,6 +11,7 @@ use chorus_client::Client;
 use chorus_cluster::NetOptions;
 use serde::Serialize;
 
+use crate::bank;
 use crate::checker::{self, Verdict};
 use crate::curp_tally::CurpTally;
 use crate::disks::PowerCutDisks;
@@ -28,6 +29,10 @@ pub enum Workload {
     /// Locks (SET NX PX, released by a compare-and-delete script) and queues (RPUSH, BLPOP):
     /// no lock held twice, no queue item lost or delivered twice (see `idioms`).
     Idioms,
+    /// Transfers between accounts on a SQL cluster (`chorus sql`): every read sees the same
+    /// total, and the ledger, the balances and the acknowledged transfers agree on every node
+    /// (see `bank`).
+    Bank,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -192,9 +197,15 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
 
     let recorder = Recorder::new();
     let idiom_log = Arc::new(idioms::Log::default());
+    let bank_log = Arc::new(bank::Log::default());
     let mut applied = Vec::new();
     let mut interrupted = false;
-    let driven = match chorus_cluster::start(&cluster_dir, args.nodes, server_args, &net).await {
+    let started = if args.workload == Workload::Bank {
+        chorus_cluster::start_sql(&cluster_dir, args.nodes, server_args, &net).await
+    } else {
+        chorus_cluster::start(&cluster_dir, args.nodes, server_args, &net).await
+    };
+    let driven = match started {
         Ok(file) => {
             let target = Target {
                 dir: &cluster_dir,
@@ -206,7 +217,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
             // unmounts its disks and keeps its records.
             let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
             let driven = tokio::select! {
-                driven = drive(args, &target, &plan, &recorder, &idiom_log, &mut applied) => driven,
+                driven = drive(args, &target, &plan, &recorder, &idiom_log, &bank_log, &mut applied) => driven,
                 _ = tokio::signal::ctrl_c() => {
                     interrupted = true;
                     Err(anyhow::anyhow!("interrupted"))
@@ -229,8 +240,22 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
     history::write_history(&dir.join("history.jsonl"), &ops)?;
     let events = std::mem::take(&mut *idiom_log.events.lock().expect("idioms log"));
     history::write_history(&dir.join("idioms.jsonl"), &events)?;
-    let final_rolled_back = *driven.as_ref().unwrap_or(&0);
-    let verdict = match driven {
+    let final_rolled_back = driven.as_ref().map_or(0, |(rolled_back, _)| *rolled_back);
+    let verdict = match driven.map(|(_, violations)| violations) {
+        Ok(violations) if args.workload == Workload::Bank => {
+            let (committed, refused, unknown, reads) = bank_log.counts();
+            eprintln!("  checked {committed} committed, {refused} refused, {unknown} unknown transfers, {reads} reads");
+            if violations.is_empty() {
+                BANK_HELD.to_string()
+            } else {
+                std::fs::write(dir.join("violations.txt"), violations.join("\n") + "\n")?;
+                format!(
+                    "VIOLATED {} times (all in violations.txt), first: {}",
+                    violations.len(),
+                    violations[0]
+                )
+            }
+        }
         Ok(_) if args.workload == Workload::Idioms => {
             eprintln!("  checking {} lock and queue events", events.len());
             let violations = idioms::check(&events);
@@ -260,18 +285,19 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
         Err(e) => format!("run failed: {e:#}"),
     };
     let count = |o: Outcome| ops.iter().filter(|op| op.outcome == o).count();
-    let passed = verdict == LINEARIZABLE || verdict == IDIOMS_HELD;
+    let passed = verdict == LINEARIZABLE || verdict == IDIOMS_HELD || verdict == BANK_HELD;
+    let (bank_committed, bank_refused, bank_unknown, bank_reads) = bank_log.counts();
     let known_events = events.iter().filter(|e| e.outcome_known()).count();
     let summary = RunSummary {
         seed: args.seed,
         workload: args.workload,
         nodes: args.nodes,
         duration_secs: args.duration_secs,
-        operations: ops.len() + events.len(),
+        operations: ops.len() + events.len() + bank_committed + bank_refused + bank_unknown + bank_reads as usize,
         // The idiom clients count what they record: known outcomes and unknown ones.
-        ok: count(Outcome::Ok) + known_events,
-        failed: count(Outcome::Fail),
-        unknown: count(Outcome::Unknown) + (events.len() - known_events),
+        ok: count(Outcome::Ok) + known_events + bank_committed + bank_reads as usize,
+        failed: count(Outcome::Fail) + bank_refused,
+        unknown: count(Outcome::Unknown) + (events.len() - known_events) + bank_unknown,
         rolled_back_by_cuts: applied.iter().map(|a| a.rolled_back_by_cut).sum::<usize>() + final_rolled_back,
         faults: applied,
         curp: recorder.curp.total(),
@@ -296,6 +322,8 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
 
 const LINEARIZABLE: &str = "linearizable";
 const IDIOMS_HELD: &str = "no lock held twice, no queue item lost or delivered twice";
+const BANK_HELD: &str =
+    "every total read was the bank's; ledger, balances and acknowledged transfers agree on every node";
 
 /// Clients record operations while the planned faults come and go; then everything heals, every
 /// node restarts and every key is read from every node (or, for the idioms, every queue).
@@ -305,8 +333,9 @@ async fn drive(
     plan: &[Planned],
     recorder: &Arc<Recorder>,
     idiom_log: &Arc<idioms::Log>,
+    bank_log: &Arc<bank::Log>,
     applied: &mut Vec<Applied>,
-) -> anyhow::Result<usize> {
+) -> anyhow::Result<(usize, Vec<String>)> {
     let file = target.file;
     // Straight to the nodes: a client proxy would accept connections for a node that is down,
     // and every request sent that way would end with an unknown outcome.
@@ -320,9 +349,17 @@ async fn drive(
             clients.spawn(idioms::client_loop(recorder, log, id, addrs.clone(), args.seed));
         }
     }
+    if args.workload == Workload::Bank {
+        bank::setup(&nodes).await?;
+        for id in 0..(args.clients + args.readers) as u64 {
+            let (recorder, log) = (recorder.clone(), bank_log.clone());
+            let reader = id >= args.clients as u64;
+            clients.spawn(bank::client_loop(recorder, log, id, reader, nodes.clone(), args.seed));
+        }
+    }
     let register_clients = match args.workload {
         Workload::Registers => args.clients + args.readers,
-        Workload::Idioms => 0,
+        Workload::Idioms | Workload::Bank => 0,
     };
     for id in 0..register_clients as u64 {
         let mix = if id < args.clients as u64 {
@@ -397,15 +434,17 @@ async fn drive(
     eprintln!("  healing, restarting every node{power}, reading every key from every node");
     recorder.curp.sample(&metrics_addrs).await;
     let rolled_back = target.full_restart().await?;
+    let mut violations = Vec::new();
     match args.workload {
         Workload::Registers => final_reads(recorder, file, args.keys).await?,
         Workload::Idioms => {
             let addrs: Vec<_> = nodes.iter().map(|(_, addr)| *addr).collect();
             idioms::drain(idiom_log, &addrs).await?;
         }
+        Workload::Bank => violations = bank::check(bank_log, &nodes).await?,
     }
     recorder.curp.sample(&metrics_addrs).await;
-    Ok(rolled_back)
+    Ok((rolled_back, violations))
 }
 
 pub fn print_summary(s: &RunSummary) {
@@ -487,6 +526,7 @@ pub async fn campaign(args: &CampaignArgs) -> anyhow::Result<()> {
     let held = match args.run.workload {
         Workload::Registers => "linearizable with no acknowledged write lost",
         Workload::Idioms => "with no lock held twice and no queue item lost or delivered twice",
+        Workload::Bank => "with every total the bank's and ledger, balances and acknowledged transfers agreeing",
     };
     println!(
         "{passed} of {} runs {held}; {} operations, {} faults; {}",

@@ -150,10 +150,7 @@ fn main() -> anyhow::Result<()> {
                         bandwidth_mbit: net.net_bandwidth_mbit,
                     };
                     let file = if sql {
-                        if net.profile.is_some() {
-                            anyhow::bail!("--net is not available for SQL clusters yet: start it without --net");
-                        }
-                        cluster::start_sql(&dir, nodes, server_args).await?
+                        cluster::start_sql(&dir, nodes, server_args, &net).await?
                     } else {
                         cluster::start(&dir, nodes, server_args, &net).await?
                     };

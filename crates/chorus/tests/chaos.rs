@@ -1,5 +1,5 @@
 //! The fault-injection harness in CI: a short run with faults (a power cut of every node among
-//! them) must be linearizable, a deliberately broken build (reads served from local state, no ReadIndex) must
+//! them) must be linearizable, a bank on a SQL cluster must keep its books, a deliberately broken build (reads served from local state, no ReadIndex) must
 //! be caught, and a run that cannot finish must fail with its records kept. Long campaigns are
 //! manual (docs/reliability.md).
 
@@ -46,6 +46,35 @@ fn a_short_run_under_every_kind_of_fault_is_linearizable() {
             "the power of every node was cut:\n{text}"
         );
     }
+}
+
+#[test]
+fn a_short_bank_run_on_a_sql_cluster_keeps_its_books() {
+    let out = tempfile::tempdir().unwrap();
+    // Seed 1's 20 s kill the leader, then restart every node; the run ends with a full restart.
+    let text = run_chorus(&[
+        "chaos",
+        "run",
+        "--workload",
+        "bank",
+        "--duration-secs",
+        "20",
+        "--seed",
+        "1",
+        "--faults",
+        "kill-leader,kill-random,pause-leader,partition-leader,restart-all",
+        "--out",
+        out.path().to_str().unwrap(),
+    ]);
+    assert!(text.contains("acknowledged transfers agree on every node"), "{text}");
+    assert!(text.contains("fault "), "faults were injected:\n{text}");
+    let committed: u64 = text
+        .split("checked ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(committed > 100, "transfers committed under faults: {committed}\n{text}");
 }
 
 /// Runs `chorus chaos run ARGS`, which must fail and keep `kept` in the run's directory; returns

@@ -346,8 +346,13 @@ pub async fn start(
 
 /// `start` for a cluster of `chorus sql` nodes, which PostgreSQL clients reach on each node's
 /// client port.
-pub async fn start_sql(dir: &Path, nodes: usize, server_args: Vec<String>) -> anyhow::Result<ClusterFile> {
-    start_nodes(dir, nodes, server_args, &NetOptions::default(), true).await
+pub async fn start_sql(
+    dir: &Path,
+    nodes: usize,
+    server_args: Vec<String>,
+    net: &NetOptions,
+) -> anyhow::Result<ClusterFile> {
+    start_nodes(dir, nodes, server_args, net, true).await
 }
 
 async fn start_nodes(
