@@ -52,7 +52,7 @@ impl AppliedMark {
     }
 }
 
-/// One writer's view of a database engine. Every method runs on the writer thread.
+/// One writer's view of a database engine (see `writer`).
 pub trait Engine: Send {
     fn begin(&mut self) -> Result<(), SqlError>;
     fn commit(&mut self) -> Result<(), SqlError>;
@@ -132,7 +132,7 @@ impl Sqlite {
     }
 }
 
-/// A read-only connection to the same database, for reads off the writer's thread.
+/// A read-only connection to the same database, for reads off the node's thread.
 pub fn open_reader(dir: &Path) -> Result<Connection, SqlError> {
     let conn = Connection::open_with_flags(
         database_path(dir),

@@ -2,7 +2,7 @@
 //! connection.
 //!
 //! A session's transaction runs in one of two places. Writes, and every explicit transaction
-//! on the leader, run on the writer thread, which holds the engine's one write lock for them.
+//! on the leader, run on the writer, which holds the engine's one write lock for them.
 //! Reads that need no lock (autocommit SELECTs anywhere, explicit transactions on replicas or
 //! declared READ ONLY) run on a reader connection of their own after a linearizable barrier,
 //! and answer only once the log has every transaction they could have seen.

@@ -2,7 +2,7 @@
 //! one trait (SQLite embedded), and the raft log in between — the database is replicated
 //! without touching its code (SQLware's thesis).
 //!
-//! Active replication: the leader executes each client transaction (the writer thread, one at
+//! Active replication: the leader executes each client transaction (the writer, one at
 //! a time as the engine allows), makes it deterministic before anything runs (clock reads
 //! fixed, random values seeded), commits it locally ahead of the log and proposes the statements
 //! it ran; every replica re-executes them in log order. COMMIT returns once the log applied

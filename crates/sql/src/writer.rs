@@ -196,7 +196,7 @@ pub type Proposal = (Txn, oneshot::Sender<Result<Pending<Applied>, NodeError>>);
 pub struct WriterOptions {
     /// How long a transaction waits for another session's to end before giving up.
     pub lock_wait: Duration,
-    /// Called once, from the writer thread, when the database no longer matches the log.
+    /// Called once, on the node's thread, when the database no longer matches the log.
     pub on_diverged: Box<dyn FnOnce() + Send>,
 }
 
