@@ -108,7 +108,7 @@ fn init_logging(filter: &str) {
 }
 
 /// A node's settings: flags over the file over defaults; starts logging at the level they say.
-fn node_config(file: Option<PathBuf>, flags: config::ServerOptions) -> anyhow::Result<config::ServerConfig> {
+fn load_config(file: Option<PathBuf>, flags: config::ServerOptions) -> anyhow::Result<config::ServerConfig> {
     let from_file = match file {
         Some(path) => config::ServerOptions::from_file(&path)?,
         None => config::ServerOptions::default(),
@@ -135,8 +135,8 @@ fn main() -> anyhow::Result<()> {
     .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         match cli.command {
-            Commands::Server { config, options } => server::run(node_config(config, *options)?).await,
-            Commands::Sql { config, options } => sql_server::run(node_config(config, *options)?).await,
+            Commands::Server { config, options } => server::run(load_config(config, *options)?).await,
+            Commands::Sql { config, options } => sql_server::run(load_config(config, *options)?).await,
             Commands::Cluster { command } => match command {
                 ClusterCommand::Start {
                     nodes,

@@ -117,6 +117,16 @@ impl Sqlite {
         })
     }
 
+    /// One statement of Chorus's own bookkeeping. Every transaction runs some, on every node:
+    /// they are parsed once and kept prepared.
+    fn bookkeep(&self, sql: &str, params: impl rusqlite::Params) -> Result<(), SqlError> {
+        self.conn
+            .prepare_cached(sql)
+            .and_then(|mut statement| statement.execute(params))
+            .map(drop)
+            .map_err(|e| SqlError::from_sqlite(&e))
+    }
+
     /// Removes the database files so the next `open` starts empty.
     pub fn remove(dir: &Path) -> std::io::Result<()> {
         let db = database_path(dir);
@@ -295,38 +305,29 @@ impl Engine for Sqlite {
     }
 
     fn mark_applied(&mut self, mark: AppliedMark) -> Result<(), SqlError> {
-        self.conn
-            .execute(
-                "UPDATE _chorus_applied SET log_index = ?1, command = ?2, txn_incarnation = ?3, txn_seq = ?4",
-                (
-                    mark.log_index as i64,
-                    mark.command,
-                    mark.last_txn.incarnation as i64,
-                    mark.last_txn.seq as i64,
-                ),
-            )
-            .map(drop)
-            .map_err(|e| SqlError::from_sqlite(&e))
+        self.bookkeep(
+            "UPDATE _chorus_applied SET log_index = ?1, command = ?2, txn_incarnation = ?3, txn_seq = ?4",
+            (
+                mark.log_index as i64,
+                mark.command,
+                mark.last_txn.incarnation as i64,
+                mark.last_txn.seq as i64,
+            ),
+        )
     }
 
     fn mark_ahead(&mut self, id: TxnId) -> Result<(), SqlError> {
-        self.conn
-            .execute(
-                "INSERT INTO _chorus_ahead VALUES (?1, ?2)",
-                (id.incarnation as i64, id.seq as i64),
-            )
-            .map(drop)
-            .map_err(|e| SqlError::from_sqlite(&e))
+        self.bookkeep(
+            "INSERT INTO _chorus_ahead VALUES (?1, ?2)",
+            (id.incarnation as i64, id.seq as i64),
+        )
     }
 
     fn clear_ahead(&mut self, id: TxnId) -> Result<(), SqlError> {
-        self.conn
-            .execute(
-                "DELETE FROM _chorus_ahead WHERE incarnation = ?1 AND seq = ?2",
-                (id.incarnation as i64, id.seq as i64),
-            )
-            .map(drop)
-            .map_err(|e| SqlError::from_sqlite(&e))
+        self.bookkeep(
+            "DELETE FROM _chorus_ahead WHERE incarnation = ?1 AND seq = ?2",
+            (id.incarnation as i64, id.seq as i64),
+        )
     }
 
     fn applied(&mut self) -> Result<AppliedMark, SqlError> {

@@ -306,7 +306,7 @@ impl Session {
             }
             (_, TxnState::Idle) => {
                 self.take_writer().await?;
-                let outcome = match self.shared.writer.execute(self.id, sql, params) {
+                let outcome = match self.shared.writer.execute(self.id, sql, kind, params) {
                     Ok(outcome) => outcome,
                     Err(e) => {
                         self.shared.writer.rollback(self.id);
@@ -344,7 +344,10 @@ impl Session {
             });
         }
         match open.place.as_mut().expect("chosen above") {
-            Place::Writer => Ok(statement_answer(sql, self.shared.writer.execute(self.id, sql, params)?)),
+            Place::Writer => Ok(statement_answer(
+                sql,
+                self.shared.writer.execute(self.id, sql, kind, params)?,
+            )),
             Place::Reader(conn, executed) => {
                 if kind != StatementKind::Read {
                     return Err(if open.read_only {

@@ -24,7 +24,7 @@ use tokio::sync::{mpsc as async_mpsc, oneshot, watch};
 
 use crate::engine::{AppliedMark, Engine, Outcome};
 use crate::error::SqlError;
-use crate::text::{classify, fix_writes, FixedClock, StatementKind};
+use crate::text::{fix_writes, FixedClock, StatementKind};
 use crate::txn::{Statement, Txn, TxnId, Value};
 
 /// What applying a transaction from the log did.
@@ -119,8 +119,15 @@ impl WriterHandle {
         }
     }
 
-    pub fn execute(&self, session: u64, sql: &str, params: Vec<Value>) -> Result<Outcome, SqlError> {
-        self.writer().execute(session, sql, params)
+    /// Runs `sql`, of `kind` (as `classify` said), in `session`'s transaction.
+    pub fn execute(
+        &self,
+        session: u64,
+        sql: &str,
+        kind: StatementKind,
+        params: Vec<Value>,
+    ) -> Result<Outcome, SqlError> {
+        self.writer().execute(session, sql, kind, params)
     }
 
     pub fn commit(&self, session: u64) -> Result<Committed, SqlError> {
@@ -325,7 +332,13 @@ impl Writer {
         }
     }
 
-    fn execute(&mut self, session: u64, sql: &str, params: Vec<Value>) -> Result<Outcome, SqlError> {
+    fn execute(
+        &mut self,
+        session: u64,
+        sql: &str,
+        kind: StatementKind,
+        params: Vec<Value>,
+    ) -> Result<Outcome, SqlError> {
         let active = match &mut self.active {
             Some(active) if active.session == session => active,
             _ => {
@@ -337,11 +350,8 @@ impl Writer {
         if active.failed {
             return Err(SqlError::in_failed_transaction());
         }
-        let fixed = fix_writes(sql, active.clock).and_then(|fixed| {
-            let kind = classify(&fixed)?;
-            Ok((fixed, kind))
-        });
-        let result = fixed.and_then(|(fixed, kind)| {
+        // The rewrite only replaces clock reads and parameter names: the kind stays.
+        let result = fix_writes(sql, active.clock).and_then(|fixed| {
             self.engine.seed(statement_seed(active.seed, active.statements.len()));
             let outcome = self.engine.execute(&fixed, &params)?;
             if !outcome.read_only || kind == StatementKind::Savepoint {
@@ -556,7 +566,8 @@ mod tests {
     async fn transact(node: &mut Node, session: u64, statements: &[&str]) -> Txn {
         node.writer.begin(session).await.unwrap();
         for sql in statements {
-            node.writer.execute(session, sql, Vec::new()).unwrap();
+            let kind = crate::text::classify(sql).unwrap();
+            node.writer.execute(session, sql, kind, Vec::new()).unwrap();
         }
         assert!(matches!(node.writer.commit(session).unwrap(), Committed::Ahead(_)));
         node.proposals.try_recv().expect("a proposal in commit order").0
