@@ -40,7 +40,12 @@ pub enum BenchCommand {
     Ldc(crate::ldc_bench::LdcBenchArgs),
     /// UniCache compression of generated realistic streams (email CSV, news CSV, bus SQL).
     UnicacheStreams(crate::unicache_bench::StreamArgs),
-    /// Start or stop a peer system (etcd, or Redis with replicas) for side-by-side runs.
+    /// TPC-C over the PostgreSQL protocol: against a running Chorus SQL cluster or PostgreSQL
+    /// peer (--cluster), or starting Chorus SQL and PostgreSQL (alone, sync and async streaming
+    /// replication) in turn (--systems): one table, JSON and PNG.
+    Tpcc(crate::tpcc::TpccArgs),
+    /// Start or stop a peer system (etcd, Redis with replicas, PostgreSQL with standbys) for
+    /// side-by-side runs.
     Peers {
         #[command(subcommand)]
         command: PeersCommand,
@@ -49,7 +54,8 @@ pub enum BenchCommand {
 
 #[derive(clap::Subcommand)]
 pub enum PeersCommand {
-    /// Start a 3-member etcd cluster or a Redis primary with 2 replicas in DIR.
+    /// Start a 3-member etcd cluster, a Redis primary with 2 replicas, or PostgreSQL (alone, or
+    /// a primary with 2 synchronous or asynchronous standbys) in DIR.
     Start {
         #[arg(long, value_enum)]
         system: System,
@@ -316,6 +322,11 @@ async fn resolve_target(args: &RunArgs) -> anyhow::Result<Resolved> {
                 };
                 resp_target(name, vec![peers.client_addr], fields, args.redis_wait)
             }
+            System::Postgres | System::PostgresAsync | System::PostgresAlone => bail!(
+                "{} holds PostgreSQL, a SQL system: benchmark it with `chorus bench tpcc --cluster {}`",
+                dir.display(),
+                dir.display()
+            ),
         };
         return Ok(Resolved {
             target,
@@ -418,6 +429,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Run(args) => bench_run(args).await,
         BenchCommand::Compare(args) => compare::run(args).await,
+        BenchCommand::Tpcc(args) => crate::tpcc::run(args).await,
         BenchCommand::Ldc(args) => crate::ldc_bench::run(args).await,
         BenchCommand::Unicache(args) => crate::unicache_bench::run(args).await,
         BenchCommand::UnicacheStreams(args) => crate::unicache_bench::run_streams(args),

@@ -62,6 +62,40 @@ pub fn process_times(pid: u32) -> anyhow::Result<CpuTimes> {
     parse_stat(&text).with_context(|| format!("unreadable {path}"))
 }
 
+/// The parent of every live process, from `/proc`.
+fn parents() -> Vec<(u32, u32)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let text = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let parent = chorus_cluster::process::stat_fields(&text)?.get(1)?.parse().ok()?;
+            Some((pid, parent))
+        })
+        .collect()
+}
+
+/// A process's CPU with that of its live descendants (reaped ones are in its own counters):
+/// a server that forks a process per connection (PostgreSQL) is measured whole.
+pub fn tree_times(pid: u32) -> anyhow::Result<CpuTimes> {
+    let mut total = process_times(pid)?;
+    let parents = parents();
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for &(child, _) in parents.iter().filter(|(_, p)| *p == parent) {
+            if let Ok(times) = process_times(child) {
+                total.user_secs += times.user_secs;
+                total.system_secs += times.system_secs;
+                frontier.push(child);
+            }
+        }
+    }
+    Ok(total)
+}
+
 /// The CPU of one server process over a run.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProcessCpu {
@@ -70,7 +104,8 @@ pub struct ProcessCpu {
     pub times: CpuTimes,
 }
 
-/// What the servers (every process of the system under test) spent over a run.
+/// What the servers (every process of the system under test, with its children) spent over a
+/// run.
 #[derive(Debug, Clone, Serialize)]
 pub struct ServerCpu {
     #[serde(flatten)]
@@ -93,7 +128,7 @@ impl CpuMeter {
     pub fn start(server_pids: &[u32]) -> CpuMeter {
         let servers = server_pids
             .iter()
-            .filter_map(|&pid| match process_times(pid) {
+            .filter_map(|&pid| match tree_times(pid) {
                 Ok(times) => Some((pid, times)),
                 Err(e) => {
                     eprintln!("warning: the CPU of process {pid} is not counted: {e:#}");
@@ -116,7 +151,7 @@ impl CpuMeter {
             .servers
             .iter()
             .map(|(pid, start)| {
-                process_times(*pid).ok().map(|end| ProcessCpu {
+                tree_times(*pid).ok().map(|end| ProcessCpu {
                     pid: *pid,
                     times: end.minus(*start),
                 })

@@ -1,7 +1,7 @@
 //! Measuring instruments: YCSB workload generators, a load driver (closed and open loop) with
 //! HDR latency histograms, targets (Chorus and Redis over RESP, etcd over gRPC),
-//! peer systems started side by side on the same emulated network, the servers' CPU per
-//! operation, JSON reports and PNG plots.
+//! peer systems started side by side on the same emulated network, TPC-C over the PostgreSQL
+//! wire protocol, the servers' CPU per operation, JSON reports and PNG plots.
 
 pub mod cli;
 pub mod compare;
@@ -21,5 +21,6 @@ pub mod resp_target;
 pub mod rng;
 pub mod streams;
 pub mod target;
+pub mod tpcc;
 pub mod unicache_bench;
 pub mod workload;

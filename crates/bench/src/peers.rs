@@ -1,6 +1,9 @@
 //! The systems we compare against, started from Debian's packages on loopback under the same
 //! network profile as Chorus: a 3-member etcd cluster, Redis as a primary with 2 replicas, and
-//! a lone Redis (durable on one machine, replicated nowhere: the yardstick of a single node).
+//! a lone Redis (durable on one machine, replicated nowhere: the yardstick of a single node);
+//! for SQL, PostgreSQL alone and as a primary with 2 streaming standbys, synchronous (a commit
+//! waits until one standby has flushed it: on disk on 2 of 3, as Chorus's majority) or
+//! asynchronous. PostgreSQL runs on loopback only (no network profile).
 //!
 //! How each one's traffic is laid onto emulated links:
 //! - Redis: each replica dials the primary, so one link per replica carries that pair's round
@@ -35,6 +38,11 @@ pub enum System {
     Etcd,
     Redis,
     RedisAlone,
+    /// Primary + 2 standbys, `synchronous_standby_names = 'ANY 1 (...)'`.
+    Postgres,
+    /// Primary + 2 standbys, asynchronous streaming.
+    PostgresAsync,
+    PostgresAlone,
 }
 
 impl System {
@@ -42,13 +50,19 @@ impl System {
         match self {
             System::Etcd => "etcd",
             System::Redis | System::RedisAlone => "redis-server",
+            System::Postgres | System::PostgresAsync | System::PostgresAlone => "postgres",
         }
+    }
+
+    pub fn is_postgres(&self) -> bool {
+        matches!(self, System::Postgres | System::PostgresAsync | System::PostgresAlone)
     }
 
     fn package(&self) -> &'static str {
         match self {
             System::Etcd => "etcd-server",
             System::Redis | System::RedisAlone => "redis-server",
+            System::Postgres | System::PostgresAsync | System::PostgresAlone => "postgresql",
         }
     }
 }
@@ -75,9 +89,29 @@ fn state_file(dir: &Path) -> PathBuf {
     dir.join("peers.toml")
 }
 
+/// A PostgreSQL server program: Debian keeps them out of PATH, in one directory per major
+/// version; the newest wins.
+fn postgres_program(name: &str) -> Option<PathBuf> {
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse().ok()?;
+            let program = e.path().join("bin").join(name);
+            program.is_file().then_some((version, program))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, program)| program)
+}
+
 fn require_binary(system: System) -> anyhow::Result<()> {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(system.binary()).is_file()));
+    let found = if system.is_postgres() {
+        postgres_program(system.binary()).is_some()
+    } else {
+        std::env::var_os("PATH")
+            .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(system.binary()).is_file()))
+    };
     if !found {
         bail!(
             "{} is not installed; run scripts/install-bench-tools (or apt-get install {})",
@@ -151,6 +185,9 @@ impl PeerCluster {
                 );
             }
         }
+        if profile.is_some() && system.is_postgres() {
+            bail!("PostgreSQL peers run on loopback only; leave out --net");
+        }
         if let Some(profile) = profile {
             // A lone Redis sits where the profile puts the leader and uses only its client link.
             if system != System::RedisAlone {
@@ -163,6 +200,9 @@ impl PeerCluster {
             System::Redis => start_redis(dir, profile, MEMBERS).await,
             System::RedisAlone => start_redis(dir, profile, 1).await,
             System::Etcd => start_etcd(dir, profile).await,
+            System::Postgres => start_postgres(dir, 2, true).await,
+            System::PostgresAsync => start_postgres(dir, 2, false).await,
+            System::PostgresAlone => start_postgres(dir, 0, false).await,
         }?;
         cluster.profile = profile.map(|p| p.name.clone());
         cluster.bandwidth_mbit = profile.and_then(|p| p.bandwidth_mbit);
@@ -286,6 +326,157 @@ async fn wait_for_replicas(primary: SocketAddr, replicas: usize) -> anyhow::Resu
         }
         if Instant::now() > deadline {
             bail!("Redis replicas did not come online within {READY_TIMEOUT:?}; see redisN.log beside them");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Settings every PostgreSQL member shares: durable commits (fsync, `synchronous_commit = on`),
+/// memory and checkpoints sized so that a benchmark measures transactions rather than
+/// checkpoints, and streaming replication enabled.
+const POSTGRES_SETTINGS: &str = "
+listen_addresses = '127.0.0.1'
+max_connections = 300
+shared_buffers = 1GB
+fsync = on
+synchronous_commit = on
+wal_level = replica
+max_wal_senders = 10
+hot_standby = on
+max_wal_size = 16GB
+checkpoint_timeout = 1h
+log_min_messages = warning
+";
+
+/// The connection string of a member (trust authentication on loopback, as initdb sets it).
+pub fn postgres_conninfo(addr: SocketAddr) -> String {
+    format!("host={} port={} user=postgres dbname=postgres", addr.ip(), addr.port())
+}
+
+fn run_to_end(mut command: Command, what: &str, log: &Path) -> anyhow::Result<()> {
+    let output = command.output().with_context(|| format!("cannot run {what}"))?;
+    std::fs::write(log, [&output.stdout[..], &output.stderr[..]].concat())?;
+    if !output.status.success() {
+        bail!("{what} failed ({}); see {}", output.status, log.display());
+    }
+    Ok(())
+}
+
+/// A PostgreSQL primary (member 1) and `standbys` streaming standbys made by pg_basebackup;
+/// with `synchronous`, a commit waits for one standby's flush.
+async fn start_postgres(dir: &Path, standbys: usize, synchronous: bool) -> anyhow::Result<PeerCluster> {
+    let program = |name: &str| postgres_program(name).with_context(|| format!("no PostgreSQL {name} installed"));
+    let members = standbys + 1;
+    let ports = ports::free_loopback_ports(members)?;
+    let primary = loopback(ports[0]);
+    let pdir = dir.join("pg1");
+    let mut initdb = Command::new(program("initdb")?);
+    initdb
+        .arg("-D")
+        .arg(pdir.join("data"))
+        .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C"]);
+    process::drop_root(&mut initdb, dir, &[&pdir])?;
+    run_to_end(initdb, "initdb", &dir.join("initdb.log"))?;
+    let names: Vec<String> = (2..=members).map(|m| format!("pg{m}")).collect();
+    let synchronous_names = if synchronous {
+        format!("ANY 1 ({})", names.join(", "))
+    } else {
+        String::new()
+    };
+    let conf = pdir.join("data/postgresql.conf");
+    let mut text = std::fs::read_to_string(&conf)?;
+    text.push_str(POSTGRES_SETTINGS);
+    text.push_str(&format!("synchronous_standby_names = '{synchronous_names}'\n"));
+    std::fs::write(&conf, text)?;
+    let start = |member: usize, mdir: &Path, extra: &[String]| -> anyhow::Result<u32> {
+        let mut command = Command::new(program("postgres")?);
+        command
+            .arg("-D")
+            .arg(mdir.join("data"))
+            .args(["-p", &ports[member - 1].to_string()])
+            .arg("-k")
+            .arg(mdir)
+            .args(extra);
+        process::drop_root(&mut command, dir, &[mdir])?;
+        process::spawn(
+            command,
+            &dir.join(format!("pg{member}.log")),
+            &dir.join(format!("pg{member}.pid")),
+        )
+    };
+    let mut cluster = PeerCluster {
+        system: match (standbys, synchronous) {
+            (0, _) => System::PostgresAlone,
+            (_, true) => System::Postgres,
+            (_, false) => System::PostgresAsync,
+        },
+        pids: vec![start(1, &pdir, &[])?],
+        client_addr: primary,
+        profile: None,
+        bandwidth_mbit: None,
+        measured_paths_ms: BTreeMap::new(),
+    };
+    let started = async {
+        postgres_ready(primary).await?;
+        for (i, name) in names.iter().enumerate() {
+            let member = i + 2;
+            let mdir = dir.join(name);
+            let mut backup = Command::new(program("pg_basebackup")?);
+            backup
+                .args(["-h", "127.0.0.1", "-p", &ports[0].to_string(), "-U", "postgres", "-D"])
+                .arg(mdir.join("data"))
+                .args(["-R", "--wal-method=stream", "--checkpoint=fast"]);
+            process::drop_root(&mut backup, dir, &[&mdir])?;
+            run_to_end(backup, "pg_basebackup", &dir.join(format!("{name}-basebackup.log")))?;
+            let conninfo = format!(
+                "primary_conninfo={} application_name={name}",
+                postgres_conninfo(primary)
+            );
+            cluster.pids.push(start(member, &mdir, &["-c".into(), conninfo])?);
+        }
+        wait_for_standbys(primary, standbys, synchronous).await
+    };
+    if let Err(e) = started.await {
+        cluster.stop(dir);
+        return Err(e);
+    }
+    Ok(cluster)
+}
+
+async fn postgres_connect(addr: SocketAddr) -> anyhow::Result<tokio_postgres::Client> {
+    let (client, connection) = tokio_postgres::connect(&postgres_conninfo(addr), tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+async fn postgres_ready(addr: SocketAddr) -> anyhow::Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        match postgres_connect(addr).await {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() > deadline => {
+                bail!("PostgreSQL at {addr} did not accept connections within {READY_TIMEOUT:?} ({e}); see pg1.log")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Waits until `standbys` standbys stream from the primary (and, when synchronous, take part
+/// in the commit quorum).
+async fn wait_for_standbys(primary: SocketAddr, standbys: usize, synchronous: bool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let client = postgres_connect(primary).await?;
+    let wanted = if synchronous { "'quorum', 'sync'" } else { "'async'" };
+    let sql =
+        format!("SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming' AND sync_state IN ({wanted})");
+    loop {
+        let row = client.query_one(&sql, &[]).await?;
+        if row.get::<_, i64>(0) as usize >= standbys {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the PostgreSQL standbys did not stream within {READY_TIMEOUT:?}; see pgN.log");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

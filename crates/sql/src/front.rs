@@ -178,7 +178,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
             parser: Arc::new(Parser { shared: shared.clone() }),
         });
         tokio::spawn(async move {
-            if let Err(e) = pgwire::tokio::process_socket(socket, None, Handlers(session)).await {
+            if let Err(e) = crate::wire::converse(socket, Handlers(session)).await {
                 tracing::debug!(error = %e, "SQL client connection ended");
             }
         });

@@ -17,6 +17,7 @@ pub mod machine;
 mod readers;
 pub mod text;
 pub mod txn;
+mod wire;
 pub mod writer;
 
 use std::path::Path;

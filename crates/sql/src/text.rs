@@ -3,6 +3,9 @@
 //! before anything runs. The engine parses for real; this only has to be right about where
 //! strings, quoted names and comments begin and end.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
 use crate::error::SqlError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -223,6 +226,73 @@ fn words(tokens: &[Token]) -> Vec<String> {
 /// run: statements touching files outside the database, the extension loader, and Chorus's own
 /// bookkeeping tables.
 pub fn classify(statement: &str) -> Result<StatementKind, SqlError> {
+    if let Some(analysis) = memo_get(statement) {
+        return Ok(analysis.kind);
+    }
+    let kind = classify_tokens(statement)?;
+    memo_put(statement, kind);
+    Ok(kind)
+}
+
+/// What the text layer concluded about one statement text. Clients send the same statements
+/// over and over (prepared or not), and each is otherwise tokenised several times per
+/// execution, on the node's thread: the conclusions are kept, by text.
+struct Analysis {
+    kind: StatementKind,
+    /// `number_parameters`'s output.
+    numbered: Arc<str>,
+    /// `fix_writes`'s output when it does not depend on the clock (and nothing is refused).
+    clockless_fix: Option<Arc<str>>,
+}
+
+/// Longer statements are usually one-off (bulk loads): analysed each time, not kept.
+const MEMO_MAX_STATEMENT_BYTES: usize = 4096;
+/// Distinct statement texts kept; the memo starts over when it is full.
+const MEMO_CAPACITY: usize = 4096;
+
+type Memo = Mutex<HashMap<Box<str>, Arc<Analysis>>>;
+
+fn memo() -> &'static Memo {
+    static MEMO: OnceLock<Memo> = OnceLock::new();
+    MEMO.get_or_init(Default::default)
+}
+
+fn memo_get(statement: &str) -> Option<Arc<Analysis>> {
+    if statement.len() > MEMO_MAX_STATEMENT_BYTES {
+        return None;
+    }
+    memo()
+        .lock()
+        .expect("the memo lock is never poisoned")
+        .get(statement)
+        .cloned()
+}
+
+/// Records a statement that classified as `kind`.
+fn memo_put(statement: &str, kind: StatementKind) {
+    if statement.len() > MEMO_MAX_STATEMENT_BYTES {
+        return;
+    }
+    let Ok(numbered) = number_parameters_of(statement) else {
+        return;
+    };
+    let clockless_fix = match rewrite(statement, FixedClock { unix_ms: 0 }) {
+        Ok((fixed, false)) => Some(fixed.into()),
+        _ => None,
+    };
+    let analysis = Arc::new(Analysis {
+        kind,
+        numbered: numbered.into(),
+        clockless_fix,
+    });
+    let mut memo = memo().lock().expect("the memo lock is never poisoned");
+    if memo.len() >= MEMO_CAPACITY {
+        memo.clear();
+    }
+    memo.insert(statement.into(), analysis);
+}
+
+fn classify_tokens(statement: &str) -> Result<StatementKind, SqlError> {
     let tokens = tokenize(statement)?;
     let words = words(&tokens);
     if tokens
@@ -416,7 +486,16 @@ impl FixedClock {
 /// refused, naming the function. `random()`, `randomblob()` and `gen_random_uuid()` stay: the
 /// engine draws them from the transaction's seed.
 pub fn fix_writes(statement: &str, clock: FixedClock) -> Result<String, SqlError> {
+    if let Some(fixed) = memo_get(statement).and_then(|a| a.clockless_fix.clone()) {
+        return Ok(fixed.to_string());
+    }
+    rewrite(statement, clock).map(|(fixed, _)| fixed)
+}
+
+/// `fix_writes`, and whether the output holds the clock (depends on `clock`).
+fn rewrite(statement: &str, clock: FixedClock) -> Result<(String, bool), SqlError> {
     let tokens = tokenize(statement)?;
+    let mut reads_clock = false;
     let defines_schema = matches!(
         words(&tokens).first().map(String::as_str),
         Some("CREATE") | Some("ALTER")
@@ -448,6 +527,7 @@ pub fn fix_writes(statement: &str, clock: FixedClock) -> Result<String, SqlError
             _ => None,
         };
         if let Some((literal, next)) = clock_literal {
+            reads_clock = true;
             if defines_schema {
                 return Err(SqlError::nondeterministic(format!(
                     "{} in a schema definition reads each node's clock when rows are written; \
@@ -481,11 +561,18 @@ pub fn fix_writes(statement: &str, clock: FixedClock) -> Result<String, SqlError
         }
         i += 1;
     }
-    Ok(out)
+    Ok((out, reads_clock))
 }
 
 /// `$n` parameters as `?n`, for statements that are not replicated (reads).
 pub fn number_parameters(statement: &str) -> Result<String, SqlError> {
+    if let Some(analysis) = memo_get(statement) {
+        return Ok(analysis.numbered.to_string());
+    }
+    number_parameters_of(statement)
+}
+
+fn number_parameters_of(statement: &str) -> Result<String, SqlError> {
     let mut out = String::with_capacity(statement.len());
     for token in tokenize(statement)? {
         if token.kind == TokenKind::Parameter && token.text.starts_with('$') {
