@@ -3,7 +3,7 @@
 //! a lone Redis (durable on one machine, replicated nowhere: the yardstick of a single node);
 //! for SQL, PostgreSQL alone and as a primary with 2 streaming standbys, synchronous (a commit
 //! waits until one standby has flushed it: on disk on 2 of 3, as Chorus's majority) or
-//! asynchronous. PostgreSQL runs on loopback only (no network profile).
+//! asynchronous.
 //!
 //! How each one's traffic is laid onto emulated links:
 //! - Redis: each replica dials the primary, so one link per replica carries that pair's round
@@ -185,9 +185,6 @@ impl PeerCluster {
                 );
             }
         }
-        if profile.is_some() && system.is_postgres() {
-            bail!("PostgreSQL peers run on loopback only; leave out --net");
-        }
         if let Some(profile) = profile {
             // A lone Redis sits where the profile puts the leader and uses only its client link.
             if system != System::RedisAlone {
@@ -200,9 +197,9 @@ impl PeerCluster {
             System::Redis => start_redis(dir, profile, MEMBERS).await,
             System::RedisAlone => start_redis(dir, profile, 1).await,
             System::Etcd => start_etcd(dir, profile).await,
-            System::Postgres => start_postgres(dir, 2, true).await,
-            System::PostgresAsync => start_postgres(dir, 2, false).await,
-            System::PostgresAlone => start_postgres(dir, 0, false).await,
+            System::Postgres => start_postgres(dir, profile, 2, true).await,
+            System::PostgresAsync => start_postgres(dir, profile, 2, false).await,
+            System::PostgresAlone => start_postgres(dir, profile, 0, false).await,
         }?;
         cluster.profile = profile.map(|p| p.name.clone());
         cluster.bandwidth_mbit = profile.and_then(|p| p.bandwidth_mbit);
@@ -220,47 +217,73 @@ impl PeerCluster {
     }
 }
 
+/// Where a primary's replicas and its client reach it.
+struct PrimaryNetwork {
+    /// The primary's address as replica 2, 3, … dials it.
+    primary_for: Vec<SocketAddr>,
+    client_addr: SocketAddr,
+    measured: BTreeMap<String, f64>,
+}
+
+/// Under a profile, a link per replica (that pair's round trip) and one for the client, on
+/// `proxy_ports` (`members` of them), measured; without one, everyone dials the primary.
+fn primary_network(
+    dir: &Path,
+    profile: Option<&Profile>,
+    primary: SocketAddr,
+    members: usize,
+    proxy_ports: &[u16],
+) -> anyhow::Result<PrimaryNetwork> {
+    let Some(profile) = profile else {
+        return Ok(PrimaryNetwork {
+            primary_for: vec![primary; members - 1],
+            client_addr: primary,
+            measured: BTreeMap::new(),
+        });
+    };
+    let mut links = Vec::new();
+    let mut paths = Vec::new();
+    for replica in 2..=members as u64 {
+        let name = format!("replica-{replica}-to-primary");
+        let rtt = profile.rtt_ms(1, replica);
+        links.push(Link {
+            name: name.clone(),
+            listen: loopback(proxy_ports[replica as usize - 2]),
+            upstream: primary,
+            upstream_delay_ms: netem::split_rtt(rtt, true),
+            downstream_delay_ms: netem::split_rtt(rtt, false),
+            bandwidth_kbytes_per_sec: profile.bandwidth_kbytes_per_sec(),
+        });
+        paths.push(PathCheck {
+            label: format!("primary <-> replica {replica}"),
+            expected_rtt_ms: rtt,
+            links: vec![name],
+        });
+    }
+    let primary_for = links.iter().map(|l| l.listen).collect();
+    let (link, path) = client_link(
+        "client-to-primary",
+        proxy_ports[members - 1],
+        primary,
+        profile.client_rtt(1),
+    );
+    let client_addr = link.listen;
+    links.push(link);
+    paths.push(path);
+    Ok(PrimaryNetwork {
+        primary_for,
+        client_addr,
+        measured: start_network(dir, &links, &paths)?,
+    })
+}
+
 /// A primary (member 1) and `members - 1` replicas.
 async fn start_redis(dir: &Path, profile: Option<&Profile>, members: u64) -> anyhow::Result<PeerCluster> {
     // Member ports, then (under a profile) a proxy per replica link and one for the client.
     let proxies = if profile.is_some() { members as usize } else { 0 };
     let ports = ports::free_loopback_ports(members as usize + proxies)?;
     let primary = loopback(ports[0]);
-    let mut primary_for = vec![primary; members as usize];
-    let mut client_addr = primary;
-    let mut measured = BTreeMap::new();
-    if let Some(profile) = profile {
-        let mut links = Vec::new();
-        let mut paths = Vec::new();
-        for replica in 2..=members {
-            let name = format!("replica-{replica}-to-primary");
-            let rtt = profile.rtt_ms(1, replica);
-            links.push(Link {
-                name: name.clone(),
-                listen: loopback(ports[members as usize + replica as usize - 2]),
-                upstream: primary,
-                upstream_delay_ms: netem::split_rtt(rtt, true),
-                downstream_delay_ms: netem::split_rtt(rtt, false),
-                bandwidth_kbytes_per_sec: profile.bandwidth_kbytes_per_sec(),
-            });
-            paths.push(PathCheck {
-                label: format!("primary <-> replica {replica}"),
-                expected_rtt_ms: rtt,
-                links: vec![name],
-            });
-            primary_for[replica as usize - 1] = links.last().expect("pushed").listen;
-        }
-        let (link, path) = client_link(
-            "client-to-primary",
-            ports[2 * members as usize - 1],
-            primary,
-            profile.client_rtt(1),
-        );
-        client_addr = link.listen;
-        links.push(link);
-        paths.push(path);
-        measured = start_network(dir, &links, &paths)?;
-    }
+    let network = primary_network(dir, profile, primary, members as usize, &ports[members as usize..])?;
     let mut pids = Vec::new();
     for member in 1..=members {
         let mdir = dir.join(format!("redis{member}"));
@@ -281,7 +304,7 @@ async fn start_redis(dir: &Path, profile: Option<&Profile>, members: u64) -> any
             "no",
         ]);
         if member > 1 {
-            let upstream = primary_for[member as usize - 1];
+            let upstream = network.primary_for[member as usize - 2];
             command.args(["--replicaof", &upstream.ip().to_string(), &upstream.port().to_string()]);
         }
         process::drop_root(&mut command, dir, &[&mdir])?;
@@ -298,10 +321,10 @@ async fn start_redis(dir: &Path, profile: Option<&Profile>, members: u64) -> any
             System::Redis
         },
         pids,
-        client_addr,
+        client_addr: network.client_addr,
         profile: None,
         bandwidth_mbit: None,
-        measured_paths_ms: measured,
+        measured_paths_ms: network.measured,
     };
     wait_for_replicas(primary, members as usize - 1)
         .await
@@ -363,12 +386,20 @@ fn run_to_end(mut command: Command, what: &str, log: &Path) -> anyhow::Result<()
 }
 
 /// A PostgreSQL primary (member 1) and `standbys` streaming standbys made by pg_basebackup;
-/// with `synchronous`, a commit waits for one standby's flush.
-async fn start_postgres(dir: &Path, standbys: usize, synchronous: bool) -> anyhow::Result<PeerCluster> {
+/// with `synchronous`, a commit waits for one standby's flush. Under a profile, each standby
+/// streams over its link to the primary, as Redis replicas do.
+async fn start_postgres(
+    dir: &Path,
+    profile: Option<&Profile>,
+    standbys: usize,
+    synchronous: bool,
+) -> anyhow::Result<PeerCluster> {
     let program = |name: &str| postgres_program(name).with_context(|| format!("no PostgreSQL {name} installed"));
     let members = standbys + 1;
-    let ports = ports::free_loopback_ports(members)?;
+    let proxies = if profile.is_some() { members } else { 0 };
+    let ports = ports::free_loopback_ports(members + proxies)?;
     let primary = loopback(ports[0]);
+    let network = primary_network(dir, profile, primary, members, &ports[members..])?;
     let pdir = dir.join("pg1");
     let mut initdb = Command::new(program("initdb")?);
     initdb
@@ -411,10 +442,10 @@ async fn start_postgres(dir: &Path, standbys: usize, synchronous: bool) -> anyho
             (_, false) => System::PostgresAsync,
         },
         pids: vec![start(1, &pdir, &[])?],
-        client_addr: primary,
+        client_addr: network.client_addr,
         profile: None,
         bandwidth_mbit: None,
-        measured_paths_ms: BTreeMap::new(),
+        measured_paths_ms: network.measured.clone(),
     };
     let started = async {
         postgres_ready(primary).await?;
@@ -430,7 +461,7 @@ async fn start_postgres(dir: &Path, standbys: usize, synchronous: bool) -> anyho
             run_to_end(backup, "pg_basebackup", &dir.join(format!("{name}-basebackup.log")))?;
             let conninfo = format!(
                 "primary_conninfo={} application_name={name}",
-                postgres_conninfo(primary)
+                postgres_conninfo(network.primary_for[i])
             );
             cluster.pids.push(start(member, &mdir, &["-c".into(), conninfo])?);
         }

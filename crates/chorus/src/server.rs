@@ -11,7 +11,9 @@ use chorus_kv::ldc::Ldc;
 use chorus_kv::listeners::Hub;
 use chorus_kv::unicache::{parse_keyspaces, KvPreprocessor};
 use chorus_kv::{FrontEndOptions, KvState};
-use chorus_log::{EntryCodec, IdentityCodec, NodeConfig, ReadConsistency, UniCacheCodec, UniCacheSettings};
+use chorus_log::{
+    EntryCodec, IdentityCodec, NodeConfig, NodeHandle, ReadConsistency, StateMachine, UniCacheCodec, UniCacheSettings,
+};
 use chorus_resp::Limits;
 use chorus_storage::{CachePolicy, StoreOptions};
 use chorus_unicache::CacheConfig;
@@ -217,7 +219,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         tokio::spawn(curp.clone().recover_as_leader());
         curp
     });
-    tokio::spawn(serve_metrics(metrics_listener));
+    tokio::spawn(serve_metrics(metrics_listener, node.clone()));
     let options = FrontEndOptions {
         default_consistency,
         limits: Limits {
@@ -243,12 +245,15 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A minimal HTTP/1.1 responder: GET /metrics in Prometheus text format, 404 otherwise.
-pub(crate) async fn serve_metrics(listener: TcpListener) {
+/// A minimal HTTP/1.1 responder: GET /metrics in Prometheus text format; POST /failover makes
+/// this node the leader (what `chorus cluster` uses to place the leader of a SQL cluster, whose
+/// nodes have no RESP port for CLUSTER FAILOVER); 404 otherwise.
+pub(crate) async fn serve_metrics<S: StateMachine>(listener: TcpListener, node: NodeHandle<S>) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
             continue;
         };
+        let node = node.clone();
         tokio::spawn(async move {
             let mut request = Vec::with_capacity(1024);
             let mut chunk = [0u8; 1024];
@@ -267,8 +272,13 @@ pub(crate) async fn serve_metrics(listener: TcpListener) {
             }
             let (status, body) = if request.starts_with(b"GET /metrics ") {
                 ("200 OK", chorus_metrics::render())
+            } else if request.starts_with(b"POST /failover ") {
+                match node.transfer_leader(node.status().id).await {
+                    Ok(()) => ("200 OK", "this node leads\n".to_string()),
+                    Err(e) => ("503 Service Unavailable", format!("{e}\n")),
+                }
             } else {
-                ("404 Not Found", "try GET /metrics\n".to_string())
+                ("404 Not Found", "try GET /metrics or POST /failover\n".to_string())
             };
             let response = format!(
                 "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

@@ -28,7 +28,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         lock_wait: Duration::from_millis(config.request_timeout_ms),
         on_diverged: Box::new(restart_in_place),
     };
-    chorus_sql::start(
+    let node = chorus_sql::start(
         node_config(&config, peers),
         &config.data_dir.join("sql"),
         listener,
@@ -37,7 +37,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     )
     .await
     .context("cannot start the SQL node")?;
-    tokio::spawn(serve_metrics(metrics_listener));
+    tokio::spawn(serve_metrics(metrics_listener, node));
     tracing::info!(
         id = config.id, pg = %config.pg_addr, metrics = %config.metrics_addr,
         data_dir = %config.data_dir.display(), "chorus SQL node serving"

@@ -514,3 +514,89 @@ async fn a_replica_behind_the_compacted_log_catches_up_from_a_checkpoint() {
         .wait_for_rows(lagging, "SELECT count(*) FROM t", &[vec![Some("201".to_string())]])
         .await;
 }
+
+/// Every row of `table` on node `id`, ordered by its key, hashed (the TPC-C tables hold
+/// hundreds of thousands of rows: the nodes are compared row by row through the hash).
+async fn table_digest(client: &Client, table: &str, order_by: &str) -> (usize, u64) {
+    use std::hash::{Hash, Hasher};
+    let rows = rows(client, &format!("SELECT * FROM {table} ORDER BY {order_by}")).await;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    rows.hash(&mut hasher);
+    (rows.len(), hasher.finish())
+}
+
+const TPCC_TABLES: [(&str, &str); 9] = [
+    ("warehouse", "w_id"),
+    ("district", "d_w_id, d_id"),
+    ("customer", "c_w_id, c_d_id, c_id"),
+    ("history", "h_c_w_id, h_c_d_id, h_c_id, h_date, h_amount, h_data"),
+    ("new_order", "no_w_id, no_d_id, no_o_id"),
+    ("orders", "o_w_id, o_d_id, o_id"),
+    ("order_line", "ol_w_id, ol_d_id, ol_o_id, ol_number"),
+    ("item", "i_id"),
+    ("stock", "s_w_id, s_i_id"),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_the_leader_mid_tpcc_loses_no_new_order_and_the_replicas_end_equal() {
+    use chorus_bench::tpcc::{self, TpccArgs};
+    let mut cluster = SqlCluster::start_with(3, &["--snapshot-interval-entries", "3000", "--log-keep-entries", "200"]);
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let addr = cluster.node(leader).pg;
+    let loaders = vec![tpcc::connect(addr).await.unwrap(), tpcc::connect(addr).await.unwrap()];
+    tpcc::load(&loaders, 1, 7).await.unwrap();
+    let args = TpccArgs {
+        cluster: None,
+        systems: Vec::new(),
+        dir: PathBuf::new(),
+        warehouses: vec![1],
+        terminals: Some(8),
+        duration_secs: 6.0,
+        loaders: 2,
+        no_load: true,
+        seed: 7,
+        out: PathBuf::new(),
+        net: Default::default(),
+    };
+    let run = tokio::spawn(async move { tpcc::run_once("chorus-sqlite", addr, &[], &args, 1, false).await });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster.kill(leader);
+    let result = run.await.unwrap().unwrap();
+    let acknowledged = result.kinds[0].committed;
+    assert!(acknowledged > 50, "only {acknowledged} new orders before the crash");
+
+    let new_leader = cluster.leader_among(&others(leader)).await;
+    cluster.launch(leader);
+    let successor = cluster.client(new_leader).await;
+    tpcc::check_consistency(&successor).await.unwrap();
+    // 3,000 orders per district were loaded; each acknowledged new order added one.
+    let orders = rows(&successor, "SELECT count(*) FROM orders").await;
+    let orders: u64 = orders[0][0].as_deref().unwrap().parse().unwrap();
+    assert!(
+        orders >= 30_000 + acknowledged,
+        "{orders} orders, but 30000 were loaded and {acknowledged} new orders acknowledged"
+    );
+    let mut reference = Vec::new();
+    for (table, key) in TPCC_TABLES {
+        reference.push(table_digest(&successor, table, key).await);
+    }
+    for id in 1..=3 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let client = cluster.client(id).await;
+            let mut digests = Vec::new();
+            for (table, key) in TPCC_TABLES {
+                digests.push(table_digest(&client, table, key).await);
+            }
+            if digests == reference {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} does not hold the new leader's rows; its log ends:\n{}",
+                cluster.log_tail(id)
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use chorus_client::{Client, Value};
 use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::netem::{Link, PathCheck, Profile, Toxiproxy};
 
@@ -438,7 +439,22 @@ fn why_it_stopped(log: &str) -> String {
     lines[from..lines.len().min(from + LINES)].join("\n")
 }
 
-/// Hands leadership to node `to` (CLUSTER FAILOVER on that node) and waits until it leads.
+/// POST /failover on a node's metrics port (SQL nodes have no RESP port); the answer does not
+/// matter, the caller watches the roles.
+async fn ask_failover_over_http(metrics_addr: SocketAddr) {
+    let ask = async {
+        let mut stream = tokio::net::TcpStream::connect(metrics_addr).await?;
+        stream
+            .write_all(b"POST /failover HTTP/1.1\r\nHost: chorus\r\nContent-Length: 0\r\n\r\n")
+            .await?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.map(drop)
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), ask).await;
+}
+
+/// Hands leadership to node `to` (CLUSTER FAILOVER on that node, or POST /failover on a SQL
+/// node's metrics port) and waits until it leads.
 pub async fn place_leader(dir: &Path, file: &ClusterFile, to: u64, within: Duration) -> anyhow::Result<()> {
     let entry = file.node(to).with_context(|| {
         format!(
@@ -460,7 +476,9 @@ pub async fn place_leader(dir: &Path, file: &ClusterFile, to: u64, within: Durat
                 node_dir(dir, to).join("server.log").display()
             );
         }
-        if let Ok(mut client) = Client::connect(entry.resp_addr).await {
+        if file.sql {
+            ask_failover_over_http(entry.metrics_addr).await;
+        } else if let Ok(mut client) = Client::connect(entry.resp_addr).await {
             let _ = client.command(&["CLUSTER", "FAILOVER"]).await;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;

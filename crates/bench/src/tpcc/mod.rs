@@ -13,6 +13,8 @@ mod random;
 mod schema;
 mod terminal;
 
+pub use schema::{check_consistency, load};
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +26,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 use tokio_postgres::Client;
 
+use crate::cli::NetArgs;
 use crate::cpu::{CpuMeter, ServerCpu};
 use crate::peers::{postgres_conninfo, PeerCluster, System};
 use crate::plot::{self, BarGroup};
@@ -86,6 +89,11 @@ pub struct TpccArgs {
     /// Directory for JSON results and PNG plots.
     #[arg(long, default_value = "bench-results")]
     pub out: PathBuf,
+    /// With --systems: the emulated network every system runs on (PostgreSQL's standbys
+    /// stream over their links to the primary; the client reaches the leader or primary over
+    /// its own).
+    #[command(flatten)]
+    pub net: NetArgs,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -164,7 +172,7 @@ impl Tally {
     }
 }
 
-async fn connect(addr: SocketAddr) -> anyhow::Result<Client> {
+pub async fn connect(addr: SocketAddr) -> anyhow::Result<Client> {
     let (client, connection) = tokio_postgres::connect(&postgres_conninfo(addr), tokio_postgres::NoTls)
         .await
         .with_context(|| format!("cannot connect to {addr}"))?;
@@ -205,6 +213,9 @@ async fn drive(mut terminal: Terminal, deadline: Instant, seed: u64, new_orders:
     }
     tally
 }
+
+/// What `TpccResult::consistency` says when the conditions hold.
+pub const CONSISTENT: &str = "conditions 1-4 hold";
 
 /// Loads (unless `load` is false), runs `terminals` terminals for `duration_secs`, checks
 /// consistency.
@@ -276,10 +287,12 @@ pub async fn run_once(
     let elapsed = started.elapsed().as_secs_f64();
     let committed: u64 = tally.committed.iter().sum();
     let (server_cpu, client_cpu_us_per_txn) = meter.finish(committed, elapsed);
-    let checker = connect(addr).await?;
-    let consistency = match schema::check_consistency(&checker).await {
-        Ok(()) => "conditions 1-4 hold".to_string(),
-        Err(e) => format!("{e:#}"),
+    let consistency = match connect(addr).await {
+        Ok(checker) => match schema::check_consistency(&checker).await {
+            Ok(()) => CONSISTENT.to_string(),
+            Err(e) => format!("{e:#}"),
+        },
+        Err(e) => format!("not checked: {e:#}"),
     };
     let tries = committed
         + tally.rolled_back.iter().sum::<u64>()
@@ -382,13 +395,13 @@ async fn chorus_sql_target(dir: &Path) -> anyhow::Result<(SocketAddr, Vec<u32>)>
     Ok((leader.entry.client_addr, states.iter().filter_map(|s| s.pid).collect()))
 }
 
-async fn start_system(system: SqlSystem, dir: &Path) -> anyhow::Result<StartedSystem> {
+async fn start_system(system: SqlSystem, dir: &Path, net: &NetArgs) -> anyhow::Result<StartedSystem> {
     if dir.exists() {
         std::fs::remove_dir_all(dir).with_context(|| format!("cannot clear {}", dir.display()))?;
     }
     let peer_system = match system {
         SqlSystem::ChorusSqlite => {
-            chorus_cluster::start_sql(dir, 3, Vec::new(), &chorus_cluster::NetOptions::default()).await?;
+            chorus_cluster::start_sql(dir, 3, Vec::new(), &net.options()).await?;
             let (addr, server_pids) = chorus_sql_target(dir).await?;
             return Ok(StartedSystem {
                 addr,
@@ -401,7 +414,8 @@ async fn start_system(system: SqlSystem, dir: &Path) -> anyhow::Result<StartedSy
         SqlSystem::PostgresSync => System::Postgres,
         SqlSystem::PostgresAsync => System::PostgresAsync,
     };
-    let peers = PeerCluster::start(peer_system, dir, None).await?;
+    let profile = Some(net.profile()?).filter(|p| !p.is_passthrough());
+    let peers = PeerCluster::start(peer_system, dir, profile.as_ref()).await?;
     Ok(StartedSystem {
         addr: peers.client_addr,
         server_pids: peers.pids.clone(),
@@ -412,6 +426,7 @@ async fn start_system(system: SqlSystem, dir: &Path) -> anyhow::Result<StartedSy
 
 #[derive(Serialize)]
 struct Comparison<'a> {
+    network: String,
     git_revision: String,
     machine: Machine,
     duration_secs: f64,
@@ -456,7 +471,7 @@ pub async fn run(args: TpccArgs) -> anyhow::Result<()> {
                 system.name(),
                 dir.display()
             );
-            let started = start_system(system, &dir).await?;
+            let started = start_system(system, &dir, &args.net).await?;
             let outcome = run_once(
                 system.name(),
                 started.addr,
@@ -472,12 +487,13 @@ pub async fn run(args: TpccArgs) -> anyhow::Result<()> {
             runs.push(result);
         }
     }
-    let table = table(&runs);
+    let table = format!("network: {}\n\n{}", args.net.profile()?.summary(), table(&runs));
     println!("\n{table}");
     let json = report::output_path(&args.out, "tpcc-compare", "json")?;
     report::write_json(
         &json,
         &Comparison {
+            network: args.net.profile()?.summary(),
             git_revision: report::git_revision(),
             machine: Machine::current(),
             duration_secs: args.duration_secs,
@@ -506,7 +522,7 @@ pub async fn run(args: TpccArgs) -> anyhow::Result<()> {
         plot::plot_bars("TPC-C: committed new orders per minute", "tpmC", &systems, &groups, p)
     });
     println!("results: {} (and .md, .png)", json.display());
-    let inconsistent: Vec<_> = runs.iter().filter(|r| !r.consistency.ends_with("hold")).collect();
+    let inconsistent: Vec<_> = runs.iter().filter(|r| r.consistency != CONSISTENT).collect();
     if !inconsistent.is_empty() {
         bail!("{} run(s) broke TPC-C's consistency conditions", inconsistent.len());
     }
