@@ -397,7 +397,8 @@ async fn non_deterministic_statements_are_fixed_once_or_refused_by_name() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_the_leader_mid_load_loses_no_committed_transaction() {
-    // Checkpoints every 100 entries: the killed leader rebuilds from one and the log after it.
+    // Checkpoints at least 100 entries apart (and a database's size of commands): the killed
+    // leader rebuilds from one and the log after it.
     let mut cluster = SqlCluster::start_with(3, &["--snapshot-interval-entries", "100", "--log-keep-entries", "20"]);
     let leader = cluster.leader_among(&[1, 2, 3]).await;
     let setup = cluster.client(leader).await;

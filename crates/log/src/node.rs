@@ -70,6 +70,13 @@ pub trait StateMachine: Send + 'static {
     fn snapshot_ready(&mut self) -> bool {
         true
     }
+    /// What writing one snapshot costs, in bytes. A node takes its next snapshot only once at
+    /// least this many bytes of commands were applied since the last, so that a state copied
+    /// whole (a database file) is written at most once per log's worth of commands, however
+    /// large it grows. By default a snapshot costs nothing worth waiting for.
+    fn snapshot_cost_bytes(&mut self) -> u64 {
+        0
+    }
     /// Captures the state at the last applied entry and returns what, run on another thread,
     /// waits until that state is durable and returns the snapshot data describing it. The raft
     /// log up to that entry is compacted once the data is written.
@@ -2201,7 +2208,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
         {
             return;
         }
-        if !self.sm.snapshot_ready() {
+        if self.applied_bytes_since_snapshot < self.sm.snapshot_cost_bytes() || !self.sm.snapshot_ready() {
             return;
         }
         let store = self.raw.store();

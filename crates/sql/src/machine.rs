@@ -80,6 +80,11 @@ impl StateMachine for SqlState {
         self.writer.checkpoint_ready()
     }
 
+    /// A checkpoint copies the whole database file.
+    fn snapshot_cost_bytes(&mut self) -> u64 {
+        std::fs::metadata(crate::engine::database_path(&self.dir)).map_or(0, |m| m.len())
+    }
+
     fn snapshot_later(&mut self) -> Box<dyn FnOnce() -> Vec<u8> + Send> {
         let mark = self.writer.applied();
         // A read transaction pinned here sees exactly the applied state (nothing is ahead of
