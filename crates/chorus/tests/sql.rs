@@ -555,6 +555,7 @@ async fn sigkill_of_the_leader_mid_tpcc_loses_no_new_order_and_the_replicas_end_
         duration_secs: 6.0,
         loaders: 2,
         no_load: true,
+        keep_data: false,
         seed: 7,
         out: PathBuf::new(),
         net: Default::default(),
