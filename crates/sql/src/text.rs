@@ -615,6 +615,39 @@ mod tests {
     };
 
     #[test]
+    fn memoised_analyses_answer_as_a_fresh_one_would_and_clock_readers_stay_per_clock() {
+        let later = FixedClock {
+            unix_ms: CLOCK.unix_ms + 86_400_000,
+        };
+        for statement in [
+            "UPDATE t SET n = n + $1 WHERE id = $2",
+            "INSERT INTO t VALUES ($1, CURRENT_TIMESTAMP)",
+            "SELECT * FROM t WHERE id = $1",
+            "BEGIN READ ONLY",
+        ] {
+            let fresh = (
+                classify_tokens(statement).unwrap(),
+                rewrite(statement, CLOCK).unwrap().0,
+                number_parameters_of(statement).unwrap(),
+            );
+            for _ in 0..2 {
+                assert_eq!(classify(statement).unwrap(), fresh.0, "{statement}");
+                assert_eq!(fix_writes(statement, CLOCK).unwrap(), fresh.1, "{statement}");
+                assert_eq!(number_parameters(statement).unwrap(), fresh.2, "{statement}");
+            }
+        }
+        let reads_clock = "INSERT INTO t VALUES ($1, CURRENT_TIMESTAMP)";
+        assert_ne!(
+            fix_writes(reads_clock, CLOCK).unwrap(),
+            fix_writes(reads_clock, later).unwrap(),
+            "a statement reading the clock is rewritten for each transaction's time"
+        );
+        let refused = "INSERT INTO t VALUES (clock_timestamp())";
+        classify(refused).unwrap();
+        assert!(fix_writes(refused, CLOCK).is_err(), "a refusal is not memoised away");
+    }
+
+    #[test]
     fn statements_split_at_semicolons_outside_strings_comments_and_triggers() {
         let sql = "INSERT INTO t VALUES ('a;b'); -- c;d\nSELECT \"x;y\" FROM t /* ; */;;\
                    CREATE TRIGGER tr AFTER INSERT ON t BEGIN UPDATE u SET n = n + 1; END; SELECT 1";
