@@ -160,7 +160,7 @@ impl PeerCluster {
         let text = std::fs::read_to_string(state_file(dir))
             .with_context(|| {
                 format!(
-                    "no peer cluster in {}; start one with `chorus bench peers start --system etcd|redis|redis-alone --dir {}`",
+                    "no peer cluster in {}; start one with `chorus bench peers start --system etcd|redis|redis-alone|postgres|postgres-async|postgres-alone --dir {}`",
                     dir.display(),
                     dir.display()
                 )

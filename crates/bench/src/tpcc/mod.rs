@@ -405,8 +405,15 @@ async fn start_system(system: SqlSystem, dir: &Path, net: &NetArgs) -> anyhow::R
     }
     let peer_system = match system {
         SqlSystem::ChorusSqlite => {
-            chorus_cluster::start_sql(dir, 3, Vec::new(), &net.options()).await?;
-            let (addr, server_pids) = chorus_sql_target(dir).await?;
+            let started = chorus_cluster::start_sql(dir, 3, Vec::new(), &net.options()).await;
+            let target = match started {
+                Ok(_) => chorus_sql_target(dir).await,
+                Err(e) => Err(e),
+            };
+            // Nodes that started before a later step failed are not left running.
+            let (addr, server_pids) = target.inspect_err(|_| {
+                let _ = chorus_cluster::stop(dir);
+            })?;
             return Ok(StartedSystem {
                 addr,
                 server_pids,
@@ -441,22 +448,22 @@ pub async fn run(args: TpccArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.cluster {
         let (system, addr, server_pids) = if dir.join("cluster.toml").exists() {
             let (addr, pids) = chorus_sql_target(dir).await?;
-            ("chorus-sqlite".to_string(), addr, pids)
+            (SqlSystem::ChorusSqlite, addr, pids)
         } else {
             let peers = PeerCluster::load(dir)?;
-            if !peers.system.is_postgres() {
-                bail!("{} holds {:?}, not a SQL system", dir.display(), peers.system);
-            }
-            (
-                format!("{:?}", peers.system).to_lowercase(),
-                peers.client_addr,
-                peers.pids,
-            )
+            let system = match peers.system {
+                System::PostgresAlone => SqlSystem::PostgresAlone,
+                System::Postgres => SqlSystem::PostgresSync,
+                System::PostgresAsync => SqlSystem::PostgresAsync,
+                other => bail!("{} holds {other:?}, not a SQL system", dir.display()),
+            };
+            (system, peers.client_addr, peers.pids)
         };
+        let system = system.name();
         let [warehouses] = args.warehouses[..] else {
             bail!("with --cluster, give one --warehouses count");
         };
-        let result = run_once(&system, addr, &server_pids, &args, warehouses, !args.no_load).await?;
+        let result = run_once(system, addr, &server_pids, &args, warehouses, !args.no_load).await?;
         result.print();
         let json = report::output_path(&args.out, &format!("tpcc-{system}-w{warehouses}"), "json")?;
         report::write_json(&json, &result)?;
