@@ -90,6 +90,12 @@ server_options! {
     /// least this far away (measured round trip, µs): closer, the ordinary path is as fast and
     /// costs less (0: always, as the chaos harness runs it).
     curp_fast_path_min_rtt_us: u64 = 1000;
+    /// How `chorus sql` replicates a transaction: "active" (the statements it ran, made
+    /// deterministic; a statement that cannot be is refused), "passive" (its write-set, the rows
+    /// it changed; schema changes travel as statements) or "auto" (statements, or the write-set
+    /// when a statement cannot be made deterministic). Nodes may differ: each replica applies
+    /// both.
+    sql_mode: String = "active".into();
     /// Snapshot the state machine after this many applied entries.
     snapshot_interval_entries: u64 = 20_000;
     /// Snapshot the state machine after this many applied bytes of commands.

@@ -23,7 +23,12 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     let metrics_listener = TcpListener::bind(config.metrics_addr)
         .await
         .with_context(|| format!("cannot serve metrics on {}", config.metrics_addr))?;
+    let mode = config
+        .sql_mode
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("--sql-mode: {e}"))?;
     let options = SqlOptions {
+        mode,
         commit_timeout: Duration::from_millis(config.request_timeout_ms),
         lock_wait: Duration::from_millis(config.request_timeout_ms),
         on_diverged: Box::new(restart_in_place),

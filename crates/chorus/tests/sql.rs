@@ -396,6 +396,43 @@ async fn non_deterministic_statements_are_fixed_once_or_refused_by_name() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_mode_replicates_what_cannot_be_made_deterministic_by_its_write_set() {
+    let cluster = SqlCluster::start_with(3, &["--sql-mode", "auto"]);
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let client = cluster.client(leader).await;
+    client
+        .batch_execute(
+            "CREATE TABLE stamps (n INTEGER PRIMARY KEY, at TEXT);
+             INSERT INTO stamps VALUES (1, datetime('now', 'localtime')), (2, CURRENT_TIMESTAMP);
+             BEGIN;
+             INSERT INTO stamps SELECT n + 2, datetime(at, '+1 day', 'localtime') FROM stamps;
+             UPDATE stamps SET at = at || ' ' || random() WHERE n > 2;
+             COMMIT;",
+        )
+        .await
+        .expect("auto mode runs what active mode refuses");
+    let query = "SELECT n, at FROM stamps ORDER BY n";
+    let on_leader = rows(&client, query).await;
+    assert_eq!(on_leader.len(), 4);
+    for follower in others(leader) {
+        assert_eq!(
+            rows(&cluster.client(follower).await, query).await,
+            on_leader,
+            "node {follower}"
+        );
+    }
+    let error = client
+        .batch_execute(
+            "BEGIN; INSERT INTO stamps VALUES (9, datetime('now', 'localtime')); CREATE TABLE later (a); COMMIT;",
+        )
+        .await
+        .expect_err("a schema change beside what only a write-set replicates");
+    let db_error = error.as_db_error().expect("a server error");
+    assert_eq!(db_error.code().code(), "0A000", "{db_error}");
+    assert!(db_error.message().contains("schema"), "{db_error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_the_leader_mid_load_loses_no_committed_transaction() {
     // Checkpoints at least 100 entries apart (and a database's size of commands): the killed
     // leader rebuilds from one and the log after it.
@@ -541,7 +578,19 @@ const TPCC_TABLES: [(&str, &str); 9] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_the_leader_mid_tpcc_loses_no_new_order_and_the_replicas_end_equal() {
     use chorus_bench::tpcc::{self, TpccArgs};
-    let mut cluster = SqlCluster::start_with(3, &["--snapshot-interval-entries", "3000", "--log-keep-entries", "200"]);
+    // Passive replication: the replicas apply the write-sets TPC-C's transactions made (the
+    // other tests here replicate statements).
+    let mut cluster = SqlCluster::start_with(
+        3,
+        &[
+            "--snapshot-interval-entries",
+            "3000",
+            "--log-keep-entries",
+            "200",
+            "--sql-mode",
+            "passive",
+        ],
+    );
     let leader = cluster.leader_among(&[1, 2, 3]).await;
     let addr = cluster.node(leader).pg;
     let loaders = vec![tpcc::connect(addr).await.unwrap(), tpcc::connect(addr).await.unwrap()];
@@ -560,7 +609,7 @@ async fn sigkill_of_the_leader_mid_tpcc_loses_no_new_order_and_the_replicas_end_
         out: PathBuf::new(),
         net: Default::default(),
     };
-    let run = tokio::spawn(async move { tpcc::run_once("chorus-sqlite", addr, &[], &args, 1, false).await });
+    let run = tokio::spawn(async move { tpcc::run_once("chorus-sqlite-passive", addr, &[], &args, 1, false).await });
     tokio::time::sleep(Duration::from_secs(3)).await;
     cluster.kill(leader);
     let result = run.await.unwrap().unwrap();

@@ -9,6 +9,10 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use std::ffi::{c_int, c_void};
+
+use rusqlite::config::DbConfig;
+use rusqlite::ffi;
 use rusqlite::functions::FunctionFlags;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OpenFlags};
@@ -55,6 +59,7 @@ impl AppliedMark {
 /// One writer's view of a database engine (see `writer`).
 pub trait Engine: Send {
     fn begin(&mut self) -> Result<(), SqlError>;
+    /// Commits the open transaction; a recording of its writes ends with it, as on rollback.
     fn commit(&mut self) -> Result<(), SqlError>;
     fn rollback(&mut self);
     /// Random values of the next statements come from this seed.
@@ -71,14 +76,56 @@ pub trait Engine: Send {
     fn holds_ahead(&mut self) -> Result<bool, SqlError>;
     /// Replaces the database with a copy of `checkpoint` (or an empty one) standing at `mark`.
     fn restore(&mut self, checkpoint: Option<&Path>, mark: AppliedMark) -> Result<(), SqlError>;
+    /// Inside the open transaction: record its changes from here on, for `take_write_set`
+    /// (passive replication). Rolling back ends the recording.
+    fn record_writes(&mut self) -> Result<(), SqlError>;
+    /// The net changes recorded since `record_writes` (empty if none), and the recording ends.
+    fn take_write_set(&mut self) -> Result<Vec<u8>, SqlError>;
+    /// Inside the open transaction: applies a write-set that `take_write_set` gave on another
+    /// node. Any row that does not stand as the write-set expects is an error.
+    fn apply_write_set(&mut self, write_set: &[u8]) -> Result<(), SqlError>;
 }
 
 /// SQLite, in WAL mode without an fsync per commit: the raft log is what is durable, and a
 /// power cut leaves a consistent (older) database that the log brings forward.
 pub struct Sqlite {
     dir: std::path::PathBuf,
+    /// Declared before `conn`: a session is deleted before its connection closes.
+    recording: Option<Recording>,
     conn: Connection,
     random: Arc<AtomicU64>,
+}
+
+/// SQLite's session extension recording one transaction's changes (every table, those
+/// without a primary key by rowid).
+struct Recording(*mut ffi::sqlite3_session);
+
+// SAFETY: a session is used only through its connection's owner (`Sqlite`), which moves
+// between threads with it and is never shared.
+unsafe impl Send for Recording {}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        // SAFETY: the session was created by `sqlite3session_create` and is deleted once.
+        unsafe { ffi::sqlite3session_delete(self.0) }
+    }
+}
+
+/// An error code of SQLite's C interface as an error of ours.
+fn sqlite_code_error(what: &str, code: c_int) -> SqlError {
+    SqlError::from_sqlite(&rusqlite::Error::SqliteFailure(
+        ffi::Error::new(code),
+        Some(format!("{what}: {}", ffi::code_to_str(code))),
+    ))
+}
+
+/// A conflict while applying a write-set means the replicas' databases differ: stop.
+unsafe extern "C" fn abort_on_conflict(
+    _context: *mut c_void,
+    _conflict: c_int,
+    _change: *mut ffi::sqlite3_changeset_iter,
+) -> c_int {
+    ffi::SQLITE_CHANGESET_ABORT
 }
 
 /// The database file inside a node's SQL directory.
@@ -118,6 +165,7 @@ impl Sqlite {
         register_seeded_functions(&conn, &random).map_err(|e| SqlError::from_sqlite(&e))?;
         Ok(Sqlite {
             dir: dir.to_path_buf(),
+            recording: None,
             conn,
             random,
         })
@@ -323,10 +371,12 @@ impl Engine for Sqlite {
     }
 
     fn commit(&mut self) -> Result<(), SqlError> {
+        self.recording = None;
         self.bookkeep("COMMIT", [])
     }
 
     fn rollback(&mut self) {
+        self.recording = None;
         if !self.conn.is_autocommit() {
             self.conn
                 .execute_batch("ROLLBACK")
@@ -390,6 +440,7 @@ impl Engine for Sqlite {
     fn restore(&mut self, checkpoint: Option<&Path>, mark: AppliedMark) -> Result<(), SqlError> {
         let io = |what: &str, e: std::io::Error| SqlError::new("58030", format!("{what}: {e}"));
         // Close the database before its files are replaced.
+        self.recording = None;
         self.conn = Connection::open_in_memory().map_err(|e| SqlError::from_sqlite(&e))?;
         Sqlite::remove(&self.dir).map_err(|e| io("cannot remove the database", e))?;
         if let Some(checkpoint) = checkpoint {
@@ -416,6 +467,91 @@ impl Engine for Sqlite {
                 row.get::<_, bool>(0)
             })
             .map_err(|e| SqlError::from_sqlite(&e))
+    }
+
+    fn record_writes(&mut self) -> Result<(), SqlError> {
+        assert!(self.recording.is_none(), "one recording per transaction");
+        let mut session = std::ptr::null_mut();
+        // SAFETY: the handle is this connection's, open for the call; the session is kept in
+        // `recording`, which deletes it before the connection closes.
+        let created = unsafe { ffi::sqlite3session_create(self.conn.handle(), c"main".as_ptr(), &mut session) };
+        if created != ffi::SQLITE_OK {
+            return Err(sqlite_code_error("cannot record the transaction's writes", created));
+        }
+        let recording = Recording(session);
+        // Tables without a primary key are recorded by rowid (the option is set before any
+        // table is attached); a null name attaches every table, those created later too.
+        let mut by_rowid: c_int = 1;
+        // SAFETY: `session` is live; the option takes a pointer to an int it may write.
+        let configured = unsafe {
+            ffi::sqlite3session_object_config(
+                session,
+                ffi::SQLITE_SESSION_OBJCONFIG_ROWID,
+                (&mut by_rowid as *mut c_int).cast(),
+            )
+        };
+        // SAFETY: as above.
+        let attached = unsafe { ffi::sqlite3session_attach(session, std::ptr::null()) };
+        for code in [configured, attached] {
+            if code != ffi::SQLITE_OK {
+                return Err(sqlite_code_error("cannot record the transaction's writes", code));
+            }
+        }
+        self.recording = Some(recording);
+        Ok(())
+    }
+
+    fn take_write_set(&mut self) -> Result<Vec<u8>, SqlError> {
+        let recording = self.recording.take().expect("writes are being recorded");
+        let mut len: c_int = 0;
+        let mut bytes: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the session is live; SQLite allocates the changeset, freed below.
+        let taken = unsafe { ffi::sqlite3session_changeset(recording.0, &mut len, &mut bytes) };
+        let write_set = if bytes.is_null() || len <= 0 {
+            Vec::new()
+        } else {
+            // SAFETY: SQLite returned `len` bytes at `bytes`.
+            unsafe { std::slice::from_raw_parts(bytes.cast::<u8>(), len as usize) }.to_vec()
+        };
+        // SAFETY: `bytes` came from SQLite's allocator (freeing null is a no-op).
+        unsafe { ffi::sqlite3_free(bytes) };
+        if taken != ffi::SQLITE_OK {
+            return Err(sqlite_code_error("cannot collect the transaction's writes", taken));
+        }
+        Ok(write_set)
+    }
+
+    fn apply_write_set(&mut self, write_set: &[u8]) -> Result<(), SqlError> {
+        let len = c_int::try_from(write_set.len())
+            .map_err(|_| SqlError::new("54000", "a write-set over 2 GiB".to_owned()))?;
+        // The write-set holds what triggers and foreign-key actions did on the leader: here
+        // they must not do it again.
+        let triggers = |on: bool| {
+            self.conn
+                .set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER, on)
+                .map_err(|e| SqlError::from_sqlite(&e))
+        };
+        triggers(false)?;
+        // SAFETY: the handle is this connection's; SQLite only reads the write-set's bytes
+        // (no rebase output is asked for), whatever they hold.
+        let applied = unsafe {
+            ffi::sqlite3changeset_apply_v2(
+                self.conn.handle(),
+                len,
+                write_set.as_ptr().cast_mut().cast(),
+                None,
+                Some(abort_on_conflict),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                ffi::SQLITE_CHANGESETAPPLY_NOSAVEPOINT | ffi::SQLITE_CHANGESETAPPLY_FKNOACTION,
+            )
+        };
+        triggers(true)?;
+        if applied != ffi::SQLITE_OK {
+            return Err(sqlite_code_error("cannot apply the write-set", applied));
+        }
+        Ok(())
     }
 }
 

@@ -1,5 +1,7 @@
 //! Errors a SQL client sees, each with the SQLSTATE a PostgreSQL client expects.
 
+const NOT_REPLICABLE: &str = "not replicable: ";
+
 /// An error for the client: a SQLSTATE code and a message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message} (SQLSTATE {code})")]
@@ -33,7 +35,13 @@ impl SqlError {
 
     /// A statement whose result would differ between replicas.
     pub fn nondeterministic(message: String) -> Self {
-        Self::new("0A000", format!("not replicable: {message}"))
+        Self::new("0A000", format!("{NOT_REPLICABLE}{message}"))
+    }
+
+    /// Whether this is `nondeterministic`'s error: the statement runs, but only its
+    /// write-set can be replicated.
+    pub fn is_nondeterministic(&self) -> bool {
+        self.code == "0A000" && self.message.starts_with(NOT_REPLICABLE)
     }
 
     /// A write reached a replica; `leader` is the leader's node id (0: none known).

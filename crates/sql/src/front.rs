@@ -93,6 +93,16 @@ impl Shared {
         .expect("a reader task does not panic")
     }
 
+    /// Ends a COMMIT the writer took. A transaction that changed nothing may still have read
+    /// others' transactions committed ahead: it too waits until the log has them.
+    async fn finish(&self, committed: Committed) -> Result<(), SqlError> {
+        match committed {
+            Committed::Ahead(proposed) => self.replicate(proposed).await,
+            Committed::Nothing { rolled_back: true } => Ok(()),
+            Committed::Nothing { rolled_back: false } => self.confirmed(self.writer.progress.executed()).await,
+        }
+    }
+
     /// Waits until the log has applied a transaction committed ahead.
     async fn replicate(
         &self,
@@ -313,9 +323,7 @@ impl Session {
                         return Err(e);
                     }
                 };
-                if let Committed::Ahead(proposed) = self.shared.writer.commit(self.id)? {
-                    self.shared.replicate(proposed).await?;
-                }
+                self.shared.finish(self.shared.writer.commit(self.id)?).await?;
                 Ok(statement_answer(sql, outcome))
             }
         }
@@ -377,15 +385,12 @@ impl Session {
                 }
                 Ok(Answer::Ended(if open.failed { "ROLLBACK" } else { "COMMIT" }))
             }
-            Some(Place::Writer) => match self.shared.writer.commit(self.id)? {
-                Committed::Nothing { rolled_back } => {
-                    Ok(Answer::Ended(if rolled_back { "ROLLBACK" } else { "COMMIT" }))
-                }
-                Committed::Ahead(proposed) => {
-                    self.shared.replicate(proposed).await?;
-                    Ok(Answer::Ended("COMMIT"))
-                }
-            },
+            Some(Place::Writer) => {
+                let committed = self.shared.writer.commit(self.id)?;
+                let rolled_back = matches!(committed, Committed::Nothing { rolled_back: true });
+                self.shared.finish(committed).await?;
+                Ok(Answer::Ended(if rolled_back { "ROLLBACK" } else { "COMMIT" }))
+            }
         }
     }
 

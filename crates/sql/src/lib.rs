@@ -8,6 +8,10 @@
 //! it ran; every replica re-executes them in log order. COMMIT returns once the log applied
 //! the transaction (fsynced on a majority). See `writer` for how a leader executing ahead of
 //! the log stays exact.
+//!
+//! Passive replication: the leader records each transaction's write-set (SQLite's session
+//! extension) and replicas apply it instead of executing the statements; `auto` sends a
+//! transaction that way only when one of its statements cannot be made deterministic.
 
 pub mod checkpoint;
 pub mod engine;
@@ -31,6 +35,7 @@ use tokio::net::TcpListener;
 pub use error::SqlError;
 pub use front::{serve, Shared};
 pub use machine::SqlState;
+pub use writer::ReplicationMode;
 
 /// Settings of a SQL node besides its raft node's.
 pub struct SqlOptions {
@@ -41,6 +46,8 @@ pub struct SqlOptions {
     /// Called when the database no longer matches the log (a leader that executed ahead lost
     /// its place): the node must restart, and rebuilds the database from the log when it does.
     pub on_diverged: Box<dyn FnOnce() + Send>,
+    /// How transactions travel through the log: statements, write-sets, or either.
+    pub mode: ReplicationMode,
 }
 
 /// Opens the database under `sql_dir` (rebuilt from the last checkpoint and the log if it holds
@@ -60,6 +67,7 @@ pub async fn start(
         writer::WriterOptions {
             lock_wait: options.lock_wait,
             on_diverged: options.on_diverged,
+            mode: options.mode,
         },
         proposals,
     )

@@ -1,6 +1,6 @@
-//! A transaction as it travels through the log: the statements the leader ran (already made
-//! deterministic), their parameters, the seed of its random values, and the transaction it
-//! was executed after.
+//! A transaction as it travels through the log: what it changed — the statements the leader
+//! ran (already made deterministic) with their parameters and the seed of its random values
+//! (active replication), or its write-set (passive) — and the transaction it was executed after.
 
 /// A value bound to a statement's parameter or read from a row.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,7 +34,17 @@ pub struct Txn {
     pub after: TxnId,
     /// Seeds `random()`, `randomblob()` and `gen_random_uuid()`.
     pub seed: u64,
-    pub statements: Vec<Statement>,
+    pub body: Body,
+}
+
+/// What replicas do with a transaction.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Body {
+    /// Execute these statements (active replication).
+    Statements(Vec<Statement>),
+    /// Apply this write-set: the engine's record of the rows the transaction changed, as
+    /// `Engine::take_write_set` gives it (passive replication).
+    WriteSet(Vec<u8>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -51,12 +61,20 @@ pub enum DecodeError {
     Trailing(usize),
 }
 
-const MAGIC: &[u8; 4] = b"SQT1";
+const MAGIC_STATEMENTS: &[u8; 4] = b"SQT1";
+const MAGIC_WRITE_SET: &[u8; 4] = b"SQW1";
 
 impl Txn {
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64 + self.statements.iter().map(|s| s.sql.len() + 16).sum::<usize>());
-        out.extend_from_slice(MAGIC);
+        let body_len = match &self.body {
+            Body::Statements(statements) => statements.iter().map(|s| s.sql.len() + 16).sum::<usize>(),
+            Body::WriteSet(write_set) => write_set.len(),
+        };
+        let mut out = Vec::with_capacity(64 + body_len);
+        out.extend_from_slice(match self.body {
+            Body::Statements(_) => MAGIC_STATEMENTS,
+            Body::WriteSet(_) => MAGIC_WRITE_SET,
+        });
         for n in [
             self.id.incarnation,
             self.id.seq,
@@ -66,8 +84,15 @@ impl Txn {
         ] {
             out.extend_from_slice(&n.to_le_bytes());
         }
-        put_len(&mut out, self.statements.len());
-        for statement in &self.statements {
+        let statements = match &self.body {
+            Body::Statements(statements) => statements,
+            Body::WriteSet(write_set) => {
+                put_bytes(&mut out, write_set);
+                return out;
+            }
+        };
+        put_len(&mut out, statements.len());
+        for statement in statements {
             put_bytes(&mut out, statement.sql.as_bytes());
             put_len(&mut out, statement.params.len());
             for value in &statement.params {
@@ -97,7 +122,8 @@ impl Txn {
 
     pub fn decode(bytes: &[u8]) -> Result<Txn, DecodeError> {
         let mut r = Reader { bytes, at: 0 };
-        if r.take(4)? != MAGIC {
+        let magic = r.take(4)?;
+        if magic != MAGIC_STATEMENTS && magic != MAGIC_WRITE_SET {
             return Err(DecodeError::Magic);
         }
         let id = TxnId {
@@ -109,6 +135,16 @@ impl Txn {
             seq: r.u64()?,
         };
         let seed = r.u64()?;
+        if magic == MAGIC_WRITE_SET {
+            let write_set = r.bytes()?.to_vec();
+            r.finished()?;
+            return Ok(Txn {
+                id,
+                after,
+                seed,
+                body: Body::WriteSet(write_set),
+            });
+        }
         let count = r.len()?;
         // Each statement takes at least 8 bytes: a count never reserves more than the input holds.
         let mut statements = Vec::with_capacity(count.min(bytes.len() / 8));
@@ -128,14 +164,12 @@ impl Txn {
             }
             statements.push(Statement { sql, params });
         }
-        if r.at != bytes.len() {
-            return Err(DecodeError::Trailing(bytes.len() - r.at));
-        }
+        r.finished()?;
         Ok(Txn {
             id,
             after,
             seed,
-            statements,
+            body: Body::Statements(statements),
         })
     }
 }
@@ -170,6 +204,13 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
+    fn finished(&self) -> Result<(), DecodeError> {
+        match self.bytes.len() - self.at {
+            0 => Ok(()),
+            left => Err(DecodeError::Trailing(left)),
+        }
+    }
+
     fn u64(&mut self) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
@@ -197,7 +238,7 @@ mod tests {
             id: TxnId { incarnation: 7, seq: 3 },
             after: TxnId { incarnation: 7, seq: 2 },
             seed: 0xfeed,
-            statements: vec![
+            body: Body::Statements(vec![
                 Statement {
                     sql: "INSERT INTO t VALUES (?1, ?2, ?3, ?4, ?5)".into(),
                     params: vec![
@@ -212,24 +253,34 @@ mod tests {
                     sql: "DELETE FROM t".into(),
                     params: vec![],
                 },
-            ],
+            ]),
+        }
+    }
+
+    fn write_set_sample() -> Txn {
+        Txn {
+            body: Body::WriteSet(vec![b'T', 3, 1, 0, 1, b't', 0]),
+            ..sample()
         }
     }
 
     #[test]
     fn a_decoded_transaction_equals_the_encoded_one() {
-        let txn = sample();
-        assert_eq!(Txn::decode(&txn.encode()).unwrap(), txn);
+        for txn in [sample(), write_set_sample()] {
+            assert_eq!(Txn::decode(&txn.encode()).unwrap(), txn);
+        }
     }
 
     #[test]
     fn every_truncation_and_a_trailing_byte_are_errors() {
-        let bytes = sample().encode();
-        for cut in 0..bytes.len() {
-            assert!(Txn::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        for txn in [sample(), write_set_sample()] {
+            let bytes = txn.encode();
+            for cut in 0..bytes.len() {
+                assert!(Txn::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            }
+            let mut longer = bytes.clone();
+            longer.push(0);
+            assert_eq!(Txn::decode(&longer), Err(DecodeError::Trailing(1)));
         }
-        let mut longer = bytes.clone();
-        longer.push(0);
-        assert_eq!(Txn::decode(&longer), Err(DecodeError::Trailing(1)));
     }
 }

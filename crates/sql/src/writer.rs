@@ -24,8 +24,35 @@ use tokio::sync::{mpsc as async_mpsc, oneshot, watch};
 
 use crate::engine::{AppliedMark, Engine, Outcome};
 use crate::error::SqlError;
-use crate::text::{fix_writes, FixedClock, StatementKind};
-use crate::txn::{Statement, Txn, TxnId, Value};
+use crate::text::{command_verb, fix_writes, number_parameters, FixedClock, StatementKind};
+use crate::txn::{Body, Statement, Txn, TxnId, Value};
+
+/// How a leader's transactions travel through the log to the other replicas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicationMode {
+    /// As the statements it ran, made deterministic; what cannot be made so is refused.
+    Active,
+    /// As its write-set (the rows it changed). A transaction that changes the schema travels
+    /// as statements: write-sets hold rows only.
+    Passive,
+    /// As statements, unless one cannot be made deterministic: then as its write-set.
+    Auto,
+}
+
+impl std::str::FromStr for ReplicationMode {
+    type Err = String;
+
+    fn from_str(mode: &str) -> Result<Self, String> {
+        match mode {
+            "active" => Ok(ReplicationMode::Active),
+            "passive" => Ok(ReplicationMode::Passive),
+            "auto" => Ok(ReplicationMode::Auto),
+            other => Err(format!(
+                "unknown SQL replication mode '{other}': say active, passive or auto"
+            )),
+        }
+    }
+}
 
 /// What applying a transaction from the log did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,6 +232,7 @@ pub struct WriterOptions {
     pub lock_wait: Duration,
     /// Called once, on the node's thread, when the database no longer matches the log.
     pub on_diverged: Box<dyn FnOnce() + Send>,
+    pub mode: ReplicationMode,
 }
 
 /// A session waiting for the write lock: its id, and where to say it has it.
@@ -216,10 +244,15 @@ struct Active {
     seed: u64,
     statements: Vec<Statement>,
     failed: bool,
+    /// A statement ran that cannot be made deterministic: only the write-set replicates.
+    nondeterministic: bool,
+    /// A statement changed the schema: only the statements replicate.
+    changes_schema: bool,
 }
 
 struct Writer {
     engine: Box<dyn Engine>,
+    mode: ReplicationMode,
     incarnation: u64,
     next_seq: u64,
     leading: bool,
@@ -257,6 +290,7 @@ pub fn start(
     });
     let writer = Writer {
         engine,
+        mode: options.mode,
         incarnation: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
@@ -283,6 +317,11 @@ pub fn start(
     })
 }
 
+/// Whether a statement that may write changes the schema (rather than rows).
+fn changes_schema(sql: &str) -> bool {
+    !matches!(command_verb(sql).as_str(), "INSERT" | "UPDATE" | "DELETE" | "REPLACE")
+}
+
 /// The seed of the statement at `ordinal` among a transaction's replicated statements.
 fn statement_seed(seed: u64, ordinal: usize) -> u64 {
     seed ^ (ordinal as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
@@ -307,7 +346,13 @@ impl Writer {
             if reply.is_closed() {
                 continue;
             }
-            let started = self.engine.begin();
+            let mut started = self.engine.begin();
+            if started.is_ok() && self.mode != ReplicationMode::Active {
+                started = self.engine.record_writes();
+                if started.is_err() {
+                    self.engine.rollback();
+                }
+            }
             if started.is_ok() {
                 self.active = Some(Active {
                     session,
@@ -320,6 +365,8 @@ impl Writer {
                     seed: self.incarnation.rotate_left(17) ^ self.next_seq.wrapping_mul(0x2545_f491_4f6c_dd1d),
                     statements: Vec::new(),
                     failed: false,
+                    nondeterministic: false,
+                    changes_schema: false,
                 });
             }
             if reply.send(started).is_err() {
@@ -350,15 +397,39 @@ impl Writer {
         if active.failed {
             return Err(SqlError::in_failed_transaction());
         }
+        let mode = self.mode;
         // The rewrite only replaces clock reads and parameter names: the kind stays.
-        let result = fix_writes(sql, active.clock).and_then(|fixed| {
-            self.engine.seed(statement_seed(active.seed, active.statements.len()));
-            let outcome = self.engine.execute(&fixed, &params)?;
-            if !outcome.read_only || kind == StatementKind::Savepoint {
-                active.statements.push(Statement { sql: fixed, params });
-            }
-            Ok(outcome)
-        });
+        let result = fix_writes(sql, active.clock)
+            .or_else(|refused| {
+                if mode == ReplicationMode::Active || !refused.is_nondeterministic() || active.changes_schema {
+                    return Err(refused);
+                }
+                // Replicas apply its write-set: the statement runs as the client wrote it.
+                active.nondeterministic = true;
+                number_parameters(sql)
+            })
+            .and_then(|fixed| {
+                if mode != ReplicationMode::Active && kind == StatementKind::Write && changes_schema(sql) {
+                    if active.nondeterministic {
+                        return Err(SqlError::nondeterministic(
+                            "a transaction that changes the schema travels as statements, and an \
+                             earlier statement of it cannot be made deterministic; change the \
+                             schema in a transaction of its own"
+                                .into(),
+                        ));
+                    }
+                    active.changes_schema = true;
+                }
+                Ok(fixed)
+            })
+            .and_then(|fixed| {
+                self.engine.seed(statement_seed(active.seed, active.statements.len()));
+                let outcome = self.engine.execute(&fixed, &params)?;
+                if !outcome.read_only || kind == StatementKind::Savepoint {
+                    active.statements.push(Statement { sql: fixed, params });
+                }
+                Ok(outcome)
+            });
         if result.is_err() {
             active.failed = true;
         }
@@ -375,12 +446,30 @@ impl Writer {
                 ));
             }
         };
-        if active.failed || active.statements.is_empty() {
+        let write_set = match self.mode {
+            ReplicationMode::Passive if !active.changes_schema => true,
+            ReplicationMode::Auto => active.nondeterministic,
+            _ => false,
+        };
+        let body = if active.failed {
+            None
+        } else if write_set {
+            match self.engine.take_write_set() {
+                Ok(write_set) => (!write_set.is_empty()).then_some(Body::WriteSet(write_set)),
+                Err(e) => {
+                    self.engine.rollback();
+                    return Err(e);
+                }
+            }
+        } else {
+            (!active.statements.is_empty()).then_some(Body::Statements(active.statements))
+        };
+        let Some(body) = body else {
             self.engine.rollback();
             return Ok(Committed::Nothing {
                 rolled_back: active.failed,
             });
-        }
+        };
         let id = TxnId {
             incarnation: self.incarnation,
             seq: self.next_seq,
@@ -394,7 +483,7 @@ impl Writer {
             id,
             after: self.executed,
             seed: active.seed,
-            statements: active.statements,
+            body,
         };
         self.executed = id;
         self.ahead.push_back(id);
@@ -471,14 +560,17 @@ impl Writer {
     /// Executes a transaction from the log, with its bookkeeping, as one engine transaction.
     fn replay(&mut self, txn: &Txn, mark: AppliedMark) -> Result<(), SqlError> {
         self.engine.begin()?;
-        for (ordinal, statement) in txn.statements.iter().enumerate() {
-            self.engine.seed(statement_seed(txn.seed, ordinal));
-            if let Err(e) = self.engine.execute(&statement.sql, &statement.params) {
-                self.engine.rollback();
-                return Err(e);
-            }
+        let replayed = match &txn.body {
+            Body::Statements(statements) => statements.iter().enumerate().try_for_each(|(ordinal, statement)| {
+                self.engine.seed(statement_seed(txn.seed, ordinal));
+                self.engine.execute(&statement.sql, &statement.params).map(drop)
+            }),
+            Body::WriteSet(write_set) => self.engine.apply_write_set(write_set),
+        };
+        if let Err(e) = replayed.and_then(|()| self.engine.mark_applied(mark)) {
+            self.engine.rollback();
+            return Err(e);
         }
-        self.engine.mark_applied(mark)?;
         self.engine.commit()
     }
 
@@ -541,6 +633,10 @@ mod tests {
     }
 
     fn node() -> Node {
+        node_in(ReplicationMode::Active)
+    }
+
+    fn node_in(mode: ReplicationMode) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let diverged = Arc::new(AtomicBool::new(false));
         let flag = diverged.clone();
@@ -550,6 +646,7 @@ mod tests {
             WriterOptions {
                 lock_wait: Duration::from_secs(1),
                 on_diverged: Box::new(move || flag.store(true, Ordering::SeqCst)),
+                mode,
             },
             proposals_tx,
         )
@@ -657,6 +754,146 @@ mod tests {
         assert_eq!(first.writer.apply(3, next), Applied::Committed);
         assert_eq!((count(&first), count(&second)), (2, 2));
         assert!(!first.diverged.load(Ordering::SeqCst) && !second.diverged.load(Ordering::SeqCst));
+    }
+
+    /// Every table's rows, in rowid order (`sqlite_sequence` included).
+    fn dump(node: &Node) -> Vec<(String, Vec<Vec<Value>>)> {
+        let mut writer = node.writer.writer();
+        let tables = writer
+            .engine
+            .execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE '_chorus%' ORDER BY name",
+                &[],
+            )
+            .unwrap()
+            .rows;
+        tables
+            .into_iter()
+            .map(|row| {
+                let Value::Text(name) = &row[0] else { panic!("{row:?}") };
+                let rows = writer
+                    .engine
+                    .execute(&format!("SELECT * FROM \"{name}\" ORDER BY rowid"), &[])
+                    .unwrap()
+                    .rows;
+                (name.clone(), rows)
+            })
+            .collect()
+    }
+
+    /// Applies `txns` to `replica` in order, one log entry each.
+    fn apply_all(replica: &Node, txns: &[Txn]) {
+        for (index, txn) in txns.iter().enumerate() {
+            assert_eq!(replica.writer.apply(index as u64 + 1, txn.clone()), Applied::Committed);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_passive_replica_applies_write_sets_to_the_leaders_rows() {
+        let mut leader = node_in(ReplicationMode::Passive);
+        let replica = node_in(ReplicationMode::Active);
+        leader.writer.leading(true);
+        let schema = transact(
+            &mut leader,
+            1,
+            &[
+                "CREATE TABLE parent (id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT)",
+                "CREATE TABLE child (parent INTEGER REFERENCES parent ON DELETE CASCADE, n INTEGER)",
+                "CREATE TABLE audit (what TEXT)",
+                "CREATE TRIGGER log_child AFTER INSERT ON child BEGIN INSERT INTO audit VALUES ('child ' || new.n); END",
+            ],
+        )
+        .await;
+        assert!(
+            matches!(schema.body, Body::Statements(_)),
+            "a schema change travels as statements"
+        );
+        let rows = transact(
+            &mut leader,
+            1,
+            &[
+                "INSERT INTO parent (at) VALUES (datetime('now', 'localtime'))",
+                "INSERT INTO parent DEFAULT VALUES",
+                "INSERT INTO child VALUES (1, random()), (2, 7)",
+                "SAVEPOINT s",
+                "INSERT INTO child VALUES (2, 8)",
+                "UPDATE child SET n = 0",
+                "ROLLBACK TO s",
+                "RELEASE s",
+            ],
+        )
+        .await;
+        let Body::WriteSet(write_set) = &rows.body else {
+            panic!("{:?}", rows.body)
+        };
+        assert!(!write_set.is_empty());
+        let cascade = transact(
+            &mut leader,
+            2,
+            &["DELETE FROM parent WHERE id = 1", "UPDATE child SET n = n + 1"],
+        )
+        .await;
+        assert!(matches!(cascade.body, Body::WriteSet(_)));
+        apply_all(&replica, &[schema, rows, cascade]);
+        let replicated = dump(&replica);
+        assert_eq!(replicated, dump(&leader));
+        let children = &replicated.iter().find(|(name, _)| name == "child").unwrap().1;
+        assert_eq!(
+            children,
+            &vec![vec![Value::Integer(2), Value::Integer(8)]],
+            "rolled back to the savepoint, cascaded"
+        );
+        let audit = &replicated.iter().find(|(name, _)| name == "audit").unwrap().1;
+        assert_eq!(
+            audit.len(),
+            2,
+            "the trigger's rows arrive once, not again on the replica"
+        );
+    }
+
+    #[tokio::test]
+    async fn auto_mode_sends_only_what_cannot_be_made_deterministic_as_a_write_set() {
+        let mut leader = node_in(ReplicationMode::Auto);
+        let replica = node();
+        leader.writer.leading(true);
+        let create = transact(&mut leader, 1, &["CREATE TABLE t (n INTEGER, at TEXT)"]).await;
+        let fixed = transact(&mut leader, 1, &["INSERT INTO t VALUES (random(), CURRENT_TIMESTAMP)"]).await;
+        let unfixable = transact(
+            &mut leader,
+            1,
+            &["INSERT INTO t VALUES (1, datetime('now', 'localtime'))"],
+        )
+        .await;
+        assert!(matches!(fixed.body, Body::Statements(_)));
+        assert!(matches!(unfixable.body, Body::WriteSet(_)));
+        apply_all(&replica, &[create, fixed, unfixable]);
+        assert_eq!(dump(&replica), dump(&leader));
+
+        // Active mode refuses the statement; auto refuses it beside a schema change.
+        let mut active = node();
+        active.writer.leading(true);
+        transact(&mut active, 1, &["CREATE TABLE t (at TEXT)"]).await;
+        for (node, statements) in [
+            (
+                &mut active,
+                &["INSERT INTO t VALUES (datetime('now', 'localtime'))"][..],
+            ),
+            (
+                &mut leader,
+                &[
+                    "INSERT INTO t VALUES (2, datetime('now', 'localtime'))",
+                    "CREATE TABLE u (a)",
+                ][..],
+            ),
+        ] {
+            node.writer.begin(9).await.unwrap();
+            let refused = statements.iter().try_for_each(|sql| {
+                let kind = crate::text::classify(sql).unwrap();
+                node.writer.execute(9, sql, kind, Vec::new()).map(drop)
+            });
+            assert!(refused.unwrap_err().is_nondeterministic(), "{statements:?}");
+            node.writer.rollback(9);
+        }
     }
 
     #[tokio::test]

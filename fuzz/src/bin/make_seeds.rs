@@ -22,7 +22,8 @@ use chorus_log::frame::{encode_frame, encode_hello, encode_request, encode_respo
 use chorus_log::shipment::{encode_chunk, encode_offer, encode_resume, Offer};
 use chorus_log::storage::{write_snapshot_file, DiskStorage, StorageOptions};
 use chorus_log::{EntryCodec, StateMachine};
-use chorus_sql::txn::{Statement as SqlStatement, Txn, TxnId, Value as SqlValue};
+use chorus_sql::engine::{Engine, Sqlite};
+use chorus_sql::txn::{Body as SqlBody, Statement as SqlStatement, Txn, TxnId, Value as SqlValue};
 use chorus_storage::{encode_segment, segment_file_name, Reducer, StoreOptions};
 use chorus_unicache::{
     absorb_command, encode_command, CsvPreprocessor, ItemCache, Preprocessor, SqlParams, SqlPreprocessor,
@@ -338,12 +339,38 @@ fn main() {
         id: TxnId { incarnation: 9, seq: 2 },
         after: TxnId { incarnation: 9, seq: 1 },
         seed: 77,
-        statements: vec![SqlStatement {
+        body: SqlBody::Statements(vec![SqlStatement {
             sql: "UPDATE accounts SET balance = balance + ?1 WHERE id = ?2".into(),
             params: vec![SqlValue::Integer(-5), SqlValue::Text("3".into())],
-        }],
+        }]),
     };
     write(&out, "sql", "txn", &txn.encode());
+    // A write-set over the `sql_write_set` target's table t, which holds (1, 'one'), (2, 'two').
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut engine = Sqlite::open(dir.path()).expect("a database opens");
+    for statement in [
+        "CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)",
+        "INSERT INTO t VALUES (1, 'one'), (2, 'two')",
+    ] {
+        engine.execute(statement, &[]).expect("the table");
+    }
+    engine.begin().expect("begin");
+    engine.record_writes().expect("recording");
+    for statement in [
+        "UPDATE t SET v = 'uno' WHERE k = 1",
+        "DELETE FROM t WHERE k = 2",
+        "INSERT INTO t VALUES (3, 'three')",
+    ] {
+        engine.execute(statement, &[]).expect("a change");
+    }
+    let write_set = engine.take_write_set().expect("a write-set");
+    engine.rollback();
+    write(&out, "sql_write_set", "update-delete-insert", &write_set);
+    let txn = Txn {
+        body: SqlBody::WriteSet(write_set),
+        ..txn
+    };
+    write(&out, "sql", "write-set-txn", &txn.encode());
     write(
         &out,
         "sql",

@@ -39,6 +39,8 @@ use terminal::{Kind, Outcome, Terminal};
 pub enum SqlSystem {
     /// A 3-node Chorus SQL cluster (`chorus cluster start --sql`), SQLite, active replication.
     ChorusSqlite,
+    /// The same with passive replication (`-- --sql-mode passive`): replicas apply write-sets.
+    ChorusSqlitePassive,
     PostgresAlone,
     /// Primary + 2 standbys, synchronous (a commit is flushed on 2 of 3).
     PostgresSync,
@@ -49,6 +51,7 @@ impl SqlSystem {
     fn name(self) -> &'static str {
         match self {
             SqlSystem::ChorusSqlite => "chorus-sqlite",
+            SqlSystem::ChorusSqlitePassive => "chorus-sqlite-passive",
             SqlSystem::PostgresAlone => "postgres-alone",
             SqlSystem::PostgresSync => "postgres-sync",
             SqlSystem::PostgresAsync => "postgres-async",
@@ -404,8 +407,14 @@ async fn start_system(system: SqlSystem, dir: &Path, net: &NetArgs) -> anyhow::R
         std::fs::remove_dir_all(dir).with_context(|| format!("cannot clear {}", dir.display()))?;
     }
     let peer_system = match system {
-        SqlSystem::ChorusSqlite => {
-            let started = chorus_cluster::start_sql(dir, 3, Vec::new(), &net.options()).await;
+        SqlSystem::ChorusSqlite | SqlSystem::ChorusSqlitePassive => {
+            let mode = if system == SqlSystem::ChorusSqlite {
+                "active"
+            } else {
+                "passive"
+            };
+            let server_args = vec!["--sql-mode".to_owned(), mode.to_owned()];
+            let started = chorus_cluster::start_sql(dir, 3, server_args, &net.options()).await;
             let target = match started {
                 Ok(_) => chorus_sql_target(dir).await,
                 Err(e) => Err(e),
@@ -471,7 +480,7 @@ pub async fn run(args: TpccArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if args.systems.is_empty() {
-        bail!("say what to benchmark: --cluster DIR, or --systems chorus-sqlite,postgres-alone,postgres-sync,postgres-async");
+        bail!("say what to benchmark: --cluster DIR, or --systems chorus-sqlite,chorus-sqlite-passive,postgres-alone,postgres-sync,postgres-async");
     }
     let mut runs = Vec::new();
     for &warehouses in &args.warehouses {
