@@ -81,9 +81,10 @@ pub trait Engine: Send {
     fn record_writes(&mut self) -> Result<(), SqlError>;
     /// The net changes recorded since `record_writes` (empty if none), and the recording ends.
     fn take_write_set(&mut self) -> Result<Vec<u8>, SqlError>;
-    /// Inside the open transaction: applies a write-set that `take_write_set` gave on another
-    /// node. Any row that does not stand as the write-set expects is an error.
-    fn apply_write_set(&mut self, write_set: &[u8]) -> Result<(), SqlError>;
+    /// Applies a write-set that `take_write_set` gave on another node, as one transaction of
+    /// its own that also moves the engine's state to `mark` (no transaction may be open). Any
+    /// row that does not stand as the write-set expects is an error, and changes nothing.
+    fn apply_write_set(&mut self, write_set: &[u8], mark: AppliedMark) -> Result<(), SqlError>;
 }
 
 /// SQLite, in WAL mode without an fsync per commit: the raft log is what is durable, and a
@@ -93,6 +94,11 @@ pub struct Sqlite {
     /// Declared before `conn`: a session is deleted before its connection closes.
     recording: Option<Recording>,
     conn: Connection,
+    /// Applies other nodes' write-sets, with triggers and foreign-key actions off for good: a
+    /// write-set holds what they did on the leader. (Switching them off and on around each
+    /// write-set on `conn` would make SQLite re-prepare every statement it keeps.) Opened on
+    /// the first write-set.
+    applier: Option<Connection>,
     random: Arc<AtomicU64>,
 }
 
@@ -167,18 +173,31 @@ impl Sqlite {
             dir: dir.to_path_buf(),
             recording: None,
             conn,
+            applier: None,
             random,
         })
     }
 
-    /// One statement of Chorus's own bookkeeping. Every transaction runs some, on every node:
-    /// they are parsed once and kept prepared.
+    fn applier(&mut self) -> Result<&Connection, SqlError> {
+        if self.applier.is_none() {
+            let applier = Connection::open(database_path(&self.dir)).map_err(|e| SqlError::from_sqlite(&e))?;
+            applier
+                .execute_batch(
+                    "PRAGMA synchronous = NORMAL;
+                     PRAGMA foreign_keys = OFF;
+                     PRAGMA wal_autocheckpoint = 10000;
+                     PRAGMA cache_size = -65536;
+                     PRAGMA mmap_size = 4294967296;",
+                )
+                .and_then(|()| applier.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER, false))
+                .map_err(|e| SqlError::from_sqlite(&e))?;
+            self.applier = Some(applier);
+        }
+        Ok(self.applier.as_ref().expect("opened above"))
+    }
+
     fn bookkeep(&self, sql: &str, params: impl rusqlite::Params) -> Result<(), SqlError> {
-        self.conn
-            .prepare_cached(sql)
-            .and_then(|mut statement| statement.execute(params))
-            .map(drop)
-            .map_err(|e| SqlError::from_sqlite(&e))
+        bookkeep(&self.conn, sql, params)
     }
 
     /// Removes the database files so the next `open` starts empty.
@@ -194,6 +213,51 @@ impl Sqlite {
         }
         Ok(())
     }
+}
+
+/// One statement of Chorus's own bookkeeping on `conn`. Every transaction runs some, on every
+/// node: they are parsed once and kept prepared.
+fn bookkeep(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<(), SqlError> {
+    conn.prepare_cached(sql)
+        .and_then(|mut statement| statement.execute(params))
+        .map(drop)
+        .map_err(|e| SqlError::from_sqlite(&e))
+}
+
+const MARK_APPLIED: &str =
+    "UPDATE _chorus_applied SET log_index = ?1, command = ?2, txn_incarnation = ?3, txn_seq = ?4";
+
+fn mark_params(mark: AppliedMark) -> (i64, u32, i64, i64) {
+    (
+        mark.log_index as i64,
+        mark.command,
+        mark.last_txn.incarnation as i64,
+        mark.last_txn.seq as i64,
+    )
+}
+
+/// Applies a write-set on `conn`, inside its open transaction.
+fn apply_changes(conn: &Connection, write_set: &[u8]) -> Result<(), SqlError> {
+    let len = c_int::try_from(write_set.len()).map_err(|_| SqlError::new("54000", "a write-set over 2 GiB"))?;
+    // SAFETY: the handle is this connection's; SQLite only reads the write-set's bytes (no
+    // rebase output is asked for), whatever they hold.
+    let applied = unsafe {
+        ffi::sqlite3changeset_apply_v2(
+            conn.handle(),
+            len,
+            write_set.as_ptr().cast_mut().cast(),
+            None,
+            Some(abort_on_conflict),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            ffi::SQLITE_CHANGESETAPPLY_NOSAVEPOINT,
+        )
+    };
+    if applied != ffi::SQLITE_OK {
+        return Err(sqlite_code_error("cannot apply the write-set", applied));
+    }
+    Ok(())
 }
 
 /// A read-only connection to the same database, for reads off the node's thread.
@@ -393,15 +457,7 @@ impl Engine for Sqlite {
     }
 
     fn mark_applied(&mut self, mark: AppliedMark) -> Result<(), SqlError> {
-        self.bookkeep(
-            "UPDATE _chorus_applied SET log_index = ?1, command = ?2, txn_incarnation = ?3, txn_seq = ?4",
-            (
-                mark.log_index as i64,
-                mark.command,
-                mark.last_txn.incarnation as i64,
-                mark.last_txn.seq as i64,
-            ),
-        )
+        self.bookkeep(MARK_APPLIED, mark_params(mark))
     }
 
     fn mark_ahead(&mut self, id: TxnId) -> Result<(), SqlError> {
@@ -441,6 +497,7 @@ impl Engine for Sqlite {
         let io = |what: &str, e: std::io::Error| SqlError::new("58030", format!("{what}: {e}"));
         // Close the database before its files are replaced.
         self.recording = None;
+        self.applier = None;
         self.conn = Connection::open_in_memory().map_err(|e| SqlError::from_sqlite(&e))?;
         Sqlite::remove(&self.dir).map_err(|e| io("cannot remove the database", e))?;
         if let Some(checkpoint) = checkpoint {
@@ -521,37 +578,24 @@ impl Engine for Sqlite {
         Ok(write_set)
     }
 
-    fn apply_write_set(&mut self, write_set: &[u8]) -> Result<(), SqlError> {
-        let len = c_int::try_from(write_set.len())
-            .map_err(|_| SqlError::new("54000", "a write-set over 2 GiB".to_owned()))?;
-        // The write-set holds what triggers and foreign-key actions did on the leader: here
-        // they must not do it again.
-        let triggers = |on: bool| {
-            self.conn
-                .set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER, on)
-                .map_err(|e| SqlError::from_sqlite(&e))
-        };
-        triggers(false)?;
-        // SAFETY: the handle is this connection's; SQLite only reads the write-set's bytes
-        // (no rebase output is asked for), whatever they hold.
-        let applied = unsafe {
-            ffi::sqlite3changeset_apply_v2(
-                self.conn.handle(),
-                len,
-                write_set.as_ptr().cast_mut().cast(),
-                None,
-                Some(abort_on_conflict),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                ffi::SQLITE_CHANGESETAPPLY_NOSAVEPOINT | ffi::SQLITE_CHANGESETAPPLY_FKNOACTION,
-            )
-        };
-        triggers(true)?;
-        if applied != ffi::SQLITE_OK {
-            return Err(sqlite_code_error("cannot apply the write-set", applied));
+    fn apply_write_set(&mut self, write_set: &[u8], mark: AppliedMark) -> Result<(), SqlError> {
+        assert!(
+            self.conn.is_autocommit(),
+            "a write-set applies with no transaction open"
+        );
+        let applier = self.applier()?;
+        bookkeep(applier, "BEGIN IMMEDIATE", [])?;
+        let applied =
+            apply_changes(applier, write_set).and_then(|()| bookkeep(applier, MARK_APPLIED, mark_params(mark)));
+        match applied {
+            Ok(()) => bookkeep(applier, "COMMIT", []),
+            Err(e) => {
+                applier
+                    .execute_batch("ROLLBACK")
+                    .expect("SQLite rolls back an open transaction");
+                Err(e)
+            }
         }
-        Ok(())
     }
 }
 

@@ -557,16 +557,18 @@ impl Writer {
         Applied::Committed
     }
 
-    /// Executes a transaction from the log, with its bookkeeping, as one engine transaction.
+    /// Executes (or applies) a transaction from the log, with its bookkeeping, as one engine
+    /// transaction.
     fn replay(&mut self, txn: &Txn, mark: AppliedMark) -> Result<(), SqlError> {
-        self.engine.begin()?;
-        let replayed = match &txn.body {
-            Body::Statements(statements) => statements.iter().enumerate().try_for_each(|(ordinal, statement)| {
-                self.engine.seed(statement_seed(txn.seed, ordinal));
-                self.engine.execute(&statement.sql, &statement.params).map(drop)
-            }),
-            Body::WriteSet(write_set) => self.engine.apply_write_set(write_set),
+        let statements = match &txn.body {
+            Body::Statements(statements) => statements,
+            Body::WriteSet(write_set) => return self.engine.apply_write_set(write_set, mark),
         };
+        self.engine.begin()?;
+        let replayed = statements.iter().enumerate().try_for_each(|(ordinal, statement)| {
+            self.engine.seed(statement_seed(txn.seed, ordinal));
+            self.engine.execute(&statement.sql, &statement.params).map(drop)
+        });
         if let Err(e) = replayed.and_then(|()| self.engine.mark_applied(mark)) {
             self.engine.rollback();
             return Err(e);
