@@ -99,6 +99,8 @@ pub struct Sqlite {
     /// write-set on `conn` would make SQLite re-prepare every statement it keeps.) Opened on
     /// the first write-set.
     applier: Option<Connection>,
+    /// The applier's knowledge of the tables' columns.
+    tables: crate::write_set::Tables,
     random: Arc<AtomicU64>,
 }
 
@@ -123,15 +125,6 @@ fn sqlite_code_error(what: &str, code: c_int) -> SqlError {
         ffi::Error::new(code),
         Some(format!("{what}: {}", ffi::code_to_str(code))),
     ))
-}
-
-/// A conflict while applying a write-set means the replicas' databases differ: stop.
-unsafe extern "C" fn abort_on_conflict(
-    _context: *mut c_void,
-    _conflict: c_int,
-    _change: *mut ffi::sqlite3_changeset_iter,
-) -> c_int {
-    ffi::SQLITE_CHANGESET_ABORT
 }
 
 /// The database file inside a node's SQL directory.
@@ -174,11 +167,12 @@ impl Sqlite {
             recording: None,
             conn,
             applier: None,
+            tables: Default::default(),
             random,
         })
     }
 
-    fn applier(&mut self) -> Result<&Connection, SqlError> {
+    fn open_applier(&mut self) -> Result<(), SqlError> {
         if self.applier.is_none() {
             let applier = Connection::open(database_path(&self.dir)).map_err(|e| SqlError::from_sqlite(&e))?;
             applier
@@ -191,9 +185,10 @@ impl Sqlite {
                 )
                 .and_then(|()| applier.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER, false))
                 .map_err(|e| SqlError::from_sqlite(&e))?;
+            applier.set_prepared_statement_cache_capacity(PREPARED_STATEMENTS_PER_CONNECTION);
             self.applier = Some(applier);
         }
-        Ok(self.applier.as_ref().expect("opened above"))
+        Ok(())
     }
 
     fn bookkeep(&self, sql: &str, params: impl rusqlite::Params) -> Result<(), SqlError> {
@@ -234,30 +229,6 @@ fn mark_params(mark: AppliedMark) -> (i64, u32, i64, i64) {
         mark.last_txn.incarnation as i64,
         mark.last_txn.seq as i64,
     )
-}
-
-/// Applies a write-set on `conn`, inside its open transaction.
-fn apply_changes(conn: &Connection, write_set: &[u8]) -> Result<(), SqlError> {
-    let len = c_int::try_from(write_set.len()).map_err(|_| SqlError::new("54000", "a write-set over 2 GiB"))?;
-    // SAFETY: the handle is this connection's; SQLite only reads the write-set's bytes (no
-    // rebase output is asked for), whatever they hold.
-    let applied = unsafe {
-        ffi::sqlite3changeset_apply_v2(
-            conn.handle(),
-            len,
-            write_set.as_ptr().cast_mut().cast(),
-            None,
-            Some(abort_on_conflict),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            ffi::SQLITE_CHANGESETAPPLY_NOSAVEPOINT,
-        )
-    };
-    if applied != ffi::SQLITE_OK {
-        return Err(sqlite_code_error("cannot apply the write-set", applied));
-    }
-    Ok(())
 }
 
 /// A read-only connection to the same database, for reads off the node's thread.
@@ -498,6 +469,7 @@ impl Engine for Sqlite {
         // Close the database before its files are replaced.
         self.recording = None;
         self.applier = None;
+        self.tables = Default::default();
         self.conn = Connection::open_in_memory().map_err(|e| SqlError::from_sqlite(&e))?;
         Sqlite::remove(&self.dir).map_err(|e| io("cannot remove the database", e))?;
         if let Some(checkpoint) = checkpoint {
@@ -583,10 +555,11 @@ impl Engine for Sqlite {
             self.conn.is_autocommit(),
             "a write-set applies with no transaction open"
         );
-        let applier = self.applier()?;
+        self.open_applier()?;
+        let applier = self.applier.as_ref().expect("opened above");
         bookkeep(applier, "BEGIN IMMEDIATE", [])?;
-        let applied =
-            apply_changes(applier, write_set).and_then(|()| bookkeep(applier, MARK_APPLIED, mark_params(mark)));
+        let applied = crate::write_set::apply(applier, &mut self.tables, write_set)
+            .and_then(|()| bookkeep(applier, MARK_APPLIED, mark_params(mark)));
         match applied {
             Ok(()) => bookkeep(applier, "COMMIT", []),
             Err(e) => {

@@ -22,6 +22,7 @@ mod readers;
 pub mod text;
 pub mod txn;
 mod wire;
+mod write_set;
 pub mod writer;
 
 use std::path::Path;
