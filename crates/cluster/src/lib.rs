@@ -403,15 +403,28 @@ async fn start_nodes(
             spawned.push((node.id, spawn_node(dir, &file, node.id)?));
         }
     }
-    tokio::select! {
-        ready = wait_ready(dir, &file, Duration::from_secs(30)) => ready?,
-        (id, log) = first_exit(dir, &spawned) => bail!(
-            "node {id} exited while starting; the end of {}:\n{log}",
-            node_dir(dir, id).join("server.log").display()
-        ),
+    let started: anyhow::Result<()> = async {
+        tokio::select! {
+            ready = wait_ready(dir, &file, Duration::from_secs(30)) => ready?,
+            (id, log) = first_exit(dir, &spawned) => bail!(
+                "node {id} exited while starting; the end of {}:\n{log}",
+                node_dir(dir, id).join("server.log").display()
+            ),
+        }
+        if file.net.as_ref().is_some_and(|n| n.place_leader) {
+            place_leader(dir, &file, 1, Duration::from_secs(20)).await?;
+        }
+        Ok(())
     }
-    if file.net.as_ref().is_some_and(|n| n.place_leader) {
-        place_leader(dir, &file, 1, Duration::from_secs(20)).await?;
+    .await;
+    if let Err(e) = started {
+        // A start that failed leaves nothing of its own running.
+        if spawned.len() == file.nodes.len() {
+            let _ = stop(dir);
+        } else {
+            stop_nodes(dir, &spawned);
+        }
+        return Err(e.context(format!("the {} node(s) this start spawned were stopped", spawned.len())));
     }
     Ok(file)
 }
@@ -620,6 +633,17 @@ pub fn kill_node(dir: &Path, id: u64) -> anyhow::Result<()> {
 }
 
 /// Stops every node (SIGTERM, then SIGKILL after 5 s) and the network emulation; data is kept.
+/// Stops the (id, pid) nodes: SIGTERM to all, then each is waited for (killed after 5 s).
+fn stop_nodes(dir: &Path, pids: &[(u64, u32)]) {
+    for (_, pid) in pids {
+        process::signal(*pid, libc::SIGTERM);
+    }
+    for (id, pid) in pids {
+        process::terminate(*pid, Duration::from_secs(5));
+        let _ = std::fs::remove_file(node_dir(dir, *id).join("pid"));
+    }
+}
+
 pub fn stop(dir: &Path) -> anyhow::Result<()> {
     let file = load(dir)?;
     let pids: Vec<(u64, u32)> = file
@@ -627,13 +651,7 @@ pub fn stop(dir: &Path) -> anyhow::Result<()> {
         .iter()
         .filter_map(|n| read_pid(dir, n.id).map(|p| (n.id, p)))
         .collect();
-    for (_, pid) in &pids {
-        process::signal(*pid, libc::SIGTERM);
-    }
-    for (id, pid) in &pids {
-        process::terminate(*pid, Duration::from_secs(5));
-        let _ = std::fs::remove_file(node_dir(dir, *id).join("pid"));
-    }
+    stop_nodes(dir, &pids);
     if let Some(pid) = process::read_pid(&dir.join("toxiproxy.pid")) {
         process::terminate(pid, Duration::from_secs(3));
         let _ = std::fs::remove_file(dir.join("toxiproxy.pid"));

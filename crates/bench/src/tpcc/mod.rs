@@ -414,13 +414,10 @@ async fn start_system(system: SqlSystem, dir: &Path, net: &NetArgs) -> anyhow::R
                 "passive"
             };
             let server_args = vec!["--sql-mode".to_owned(), mode.to_owned()];
-            let started = chorus_cluster::start_sql(dir, 3, server_args, &net.options()).await;
-            let target = match started {
-                Ok(_) => chorus_sql_target(dir).await,
-                Err(e) => Err(e),
-            };
-            // Nodes that started before a later step failed are not left running.
-            let (addr, server_pids) = target.inspect_err(|_| {
+            // A start that fails stops what it started; a cluster whose leader cannot be found
+            // is stopped here.
+            chorus_cluster::start_sql(dir, 3, server_args, &net.options()).await?;
+            let (addr, server_pids) = chorus_sql_target(dir).await.inspect_err(|_| {
                 let _ = chorus_cluster::stop(dir);
             })?;
             return Ok(StartedSystem {

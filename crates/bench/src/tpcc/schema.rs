@@ -172,18 +172,18 @@ pub async fn load_warehouse(client: &Client, w_id: u64, seed: u64, loaded_at_ms:
     let mut rng = Rng::new(seed ^ w_id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let mut rows = 0;
     let tax = |rng: &mut Rng| rng.between(0, 2000) as f64 / 10_000.0;
-    let warehouse = format!(
-        "({w_id},{},{},{},{})",
-        quoted(&rng.alnum(6, 10)),
-        address(&mut rng),
-        tax(&mut rng),
-        30_000_000
-    );
-    client
-        .batch_execute(&format!("INSERT INTO warehouse VALUES {warehouse}"))
-        .await
-        .context("cannot load warehouse")?;
-    rows += 1;
+    let mut warehouse = Inserter::new(client, "warehouse");
+    warehouse
+        .push(format!(
+            "({w_id},{},{},{},{})",
+            quoted(&rng.alnum(6, 10)),
+            address(&mut rng),
+            tax(&mut rng),
+            30_000_000
+        ))
+        .await?;
+    warehouse.flush().await?;
+    rows += warehouse.loaded;
 
     let mut stock = Inserter::new(client, "stock");
     for i_id in 1..=ITEMS {
@@ -202,19 +202,19 @@ pub async fn load_warehouse(client: &Client, w_id: u64, seed: u64, loaded_at_ms:
     rows += stock.loaded;
 
     for d_id in 1..=DISTRICTS_PER_WAREHOUSE {
-        let district = format!(
-            "({d_id},{w_id},{},{},{},{},{})",
-            quoted(&rng.alnum(6, 10)),
-            address(&mut rng),
-            tax(&mut rng),
-            3_000_000,
-            ORDERS_PER_DISTRICT + 1
-        );
-        client
-            .batch_execute(&format!("INSERT INTO district VALUES {district}"))
-            .await
-            .context("cannot load district")?;
-        rows += 1;
+        let mut district = Inserter::new(client, "district");
+        district
+            .push(format!(
+                "({d_id},{w_id},{},{},{},{},{})",
+                quoted(&rng.alnum(6, 10)),
+                address(&mut rng),
+                tax(&mut rng),
+                3_000_000,
+                ORDERS_PER_DISTRICT + 1
+            ))
+            .await?;
+        district.flush().await?;
+        rows += district.loaded;
 
         let mut customers = Inserter::new(client, "customer");
         let mut history = Inserter::new(client, "history");
