@@ -169,7 +169,8 @@ server_options! {
     peer_queue_messages: usize = 4096;
     /// Largest RESP bulk string accepted from a client.
     max_request_bytes: usize = 64 * 1024 * 1024;
-    /// Default read consistency for new connections: "linearizable" or "stale".
+    /// Default read consistency for new connections: "linearizable" or "stale" (RESP clients
+    /// switch with READONLY / READWRITE, SQL sessions with SET chorus.read_consistency).
     read_consistency: String = "linearizable".into();
     /// Send replicated entries as UniCache encodings (every node of a cluster must agree on this
     /// and on the unicache_* settings below).
@@ -188,6 +189,17 @@ server_options! {
     unicache_keyspaces: String = String::new();
     /// Log filter, e.g. "info" or "chorus=debug,raft=info".
     log: String = "info".into();
+}
+
+impl ServerConfig {
+    /// `read_consistency`, read.
+    pub fn read_consistency(&self) -> anyhow::Result<chorus_log::ReadConsistency> {
+        match self.read_consistency.as_str() {
+            "linearizable" => Ok(chorus_log::ReadConsistency::Linearizable),
+            "stale" => Ok(chorus_log::ReadConsistency::Stale),
+            other => bail!("read_consistency must be 'linearizable' or 'stale', not '{other}'"),
+        }
+    }
 }
 
 impl ServerOptions {

@@ -11,9 +11,7 @@ use chorus_kv::ldc::Ldc;
 use chorus_kv::listeners::Hub;
 use chorus_kv::unicache::{parse_keyspaces, KvPreprocessor};
 use chorus_kv::{FrontEndOptions, KvState};
-use chorus_log::{
-    EntryCodec, IdentityCodec, NodeConfig, NodeHandle, ReadConsistency, StateMachine, UniCacheCodec, UniCacheSettings,
-};
+use chorus_log::{EntryCodec, IdentityCodec, NodeConfig, NodeHandle, StateMachine, UniCacheCodec, UniCacheSettings};
 use chorus_resp::Limits;
 use chorus_storage::{CachePolicy, StoreOptions};
 use chorus_unicache::CacheConfig;
@@ -118,11 +116,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     if !peers.iter().any(|(id, _)| *id == config.id) {
         bail!("node id {} is not in peers '{}'", config.id, config.peers);
     }
-    let default_consistency = match config.read_consistency.as_str() {
-        "linearizable" => ReadConsistency::Linearizable,
-        "stale" => ReadConsistency::Stale,
-        other => bail!("read_consistency must be 'linearizable' or 'stale', not '{other}'"),
-    };
+    let default_consistency = config.read_consistency()?;
     // Bind client-facing ports before starting raft so a port clash fails fast and clearly.
     let resp_listener = TcpListener::bind(config.resp_addr)
         .await

@@ -29,6 +29,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         .map_err(|e: String| anyhow::anyhow!("--sql-mode: {e}"))?;
     let options = SqlOptions {
         mode,
+        read_consistency: config.read_consistency()?,
         commit_timeout: Duration::from_millis(config.request_timeout_ms),
         lock_wait: Duration::from_millis(config.request_timeout_ms),
         on_diverged: Box::new(restart_in_place),

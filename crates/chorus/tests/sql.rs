@@ -396,6 +396,97 @@ async fn non_deterministic_statements_are_fixed_once_or_refused_by_name() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_from_stdin_loads_rows_everywhere_and_a_bad_row_loads_none() {
+    use futures::SinkExt;
+    let cluster = SqlCluster::start(3);
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let out = cluster.psql(
+        leader,
+        "CREATE TABLE people (id INTEGER PRIMARY KEY, name TEXT, note TEXT);\n\
+         \\copy people FROM STDIN\n\
+         1\tada\t\\N\n\
+         2\tgrace\ttab\\there\n\
+         \\.\n\
+         \\copy people (id, name) FROM STDIN WITH (FORMAT csv, HEADER true)\n\
+         id,name\n\
+         3,\"hopper, grace\"\n\
+         \\.\n\
+         SELECT count(*) FROM people;\n",
+    );
+    assert_eq!(out.lines().last(), Some("3"), "psql said:\n{out}");
+
+    let client = cluster.client(leader).await;
+    let sink = client.copy_in("COPY people FROM STDIN (FORMAT csv)").await.unwrap();
+    futures::pin_mut!(sink);
+    sink.send(bytes::Bytes::from_static(b"4,linus,\n5,ken,")).await.unwrap();
+    assert_eq!(sink.finish().await.unwrap(), 2);
+    let sink = client.copy_in("COPY people FROM STDIN (FORMAT csv)").await.unwrap();
+    futures::pin_mut!(sink);
+    sink.send(bytes::Bytes::from_static(b"6,new,\n1,again,\n"))
+        .await
+        .unwrap();
+    let error = sink.finish().await.expect_err("a duplicate key fails the COPY");
+    assert_eq!(error.as_db_error().expect("a server error").code().code(), "23505");
+
+    let query = "SELECT id, name, note FROM people ORDER BY id";
+    let expected = vec![
+        vec![Some("1".into()), Some("ada".into()), None],
+        vec![Some("2".into()), Some("grace".into()), Some("tab\there".into())],
+        vec![Some("3".into()), Some("hopper, grace".into()), None],
+        vec![Some("4".into()), Some("linus".into()), None],
+        vec![Some("5".into()), Some("ken".into()), None],
+    ];
+    assert_eq!(rows(&client, query).await, expected);
+    for follower in others(leader) {
+        cluster.wait_for_rows(follower, query, &expected).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_read_answers_on_a_replica_cut_off_from_the_leader_and_a_linearizable_one_does_not() {
+    let mut cluster = SqlCluster::start(3);
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    cluster
+        .client(leader)
+        .await
+        .batch_execute("CREATE TABLE kept (v TEXT); INSERT INTO kept VALUES ('committed')")
+        .await
+        .unwrap();
+    let [replica, other] = others(leader)[..] else {
+        unreachable!()
+    };
+    let committed = vec![vec![Some("committed".to_owned())]];
+    cluster.wait_for_rows(replica, "SELECT v FROM kept", &committed).await;
+    let session = cluster.client(replica).await;
+    assert_eq!(
+        rows(&session, "SHOW chorus.read_consistency").await,
+        vec![vec![Some("linearizable".to_owned())]]
+    );
+    cluster.kill(leader);
+    cluster.kill(other);
+    let error = session
+        .simple_query("SELECT v FROM kept")
+        .await
+        .expect_err("no majority, no linearizable read");
+    assert_eq!(error.as_db_error().expect("a server error").code().code(), "57P03");
+
+    session
+        .batch_execute("SET chorus.read_consistency = 'stale'")
+        .await
+        .unwrap();
+    assert_eq!(rows(&session, "SELECT v FROM kept").await, committed);
+    assert_eq!(
+        rows(&session, "SHOW chorus.read_consistency").await,
+        vec![vec![Some("stale".to_owned())]]
+    );
+    let error = session
+        .batch_execute("SET chorus.read_consistency = 'sometimes'")
+        .await
+        .expect_err("an unknown consistency");
+    assert_eq!(error.as_db_error().expect("a server error").code().code(), "22023");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_mode_replicates_what_cannot_be_made_deterministic_by_its_write_set() {
     let cluster = SqlCluster::start_with(3, &["--sql-mode", "auto"]);
     let leader = cluster.leader_among(&[1, 2, 3]).await;

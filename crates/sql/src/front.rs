@@ -8,29 +8,37 @@
 //! and answer only once the log has every transaction they could have seen.
 
 use std::fmt::Debug;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chorus_log::node::Pending;
 use chorus_log::{NodeError, NodeHandle, ReadConsistency, Role};
-use futures::stream;
+use futures::{stream, SinkExt};
 use pgwire::api::auth::noop::NoopStartupHandler;
+use pgwire::api::copy::CopyHandler;
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use pgwire::api::results::CopyResponse;
 use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo, QueryResponse, Response, Tag};
 use pgwire::api::stmt::QueryParser;
 use pgwire::api::{ClientInfo, PgWireServerHandlers, Type};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use pgwire::messages::copy::{CopyData, CopyDone, CopyFail};
+use pgwire::messages::PgWireBackendMessage;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::{self, Outcome};
+use crate::copy::{parse_copy, CopyIn, Row, RowReader};
+use crate::engine::{self, Column, Outcome};
 use crate::error::SqlError;
 use crate::machine::{Barrier, SqlState};
 use crate::readers::{Reader, Readers};
-use crate::text::{classify, command_verb, number_parameters, parameter_count, split_statements, StatementKind};
+use crate::text::{
+    analyse, chorus_setting, number_parameters, parameter_count, split_statements, Analysis, ChorusSetting,
+    StatementKind,
+};
 use crate::txn::Value;
 use crate::writer::{Applied, Committed, Proposal, WriterHandle};
 
@@ -41,15 +49,23 @@ pub struct Shared {
     readers: Arc<Readers>,
     next_session: AtomicU64,
     commit_timeout: Duration,
+    /// Sessions start with stale reads (`--read-consistency stale`) or linearizable ones.
+    stale_reads_by_default: bool,
 }
 
+/// The session setting choosing between linearizable and stale reads, as the key-value side's
+/// `--read-consistency` and READONLY / READWRITE do.
+const READ_CONSISTENCY: &str = "chorus.read_consistency";
+
 impl Shared {
-    /// `commit_timeout`: how long a COMMIT waits for the log before its outcome is unknown.
+    /// `commit_timeout`: how long a COMMIT waits for the log before its outcome is unknown;
+    /// `read_consistency`: the sessions' reads until they `SET chorus.read_consistency`.
     pub fn new(
         node: NodeHandle<SqlState>,
         writer: WriterHandle,
         readers: Arc<Readers>,
         commit_timeout: Duration,
+        read_consistency: ReadConsistency,
     ) -> Arc<Self> {
         tokio::spawn(tell_writer_when_leading(node.clone(), writer.clone()));
         Arc::new(Shared {
@@ -58,6 +74,7 @@ impl Shared {
             readers,
             next_session: AtomicU64::new(1),
             commit_timeout,
+            stale_reads_by_default: read_consistency == ReadConsistency::Stale,
         })
     }
 
@@ -186,6 +203,8 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
             shared: shared.clone(),
             state: tokio::sync::Mutex::new(TxnState::Idle),
             parser: Arc::new(Parser { shared: shared.clone() }),
+            stale_reads: AtomicBool::new(shared.stale_reads_by_default),
+            copying: std::sync::Mutex::new(None),
         });
         tokio::spawn(async move {
             if let Err(e) = crate::wire::converse(socket, Handlers(session)).await {
@@ -207,6 +226,10 @@ impl PgWireServerHandlers for Handlers {
     }
 
     fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
+        self.0.clone()
+    }
+
+    fn copy_handler(&self) -> Arc<impl CopyHandler> {
         self.0.clone()
     }
 }
@@ -237,7 +260,26 @@ struct Session {
     shared: Arc<Shared>,
     state: tokio::sync::Mutex<TxnState>,
     parser: Arc<Parser>,
+    /// Reads skip the ReadIndex barrier: served from this node's state, which may be behind
+    /// (never ahead of the log: they still wait for work executed ahead to commit).
+    stale_reads: AtomicBool,
+    /// A `COPY ... FROM STDIN` taking rows.
+    copying: std::sync::Mutex<Option<Copying>>,
 }
+
+/// A COPY in progress: its rows go into the session's transaction as they arrive.
+struct Copying {
+    target: CopyIn,
+    reader: RowReader,
+    rows: u64,
+    /// The COPY is a transaction of its own (not inside BEGIN … COMMIT).
+    autocommit: bool,
+    /// The first error: the rest of the data is ignored, and the COPY fails when it ends.
+    failed: Option<SqlError>,
+}
+
+/// Rows of COPY data per INSERT, times the row's width.
+const COPY_VALUES_PER_INSERT: usize = 1000;
 
 impl Drop for Session {
     fn drop(&mut self) {
@@ -259,12 +301,24 @@ enum Answer {
     Done(Tag),
     Began,
     Ended(&'static str),
+    /// COPY FROM STDIN of this many named columns (0: all) is taking data.
+    CopyIn(usize),
 }
 
 impl Session {
     async fn run(&self, sql: &str, params: Vec<Value>) -> Result<Answer, SqlError> {
-        let kind = classify(sql)?;
+        let analysis = analyse(sql)?;
+        let kind = analysis.kind;
+        let names_setting = kind == StatementKind::Setting
+            || (kind == StatementKind::Read && sql.get(..4).is_some_and(|w| w.eq_ignore_ascii_case("SHOW")));
+        if let Some(setting) = names_setting.then(|| chorus_setting(sql)).flatten() {
+            return self.chorus_setting(sql, setting);
+        }
         let mut state = self.state.lock().await;
+        if &*analysis.verb == "COPY" {
+            let copy = parse_copy(sql)?.ok_or_else(|| SqlError::syntax("not a COPY statement"))?;
+            return self.start_copy(copy, &mut state).await;
+        }
         match (kind, &mut *state) {
             (StatementKind::Setting, _) => Ok(Answer::Done(Tag::new(leading_words(sql, 1).as_str()))),
             (StatementKind::Begin { .. }, TxnState::Open(_)) => Ok(Answer::Began),
@@ -297,16 +351,16 @@ impl Session {
                 if open.failed {
                     return Err(SqlError::in_failed_transaction());
                 }
-                let result = self.run_in_transaction(open, kind, sql, params).await;
+                let result = self.run_in_transaction(open, &analysis, sql, params).await;
                 if result.is_err() {
                     open.failed = true;
                 }
                 result
             }
             (StatementKind::Read, TxnState::Idle) => {
-                self.shared.read_barrier().await?;
+                self.read_barrier().await?;
                 let reader = self.shared.readers.take()?;
-                let (reader, outcome) = self.shared.run_on_reader(reader, number_parameters(sql)?, params).await;
+                let (reader, outcome) = self.shared.run_on_reader(reader, analysis.numbered(), params).await;
                 // Counted after the read, which may have seen anything executed until it ended.
                 let executed = self.shared.writer.progress.executed();
                 self.shared.readers.give_back(reader);
@@ -316,7 +370,7 @@ impl Session {
             }
             (_, TxnState::Idle) => {
                 self.take_writer().await?;
-                let outcome = match self.shared.writer.execute(self.id, sql, kind, params) {
+                let outcome = match self.shared.writer.execute(self.id, sql, &analysis, params) {
                     Ok(outcome) => outcome,
                     Err(e) => {
                         self.shared.writer.rollback(self.id);
@@ -324,7 +378,7 @@ impl Session {
                     }
                 };
                 self.shared.finish(self.shared.writer.commit(self.id)?).await?;
-                Ok(statement_answer(sql, outcome))
+                Ok(statement_answer(sql, &analysis.verb, outcome))
             }
         }
     }
@@ -332,7 +386,7 @@ impl Session {
     async fn run_in_transaction(
         &self,
         open: &mut Open,
-        kind: StatementKind,
+        analysis: &Analysis,
         sql: &str,
         params: Vec<Value>,
     ) -> Result<Answer, SqlError> {
@@ -342,7 +396,7 @@ impl Session {
                 self.take_writer().await?;
                 Place::Writer
             } else {
-                self.shared.read_barrier().await?;
+                self.read_barrier().await?;
                 let reader = self.shared.readers.take()?;
                 reader
                     .conn
@@ -354,10 +408,11 @@ impl Session {
         match open.place.as_mut().expect("chosen above") {
             Place::Writer => Ok(statement_answer(
                 sql,
-                self.shared.writer.execute(self.id, sql, kind, params)?,
+                &analysis.verb,
+                self.shared.writer.execute(self.id, sql, analysis, params)?,
             )),
             Place::Reader(conn, executed) => {
-                if kind != StatementKind::Read {
+                if analysis.kind != StatementKind::Read {
                     return Err(if open.read_only {
                         SqlError::new("25006", "cannot write in a read-only transaction")
                     } else {
@@ -365,7 +420,7 @@ impl Session {
                     });
                 }
                 let taken = conn.take().expect("a reader transaction keeps its connection");
-                let (back, outcome) = self.shared.run_on_reader(taken, number_parameters(sql)?, params).await;
+                let (back, outcome) = self.shared.run_on_reader(taken, analysis.numbered(), params).await;
                 *conn = Some(back);
                 let executed = *executed.get_or_insert_with(|| self.shared.writer.progress.executed());
                 let outcome = outcome?;
@@ -394,6 +449,165 @@ impl Session {
         }
     }
 
+    /// Takes the write lock for a COPY's rows (its own transaction, or the open one's).
+    async fn start_copy(&self, copy: CopyIn, state: &mut TxnState) -> Result<Answer, SqlError> {
+        let autocommit = match state {
+            TxnState::Idle => {
+                self.take_writer().await?;
+                true
+            }
+            TxnState::Open(open) => {
+                if open.failed {
+                    return Err(SqlError::in_failed_transaction());
+                }
+                match open.place {
+                    Some(Place::Writer) => {}
+                    None if !open.read_only => {
+                        self.take_writer().await?;
+                        open.place = Some(Place::Writer);
+                    }
+                    _ => {
+                        return Err(SqlError::new(
+                            "25006",
+                            "cannot COPY into a table in a read-only transaction",
+                        ))
+                    }
+                }
+                false
+            }
+        };
+        let columns = copy.columns.len();
+        *self.copying.lock().expect("the COPY lock is never poisoned") = Some(Copying {
+            reader: RowReader::new(copy.format.clone()),
+            target: copy,
+            rows: 0,
+            autocommit,
+            failed: None,
+        });
+        Ok(Answer::CopyIn(columns))
+    }
+
+    /// Runs `rows` of a COPY as INSERTs in the session's transaction.
+    fn insert_rows(&self, copying: &mut Copying, rows: Vec<Row>) -> Result<(), SqlError> {
+        let Some(width) = rows.first().map(Vec::len) else {
+            return Ok(());
+        };
+        let expected = copying.target.columns.len();
+        if let Some(bad) = rows
+            .iter()
+            .find(|row| row.len() != width || (expected > 0 && row.len() != expected))
+        {
+            return Err(SqlError::new(
+                "22P04",
+                format!(
+                    "a COPY row has {} fields where {} were expected",
+                    bad.len(),
+                    if expected > 0 { expected } else { width }
+                ),
+            ));
+        }
+        let columns = if expected > 0 {
+            format!(" ({})", copying.target.columns.join(", "))
+        } else {
+            String::new()
+        };
+        for chunk in rows.chunks((COPY_VALUES_PER_INSERT / width.max(1)).max(1)) {
+            let tuples: Vec<String> = (0..chunk.len())
+                .map(|r| {
+                    let slots: Vec<String> = (1..=width).map(|c| format!("?{}", r * width + c)).collect();
+                    format!("({})", slots.join(", "))
+                })
+                .collect();
+            let sql = format!(
+                "INSERT INTO {}{columns} VALUES {}",
+                copying.target.table,
+                tuples.join(", ")
+            );
+            let params = chunk
+                .iter()
+                .flatten()
+                .map(|field| field.clone().map_or(Value::Null, Value::Text))
+                .collect();
+            let analysis = analyse(&sql)?;
+            self.shared.writer.execute(self.id, &sql, &analysis, params)?;
+            copying.rows += chunk.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Ends a COPY: commits it if it is its own transaction; a failed one fails the open
+    /// transaction, as in PostgreSQL.
+    async fn end_copy(&self, failure: Option<SqlError>) -> Result<u64, SqlError> {
+        let copying = self.copying.lock().expect("the COPY lock is never poisoned").take();
+        let Some(mut copying) = copying else {
+            return Err(SqlError::new("08P01", "COPY data without a COPY in progress"));
+        };
+        let ended = match failure.or(copying.failed.take()) {
+            Some(e) => Err(e),
+            None => {
+                let rows = copying.reader.finish();
+                rows.and_then(|rows| self.insert_rows(&mut copying, rows))
+            }
+        };
+        if let Err(e) = ended {
+            if copying.autocommit {
+                self.shared.writer.rollback(self.id);
+            } else if let TxnState::Open(open) = &mut *self.state.lock().await {
+                open.failed = true;
+            }
+            return Err(e);
+        }
+        if copying.autocommit {
+            self.shared.finish(self.shared.writer.commit(self.id)?).await?;
+        }
+        Ok(copying.rows)
+    }
+
+    async fn read_barrier(&self) -> Result<(), SqlError> {
+        if self.stale_reads.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.shared.read_barrier().await
+    }
+
+    fn chorus_setting(&self, sql: &str, setting: ChorusSetting) -> Result<Answer, SqlError> {
+        match setting {
+            ChorusSetting::Set { name, value } if name == READ_CONSISTENCY => {
+                let stale = match value.as_deref() {
+                    None => self.shared.stale_reads_by_default,
+                    Some("linearizable") => false,
+                    Some("stale") => true,
+                    Some(other) => {
+                        return Err(SqlError::new(
+                            "22023",
+                            format!("{READ_CONSISTENCY} is 'linearizable' or 'stale', not '{other}'"),
+                        ))
+                    }
+                };
+                self.stale_reads.store(stale, Ordering::Relaxed);
+                Ok(Answer::Done(Tag::new(leading_words(sql, 1).as_str())))
+            }
+            ChorusSetting::Show { name } if name == READ_CONSISTENCY => {
+                let stale = self.stale_reads.load(Ordering::Relaxed);
+                let outcome = Outcome {
+                    columns: vec![Column {
+                        name,
+                        declared: Some("TEXT".into()),
+                        function: None,
+                    }],
+                    rows: vec![vec![Value::Text(if stale { "stale" } else { "linearizable" }.into())]],
+                    changes: 0,
+                    read_only: true,
+                };
+                Ok(Answer::Rows(outcome, "SHOW"))
+            }
+            ChorusSetting::Set { name, .. } | ChorusSetting::Show { name } => Err(SqlError::new(
+                "42704",
+                format!("unrecognized configuration parameter \"{name}\" ({READ_CONSISTENCY} is Chorus's one)"),
+            )),
+        }
+    }
+
     async fn take_writer(&self) -> Result<(), SqlError> {
         let status = self.shared.node.status();
         if status.role != Role::Leader {
@@ -413,12 +627,11 @@ fn leading_words(sql: &str, n: usize) -> String {
 }
 
 /// The answer to a statement that ran: its rows, or the command tag PostgreSQL gives.
-fn statement_answer(sql: &str, outcome: Outcome) -> Answer {
-    let verb = command_verb(sql);
+fn statement_answer(sql: &str, verb: &str, outcome: Outcome) -> Answer {
     if !outcome.columns.is_empty() {
         return Answer::Rows(
             outcome,
-            match verb.as_str() {
+            match verb {
                 "INSERT" => "INSERT 0",
                 "UPDATE" => "UPDATE",
                 "DELETE" => "DELETE",
@@ -427,11 +640,11 @@ fn statement_answer(sql: &str, outcome: Outcome) -> Answer {
         );
     }
     let rows = outcome.changes as usize;
-    Answer::Done(match verb.as_str() {
+    Answer::Done(match verb {
         "INSERT" | "REPLACE" => Tag::new("INSERT").with_oid(0).with_rows(rows),
-        "UPDATE" | "DELETE" => Tag::new(&verb).with_rows(rows),
+        "UPDATE" | "DELETE" => Tag::new(verb).with_rows(rows),
         "CREATE" | "DROP" | "ALTER" => Tag::new(&leading_words(sql, 2)),
-        _ => Tag::new(&verb),
+        _ => Tag::new(verb),
     })
 }
 
@@ -549,6 +762,7 @@ fn response(answer: Answer, format: &Format) -> PgWireResult<Response> {
         Answer::Done(tag) => Response::Execution(tag),
         Answer::Began => Response::TransactionStart(Tag::new("BEGIN")),
         Answer::Ended(tag) => Response::TransactionEnd(Tag::new(tag)),
+        Answer::CopyIn(columns) => Response::CopyIn(CopyResponse::new(0, columns, stream::empty())),
     })
 }
 
@@ -562,6 +776,12 @@ impl SimpleQueryHandler for Session {
             Ok(statements) => statements,
             Err(e) => return Ok(vec![error_response(e)]),
         };
+        // The client sends COPY data once the query string's answers stop at the COPY.
+        if statements.len() > 1 && statements.iter().any(|s| analyse(s).is_ok_and(|a| &*a.verb == "COPY")) {
+            return Ok(vec![error_response(SqlError::unsupported(
+                "COPY FROM STDIN must be the only statement of its query string".into(),
+            ))]);
+        }
         let mut responses = Vec::with_capacity(statements.len());
         for statement in statements {
             match self.run(&statement, Vec::new()).await {
@@ -574,6 +794,56 @@ impl SimpleQueryHandler for Session {
             }
         }
         Ok(responses)
+    }
+}
+
+#[async_trait]
+impl CopyHandler for Session {
+    async fn on_copy_data<C>(&self, _client: &mut C, data: CopyData) -> PgWireResult<()>
+    where
+        C: ClientInfo + futures::Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as futures::Sink<PgWireBackendMessage>>::Error>,
+    {
+        let mut copying = self.copying.lock().expect("the COPY lock is never poisoned");
+        if let Some(copying) = copying.as_mut().filter(|c| c.failed.is_none()) {
+            if let Err(e) = copying
+                .reader
+                .feed(&data.data)
+                .and_then(|rows| self.insert_rows(copying, rows))
+            {
+                copying.failed = Some(e);
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_copy_done<C>(&self, client: &mut C, _done: CopyDone) -> PgWireResult<()>
+    where
+        C: ClientInfo + futures::Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as futures::Sink<PgWireBackendMessage>>::Error>,
+    {
+        let rows = self.end_copy(None).await.map_err(user_error)?;
+        client
+            .send(PgWireBackendMessage::CommandComplete(
+                Tag::new("COPY").with_rows(rows as usize).into(),
+            ))
+            .await?;
+        Ok(())
+    }
+
+    async fn on_copy_fail<C>(&self, _client: &mut C, fail: CopyFail) -> PgWireError
+    where
+        C: ClientInfo + futures::Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as futures::Sink<PgWireBackendMessage>>::Error>,
+    {
+        let why = SqlError::new("57014", format!("COPY from stdin failed: {}", fail.message));
+        match self.end_copy(Some(why)).await {
+            Err(e) => user_error(e),
+            Ok(_) => unreachable!("a COPY given a failure fails"),
+        }
     }
 }
 

@@ -14,6 +14,7 @@
 //! transaction that way only when one of its statements cannot be made deterministic.
 
 pub mod checkpoint;
+pub mod copy;
 pub mod engine;
 pub mod error;
 mod front;
@@ -29,7 +30,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chorus_log::{EntryCodec, NodeConfig, NodeHandle};
+use chorus_log::{EntryCodec, NodeConfig, NodeHandle, ReadConsistency};
 
 use tokio::net::TcpListener;
 
@@ -49,6 +50,8 @@ pub struct SqlOptions {
     pub on_diverged: Box<dyn FnOnce() + Send>,
     /// How transactions travel through the log: statements, write-sets, or either.
     pub mode: ReplicationMode,
+    /// Sessions' reads until they say otherwise (`SET chorus.read_consistency`).
+    pub read_consistency: ReadConsistency,
 }
 
 /// Opens the database under `sql_dir` (rebuilt from the last checkpoint and the log if it holds
@@ -84,7 +87,13 @@ pub async fn start(
     .await
     .map_err(StartError::Node)?;
     tokio::spawn(front::propose_in_order(node.clone(), writer.clone(), proposal_queue));
-    let shared = Shared::new(node.clone(), writer, readers, options.commit_timeout);
+    let shared = Shared::new(
+        node.clone(),
+        writer,
+        readers,
+        options.commit_timeout,
+        options.read_consistency,
+    );
     tokio::spawn(serve(listener, Arc::clone(&shared)));
     Ok(node)
 }

@@ -226,23 +226,68 @@ fn words(tokens: &[Token]) -> Vec<String> {
 /// run: statements touching files outside the database, the extension loader, and Chorus's own
 /// bookkeeping tables.
 pub fn classify(statement: &str) -> Result<StatementKind, SqlError> {
-    if let Some(analysis) = memo_get(statement) {
-        return Ok(analysis.kind);
-    }
-    let kind = classify_tokens(statement)?;
-    memo_put(statement, kind);
-    Ok(kind)
+    analyse(statement).map(|analysis| analysis.kind)
 }
 
-/// What the text layer concluded about one statement text. Clients send the same statements
-/// over and over (prepared or not), and each is otherwise tokenised several times per
-/// execution, on the node's thread: the conclusions are kept, by text.
-struct Analysis {
-    kind: StatementKind,
+/// What the text layer concludes about one statement text: all a session and the writer ask
+/// of it. Clients send the same statements over and over (prepared or not), and each would
+/// otherwise be tokenised several times per execution, on the node's thread: the conclusions
+/// are kept, by text.
+#[derive(Debug)]
+pub struct Analysis {
+    /// `classify`'s answer.
+    pub kind: StatementKind,
+    /// `command_verb`'s answer.
+    pub verb: Box<str>,
     /// `number_parameters`'s output.
     numbered: Arc<str>,
     /// `fix_writes`'s output when it does not depend on the clock (and nothing is refused).
     clockless_fix: Option<Arc<str>>,
+}
+
+impl Analysis {
+    fn of(statement: &str) -> Result<Analysis, SqlError> {
+        let kind = classify_tokens(statement)?;
+        let clockless_fix = match rewrite(statement, FixedClock { unix_ms: 0 }) {
+            Ok((fixed, false)) => Some(fixed.into()),
+            _ => None,
+        };
+        Ok(Analysis {
+            kind,
+            verb: command_verb(statement).into(),
+            numbered: number_parameters_of(statement)?.into(),
+            clockless_fix,
+        })
+    }
+
+    /// `number_parameters(statement)`, for the statement analysed.
+    pub fn numbered(&self) -> String {
+        self.numbered.to_string()
+    }
+
+    /// `fix_writes(statement, clock)`, for the statement analysed.
+    pub fn fix_writes(&self, statement: &str, clock: FixedClock) -> Result<String, SqlError> {
+        match &self.clockless_fix {
+            Some(fixed) => Ok(fixed.to_string()),
+            None => rewrite(statement, clock).map(|(fixed, _)| fixed),
+        }
+    }
+
+    /// Whether the statement changes the schema rather than rows (a write that is not an
+    /// INSERT, UPDATE, DELETE or REPLACE).
+    pub fn changes_schema(&self) -> bool {
+        self.kind == StatementKind::Write && !matches!(&*self.verb, "INSERT" | "UPDATE" | "DELETE" | "REPLACE")
+    }
+}
+
+/// The statement's `Analysis`, kept for the next time it comes (unless it is long).
+pub fn analyse(statement: &str) -> Result<Arc<Analysis>, SqlError> {
+    if let Some(analysis) = memo_get(statement) {
+        return Ok(analysis);
+    }
+    let analysis = Arc::new(Analysis::of(statement)?);
+    memo_put(statement, &analysis);
+    Ok(analysis)
 }
 
 /// Longer statements are usually one-off (bulk loads): analysed each time, not kept.
@@ -268,28 +313,15 @@ fn memo_get(statement: &str) -> Option<Arc<Analysis>> {
         .cloned()
 }
 
-/// Records a statement that classified as `kind`.
-fn memo_put(statement: &str, kind: StatementKind) {
+fn memo_put(statement: &str, analysis: &Arc<Analysis>) {
     if statement.len() > MEMO_MAX_STATEMENT_BYTES {
         return;
     }
-    let Ok(numbered) = number_parameters_of(statement) else {
-        return;
-    };
-    let clockless_fix = match rewrite(statement, FixedClock { unix_ms: 0 }) {
-        Ok((fixed, false)) => Some(fixed.into()),
-        _ => None,
-    };
-    let analysis = Arc::new(Analysis {
-        kind,
-        numbered: numbered.into(),
-        clockless_fix,
-    });
     let mut memo = memo().lock().expect("the memo lock is never poisoned");
     if memo.len() >= MEMO_CAPACITY {
         memo.clear();
     }
-    memo.insert(statement.into(), analysis);
+    memo.insert(statement.into(), analysis.clone());
 }
 
 fn classify_tokens(statement: &str) -> Result<StatementKind, SqlError> {
@@ -486,10 +518,10 @@ impl FixedClock {
 /// refused, naming the function. `random()`, `randomblob()` and `gen_random_uuid()` stay: the
 /// engine draws them from the transaction's seed.
 pub fn fix_writes(statement: &str, clock: FixedClock) -> Result<String, SqlError> {
-    if let Some(fixed) = memo_get(statement).and_then(|a| a.clockless_fix.clone()) {
-        return Ok(fixed.to_string());
+    match memo_get(statement) {
+        Some(analysis) => analysis.fix_writes(statement, clock),
+        None => rewrite(statement, clock).map(|(fixed, _)| fixed),
     }
-    rewrite(statement, clock).map(|(fixed, _)| fixed)
 }
 
 /// `fix_writes`, and whether the output holds the clock (depends on `clock`).
@@ -602,6 +634,54 @@ pub fn parameter_count(statement: &str) -> Result<usize, SqlError> {
     Ok(highest.max(bare))
 }
 
+/// The prefix of Chorus's own session settings (`SET chorus.read_consistency = 'stale'`).
+pub const SETTING_PREFIX: &str = "chorus.";
+
+/// A session setting statement about one of Chorus's own settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChorusSetting {
+    /// `SET name = value` (or `TO value`); `DEFAULT` and `RESET name` give None.
+    Set { name: String, value: Option<String> },
+    /// `SHOW name`.
+    Show { name: String },
+}
+
+/// Reads `SET`, `RESET` or `SHOW` of a `chorus.*` setting; None for anything else (settings of
+/// PostgreSQL's own are acknowledged and ignored).
+pub fn chorus_setting(statement: &str) -> Option<ChorusSetting> {
+    let tokens = tokenize(statement).ok()?;
+    let significant: Vec<&str> = tokens
+        .iter()
+        .filter(|t| t.kind != TokenKind::Gap)
+        .map(|t| t.text)
+        .filter(|text| *text != ";")
+        .collect();
+    let (verb, rest) = significant.split_first()?;
+    let rest = match rest.first().map(|w| w.to_ascii_uppercase()) {
+        Some(w) if w == "SESSION" || w == "LOCAL" => &rest[1..],
+        _ => rest,
+    };
+    let end = rest
+        .iter()
+        .position(|t| *t == "=" || t.eq_ignore_ascii_case("TO"))
+        .unwrap_or(rest.len());
+    let name = rest[..end].concat().to_ascii_lowercase();
+    if !name.starts_with(SETTING_PREFIX) {
+        return None;
+    }
+    let value = || {
+        let [value] = rest.get(end + 1..)? else { return None };
+        let value = value.trim_matches('\'').to_ascii_lowercase();
+        (value != "default").then_some(value)
+    };
+    match verb.to_ascii_uppercase().as_str() {
+        "SET" => Some(ChorusSetting::Set { name, value: value() }),
+        "RESET" if end == rest.len() => Some(ChorusSetting::Set { name, value: None }),
+        "SHOW" if end == rest.len() => Some(ChorusSetting::Show { name }),
+        _ => None,
+    }
+}
+
 fn next_significant(tokens: &[Token], from: usize) -> Option<usize> {
     (from..tokens.len()).find(|&j| tokens[j].kind != TokenKind::Gap)
 }
@@ -631,6 +711,11 @@ mod tests {
                 number_parameters_of(statement).unwrap(),
             );
             for _ in 0..2 {
+                let analysis = analyse(statement).unwrap();
+                assert_eq!(analysis.kind, fresh.0, "{statement}");
+                assert_eq!(analysis.fix_writes(statement, CLOCK).unwrap(), fresh.1, "{statement}");
+                assert_eq!(analysis.numbered(), fresh.2, "{statement}");
+                assert_eq!(&*analysis.verb, command_verb(statement), "{statement}");
                 assert_eq!(classify(statement).unwrap(), fresh.0, "{statement}");
                 assert_eq!(fix_writes(statement, CLOCK).unwrap(), fresh.1, "{statement}");
                 assert_eq!(number_parameters(statement).unwrap(), fresh.2, "{statement}");
@@ -756,6 +841,42 @@ mod tests {
         );
         assert!(select_item_functions("SELECT *, count(*) FROM t").is_empty());
         assert!(select_item_functions("SELECT t.*, count(*) FROM t").is_empty());
+    }
+
+    #[test]
+    fn chorus_settings_are_read_and_others_left_alone() {
+        let set = |name: &str, value: Option<&str>| ChorusSetting::Set {
+            name: name.into(),
+            value: value.map(Into::into),
+        };
+        for (sql, expected) in [
+            (
+                "SET chorus.read_consistency = 'stale'",
+                Some(set("chorus.read_consistency", Some("stale"))),
+            ),
+            (
+                "set session Chorus.Read_Consistency to linearizable;",
+                Some(set("chorus.read_consistency", Some("linearizable"))),
+            ),
+            (
+                "SET chorus.read_consistency = DEFAULT",
+                Some(set("chorus.read_consistency", None)),
+            ),
+            (
+                "RESET chorus.read_consistency",
+                Some(set("chorus.read_consistency", None)),
+            ),
+            (
+                "SHOW chorus.read_consistency",
+                Some(ChorusSetting::Show {
+                    name: "chorus.read_consistency".into(),
+                }),
+            ),
+            ("SET application_name = 'x'", None),
+            ("SHOW server_version", None),
+        ] {
+            assert_eq!(chorus_setting(sql), expected, "{sql}");
+        }
     }
 
     #[test]

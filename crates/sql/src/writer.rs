@@ -24,7 +24,7 @@ use tokio::sync::{mpsc as async_mpsc, oneshot, watch};
 
 use crate::engine::{AppliedMark, Engine, Outcome};
 use crate::error::SqlError;
-use crate::text::{command_verb, fix_writes, number_parameters, FixedClock, StatementKind};
+use crate::text::{Analysis, FixedClock, StatementKind};
 use crate::txn::{Body, Statement, Txn, TxnId, Value};
 
 /// How a leader's transactions travel through the log to the other replicas.
@@ -146,15 +146,15 @@ impl WriterHandle {
         }
     }
 
-    /// Runs `sql`, of `kind` (as `classify` said), in `session`'s transaction.
+    /// Runs `sql` (whose text says `analysis`) in `session`'s transaction.
     pub fn execute(
         &self,
         session: u64,
         sql: &str,
-        kind: StatementKind,
+        analysis: &Analysis,
         params: Vec<Value>,
     ) -> Result<Outcome, SqlError> {
-        self.writer().execute(session, sql, kind, params)
+        self.writer().execute(session, sql, analysis, params)
     }
 
     pub fn commit(&self, session: u64) -> Result<Committed, SqlError> {
@@ -317,11 +317,6 @@ pub fn start(
     })
 }
 
-/// Whether a statement that may write changes the schema (rather than rows).
-fn changes_schema(sql: &str) -> bool {
-    !matches!(command_verb(sql).as_str(), "INSERT" | "UPDATE" | "DELETE" | "REPLACE")
-}
-
 /// The seed of the statement at `ordinal` among a transaction's replicated statements.
 fn statement_seed(seed: u64, ordinal: usize) -> u64 {
     seed ^ (ordinal as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
@@ -383,7 +378,7 @@ impl Writer {
         &mut self,
         session: u64,
         sql: &str,
-        kind: StatementKind,
+        analysis: &Analysis,
         params: Vec<Value>,
     ) -> Result<Outcome, SqlError> {
         let active = match &mut self.active {
@@ -398,18 +393,19 @@ impl Writer {
             return Err(SqlError::in_failed_transaction());
         }
         let mode = self.mode;
-        // The rewrite only replaces clock reads and parameter names: the kind stays.
-        let result = fix_writes(sql, active.clock)
+        // The rewrite only replaces clock reads and parameter names: the analysis stays.
+        let result = analysis
+            .fix_writes(sql, active.clock)
             .or_else(|refused| {
                 if mode == ReplicationMode::Active || !refused.is_nondeterministic() || active.changes_schema {
                     return Err(refused);
                 }
                 // Replicas apply its write-set: the statement runs as the client wrote it.
                 active.nondeterministic = true;
-                number_parameters(sql)
+                Ok(analysis.numbered())
             })
             .and_then(|fixed| {
-                if mode != ReplicationMode::Active && kind == StatementKind::Write && changes_schema(sql) {
+                if mode != ReplicationMode::Active && analysis.changes_schema() {
                     if active.nondeterministic {
                         return Err(SqlError::nondeterministic(
                             "a transaction that changes the schema travels as statements, and an \
@@ -425,7 +421,7 @@ impl Writer {
             .and_then(|fixed| {
                 self.engine.seed(statement_seed(active.seed, active.statements.len()));
                 let outcome = self.engine.execute(&fixed, &params)?;
-                if !outcome.read_only || kind == StatementKind::Savepoint {
+                if !outcome.read_only || analysis.kind == StatementKind::Savepoint {
                     active.statements.push(Statement { sql: fixed, params });
                 }
                 Ok(outcome)
@@ -665,8 +661,8 @@ mod tests {
     async fn transact(node: &mut Node, session: u64, statements: &[&str]) -> Txn {
         node.writer.begin(session).await.unwrap();
         for sql in statements {
-            let kind = crate::text::classify(sql).unwrap();
-            node.writer.execute(session, sql, kind, Vec::new()).unwrap();
+            let analysis = crate::text::analyse(sql).unwrap();
+            node.writer.execute(session, sql, &analysis, Vec::new()).unwrap();
         }
         assert!(matches!(node.writer.commit(session).unwrap(), Committed::Ahead(_)));
         node.proposals.try_recv().expect("a proposal in commit order").0
@@ -890,8 +886,8 @@ mod tests {
         ] {
             node.writer.begin(9).await.unwrap();
             let refused = statements.iter().try_for_each(|sql| {
-                let kind = crate::text::classify(sql).unwrap();
-                node.writer.execute(9, sql, kind, Vec::new()).map(drop)
+                let analysis = crate::text::analyse(sql).unwrap();
+                node.writer.execute(9, sql, &analysis, Vec::new()).map(drop)
             });
             assert!(refused.unwrap_err().is_nondeterministic(), "{statements:?}");
             node.writer.rollback(9);
