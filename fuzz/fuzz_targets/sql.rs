@@ -1,7 +1,8 @@
-//! The SQL middleware's untrusted inputs: a transaction's bytes from the log, and statement
-//! text from clients (splitting, classifying, the determinism rewrite).
+//! The SQL middleware's untrusted inputs: a transaction's bytes from the log, statement text
+//! from clients (splitting, classifying, the determinism rewrite, COPY statements) and COPY data.
 #![no_main]
 
+use chorus_sql::copy::{parse_copy, CopyFormat, RowReader};
 use chorus_sql::text::{classify, command_verb, fix_writes, parameter_count, split_statements, FixedClock};
 use chorus_sql::txn::Txn;
 use libfuzzer_sys::fuzz_target;
@@ -14,9 +15,26 @@ fuzz_target!(|data: &[u8]| {
             "a transaction decodes as it was encoded"
         );
     }
+    // COPY data from a client, in both formats, in two pieces: rows come out or an error does.
+    for format in [
+        CopyFormat::Text {
+            delimiter: b'\t',
+            null: "\\N".into(),
+        },
+        CopyFormat::Csv {
+            delimiter: b',',
+            null: String::new(),
+            header: true,
+        },
+    ] {
+        let mut reader = RowReader::new(format);
+        let (first, second) = data.split_at(data.len() / 2);
+        let _ = reader.feed(first).and_then(|_| reader.feed(second)).and_then(|_| reader.finish());
+    }
     let Ok(sql) = std::str::from_utf8(data) else {
         return;
     };
+    let _ = parse_copy(sql);
     if let Ok(statements) = split_statements(sql) {
         for statement in statements {
             let _ = classify(&statement);

@@ -193,7 +193,7 @@ fn copy_words(statement: &str) -> Result<Vec<String>, SqlError> {
     }
     // E'\t' as a delimiter: the escape is the character itself.
     for word in &mut words {
-        if word.len() > 2 && (word.starts_with("E'") || word.starts_with("e'")) {
+        if word.len() > 2 && (word.starts_with("E'") || word.starts_with("e'")) && word.ends_with('\'') {
             let inner = &word[2..word.len() - 1];
             *word = format!("'{}'", unescape_text(inner)?);
         }

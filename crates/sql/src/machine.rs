@@ -70,7 +70,9 @@ impl StateMachine for SqlState {
         self.writer.apply(index, txn)
     }
 
-    fn entry_applied(&mut self, _index: u64) {}
+    fn entry_applied(&mut self, _index: u64) {
+        self.writer.entry_applied();
+    }
 
     fn query(&mut self, _query: &Barrier) -> Applied {
         Applied::Committed

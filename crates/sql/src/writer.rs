@@ -204,6 +204,8 @@ impl WriterHandle {
         if !writer.ahead.is_empty() {
             writer.diverged("a checkpoint replaces a database with work ahead of the log");
         }
+        // The database is replaced: an open group of replayed transactions goes with it.
+        writer.group = None;
         writer.engine.restore(checkpoint, mark)?;
         writer.applied = mark;
         writer.executed = mark.last_txn;
@@ -220,6 +222,13 @@ impl WriterHandle {
         let applied = writer.apply(index, txn);
         writer.after_release();
         applied
+    }
+
+    /// Every transaction of a log entry is applied: the engine commits them.
+    pub fn entry_applied(&self) {
+        let mut writer = self.writer();
+        writer.close_group();
+        writer.after_release();
     }
 }
 
@@ -271,6 +280,11 @@ struct Writer {
     confirmed_unrecorded: Vec<TxnId>,
     /// A checkpoint waits for the work ahead to be applied: no new transaction starts.
     wants_checkpoint: bool,
+    /// Transactions replayed from the log go into one engine transaction per log entry,
+    /// committed once the entry is applied (`entry_applied`), so pages that several of them
+    /// write (TPC-C's warehouse and district rows) reach the engine's own log once per entry.
+    /// Holds the position of the last one replayed while that transaction is open.
+    group: Option<AppliedMark>,
     progress: Arc<Progress>,
     /// Transactions go to the proposer from here, so the log gets them in commit order.
     proposals: async_mpsc::UnboundedSender<Proposal>,
@@ -306,6 +320,7 @@ pub fn start(
         unrecorded: None,
         confirmed_unrecorded: Vec::new(),
         wants_checkpoint: false,
+        group: None,
         progress: progress.clone(),
         proposals,
         on_diverged: Some(options.on_diverged),
@@ -326,7 +341,7 @@ impl Writer {
     /// Once no transaction is open: records what was applied and gives the write lock to the
     /// next waiting session.
     fn after_release(&mut self) {
-        if self.active.is_none() {
+        if self.active.is_none() && self.group.is_none() {
             self.record_applied();
             self.start_waiting();
         }
@@ -553,23 +568,35 @@ impl Writer {
         Applied::Committed
     }
 
-    /// Executes (or applies) a transaction from the log, with its bookkeeping, as one engine
-    /// transaction.
+    /// Executes (or applies) a transaction from the log: statements in the entry's group,
+    /// a write-set as an engine transaction of its own (on its own connection).
     fn replay(&mut self, txn: &Txn, mark: AppliedMark) -> Result<(), SqlError> {
         let statements = match &txn.body {
             Body::Statements(statements) => statements,
-            Body::WriteSet(write_set) => return self.engine.apply_write_set(write_set, mark),
+            Body::WriteSet(write_set) => {
+                self.close_group();
+                return self.engine.apply_write_set(write_set, mark);
+            }
         };
-        self.engine.begin()?;
-        let replayed = statements.iter().enumerate().try_for_each(|(ordinal, statement)| {
+        if self.group.is_none() {
+            self.engine.begin()?;
+        }
+        // Set at once: the group is open, whatever the statements do.
+        self.group = Some(mark);
+        statements.iter().enumerate().try_for_each(|(ordinal, statement)| {
             self.engine.seed(statement_seed(txn.seed, ordinal));
             self.engine.execute(&statement.sql, &statement.params).map(drop)
-        });
-        if let Err(e) = replayed.and_then(|()| self.engine.mark_applied(mark)) {
-            self.engine.rollback();
-            return Err(e);
+        })
+    }
+
+    /// Commits the transactions replayed since the group opened, with the position of the last.
+    fn close_group(&mut self) {
+        let Some(mark) = self.group.take() else {
+            return;
+        };
+        if let Err(e) = self.engine.mark_applied(mark).and_then(|()| self.engine.commit()) {
+            panic!("cannot commit the transactions applied from the log up to {mark:?}: {e}");
         }
-        self.engine.commit()
     }
 
     /// Records the log position of this node's own applied transactions, and that they are no
@@ -578,6 +605,7 @@ impl Writer {
         let Some(mark) = self.unrecorded.take() else {
             return;
         };
+        self.close_group();
         let cleared = std::mem::take(&mut self.confirmed_unrecorded);
         let recorded = self.engine.begin().and_then(|()| {
             for id in cleared {
@@ -668,6 +696,13 @@ mod tests {
         node.proposals.try_recv().expect("a proposal in commit order").0
     }
 
+    /// Applies `txn` as the log does: then its entry is over.
+    fn apply_entry(node: &Node, index: u64, txn: Txn) -> Applied {
+        let applied = node.writer.apply(index, txn);
+        node.writer.entry_applied();
+        applied
+    }
+
     fn count(node: &Node) -> i64 {
         let mut writer = node.writer.writer();
         match writer.engine.execute("SELECT count(*) FROM t", &[]).unwrap().rows[0][0] {
@@ -688,8 +723,8 @@ mod tests {
 
         // In log order every node applies them; the leader only confirms its own.
         for (index, txn) in [(1, &create), (2, &first), (2, &second)] {
-            assert_eq!(leader.writer.apply(index, txn.clone()), Applied::Committed);
-            assert_eq!(replica.writer.apply(index, txn.clone()), Applied::Committed);
+            assert_eq!(apply_entry(&leader, index, txn.clone()), Applied::Committed);
+            assert_eq!(apply_entry(&replica, index, txn.clone()), Applied::Committed);
         }
         assert_eq!(leader.writer.progress.executed(), 3);
         assert_eq!(*leader.writer.progress.confirmed.borrow(), 3);
@@ -704,10 +739,48 @@ mod tests {
             after: first.id,
             ..second.clone()
         };
-        assert_eq!(replica.writer.apply(3, stale.clone()), Applied::Void);
-        assert_eq!(leader.writer.apply(3, stale), Applied::Void);
+        assert_eq!(apply_entry(&replica, 3, stale.clone()), Applied::Void);
+        assert_eq!(apply_entry(&leader, 3, stale), Applied::Void);
         assert_eq!((count(&leader), count(&replica)), (2, 2));
         assert!(!leader.diverged.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn an_entrys_transactions_commit_together_once_the_entry_is_applied() {
+        let mut leader = node();
+        let replica = node();
+        leader.writer.leading(true);
+        let create = transact(&mut leader, 1, &["CREATE TABLE t (n INTEGER)"]).await;
+        let first = transact(&mut leader, 1, &["INSERT INTO t VALUES (1)"]).await;
+        let second = transact(&mut leader, 2, &["INSERT INTO t VALUES (2)"]).await;
+        apply_entry(&replica, 1, create);
+        let reader = crate::engine::open_reader(replica._dir.path()).unwrap();
+        let committed = |reader: &rusqlite::Connection| {
+            reader
+                .query_row(
+                    "SELECT count(*), (SELECT log_index FROM _chorus_applied) FROM t",
+                    [],
+                    |row| Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?)),
+                )
+                .unwrap()
+        };
+        assert_eq!(replica.writer.apply(2, first), Applied::Committed);
+        assert_eq!(replica.writer.apply(2, second.clone()), Applied::Committed);
+        assert_eq!(
+            committed(&reader),
+            (0, 1),
+            "nothing of an entry commits before all of it applied"
+        );
+        replica.writer.entry_applied();
+        assert_eq!(committed(&reader), (2, 2));
+        assert_eq!(
+            replica.writer.applied(),
+            AppliedMark {
+                log_index: 2,
+                command: 1,
+                last_txn: second.id
+            }
+        );
     }
 
     #[tokio::test]
@@ -718,12 +791,12 @@ mod tests {
         rival.writer.leading(true);
         let create = transact(&mut rival, 1, &["CREATE TABLE t (n INTEGER)"]).await;
         leader.writer.leading(false);
-        assert_eq!(leader.writer.apply(1, create.clone()), Applied::Committed);
+        assert_eq!(apply_entry(&leader, 1, create.clone()), Applied::Committed);
         leader.writer.leading(true);
         transact(&mut leader, 1, &["INSERT INTO t VALUES (1)"]).await;
         // Another leader's transaction reaches the log first.
         let theirs = transact(&mut rival, 1, &["INSERT INTO t VALUES (2)"]).await;
-        assert_eq!(leader.writer.apply(2, theirs), Applied::Committed);
+        assert_eq!(apply_entry(&leader, 2, theirs), Applied::Committed);
         assert!(leader.diverged.load(Ordering::SeqCst));
         // Stepping down with work ahead diverges too.
         let mut other = node();
@@ -741,15 +814,15 @@ mod tests {
         let create = transact(&mut first, 1, &["CREATE TABLE t (n INTEGER)"]).await;
         let insert = transact(&mut first, 1, &["INSERT INTO t VALUES (1)"]).await;
         for (index, txn) in [(1, &create), (2, &insert)] {
-            assert_eq!(first.writer.apply(index, txn.clone()), Applied::Committed);
-            assert_eq!(second.writer.apply(index, txn.clone()), Applied::Committed);
+            assert_eq!(apply_entry(&first, index, txn.clone()), Applied::Committed);
+            assert_eq!(apply_entry(&second, index, txn.clone()), Applied::Committed);
         }
         first.writer.leading(false);
         second.writer.leading(true);
         let next = transact(&mut second, 7, &["INSERT INTO t VALUES (2)"]).await;
         assert_eq!(next.after, insert.id);
-        assert_eq!(second.writer.apply(3, next.clone()), Applied::Committed);
-        assert_eq!(first.writer.apply(3, next), Applied::Committed);
+        assert_eq!(apply_entry(&second, 3, next.clone()), Applied::Committed);
+        assert_eq!(apply_entry(&first, 3, next), Applied::Committed);
         assert_eq!((count(&first), count(&second)), (2, 2));
         assert!(!first.diverged.load(Ordering::SeqCst) && !second.diverged.load(Ordering::SeqCst));
     }
@@ -782,7 +855,7 @@ mod tests {
     /// Applies `txns` to `replica` in order, one log entry each.
     fn apply_all(replica: &Node, txns: &[Txn]) {
         for (index, txn) in txns.iter().enumerate() {
-            assert_eq!(replica.writer.apply(index as u64 + 1, txn.clone()), Applied::Committed);
+            assert_eq!(apply_entry(replica, index as u64 + 1, txn.clone()), Applied::Committed);
         }
     }
 
