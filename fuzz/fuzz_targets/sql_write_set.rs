@@ -47,9 +47,13 @@ fuzz_target!(|data: &[u8]| {
         log_index: before_mark.log_index + 1,
         ..before_mark
     };
-    match engine.apply_write_set(data, mark) {
-        Ok(()) => assert_eq!(engine.applied().expect("the applied mark"), mark),
+    match engine.apply_write_set(data) {
+        Ok(()) => {
+            engine.end_write_sets(Some(mark)).expect("a write-set that applied commits");
+            assert_eq!(engine.applied().expect("the applied mark"), mark);
+        }
         Err(_) => {
+            engine.end_write_sets(None).expect("a rollback");
             assert_eq!(rows(engine), before, "a refused write-set leaves nothing behind");
             assert_eq!(engine.applied().expect("the applied mark"), before_mark);
         }

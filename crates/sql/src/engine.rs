@@ -81,10 +81,13 @@ pub trait Engine: Send {
     fn record_writes(&mut self) -> Result<(), SqlError>;
     /// The net changes recorded since `record_writes` (empty if none), and the recording ends.
     fn take_write_set(&mut self) -> Result<Vec<u8>, SqlError>;
-    /// Applies a write-set that `take_write_set` gave on another node, as one transaction of
-    /// its own that also moves the engine's state to `mark` (no transaction may be open). Any
-    /// row that does not stand as the write-set expects is an error, and changes nothing.
-    fn apply_write_set(&mut self, write_set: &[u8], mark: AppliedMark) -> Result<(), SqlError>;
+    /// Applies a write-set that `take_write_set` gave on another node, in the write-set
+    /// transaction (opened here if none is; no other transaction may be open). Any row that
+    /// does not stand as the write-set expects is an error.
+    fn apply_write_set(&mut self, write_set: &[u8]) -> Result<(), SqlError>;
+    /// Ends the write-set transaction, if one is open: committed with the engine's state at
+    /// `mark`, or (None) rolled back, changing nothing.
+    fn end_write_sets(&mut self, mark: Option<AppliedMark>) -> Result<(), SqlError>;
 }
 
 /// SQLite, in WAL mode without an fsync per commit: the raft log is what is durable, and a
@@ -550,23 +553,32 @@ impl Engine for Sqlite {
         Ok(write_set)
     }
 
-    fn apply_write_set(&mut self, write_set: &[u8], mark: AppliedMark) -> Result<(), SqlError> {
+    fn apply_write_set(&mut self, write_set: &[u8]) -> Result<(), SqlError> {
         assert!(
             self.conn.is_autocommit(),
-            "a write-set applies with no transaction open"
+            "write-sets apply with no other transaction open"
         );
         self.open_applier()?;
         let applier = self.applier.as_ref().expect("opened above");
-        bookkeep(applier, "BEGIN IMMEDIATE", [])?;
-        let applied = crate::write_set::apply(applier, &mut self.tables, write_set)
-            .and_then(|()| bookkeep(applier, MARK_APPLIED, mark_params(mark)));
-        match applied {
-            Ok(()) => bookkeep(applier, "COMMIT", []),
-            Err(e) => {
+        if applier.is_autocommit() {
+            bookkeep(applier, "BEGIN IMMEDIATE", [])?;
+        }
+        crate::write_set::apply(applier, &mut self.tables, write_set)
+    }
+
+    fn end_write_sets(&mut self, mark: Option<AppliedMark>) -> Result<(), SqlError> {
+        let Some(applier) = self.applier.as_ref().filter(|applier| !applier.is_autocommit()) else {
+            return Ok(());
+        };
+        match mark {
+            Some(mark) => {
+                bookkeep(applier, MARK_APPLIED, mark_params(mark)).and_then(|()| bookkeep(applier, "COMMIT", []))
+            }
+            None => {
                 applier
                     .execute_batch("ROLLBACK")
                     .expect("SQLite rolls back an open transaction");
-                Err(e)
+                Ok(())
             }
         }
     }

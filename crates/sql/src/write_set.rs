@@ -276,7 +276,8 @@ mod tests {
         };
 
         let mut same = engine(&dir.path().join("same"), "(1, 'a', 1.5), (2, 'b', 2.5)");
-        same.apply_write_set(&write_set, mark).unwrap();
+        same.apply_write_set(&write_set).unwrap();
+        same.end_write_sets(Some(mark)).unwrap();
         assert_eq!(rows(&mut same), rows(&mut leader));
         assert_eq!(same.applied().unwrap(), mark);
 
@@ -287,7 +288,8 @@ mod tests {
         ] {
             let mut replica = engine(&dir.path().join(name), differing);
             let before = rows(&mut replica);
-            let error = replica.apply_write_set(&write_set, mark).unwrap_err();
+            let error = replica.apply_write_set(&write_set).unwrap_err();
+            replica.end_write_sets(None).unwrap();
             assert!(error.code == "XX001" || error.code == "23505", "{name}: {error}");
             assert_eq!(rows(&mut replica), before, "{name}");
             assert_eq!(replica.applied().unwrap(), AppliedMark::default(), "{name}");

@@ -283,8 +283,7 @@ struct Writer {
     /// Transactions replayed from the log go into one engine transaction per log entry,
     /// committed once the entry is applied (`entry_applied`), so pages that several of them
     /// write (TPC-C's warehouse and district rows) reach the engine's own log once per entry.
-    /// Holds the position of the last one replayed while that transaction is open.
-    group: Option<AppliedMark>,
+    group: Option<Group>,
     progress: Arc<Progress>,
     /// Transactions go to the proposer from here, so the log gets them in commit order.
     proposals: async_mpsc::UnboundedSender<Proposal>,
@@ -330,6 +329,15 @@ pub fn start(
         progress,
         lock_wait: options.lock_wait,
     })
+}
+
+/// Transactions replayed from the log, not yet committed.
+#[derive(Debug, Clone, Copy)]
+struct Group {
+    /// The position of the last one.
+    mark: AppliedMark,
+    /// Write-sets (their own engine transaction) rather than statements.
+    write_sets: bool,
 }
 
 /// The seed of the statement at `ordinal` among a transaction's replicated statements.
@@ -568,34 +576,42 @@ impl Writer {
         Applied::Committed
     }
 
-    /// Executes (or applies) a transaction from the log: statements in the entry's group,
-    /// a write-set as an engine transaction of its own (on its own connection).
+    /// Executes (or applies) a transaction from the log in the entry's group (statements and
+    /// write-sets go to different connections: a change of kind closes the group).
     fn replay(&mut self, txn: &Txn, mark: AppliedMark) -> Result<(), SqlError> {
-        let statements = match &txn.body {
-            Body::Statements(statements) => statements,
-            Body::WriteSet(write_set) => {
-                self.close_group();
-                return self.engine.apply_write_set(write_set, mark);
-            }
-        };
-        if self.group.is_none() {
+        let write_sets = matches!(txn.body, Body::WriteSet(_));
+        if self.group.is_some_and(|group| group.write_sets != write_sets) {
+            self.close_group();
+        }
+        if self.group.is_none() && !write_sets {
             self.engine.begin()?;
         }
-        // Set at once: the group is open, whatever the statements do.
-        self.group = Some(mark);
-        statements.iter().enumerate().try_for_each(|(ordinal, statement)| {
-            self.engine.seed(statement_seed(txn.seed, ordinal));
-            self.engine.execute(&statement.sql, &statement.params).map(drop)
-        })
+        // Set before anything runs: the group is open, whatever the transaction does.
+        self.group = Some(Group { mark, write_sets });
+        match &txn.body {
+            Body::Statements(statements) => statements.iter().enumerate().try_for_each(|(ordinal, statement)| {
+                self.engine.seed(statement_seed(txn.seed, ordinal));
+                self.engine.execute(&statement.sql, &statement.params).map(drop)
+            }),
+            Body::WriteSet(write_set) => self.engine.apply_write_set(write_set),
+        }
     }
 
     /// Commits the transactions replayed since the group opened, with the position of the last.
     fn close_group(&mut self) {
-        let Some(mark) = self.group.take() else {
+        let Some(group) = self.group.take() else {
             return;
         };
-        if let Err(e) = self.engine.mark_applied(mark).and_then(|()| self.engine.commit()) {
-            panic!("cannot commit the transactions applied from the log up to {mark:?}: {e}");
+        let committed = if group.write_sets {
+            self.engine.end_write_sets(Some(group.mark))
+        } else {
+            self.engine.mark_applied(group.mark).and_then(|()| self.engine.commit())
+        };
+        if let Err(e) = committed {
+            panic!(
+                "cannot commit the transactions applied from the log up to {:?}: {e}",
+                group.mark
+            );
         }
     }
 
@@ -937,8 +953,17 @@ mod tests {
         .await;
         assert!(matches!(fixed.body, Body::Statements(_)));
         assert!(matches!(unfixable.body, Body::WriteSet(_)));
-        apply_all(&replica, &[create, fixed, unfixable]);
+        apply_all(&replica, &[create.clone(), fixed.clone(), unfixable.clone()]);
         assert_eq!(dump(&replica), dump(&leader));
+        // In one entry: statements, then a write-set (another connection), then statements.
+        let one_entry = node();
+        let again = transact(&mut leader, 1, &["UPDATE t SET n = n + 1"]).await;
+        for txn in [create, fixed, unfixable, again] {
+            assert_eq!(one_entry.writer.apply(1, txn), Applied::Committed);
+        }
+        one_entry.writer.entry_applied();
+        assert_eq!(dump(&one_entry), dump(&leader));
+        assert_eq!(one_entry.writer.applied().command, 3);
 
         // Active mode refuses the statement; auto refuses it beside a schema change.
         let mut active = node();
