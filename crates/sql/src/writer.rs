@@ -183,6 +183,8 @@ impl WriterHandle {
     /// may be taken. If not, no session gets the write lock until the work ahead is applied.
     pub fn checkpoint_ready(&self) -> bool {
         let mut writer = self.writer();
+        // A checkpoint copies what is committed: everything applied must be.
+        writer.close_group();
         writer.wants_checkpoint = !writer.ahead.is_empty();
         !writer.wants_checkpoint
     }
