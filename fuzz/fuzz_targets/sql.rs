@@ -29,7 +29,10 @@ fuzz_target!(|data: &[u8]| {
     ] {
         let mut reader = RowReader::new(format);
         let (first, second) = data.split_at(data.len() / 2);
-        let _ = reader.feed(first).and_then(|_| reader.feed(second)).and_then(|_| reader.finish());
+        let _ = reader
+            .feed(first)
+            .and_then(|_| reader.feed(second))
+            .and_then(|_| reader.finish());
     }
     let Ok(sql) = std::str::from_utf8(data) else {
         return;

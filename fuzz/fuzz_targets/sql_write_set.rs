@@ -20,7 +20,10 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS t (k INTEGER PRIMARY KEY, v TEX
 
 fn rows(engine: &mut Sqlite) -> Vec<Vec<chorus_sql::txn::Value>> {
     engine
-        .execute("SELECT 't', * FROM t UNION ALL SELECT 'u', a, b FROM u UNION ALL SELECT 'r', x, y FROM r", &[])
+        .execute(
+            "SELECT 't', * FROM t UNION ALL SELECT 'u', a, b FROM u UNION ALL SELECT 'r', x, y FROM r",
+            &[],
+        )
         .expect("the fuzzed tables are readable")
         .rows
 }
@@ -49,7 +52,9 @@ fuzz_target!(|data: &[u8]| {
     };
     match engine.apply_write_set(data) {
         Ok(()) => {
-            engine.end_write_sets(Some(mark)).expect("a write-set that applied commits");
+            engine
+                .end_write_sets(Some(mark))
+                .expect("a write-set that applied commits");
             assert_eq!(engine.applied().expect("the applied mark"), mark);
         }
         Err(_) => {
