@@ -55,6 +55,15 @@ def main():
             pass
         count = replica.execute("SELECT count(*) FROM items WHERE id = %s", ("1",)).fetchone()
         assert count == (1,), count
+        # COPY FROM STDIN inside a transaction, row by row (psycopg writes the text format).
+        with leader.cursor() as cur:
+            with cur.copy("COPY items (id, name, price) FROM STDIN") as copy:
+                copy.write_row((10, "kiwi", 1.25))
+                copy.write_row((11, "lime\ttab", None))
+        leader.commit()
+        copied = [(10, "kiwi", 1.25), (11, "lime\ttab", None)]
+        rows = read_until(replica, "SELECT id, name, price FROM items WHERE id >= 10 ORDER BY id", copied)
+        assert rows == copied, rows
     print("ok")
 
 
