@@ -123,7 +123,7 @@ impl Drop for Recording {
 }
 
 /// An error code of SQLite's C interface as an error of ours.
-fn sqlite_code_error(what: &str, code: c_int) -> SqlError {
+pub(crate) fn sqlite_code_error(what: &str, code: c_int) -> SqlError {
     SqlError::from_sqlite(&rusqlite::Error::SqliteFailure(
         ffi::Error::new(code),
         Some(format!("{what}: {}", ffi::code_to_str(code))),

@@ -11,6 +11,7 @@ use std::ffi::{c_int, c_uchar, CStr};
 
 use rusqlite::{ffi, Connection};
 
+use crate::engine::sqlite_code_error;
 use crate::error::SqlError;
 use crate::txn::Value;
 
@@ -78,13 +79,6 @@ impl Drop for Changes {
     }
 }
 
-fn sqlite_error(what: &str, code: c_int) -> SqlError {
-    SqlError::from_sqlite(&rusqlite::Error::SqliteFailure(
-        ffi::Error::new(code),
-        Some(format!("{what}: {}", ffi::code_to_str(code))),
-    ))
-}
-
 /// The value a changeset holds, or None where it holds none (an update's unchanged column).
 ///
 /// SAFETY: `value` is null or a value the changeset iterator gave, still current.
@@ -122,7 +116,7 @@ pub fn apply(conn: &Connection, tables: &mut Tables, write_set: &[u8]) -> Result
     // before `write_set` goes), whatever they hold.
     let started = unsafe { ffi::sqlite3changeset_start(&mut iter, len, write_set.as_ptr().cast_mut().cast()) };
     if started != ffi::SQLITE_OK {
-        return Err(sqlite_error("a write-set that does not parse", started));
+        return Err(sqlite_code_error("a write-set that does not parse", started));
     }
     let changes = Changes(iter);
     loop {
@@ -130,7 +124,7 @@ pub fn apply(conn: &Connection, tables: &mut Tables, write_set: &[u8]) -> Result
         match unsafe { ffi::sqlite3changeset_next(changes.0) } {
             ffi::SQLITE_ROW => {}
             ffi::SQLITE_DONE => break,
-            code => return Err(sqlite_error("a write-set that does not parse", code)),
+            code => return Err(sqlite_code_error("a write-set that does not parse", code)),
         }
         let mut table: *const std::ffi::c_char = std::ptr::null();
         let (mut count, mut op, mut indirect): (c_int, c_int, c_int) = (0, 0, 0);
@@ -140,7 +134,10 @@ pub fn apply(conn: &Connection, tables: &mut Tables, write_set: &[u8]) -> Result
             let read = ffi::sqlite3changeset_op(changes.0, &mut table, &mut count, &mut op, &mut indirect);
             let keyed = ffi::sqlite3changeset_pk(changes.0, &mut pk, &mut count);
             if read != ffi::SQLITE_OK || keyed != ffi::SQLITE_OK || table.is_null() || pk.is_null() || count <= 0 {
-                return Err(sqlite_error("a write-set that does not parse", ffi::SQLITE_CORRUPT));
+                return Err(sqlite_code_error(
+                    "a write-set that does not parse",
+                    ffi::SQLITE_CORRUPT,
+                ));
             }
             (
                 CStr::from_ptr(table).to_string_lossy().into_owned(),
