@@ -505,6 +505,15 @@ async fn auto_mode_replicates_what_cannot_be_made_deterministic_by_its_write_set
     let query = "SELECT n, at FROM stamps ORDER BY n";
     let on_leader = rows(&client, query).await;
     assert_eq!(on_leader.len(), 4);
+    // The CREATE went as statements; the INSERT and the transaction (both read 'localtime'),
+    // as their write-sets.
+    let proposed = |body| {
+        cluster.gauge(
+            leader,
+            &format!("chorus_sql_transactions_proposed_total{{body=\"{body}\"}}"),
+        )
+    };
+    assert_eq!((proposed("statements"), proposed("write_set")), (Some(1), Some(2)));
     for follower in others(leader) {
         assert_eq!(
             rows(&cluster.client(follower).await, query).await,

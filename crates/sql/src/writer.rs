@@ -167,9 +167,9 @@ impl WriterHandle {
     /// Ends `session`'s transaction without a trace (also when the session ends inside one).
     pub fn rollback(&self, session: u64) {
         let mut writer = self.writer();
-        if writer.active.as_ref().is_some_and(|a| a.session == session) {
+        if let Some(active) = writer.active.take_if(|a| a.session == session) {
+            writer.metrics.lock_held.observe(active.granted_at.elapsed());
             writer.engine.rollback();
-            writer.active = None;
         }
         writer.after_release();
     }
@@ -246,11 +246,42 @@ pub struct WriterOptions {
     pub mode: ReplicationMode,
 }
 
+struct WriterMetrics {
+    /// From a session's grant of the write lock to its COMMIT or ROLLBACK: with the
+    /// transactions' rate, how much of the time the one lock is held.
+    lock_held: Arc<chorus_metrics::Histogram>,
+    /// Client transactions proposed, by what replicas do with them.
+    as_statements: Arc<chorus_metrics::Counter>,
+    as_write_sets: Arc<chorus_metrics::Counter>,
+}
+
+impl WriterMetrics {
+    fn new() -> WriterMetrics {
+        let proposed = |body| {
+            chorus_metrics::labeled_counter(
+                "chorus_sql_transactions_proposed_total",
+                "Client transactions this node proposed, by what replicas do with them (re-execute \
+                 the statements, or apply the write-set)",
+                Some(("body", body)),
+            )
+        };
+        WriterMetrics {
+            lock_held: chorus_metrics::histogram(
+                "chorus_sql_write_lock_held_seconds",
+                "How long a client transaction held the SQL write lock, from its grant to its COMMIT or ROLLBACK",
+            ),
+            as_statements: proposed("statements"),
+            as_write_sets: proposed("write_set"),
+        }
+    }
+}
+
 /// A session waiting for the write lock: its id, and where to say it has it.
 type Waiting = (u64, oneshot::Sender<Result<(), SqlError>>);
 
 struct Active {
     session: u64,
+    granted_at: std::time::Instant,
     clock: FixedClock,
     seed: u64,
     statements: Vec<Statement>,
@@ -287,6 +318,7 @@ struct Writer {
     /// write (TPC-C's warehouse and district rows) reach the engine's own log once per entry.
     group: Option<Group>,
     progress: Arc<Progress>,
+    metrics: WriterMetrics,
     /// Transactions go to the proposer from here, so the log gets them in commit order.
     proposals: async_mpsc::UnboundedSender<Proposal>,
     on_diverged: Option<Box<dyn FnOnce() + Send>>,
@@ -323,6 +355,7 @@ pub fn start(
         wants_checkpoint: false,
         group: None,
         progress: progress.clone(),
+        metrics: WriterMetrics::new(),
         proposals,
         on_diverged: Some(options.on_diverged),
     };
@@ -376,6 +409,7 @@ impl Writer {
             if started.is_ok() {
                 self.active = Some(Active {
                     session,
+                    granted_at: std::time::Instant::now(),
                     clock: FixedClock {
                         unix_ms: SystemTime::now()
                             .duration_since(UNIX_EPOCH)
@@ -467,6 +501,7 @@ impl Writer {
                 ));
             }
         };
+        self.metrics.lock_held.observe(active.granted_at.elapsed());
         let write_set = match self.mode {
             ReplicationMode::Passive if !active.changes_schema => true,
             ReplicationMode::Auto => active.nondeterministic,
@@ -500,6 +535,10 @@ impl Writer {
             return Err(e);
         }
         self.next_seq += 1;
+        match body {
+            Body::Statements(_) => self.metrics.as_statements.inc(),
+            Body::WriteSet(_) => self.metrics.as_write_sets.inc(),
+        }
         let txn = Txn {
             id,
             after: self.executed,
