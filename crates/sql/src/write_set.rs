@@ -196,13 +196,14 @@ pub fn apply(conn: &Connection, tables: &mut Tables, write_set: &[u8]) -> Result
                 let mut params = Vec::with_capacity(2 * count);
                 let mut assignments = Vec::new();
                 let mut conditions = Vec::new();
-                for (i, name) in names.iter().enumerate() {
-                    if let Some(value) = new[i].clone() {
+                for (((name, new), old), &key) in names.iter().zip(new).zip(old).zip(&pk) {
+                    let changed = new.is_some();
+                    if let Some(value) = new {
                         params.push(value);
                         assignments.push(format!("{} = ?{}", quoted(name), params.len()));
                     }
-                    if pk[i] != 0 || new[i].is_some() {
-                        params.push(old[i].clone().unwrap_or(Value::Null));
+                    if key != 0 || changed {
+                        params.push(old.unwrap_or(Value::Null));
                         conditions.push(format!("{} IS ?{}", quoted(name), params.len()));
                     }
                 }

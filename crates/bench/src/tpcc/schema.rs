@@ -108,6 +108,14 @@ impl<'a> Inserter<'a> {
         }
     }
 
+    /// Inserts the one `row` into `table`; the rows written.
+    async fn one(client: &'a Client, table: &'static str, row: String) -> anyhow::Result<u64> {
+        let mut inserter = Inserter::new(client, table);
+        inserter.push(row).await?;
+        inserter.flush().await?;
+        Ok(inserter.loaded)
+    }
+
     async fn push(&mut self, row: String) -> anyhow::Result<()> {
         self.rows.push(row);
         if self.rows.len() >= ROWS_PER_INSERT {
@@ -172,18 +180,14 @@ pub async fn load_warehouse(client: &Client, w_id: u64, seed: u64, loaded_at_ms:
     let mut rng = Rng::new(seed ^ w_id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let mut rows = 0;
     let tax = |rng: &mut Rng| rng.between(0, 2000) as f64 / 10_000.0;
-    let mut warehouse = Inserter::new(client, "warehouse");
-    warehouse
-        .push(format!(
-            "({w_id},{},{},{},{})",
-            quoted(&rng.alnum(6, 10)),
-            address(&mut rng),
-            tax(&mut rng),
-            30_000_000
-        ))
-        .await?;
-    warehouse.flush().await?;
-    rows += warehouse.loaded;
+    let warehouse = format!(
+        "({w_id},{},{},{},{})",
+        quoted(&rng.alnum(6, 10)),
+        address(&mut rng),
+        tax(&mut rng),
+        30_000_000
+    );
+    rows += Inserter::one(client, "warehouse", warehouse).await?;
 
     let mut stock = Inserter::new(client, "stock");
     for i_id in 1..=ITEMS {
@@ -202,19 +206,15 @@ pub async fn load_warehouse(client: &Client, w_id: u64, seed: u64, loaded_at_ms:
     rows += stock.loaded;
 
     for d_id in 1..=DISTRICTS_PER_WAREHOUSE {
-        let mut district = Inserter::new(client, "district");
-        district
-            .push(format!(
-                "({d_id},{w_id},{},{},{},{},{})",
-                quoted(&rng.alnum(6, 10)),
-                address(&mut rng),
-                tax(&mut rng),
-                3_000_000,
-                ORDERS_PER_DISTRICT + 1
-            ))
-            .await?;
-        district.flush().await?;
-        rows += district.loaded;
+        let district = format!(
+            "({d_id},{w_id},{},{},{},{},{})",
+            quoted(&rng.alnum(6, 10)),
+            address(&mut rng),
+            tax(&mut rng),
+            3_000_000,
+            ORDERS_PER_DISTRICT + 1
+        );
+        rows += Inserter::one(client, "district", district).await?;
 
         let mut customers = Inserter::new(client, "customer");
         let mut history = Inserter::new(client, "history");
