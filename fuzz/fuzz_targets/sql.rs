@@ -3,7 +3,7 @@
 #![no_main]
 
 use chorus_sql::copy::{parse_copy, CopyFormat, RowReader};
-use chorus_sql::text::{classify, command_verb, fix_writes, parameter_count, split_statements, FixedClock};
+use chorus_sql::text::{classify, command_verb, fix_writes, parameter_count, split_statements, Dialect, FixedClock};
 use chorus_sql::txn::Txn;
 use libfuzzer_sys::fuzz_target;
 
@@ -43,18 +43,18 @@ fuzz_target!(|data: &[u8]| {
             let _ = classify(&statement);
             let _ = command_verb(&statement);
             let _ = parameter_count(&statement);
-            if let Ok(fixed) = fix_writes(
-                &statement,
-                FixedClock {
+            for dialect in [Dialect::Sqlite, Dialect::Postgres] {
+                let clock = FixedClock {
                     unix_ms: 1_764_000_000_000,
-                },
-            ) {
-                // The rewrite is done once: a fixed statement reads no clock.
-                assert_eq!(
-                    fix_writes(&fixed, FixedClock { unix_ms: 0 }).unwrap(),
-                    fixed,
-                    "fixing a fixed statement changes nothing"
-                );
+                };
+                if let Ok(fixed) = fix_writes(&statement, clock, dialect) {
+                    // The rewrite is done once: a fixed statement reads no clock.
+                    assert_eq!(
+                        fix_writes(&fixed, FixedClock { unix_ms: 0 }, dialect).unwrap(),
+                        fixed,
+                        "fixing a fixed statement changes nothing"
+                    );
+                }
             }
         }
     }

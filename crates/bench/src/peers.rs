@@ -91,23 +91,9 @@ fn state_file(dir: &Path) -> PathBuf {
 
 /// A PostgreSQL server program: Debian keeps them out of PATH, in one directory per major
 /// version; the newest wins.
-fn postgres_program(name: &str) -> Option<PathBuf> {
-    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .flatten()
-        .filter_map(|e| {
-            let version = e.file_name().to_str()?.parse().ok()?;
-            let program = e.path().join("bin").join(name);
-            program.is_file().then_some((version, program))
-        })
-        .collect();
-    versions.sort();
-    versions.pop().map(|(_, program)| program)
-}
-
 fn require_binary(system: System) -> anyhow::Result<()> {
     let found = if system.is_postgres() {
-        postgres_program(system.binary()).is_some()
+        chorus_cluster::postgres::program(system.binary()).is_some()
     } else {
         std::env::var_os("PATH")
             .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(system.binary()).is_file()))
@@ -371,20 +357,6 @@ checkpoint_timeout = 1h
 log_min_messages = warning
 ";
 
-/// The connection string of a member (trust authentication on loopback, as initdb sets it).
-pub fn postgres_conninfo(addr: SocketAddr) -> String {
-    format!("host={} port={} user=postgres dbname=postgres", addr.ip(), addr.port())
-}
-
-fn run_to_end(mut command: Command, what: &str, log: &Path) -> anyhow::Result<()> {
-    let output = command.output().with_context(|| format!("cannot run {what}"))?;
-    std::fs::write(log, [&output.stdout[..], &output.stderr[..]].concat())?;
-    if !output.status.success() {
-        bail!("{what} failed ({}); see {}", output.status, log.display());
-    }
-    Ok(())
-}
-
 /// A PostgreSQL primary (member 1) and `standbys` streaming standbys made by pg_basebackup;
 /// with `synchronous`, a commit waits for one standby's flush. Under a profile, each standby
 /// streams over its link to the primary, as Redis replicas do.
@@ -394,7 +366,8 @@ async fn start_postgres(
     standbys: usize,
     synchronous: bool,
 ) -> anyhow::Result<PeerCluster> {
-    let program = |name: &str| postgres_program(name).with_context(|| format!("no PostgreSQL {name} installed"));
+    let program =
+        |name: &str| chorus_cluster::postgres::program(name).with_context(|| format!("no PostgreSQL {name} installed"));
     let members = standbys + 1;
     let proxies = if profile.is_some() { members } else { 0 };
     let ports = ports::free_loopback_ports(members + proxies)?;
@@ -407,7 +380,7 @@ async fn start_postgres(
         .arg(pdir.join("data"))
         .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C"]);
     process::drop_root(&mut initdb, dir, &[&pdir])?;
-    run_to_end(initdb, "initdb", &dir.join("initdb.log"))?;
+    chorus_cluster::postgres::run_to_end(initdb, "initdb", &dir.join("initdb.log"))?;
     let names: Vec<String> = (2..=members).map(|m| format!("pg{m}")).collect();
     let synchronous_names = if synchronous {
         format!("ANY 1 ({})", names.join(", "))
@@ -458,10 +431,10 @@ async fn start_postgres(
                 .arg(mdir.join("data"))
                 .args(["-R", "--wal-method=stream", "--checkpoint=fast"]);
             process::drop_root(&mut backup, dir, &[&mdir])?;
-            run_to_end(backup, "pg_basebackup", &dir.join(format!("{name}-basebackup.log")))?;
+            chorus_cluster::postgres::run_to_end(backup, "pg_basebackup", &dir.join(format!("{name}-basebackup.log")))?;
             let conninfo = format!(
                 "primary_conninfo={} application_name={name}",
-                postgres_conninfo(network.primary_for[i])
+                chorus_cluster::postgres::conninfo(network.primary_for[i])
             );
             cluster.pids.push(start(member, &mdir, &["-c".into(), conninfo])?);
         }
@@ -475,7 +448,8 @@ async fn start_postgres(
 }
 
 async fn postgres_connect(addr: SocketAddr) -> anyhow::Result<tokio_postgres::Client> {
-    let (client, connection) = tokio_postgres::connect(&postgres_conninfo(addr), tokio_postgres::NoTls).await?;
+    let (client, connection) =
+        tokio_postgres::connect(&chorus_cluster::postgres::conninfo(addr), tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
     Ok(client)
 }

@@ -96,6 +96,17 @@ server_options! {
     /// when a statement cannot be made deterministic). Nodes may differ: each replica applies
     /// both.
     sql_mode: String = "active".into();
+    /// The database `chorus sql` replicates into: "sqlite" (embedded, under data_dir/sql) or
+    /// "postgres" (the PostgreSQL server `sql_postgres` names, one per node; statements only,
+    /// `sql_mode` active).
+    sql_engine: String = "sqlite".into();
+    /// With sql_engine "postgres": the node's own PostgreSQL server, as a connection string
+    /// (`host=127.0.0.1 port=5433 user=postgres dbname=postgres`). `chorus cluster start --sql
+    /// -- --sql-engine postgres` starts one per node and sets it.
+    sql_postgres: String = String::new();
+    /// With sql_engine "postgres": where pg_dump and pg_restore are (default: the newest
+    /// PostgreSQL under /usr/lib/postgresql).
+    sql_postgres_bin: String = String::new();
     /// Snapshot the state machine after this many applied entries.
     snapshot_interval_entries: u64 = 20_000;
     /// Snapshot the state machine after this many applied bytes of commands.

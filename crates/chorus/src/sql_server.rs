@@ -1,12 +1,13 @@
-//! `chorus sql`: a SQL node — the raft log, the SQL middleware over an embedded SQLite, the
-//! PostgreSQL front end and metrics.
+//! `chorus sql`: a SQL node — the raft log, the SQL middleware over an embedded SQLite (or the
+//! node's own PostgreSQL server), the PostgreSQL front end and metrics.
 
 use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use chorus_log::IdentityCodec;
-use chorus_sql::SqlOptions;
+use chorus_sql::postgres::PgServer;
+use chorus_sql::{Database, SqlOptions};
 use tokio::net::TcpListener;
 
 use crate::config::{parse_peers, ServerConfig};
@@ -34,9 +35,26 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         lock_wait: Duration::from_millis(config.request_timeout_ms),
         on_diverged: Box::new(restart_in_place),
     };
+    let sql_dir = config.data_dir.join("sql");
+    let database = match config.sql_engine.as_str() {
+        "sqlite" => Database::Sqlite { dir: sql_dir.clone() },
+        "postgres" => {
+            if config.sql_postgres.is_empty() {
+                bail!(
+                    "--sql-engine postgres needs --sql-postgres 'host=… port=… user=… dbname=…' naming \
+                     this node's own PostgreSQL server (`chorus cluster start --sql -- --sql-engine postgres` \
+                     starts one per node)"
+                );
+            }
+            let bin = (!config.sql_postgres_bin.is_empty()).then(|| config.sql_postgres_bin.clone().into());
+            Database::Postgres(PgServer::new(&config.sql_postgres, bin).map_err(|e| anyhow::anyhow!("{e}"))?)
+        }
+        other => bail!("--sql-engine: unknown engine '{other}'; use sqlite or postgres"),
+    };
     let node = chorus_sql::start(
         node_config(&config, peers),
-        &config.data_dir.join("sql"),
+        database,
+        &sql_dir,
         listener,
         Box::new(IdentityCodec),
         options,

@@ -13,6 +13,7 @@
 pub mod metrics;
 pub mod netem;
 pub mod ports;
+pub mod postgres;
 pub mod process;
 
 use std::collections::BTreeMap;
@@ -37,6 +38,9 @@ pub struct NodeEntry {
     pub metrics_addr: SocketAddr,
     /// Where clients should connect: the client proxy under a network profile, else `resp_addr`.
     pub client_addr: SocketAddr,
+    /// The node's own PostgreSQL server, on a SQL cluster of the PostgreSQL engine.
+    #[serde(default)]
+    pub postgres_addr: Option<SocketAddr>,
 }
 
 /// The emulated network of a cluster, kept so a restart recreates the same proxies.
@@ -215,7 +219,9 @@ fn create(
     }
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let proxies = if profile.is_some() { nodes * nodes } else { 0 };
-    let ports = ports::free_loopback_ports(nodes * 3 + proxies)?;
+    let with_postgres = sql && postgres::engine_chosen(&server_args);
+    let postgres_ports = if with_postgres { nodes } else { 0 };
+    let ports = ports::free_loopback_ports(nodes * 3 + postgres_ports + proxies)?;
     let mut entries: Vec<NodeEntry> = (0..nodes)
         .map(|i| NodeEntry {
             id: i as u64 + 1,
@@ -223,11 +229,12 @@ fn create(
             peer_addr: loopback(ports[i * 3 + 1]),
             metrics_addr: loopback(ports[i * 3 + 2]),
             client_addr: loopback(ports[i * 3]),
+            postgres_addr: with_postgres.then(|| loopback(ports[nodes * 3 + i])),
         })
         .collect();
     let net_entry = match &profile {
         Some(profile) => {
-            let (links, paths) = chorus_links(profile, &entries, &ports[nodes * 3..]);
+            let (links, paths) = chorus_links(profile, &entries, &ports[nodes * 3 + postgres_ports..]);
             println!("network: {}", profile.summary());
             let proxy = Toxiproxy::start(dir)?;
             for link in &links {
@@ -308,6 +315,10 @@ fn spawn_node(dir: &Path, file: &ClusterFile, id: u64) -> anyhow::Result<u32> {
         .arg("--config")
         .arg(ndir.join("chorus.toml"))
         .args(&file.server_args);
+    if let Some(addr) = file.node(id).and_then(|n| n.postgres_addr) {
+        postgres::ensure_running(dir, &ndir, addr)?;
+        command.args(["--sql-postgres", &postgres::conninfo(addr)]);
+    }
     process::spawn(command, &ndir.join("server.log"), &ndir.join("pid"))
 }
 
@@ -652,6 +663,9 @@ pub fn stop(dir: &Path) -> anyhow::Result<()> {
         .filter_map(|n| read_pid(dir, n.id).map(|p| (n.id, p)))
         .collect();
     stop_nodes(dir, &pids);
+    for node in file.nodes.iter().filter(|n| n.postgres_addr.is_some()) {
+        postgres::stop(&node_dir(dir, node.id));
+    }
     if let Some(pid) = process::read_pid(&dir.join("toxiproxy.pid")) {
         process::terminate(pid, Duration::from_secs(3));
         let _ = std::fs::remove_file(dir.join("toxiproxy.pid"));

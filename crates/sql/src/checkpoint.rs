@@ -1,85 +1,111 @@
 //! Checkpoints: a copy of the database at a log position, fsynced, from which a node rebuilds
 //! (after a crash that left work of its own the log does not have) and which a replica behind
 //! the compacted log receives. A raft snapshot's data is the position (`AppliedMark`); its one
-//! file is the checkpoint.
+//! file is the checkpoint (a SQLite database, or a PostgreSQL dump).
 
 use std::path::{Path, PathBuf};
 
 use rusqlite::Connection;
 
+use crate::database::CheckpointCopy;
 use crate::engine::AppliedMark;
 use crate::txn::TxnId;
 
-/// The name a checkpoint travels under to a lagging replica.
-pub const SHIPPED_NAME: &str = "checkpoint.sqlite";
-
 const MAGIC: &[u8; 4] = b"SQC1";
 
-pub fn path(dir: &Path, index: u64) -> PathBuf {
-    dir.join(format!("checkpoint-{index:020}.sqlite"))
+/// The checkpoints of one node: `checkpoint-INDEX.EXTENSION` files in its SQL directory.
+#[derive(Debug, Clone)]
+pub struct Checkpoints {
+    pub dir: PathBuf,
+    /// The engine's: `sqlite` or `pgdump`.
+    pub extension: &'static str,
 }
 
-/// The checkpoints in `dir`, by log index.
-fn list(dir: &Path) -> Vec<(u64, PathBuf)> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut found: Vec<(u64, PathBuf)> = entries
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let index = name
-                .strip_prefix("checkpoint-")?
-                .strip_suffix(".sqlite")?
-                .parse()
-                .ok()?;
-            Some((index, e.path()))
-        })
-        .collect();
-    found.sort();
-    found
-}
+impl Checkpoints {
+    pub fn path(&self, index: u64) -> PathBuf {
+        self.dir.join(format!("checkpoint-{index:020}.{}", self.extension))
+    }
 
-/// Removes the checkpoints older than `index` (a newer one is durable in the raft storage).
-pub fn remove_older(dir: &Path, index: u64) {
-    for (older, path) in list(dir).into_iter().filter(|(i, _)| *i < index) {
-        if let Err(e) = std::fs::remove_file(&path) {
-            tracing::warn!(index = older, error = %e, "cannot remove an old checkpoint");
+    /// The name a checkpoint travels under to a lagging replica.
+    pub fn shipped_name(&self) -> String {
+        format!("checkpoint.{}", self.extension)
+    }
+
+    /// The checkpoints, by log index.
+    fn list(&self) -> Vec<(u64, PathBuf)> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let suffix = format!(".{}", self.extension);
+        let mut found: Vec<(u64, PathBuf)> = entries
+            .filter_map(Result::ok)
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let index = name
+                    .strip_prefix("checkpoint-")?
+                    .strip_suffix(suffix.as_str())?
+                    .parse()
+                    .ok()?;
+                Some((index, e.path()))
+            })
+            .collect();
+        found.sort();
+        found
+    }
+
+    /// The size of the newest checkpoint (0 if there is none).
+    pub fn latest_size_bytes(&self) -> u64 {
+        self.list()
+            .last()
+            .and_then(|(_, path)| std::fs::metadata(path).ok())
+            .map_or(0, |m| m.len())
+    }
+
+    /// Removes the checkpoints older than `index` (a newer one is durable in the raft storage).
+    pub fn remove_older(&self, index: u64) {
+        for (older, path) in self.list().into_iter().filter(|(i, _)| *i < index) {
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(index = older, error = %e, "cannot remove an old checkpoint");
+            }
         }
     }
-}
 
-/// Removes what a crash can leave behind: a checkpoint cut short, links of shipments that were
-/// under way.
-pub fn remove_leftovers(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.filter_map(Result::ok) {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let cut_short = name.starts_with("checkpoint-") && name.ends_with(".tmp");
-        if cut_short || name.starts_with("shipping-") {
-            let _ = std::fs::remove_file(entry.path());
+    /// Removes what a crash can leave behind: a checkpoint cut short, links of shipments that
+    /// were under way.
+    pub fn remove_leftovers(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let cut_short = name.starts_with("checkpoint-") && name.ends_with(".tmp");
+            if cut_short || name.starts_with("shipping-") {
+                let _ = std::fs::remove_file(entry.path());
+            }
         }
     }
+
+    /// Writes the checkpoint for `index` with `copy` (of a state pinned at that position),
+    /// fsynced, and returns its path.
+    pub fn write(&self, index: u64, copy: CheckpointCopy) -> std::io::Result<PathBuf> {
+        let target = self.path(index);
+        let temporary = target.with_extension("tmp");
+        let _ = std::fs::remove_file(&temporary);
+        copy(&temporary)?;
+        std::fs::File::open(&temporary)?.sync_all()?;
+        std::fs::rename(&temporary, &target)?;
+        std::fs::File::open(&self.dir)?.sync_all()?;
+        Ok(target)
+    }
 }
 
-/// Copies the database as `source` sees it (a read transaction pinned at the checkpoint's
-/// position) into the checkpoint for `index`, fsynced.
-pub fn write(source: &Connection, dir: &Path, index: u64) -> std::io::Result<PathBuf> {
-    let target = path(dir, index);
-    let temporary = target.with_extension("tmp");
-    let _ = std::fs::remove_file(&temporary);
-    {
-        let mut copy = Connection::open(&temporary).map_err(std::io::Error::other)?;
-        let backup = rusqlite::backup::Backup::new(source, &mut copy).map_err(std::io::Error::other)?;
-        // One step copies every page under the source's one read transaction.
-        backup.step(-1).map_err(std::io::Error::other)?;
-    }
-    std::fs::File::open(&temporary)?.sync_all()?;
-    std::fs::rename(&temporary, &target)?;
-    std::fs::File::open(dir)?.sync_all()?;
-    Ok(target)
+/// Copies the SQLite database as `source` sees it (a read transaction pinned at the
+/// checkpoint's position) into `target`.
+pub fn copy_sqlite(source: &Connection, target: &Path) -> std::io::Result<()> {
+    let mut copy = Connection::open(target).map_err(std::io::Error::other)?;
+    let backup = rusqlite::backup::Backup::new(source, &mut copy).map_err(std::io::Error::other)?;
+    // One step copies every page under the source's one read transaction.
+    backup.step(-1).map(drop).map_err(std::io::Error::other)
 }
 
 pub fn encode_mark(mark: &AppliedMark) -> Vec<u8> {
@@ -112,6 +138,11 @@ mod tests {
     use super::*;
     use crate::engine::{open_reader, Engine, Sqlite};
 
+    fn copy_of(reader: &std::sync::Arc<std::sync::Mutex<Connection>>) -> CheckpointCopy {
+        let reader = reader.clone();
+        Box::new(move |target: &Path| copy_sqlite(&reader.lock().unwrap(), target))
+    }
+
     #[test]
     fn a_checkpoint_holds_the_state_its_reader_saw_not_later_writes() {
         let dir = tempfile::tempdir().unwrap();
@@ -120,20 +151,26 @@ mod tests {
         engine.execute("INSERT INTO t VALUES (1)", &[]).unwrap();
         let reader = open_reader(dir.path()).unwrap();
         reader.execute_batch("BEGIN; SELECT count(*) FROM t;").unwrap();
+        let reader = std::sync::Arc::new(std::sync::Mutex::new(reader));
         engine.execute("INSERT INTO t VALUES (2)", &[]).unwrap();
-        let written = write(&reader, dir.path(), 7).unwrap();
-        assert_eq!(list(dir.path()), vec![(7, written.clone())]);
+        let checkpoints = Checkpoints {
+            dir: dir.path().to_path_buf(),
+            extension: "sqlite",
+        };
+        let written = checkpoints.write(7, copy_of(&reader)).unwrap();
+        assert_eq!(checkpoints.list(), vec![(7, written.clone())]);
         let copy = Connection::open(&written).unwrap();
         let rows: i64 = copy.query_row("SELECT count(*) FROM t", (), |r| r.get(0)).unwrap();
         assert_eq!(rows, 1, "the checkpoint is the pinned state");
         drop(copy);
-        write(&reader, dir.path(), 9).unwrap();
-        remove_older(dir.path(), 9);
-        assert_eq!(list(dir.path()).len(), 1);
-        std::fs::write(path(dir.path(), 10).with_extension("tmp"), b"cut short").unwrap();
-        remove_leftovers(dir.path());
-        assert_eq!(list(dir.path()).len(), 1);
-        assert!(!path(dir.path(), 10).with_extension("tmp").exists());
+        checkpoints.write(9, copy_of(&reader)).unwrap();
+        checkpoints.remove_older(9);
+        assert_eq!(checkpoints.list().len(), 1);
+        let cut_short = checkpoints.path(10).with_extension("tmp");
+        std::fs::write(&cut_short, b"cut short").unwrap();
+        checkpoints.remove_leftovers();
+        assert_eq!(checkpoints.list().len(), 1);
+        assert!(!cut_short.exists());
     }
 
     #[test]

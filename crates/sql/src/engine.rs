@@ -1,4 +1,5 @@
-//! The database under the middleware, behind one trait: SQLite embedded (here), PostgreSQL next.
+//! The database under the middleware, behind one trait: SQLite embedded (here), PostgreSQL
+//! (`postgres`).
 //!
 //! The engine keeps two things of Chorus's own, in the same transactions as the data: the log
 //! position and the last transaction applied (`_chorus_applied`), so a restart resumes exactly;
@@ -18,6 +19,7 @@ use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OpenFlags};
 
 use crate::error::SqlError;
+use crate::text::Dialect;
 use crate::txn::{TxnId, Value};
 
 /// A result column: its name, the type its table declares (none for an expression), and the
@@ -58,6 +60,8 @@ impl AppliedMark {
 
 /// One writer's view of a database engine (see `writer`).
 pub trait Engine: Send {
+    /// The SQL this engine reads, where rewritten statements must differ.
+    fn dialect(&self) -> Dialect;
     fn begin(&mut self) -> Result<(), SqlError>;
     /// Commits the open transaction; a recording of its writes ends with it, as on rollback.
     fn commit(&mut self) -> Result<(), SqlError>;
@@ -404,6 +408,10 @@ pub fn run(conn: &Connection, sql: &str, params: &[Value]) -> Result<Outcome, Sq
 }
 
 impl Engine for Sqlite {
+    fn dialect(&self) -> Dialect {
+        Dialect::Sqlite
+    }
+
     fn begin(&mut self) -> Result<(), SqlError> {
         self.bookkeep("BEGIN IMMEDIATE", [])
     }

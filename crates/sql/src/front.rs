@@ -35,10 +35,7 @@ use crate::engine::{self, Column, Outcome};
 use crate::error::SqlError;
 use crate::machine::{Barrier, SqlState};
 use crate::readers::{Reader, Readers};
-use crate::text::{
-    analyse, chorus_setting, number_parameters, parameter_count, split_statements, Analysis, ChorusSetting,
-    StatementKind,
-};
+use crate::text::{analyse, chorus_setting, parameter_count, split_statements, Analysis, ChorusSetting, StatementKind};
 use crate::txn::Value;
 use crate::writer::{Applied, Committed, Proposal, WriterHandle};
 
@@ -95,19 +92,17 @@ impl Shared {
             .map_err(|_| SqlError::unavailable("the log has not confirmed what this read saw in time; retry it"))
     }
 
-    /// Runs `sql` on a reader connection off the runtime's thread.
+    /// Runs a read on a reader connection (off the node's thread), as its engine reads it.
     async fn run_on_reader(
         &self,
-        reader: Reader,
-        sql: String,
+        mut reader: Reader,
+        analysis: &Analysis,
         params: Vec<Value>,
     ) -> (Reader, Result<Outcome, SqlError>) {
-        tokio::task::spawn_blocking(move || {
-            let outcome = engine::run(&reader.conn, &sql, &params);
-            (reader, outcome)
-        })
-        .await
-        .expect("a reader task does not panic")
+        let sql = analysis.numbered(self.readers.database().dialect());
+        let (conn, outcome) = reader.conn.run(sql, params).await;
+        reader.conn = conn;
+        (reader, outcome)
     }
 
     /// Ends a COMMIT the writer took. A transaction that changed nothing may still have read
@@ -360,7 +355,7 @@ impl Session {
             (StatementKind::Read, TxnState::Idle) => {
                 self.read_barrier().await?;
                 let reader = self.shared.readers.take()?;
-                let (reader, outcome) = self.shared.run_on_reader(reader, analysis.numbered(), params).await;
+                let (reader, outcome) = self.shared.run_on_reader(reader, &analysis, params).await;
                 // Counted after the read, which may have seen anything executed until it ended.
                 let executed = self.shared.writer.progress.executed();
                 self.shared.readers.give_back(reader);
@@ -397,11 +392,8 @@ impl Session {
                 Place::Writer
             } else {
                 self.read_barrier().await?;
-                let reader = self.shared.readers.take()?;
-                reader
-                    .conn
-                    .execute_batch("BEGIN")
-                    .map_err(|e| SqlError::from_sqlite(&e))?;
+                let mut reader = self.shared.readers.take()?;
+                reader.conn.begin().await?;
                 Place::Reader(Some(reader), None)
             });
         }
@@ -420,7 +412,7 @@ impl Session {
                     });
                 }
                 let taken = conn.take().expect("a reader transaction keeps its connection");
-                let (back, outcome) = self.shared.run_on_reader(taken, analysis.numbered(), params).await;
+                let (back, outcome) = self.shared.run_on_reader(taken, analysis, params).await;
                 *conn = Some(back);
                 let executed = *executed.get_or_insert_with(|| self.shared.writer.progress.executed());
                 let outcome = outcome?;
@@ -434,8 +426,8 @@ impl Session {
         match open.place {
             None => Ok(Answer::Ended(if open.failed { "ROLLBACK" } else { "COMMIT" })),
             Some(Place::Reader(reader, _)) => {
-                if let Some(reader) = reader {
-                    let _ = reader.conn.execute_batch("ROLLBACK");
+                if let Some(mut reader) = reader {
+                    reader.conn.end().await;
                     self.shared.readers.give_back(reader);
                 }
                 Ok(Answer::Ended(if open.failed { "ROLLBACK" } else { "COMMIT" }))
@@ -886,20 +878,15 @@ impl QueryParser for Parser {
 
     fn get_result_schema(&self, statement: &Parsed, format: Option<&Format>) -> PgWireResult<Vec<FieldInfo>> {
         let format = format.cloned().unwrap_or(Format::UnifiedBinary);
-        let Ok(reader) = self.shared.readers.take() else {
+        let Ok(mut reader) = self.shared.readers.take() else {
             return Ok(Vec::new());
         };
         // A statement the reader cannot plan (its table is created in the same transaction,
         // say) describes as returning nothing; executing it tells the truth.
-        let columns = number_parameters(&statement.sql)
+        let dialect = self.shared.readers.database().dialect();
+        let columns = analyse(&statement.sql)
             .ok()
-            .and_then(|sql| {
-                reader
-                    .conn
-                    .prepare(&sql)
-                    .ok()
-                    .map(|prepared| engine::columns_of(&prepared, &sql))
-            })
+            .and_then(|analysis| reader.conn.describe(&analysis.numbered(dialect)))
             .unwrap_or_default();
         self.shared.readers.give_back(reader);
         Ok(fields(&columns, &format))

@@ -15,10 +15,12 @@
 
 pub mod checkpoint;
 pub mod copy;
+pub mod database;
 pub mod engine;
 pub mod error;
 mod front;
 pub mod machine;
+pub mod postgres;
 mod readers;
 pub mod text;
 pub mod txn;
@@ -34,6 +36,7 @@ use chorus_log::{EntryCodec, NodeConfig, NodeHandle, ReadConsistency};
 
 use tokio::net::TcpListener;
 
+pub use database::Database;
 pub use error::SqlError;
 pub use front::{serve, Shared};
 pub use machine::SqlState;
@@ -54,20 +57,34 @@ pub struct SqlOptions {
     pub read_consistency: ReadConsistency,
 }
 
-/// Opens the database under `sql_dir` (rebuilt from the last checkpoint and the log if it holds
-/// transactions the log may not have), starts the writer and the raft node, and serves
-/// PostgreSQL clients on `listener`.
+/// Opens `database` (rebuilt from the last checkpoint and the log if it holds transactions the
+/// log may not have; checkpoints live in `sql_dir`), starts the writer and the raft node, and
+/// serves PostgreSQL clients on `listener`.
 pub async fn start(
     node_config: NodeConfig,
+    database: Database,
     sql_dir: &Path,
     listener: TcpListener,
     codec: Box<dyn EntryCodec>,
     options: SqlOptions,
 ) -> Result<NodeHandle<SqlState>, StartError> {
-    let engine = engine::Sqlite::open(sql_dir).map_err(StartError::Database)?;
+    if matches!(database, Database::Postgres(_)) && options.mode != ReplicationMode::Active {
+        return Err(StartError::Database(SqlError::unsupported(
+            "the PostgreSQL engine replicates statements only: use --sql-mode active (write-sets \
+             are captured from SQLite)"
+                .into(),
+        )));
+    }
+    std::fs::create_dir_all(sql_dir).map_err(|e| {
+        StartError::Database(SqlError::new(
+            "58030",
+            format!("cannot create {}: {e}", sql_dir.display()),
+        ))
+    })?;
+    let engine = database.open_engine().map_err(StartError::Database)?;
     let (proposals, proposal_queue) = tokio::sync::mpsc::unbounded_channel();
     let writer = writer::start(
-        Box::new(engine),
+        engine,
         writer::WriterOptions {
             lock_wait: options.lock_wait,
             on_diverged: options.on_diverged,
@@ -76,7 +93,7 @@ pub async fn start(
         proposals,
     )
     .map_err(StartError::Database)?;
-    let readers = Arc::new(readers::Readers::new(sql_dir.to_path_buf()));
+    let readers = Arc::new(readers::Readers::new(database));
     let (state_writer, state_readers, state_dir) = (writer.clone(), readers.clone(), sql_dir.to_path_buf());
     let node = chorus_log::start(
         node_config,

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use chorus_log::{SnapshotFiles, StateMachine};
 
-use crate::checkpoint;
-use crate::engine::open_reader;
+use crate::checkpoint::{self, Checkpoints};
+use crate::database::Database;
 use crate::readers::Readers;
 use crate::txn::Txn;
 use crate::writer::{Applied, WriterHandle};
@@ -15,8 +15,7 @@ use crate::writer::{Applied, WriterHandle};
 pub struct SqlState {
     writer: WriterHandle,
     readers: Arc<Readers>,
-    /// Where the database and its checkpoints live.
-    dir: PathBuf,
+    checkpoints: Checkpoints,
 }
 
 impl SqlState {
@@ -28,12 +27,16 @@ impl SqlState {
         dir: PathBuf,
         snapshot: Option<&[u8]>,
     ) -> Result<Self, String> {
-        checkpoint::remove_leftovers(&dir);
+        let checkpoints = Checkpoints {
+            dir,
+            extension: readers.database().checkpoint_extension(),
+        };
+        checkpoints.remove_leftovers();
         let mark = snapshot.map(checkpoint::decode_mark).transpose()?;
         if writer.needs_rebuild(mark).map_err(|e| e.to_string())? {
-            let from = mark.map(|m| checkpoint::path(&dir, m.log_index));
+            let from = mark.map(|m| checkpoints.path(m.log_index));
             tracing::warn!(
-                dir = %dir.display(), checkpoint = ?from,
+                dir = %checkpoints.dir.display(), checkpoint = ?from,
                 "the database holds work the log may not have, or stands before the last checkpoint; \
                  rebuilding it from the checkpoint and the log"
             );
@@ -41,7 +44,11 @@ impl SqlState {
                 .restore(from.as_deref(), mark.unwrap_or_default())
                 .map_err(|e| format!("cannot rebuild the database: {e}"))?;
         }
-        Ok(SqlState { writer, readers, dir })
+        Ok(SqlState {
+            writer,
+            readers,
+            checkpoints,
+        })
     }
 }
 
@@ -82,25 +89,24 @@ impl StateMachine for SqlState {
         self.writer.checkpoint_ready()
     }
 
-    /// A checkpoint copies the whole database file.
+    /// A checkpoint copies the whole database: SQLite's file, or (PostgreSQL) about what the
+    /// last dump was.
     fn snapshot_cost_bytes(&mut self) -> u64 {
-        std::fs::metadata(crate::engine::database_path(&self.dir)).map_or(0, |m| m.len())
+        match self.readers.database() {
+            Database::Sqlite { dir } => std::fs::metadata(crate::engine::database_path(dir)).map_or(0, |m| m.len()),
+            Database::Postgres(_) => self.checkpoints.latest_size_bytes(),
+        }
     }
 
     fn snapshot_later(&mut self) -> Box<dyn FnOnce() -> Vec<u8> + Send> {
         let mark = self.writer.applied();
-        // A read transaction pinned here sees exactly the applied state (nothing is ahead of
-        // the log: `snapshot_ready`); the copy is made from it off the node's thread.
-        let pinned = open_reader(&self.dir).and_then(|reader| {
-            reader
-                .execute_batch("BEGIN; SELECT count(*) FROM _chorus_applied;")
-                .map_err(|e| crate::SqlError::from_sqlite(&e))?;
-            Ok(reader)
-        });
-        let dir = self.dir.clone();
+        // Pinned here, the state is exactly the applied one (nothing is ahead of the log:
+        // `snapshot_ready`); the copy is made from it off the node's thread.
+        let pinned = self.readers.database().pin_for_checkpoint();
+        let checkpoints = self.checkpoints.clone();
         Box::new(move || {
-            let reader = pinned.unwrap_or_else(|e| panic!("cannot pin the database for a checkpoint: {e}"));
-            if let Err(e) = checkpoint::write(&reader, &dir, mark.log_index) {
+            let copy = pinned.unwrap_or_else(|e| panic!("cannot pin the database for a checkpoint: {e}"));
+            if let Err(e) = checkpoints.write(mark.log_index, copy) {
                 panic!("cannot write the checkpoint at log index {}: {e}", mark.log_index);
             }
             checkpoint::encode_mark(&mark)
@@ -109,23 +115,26 @@ impl StateMachine for SqlState {
 
     fn snapshot_files(&mut self, snapshot: &[u8]) -> Result<SnapshotFiles, String> {
         let mark = checkpoint::decode_mark(snapshot)?;
-        let source = checkpoint::path(&self.dir, mark.log_index);
+        let source = self.checkpoints.path(mark.log_index);
         // A link keeps the file for the shipment even when a newer checkpoint replaces it.
-        let link = self
-            .dir
-            .join(format!("shipping-{}-{}.sqlite", mark.log_index, std::process::id()));
+        let link = self.checkpoints.dir.join(format!(
+            "shipping-{}-{}.{}",
+            mark.log_index,
+            std::process::id(),
+            self.checkpoints.extension
+        ));
         let _ = std::fs::remove_file(&link);
         std::fs::hard_link(&source, &link).map_err(|e| format!("cannot pin {}: {e}", source.display()))?;
         Ok(SnapshotFiles {
-            files: vec![(checkpoint::SHIPPED_NAME.to_owned(), link.clone())],
+            files: vec![(self.checkpoints.shipped_name(), link.clone())],
             pin: Box::new(ShippedLink(link)),
         })
     }
 
     fn install_snapshot(&mut self, snapshot: &[u8], files_dir: &Path) -> Result<(), String> {
         let mark = checkpoint::decode_mark(snapshot)?;
-        let received = files_dir.join(checkpoint::SHIPPED_NAME);
-        let kept = checkpoint::path(&self.dir, mark.log_index);
+        let received = files_dir.join(self.checkpoints.shipped_name());
+        let kept = self.checkpoints.path(mark.log_index);
         std::fs::copy(&received, &kept)
             .and_then(|_| std::fs::File::open(&kept)?.sync_all())
             .map_err(|e| format!("cannot keep the received checkpoint: {e}"))?;
@@ -135,6 +144,6 @@ impl StateMachine for SqlState {
 
     fn snapshot_persisted(&mut self, snapshot: &[u8]) {
         let mark = checkpoint::decode_mark(snapshot).expect("a checkpoint position this node wrote decodes");
-        checkpoint::remove_older(&self.dir, mark.log_index);
+        self.checkpoints.remove_older(mark.log_index);
     }
 }

@@ -1,37 +1,38 @@
 //! Read-only connections to the database, kept for reuse by reads off the writer.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use rusqlite::Connection;
-
-use crate::engine::open_reader;
+use crate::database::{Database, ReaderConn};
 use crate::error::SqlError;
 
 /// Reader connections kept for reuse.
 const IDLE_READERS: usize = 16;
 
 pub struct Readers {
-    dir: PathBuf,
+    database: Database,
     idle: Mutex<Vec<Reader>>,
-    /// Bumped when the database file is replaced: older connections read the old one.
+    /// Bumped when the database is replaced: older connections read the old one.
     generation: AtomicU64,
 }
 
-/// A reader connection, and which database file it opened.
+/// A reader connection, and which database it opened.
 pub struct Reader {
-    pub conn: Connection,
+    pub conn: ReaderConn,
     generation: u64,
 }
 
 impl Readers {
-    pub fn new(dir: PathBuf) -> Self {
+    pub fn new(database: Database) -> Self {
         Readers {
-            dir,
+            database,
             idle: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
         }
+    }
+
+    pub fn database(&self) -> &Database {
+        &self.database
     }
 
     pub fn take(&self) -> Result<Reader, SqlError> {
@@ -40,7 +41,7 @@ impl Readers {
         }
         Ok(Reader {
             generation: self.generation.load(Ordering::Acquire),
-            conn: open_reader(&self.dir)?,
+            conn: self.database.open_reader()?,
         })
     }
 
@@ -48,14 +49,14 @@ impl Readers {
     pub fn give_back(&self, reader: Reader) {
         let mut idle = self.idle.lock().expect("reader pool");
         if idle.len() < IDLE_READERS
-            && reader.conn.is_autocommit()
+            && reader.conn.is_idle()
             && reader.generation == self.generation.load(Ordering::Acquire)
         {
             idle.push(reader);
         }
     }
 
-    /// The database file was replaced: no kept connection is reused.
+    /// The database was replaced: no kept connection is reused.
     pub fn invalidate(&self) {
         let mut idle = self.idle.lock().expect("reader pool");
         self.generation.fetch_add(1, Ordering::AcqRel);

@@ -8,6 +8,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::SqlError;
 
+/// The SQL the engine reads, where rewritten text must differ: SQLite binds `?n` by number and
+/// reads dates as text; PostgreSQL keeps `$n` and wants typed time literals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TokenKind {
     Word,
@@ -239,37 +247,46 @@ pub struct Analysis {
     pub kind: StatementKind,
     /// `command_verb`'s answer.
     pub verb: Box<str>,
-    /// `number_parameters`'s output.
+    /// `number_parameters`'s output (SQLite's; PostgreSQL's is the statement itself).
     numbered: Arc<str>,
-    /// `fix_writes`'s output when it does not depend on the clock (and nothing is refused).
-    clockless_fix: Option<Arc<str>>,
+    statement: Arc<str>,
+    /// `fix_writes`'s output per dialect when it does not depend on the clock (and nothing is
+    /// refused).
+    clockless_fix: [Option<Arc<str>>; 2],
 }
 
 impl Analysis {
     fn of(statement: &str) -> Result<Analysis, SqlError> {
         let kind = classify_tokens(statement)?;
-        let clockless_fix = match rewrite(statement, FixedClock { unix_ms: 0 }) {
-            Ok((fixed, false)) => Some(fixed.into()),
-            _ => None,
-        };
+        let clockless_fix = [Dialect::Sqlite, Dialect::Postgres].map(|dialect| {
+            match rewrite(statement, FixedClock { unix_ms: 0 }, dialect) {
+                Ok((fixed, false)) => Some(fixed.into()),
+                _ => None,
+            }
+        });
         Ok(Analysis {
             kind,
             verb: command_verb(statement).into(),
             numbered: number_parameters_of(statement)?.into(),
+            statement: statement.into(),
             clockless_fix,
         })
     }
 
-    /// `number_parameters(statement)`, for the statement analysed.
-    pub fn numbered(&self) -> String {
-        self.numbered.to_string()
+    /// The statement as the engine reads it when it is not replicated (a read): SQLite's
+    /// parameters numbered `?n`.
+    pub fn numbered(&self, dialect: Dialect) -> String {
+        match dialect {
+            Dialect::Sqlite => self.numbered.to_string(),
+            Dialect::Postgres => self.statement.to_string(),
+        }
     }
 
-    /// `fix_writes(statement, clock)`, for the statement analysed.
-    pub fn fix_writes(&self, statement: &str, clock: FixedClock) -> Result<String, SqlError> {
-        match &self.clockless_fix {
+    /// `fix_writes(statement, clock, dialect)`, for the statement analysed.
+    pub fn fix_writes(&self, statement: &str, clock: FixedClock, dialect: Dialect) -> Result<String, SqlError> {
+        match &self.clockless_fix[dialect as usize] {
             Some(fixed) => Ok(fixed.to_string()),
-            None => rewrite(statement, clock).map(|(fixed, _)| fixed),
+            None => rewrite(statement, clock, dialect).map(|(fixed, _)| fixed),
         }
     }
 
@@ -490,42 +507,69 @@ impl FixedClock {
         format!("{date} {time}")
     }
 
+    /// `CURRENT_TIMESTAMP`: SQLite's has whole seconds, PostgreSQL's microseconds.
+    fn timestamp_of(&self, dialect: Dialect) -> String {
+        match dialect {
+            Dialect::Sqlite => self.timestamp(),
+            Dialect::Postgres => self.timestamp_ms(),
+        }
+    }
+
     /// (`YYYY-MM-DD`, `HH:MM:SS`) in UTC.
     fn civil(&self) -> (String, String) {
-        let secs = self.unix_ms.div_euclid(1000);
-        let days = secs.div_euclid(86_400);
-        let of_day = secs.rem_euclid(86_400);
-        // Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
-        let z = days + 719_468;
-        let era = z.div_euclid(146_097);
-        let doe = z.rem_euclid(146_097);
-        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-        let mp = (5 * doy + 2) / 153;
-        let day = doy - (153 * mp + 2) / 5 + 1;
-        let month = if mp < 10 { mp + 3 } else { mp - 9 };
-        let year = yoe + era * 400 + i64::from(month <= 2);
-        (
-            format!("{year:04}-{month:02}-{day:02}"),
-            format!("{:02}:{:02}:{:02}", of_day / 3600, of_day / 60 % 60, of_day % 60),
-        )
+        civil(self.unix_ms.div_euclid(1000))
     }
 }
 
+/// A Unix time in seconds as (`YYYY-MM-DD`, `HH:MM:SS`) in UTC.
+pub(crate) fn civil(unix_secs: i64) -> (String, String) {
+    let of_day = unix_secs.rem_euclid(86_400);
+    (
+        civil_date(unix_secs.div_euclid(86_400)),
+        format!("{:02}:{:02}:{:02}", of_day / 3600, of_day / 60 % 60, of_day % 60),
+    )
+}
+
+/// Days since 1970-01-01 as `YYYY-MM-DD` (proleptic Gregorian; Howard Hinnant's algorithm).
+pub(crate) fn civil_date(days: i64) -> String {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
 /// Makes a statement that may write deterministic: every read of the clock becomes the
-/// transaction's fixed time, and `$n` parameters become `?n` (which the engine binds by number,
-/// where it would bind `$n` by order of appearance). What cannot be made deterministic is
-/// refused, naming the function. `random()`, `randomblob()` and `gen_random_uuid()` stay: the
-/// engine draws them from the transaction's seed.
-pub fn fix_writes(statement: &str, clock: FixedClock) -> Result<String, SqlError> {
+/// transaction's fixed time, and for SQLite `$n` parameters become `?n` (which it binds by
+/// number, where it would bind `$n` by order of appearance). What cannot be made deterministic
+/// is refused, naming the function. `random()` stays: the engine draws it from the
+/// transaction's seed (SQLite's `randomblob()` and `gen_random_uuid()` too; PostgreSQL cannot
+/// seed its UUIDs, so there they are refused).
+pub fn fix_writes(statement: &str, clock: FixedClock, dialect: Dialect) -> Result<String, SqlError> {
     match memo_get(statement) {
-        Some(analysis) => analysis.fix_writes(statement, clock),
-        None => rewrite(statement, clock).map(|(fixed, _)| fixed),
+        Some(analysis) => analysis.fix_writes(statement, clock, dialect),
+        None => rewrite(statement, clock, dialect).map(|(fixed, _)| fixed),
+    }
+}
+
+/// A time literal as `dialect` reads it: SQLite's dates are text; PostgreSQL's untyped literal
+/// would not do in arithmetic (`now() - interval '1 day'`).
+fn time_literal(text: &str, postgres_type: &str, dialect: Dialect) -> String {
+    match dialect {
+        Dialect::Sqlite => format!("'{text}'"),
+        // With its zone: a session's TimeZone must not move the transaction's instant.
+        Dialect::Postgres if postgres_type == "timestamptz" => format!("'{text}+00'::timestamptz"),
+        Dialect::Postgres => format!("'{text}'::{postgres_type}"),
     }
 }
 
 /// `fix_writes`, and whether the output holds the clock (depends on `clock`).
-fn rewrite(statement: &str, clock: FixedClock) -> Result<(String, bool), SqlError> {
+fn rewrite(statement: &str, clock: FixedClock, dialect: Dialect) -> Result<(String, bool), SqlError> {
     let tokens = tokenize(statement)?;
     let mut reads_clock = false;
     let defines_schema = matches!(
@@ -542,15 +586,24 @@ fn rewrite(statement: &str, clock: FixedClock) -> Result<(String, bool), SqlErro
             .filter(|&close| tokens[close].text == ")");
         let upper = token.text.to_ascii_uppercase();
         let clock_literal = match (token.kind, upper.as_str()) {
-            (TokenKind::Word, "CURRENT_TIMESTAMP" | "LOCALTIMESTAMP") if call.is_none() => {
-                Some((format!("'{}'", clock.timestamp()), i + 1))
+            (TokenKind::Word, "CURRENT_TIMESTAMP") if call.is_none() => Some((
+                time_literal(&clock.timestamp_of(dialect), "timestamptz", dialect),
+                i + 1,
+            )),
+            (TokenKind::Word, "LOCALTIMESTAMP") if call.is_none() => {
+                Some((time_literal(&clock.timestamp_of(dialect), "timestamp", dialect), i + 1))
             }
-            (TokenKind::Word, "CURRENT_DATE") if call.is_none() => Some((format!("'{}'", clock.civil().0), i + 1)),
+            (TokenKind::Word, "CURRENT_DATE") if call.is_none() => {
+                Some((time_literal(&clock.civil().0, "date", dialect), i + 1))
+            }
             (TokenKind::Word, "CURRENT_TIME" | "LOCALTIME") if call.is_none() => {
-                Some((format!("'{}'", clock.civil().1), i + 1))
+                Some((time_literal(&clock.civil().1, "time", dialect), i + 1))
             }
             (TokenKind::Word, "NOW" | "STATEMENT_TIMESTAMP" | "TRANSACTION_TIMESTAMP") if empty_call.is_some() => {
-                Some((format!("'{}'", clock.timestamp_ms()), empty_call.unwrap_or(i) + 1))
+                Some((
+                    time_literal(&clock.timestamp_ms(), "timestamptz", dialect),
+                    empty_call.unwrap_or(i) + 1,
+                ))
             }
             (TokenKind::Word, "UNIXEPOCH") if empty_call.is_some() => {
                 Some((clock.unix_ms.div_euclid(1000).to_string(), empty_call.unwrap_or(i) + 1))
@@ -585,7 +638,17 @@ fn rewrite(statement: &str, clock: FixedClock) -> Result<(String, bool), SqlErro
                     token.text
                 )))
             }
-            (TokenKind::Parameter, _) if token.text.starts_with('$') => {
+            (
+                TokenKind::Word,
+                "GEN_RANDOM_UUID" | "UUID_GENERATE_V4" | "PG_BACKEND_PID" | "TXID_CURRENT" | "INET_SERVER_PORT",
+            ) if call.is_some() && dialect == Dialect::Postgres => {
+                return Err(SqlError::nondeterministic(format!(
+                    "{}() gives each PostgreSQL node a different value and cannot be replicated \
+                     by statement; compute it on the client",
+                    token.text
+                )))
+            }
+            (TokenKind::Parameter, _) if token.text.starts_with('$') && dialect == Dialect::Sqlite => {
                 out.push('?');
                 out.push_str(&token.text[1..]);
             }
@@ -707,29 +770,40 @@ mod tests {
         ] {
             let fresh = (
                 classify_tokens(statement).unwrap(),
-                rewrite(statement, CLOCK).unwrap().0,
+                rewrite(statement, CLOCK, Dialect::Sqlite).unwrap().0,
                 number_parameters_of(statement).unwrap(),
             );
             for _ in 0..2 {
                 let analysis = analyse(statement).unwrap();
                 assert_eq!(analysis.kind, fresh.0, "{statement}");
-                assert_eq!(analysis.fix_writes(statement, CLOCK).unwrap(), fresh.1, "{statement}");
-                assert_eq!(analysis.numbered(), fresh.2, "{statement}");
+                assert_eq!(
+                    analysis.fix_writes(statement, CLOCK, Dialect::Sqlite).unwrap(),
+                    fresh.1,
+                    "{statement}"
+                );
+                assert_eq!(analysis.numbered(Dialect::Sqlite), fresh.2, "{statement}");
                 assert_eq!(&*analysis.verb, command_verb(statement), "{statement}");
                 assert_eq!(classify(statement).unwrap(), fresh.0, "{statement}");
-                assert_eq!(fix_writes(statement, CLOCK).unwrap(), fresh.1, "{statement}");
+                assert_eq!(
+                    fix_writes(statement, CLOCK, Dialect::Sqlite).unwrap(),
+                    fresh.1,
+                    "{statement}"
+                );
                 assert_eq!(number_parameters(statement).unwrap(), fresh.2, "{statement}");
             }
         }
         let reads_clock = "INSERT INTO t VALUES ($1, CURRENT_TIMESTAMP)";
         assert_ne!(
-            fix_writes(reads_clock, CLOCK).unwrap(),
-            fix_writes(reads_clock, later).unwrap(),
+            fix_writes(reads_clock, CLOCK, Dialect::Sqlite).unwrap(),
+            fix_writes(reads_clock, later, Dialect::Sqlite).unwrap(),
             "a statement reading the clock is rewritten for each transaction's time"
         );
         let refused = "INSERT INTO t VALUES (clock_timestamp())";
         classify(refused).unwrap();
-        assert!(fix_writes(refused, CLOCK).is_err(), "a refusal is not memoised away");
+        assert!(
+            fix_writes(refused, CLOCK, Dialect::Sqlite).is_err(),
+            "a refusal is not memoised away"
+        );
     }
 
     #[test]
@@ -785,6 +859,7 @@ mod tests {
         let fixed = fix_writes(
             "INSERT INTO t VALUES (CURRENT_TIMESTAMP, now(), datetime('now'), unixepoch(), 'now is', $2, $1)",
             CLOCK,
+            Dialect::Sqlite,
         )
         .unwrap();
         assert_eq!(
@@ -793,8 +868,30 @@ mod tests {
              datetime('2026-11-27 02:51:00.123'), 1795747860, 'now is', ?2, ?1)"
         );
         assert_eq!(
-            fix_writes("SELECT random(), randomblob(4)", CLOCK).unwrap(),
+            fix_writes("SELECT random(), randomblob(4)", CLOCK, Dialect::Sqlite).unwrap(),
             "SELECT random(), randomblob(4)"
+        );
+    }
+
+    #[test]
+    fn postgres_keeps_its_parameters_and_reads_typed_times() {
+        let pg = |sql: &str| fix_writes(sql, CLOCK, Dialect::Postgres);
+        assert_eq!(
+            pg("INSERT INTO t VALUES (CURRENT_TIMESTAMP, now() - interval '1 day', CURRENT_DATE, $2, $1)").unwrap(),
+            "INSERT INTO t VALUES ('2026-11-27 02:51:00.123+00'::timestamptz, \
+             '2026-11-27 02:51:00.123+00'::timestamptz - interval '1 day', '2026-11-27'::date, $2, $1)"
+        );
+        assert_eq!(
+            analyse("SELECT * FROM t WHERE id = $1")
+                .unwrap()
+                .numbered(Dialect::Postgres),
+            "SELECT * FROM t WHERE id = $1"
+        );
+        let error = pg("INSERT INTO t VALUES (gen_random_uuid())").unwrap_err();
+        assert!(error.message.contains("gen_random_uuid"), "{}", error.message);
+        assert!(
+            fix_writes("INSERT INTO t VALUES (gen_random_uuid())", CLOCK, Dialect::Sqlite).is_ok(),
+            "SQLite draws UUIDs from the seed"
         );
     }
 
@@ -806,7 +903,7 @@ mod tests {
             ("SELECT total_changes()", "total_changes"),
             ("CREATE TABLE t (a DEFAULT CURRENT_TIMESTAMP)", "CURRENT_TIMESTAMP"),
         ] {
-            let error = fix_writes(sql, CLOCK).unwrap_err();
+            let error = fix_writes(sql, CLOCK, Dialect::Sqlite).unwrap_err();
             assert!(error.to_string().contains(named), "{sql}: {error}");
         }
     }
@@ -885,7 +982,7 @@ mod tests {
         assert_eq!(parameter_count("SELECT ?, ?").unwrap(), 2);
         assert_eq!(number_parameters("SELECT $2::int, $1").unwrap(), "SELECT ?2::int, ?1");
         // A rewritten parameter never swallows the word after it.
-        let fixed = fix_writes("SELECT ($1BEGIN$x)", CLOCK).unwrap();
-        assert_eq!(fix_writes(&fixed, CLOCK).unwrap(), fixed);
+        let fixed = fix_writes("SELECT ($1BEGIN$x)", CLOCK, Dialect::Sqlite).unwrap();
+        assert_eq!(fix_writes(&fixed, CLOCK, Dialect::Sqlite).unwrap(), fixed);
     }
 }

@@ -452,16 +452,17 @@ impl Writer {
             return Err(SqlError::in_failed_transaction());
         }
         let mode = self.mode;
+        let dialect = self.engine.dialect();
         // The rewrite only replaces clock reads and parameter names: the analysis stays.
         let result = analysis
-            .fix_writes(sql, active.clock)
+            .fix_writes(sql, active.clock, dialect)
             .or_else(|refused| {
                 if mode == ReplicationMode::Active || !refused.is_nondeterministic() || active.changes_schema {
                     return Err(refused);
                 }
                 // Replicas apply its write-set: the statement runs as the client wrote it.
                 active.nondeterministic = true;
-                Ok(analysis.numbered())
+                Ok(analysis.numbered(dialect))
             })
             .and_then(|fixed| {
                 if mode != ReplicationMode::Active && analysis.changes_schema() {

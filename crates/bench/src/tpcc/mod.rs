@@ -28,7 +28,7 @@ use tokio_postgres::Client;
 
 use crate::cli::NetArgs;
 use crate::cpu::{CpuMeter, ServerCpu};
-use crate::peers::{postgres_conninfo, PeerCluster, System};
+use crate::peers::{PeerCluster, System};
 use crate::plot::{self, BarGroup};
 use crate::report::{self, LatencySummary, Machine};
 use terminal::{Kind, Outcome, Terminal};
@@ -180,9 +180,10 @@ impl Tally {
 }
 
 pub async fn connect(addr: SocketAddr) -> anyhow::Result<Client> {
-    let (client, connection) = tokio_postgres::connect(&postgres_conninfo(addr), tokio_postgres::NoTls)
-        .await
-        .with_context(|| format!("cannot connect to {addr}"))?;
+    let (client, connection) =
+        tokio_postgres::connect(&chorus_cluster::postgres::conninfo(addr), tokio_postgres::NoTls)
+            .await
+            .with_context(|| format!("cannot connect to {addr}"))?;
     tokio::spawn(connection);
     Ok(client)
 }

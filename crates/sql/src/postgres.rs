@@ -1,0 +1,732 @@
+//! PostgreSQL as the engine: each node replicates into a PostgreSQL server of its own (started
+//! beside it by `chorus cluster start --sql-engine postgres`), reached over PostgreSQL's own
+//! protocol. The database's code is untouched: Chorus is a client like any other.
+//!
+//! The writer runs on the node's thread, which must not host another runtime; every
+//! connection's I/O is driven on a thread of this module's, and the writer waits for its
+//! replies (`futures::executor::block_on`), as it waits for SQLite's.
+//!
+//! Parameters travel in text form, so a value is read by the type the server expects; results
+//! arrive in binary and are decoded here for the types a replicated schema uses (others are
+//! refused by name: cast them to text).
+
+use std::collections::HashMap;
+use std::error::Error as StdError;
+use std::path::{Path, PathBuf};
+use std::pin::pin;
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::BytesMut;
+use futures::StreamExt;
+use tokio_postgres::types::{Format, FromSql, IsNull, ToSql, Type};
+use tokio_postgres::{Client, NoTls, Statement};
+
+use crate::database::CheckpointCopy;
+use crate::engine::{AppliedMark, Column, Engine, Outcome};
+use crate::error::SqlError;
+use crate::text::{Dialect, StatementKind};
+use crate::txn::{TxnId, Value};
+
+/// Prepared statements kept per connection; the cache starts over when full.
+const PREPARED_PER_CONNECTION: usize = 512;
+/// Statements longer than this are prepared for one run only (bulk loads).
+const PREPARED_MAX_STATEMENT_BYTES: usize = 4096;
+
+/// A node's PostgreSQL server: where it is, and the thread driving connections to it.
+pub struct PgServer {
+    conninfo: String,
+    config: tokio_postgres::Config,
+    /// Where `pg_dump` and `pg_restore` are.
+    bin_dir: PathBuf,
+    io: tokio::runtime::Handle,
+}
+
+impl PgServer {
+    /// A server reached by `conninfo` (`host=… port=… user=… dbname=…`); its client programs
+    /// in `bin_dir`, or the newest installed PostgreSQL's.
+    pub fn new(conninfo: &str, bin_dir: Option<PathBuf>) -> Result<Arc<PgServer>, SqlError> {
+        let config: tokio_postgres::Config = conninfo
+            .parse()
+            .map_err(|e| SqlError::new("08001", format!("invalid PostgreSQL connection string: {e}")))?;
+        let bin_dir = match bin_dir {
+            Some(dir) => dir,
+            None => installed_bin_dir().ok_or_else(|| {
+                SqlError::new(
+                    "58P01",
+                    "no PostgreSQL client programs found under /usr/lib/postgresql; install PostgreSQL \
+                     or give --sql-postgres-bin",
+                )
+            })?,
+        };
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("postgres-io".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime for PostgreSQL connections");
+                let _ = handle_tx.send(runtime.handle().clone());
+                runtime.block_on(std::future::pending::<()>());
+            })
+            .map_err(|e| SqlError::new("58000", format!("cannot start the PostgreSQL I/O thread: {e}")))?;
+        let io = handle_rx.recv().expect("the I/O thread sends its runtime");
+        Ok(Arc::new(PgServer {
+            conninfo: conninfo.to_owned(),
+            config,
+            bin_dir,
+            io,
+        }))
+    }
+
+    /// A new connection, its I/O driven on this server's thread. `options` are settings of
+    /// the session (`-c name=value`); every session reads time in UTC.
+    async fn connect(&self, options: &str) -> Result<Client, SqlError> {
+        let mut config = self.config.clone();
+        config.options(format!("-c TimeZone=UTC {options}"));
+        self.io
+            .spawn(async move {
+                let (client, connection) = config.connect(NoTls).await?;
+                tokio::spawn(async move {
+                    if let Err(e) = connection.await {
+                        tracing::warn!(error = %e, "a PostgreSQL connection failed");
+                    }
+                });
+                Ok::<_, tokio_postgres::Error>(client)
+            })
+            .await
+            .expect("connecting does not panic")
+            .map_err(|e| pg_error(&e))
+    }
+
+    fn program(&self, name: &str) -> Command {
+        Command::new(self.bin_dir.join(name))
+    }
+}
+
+/// The newest PostgreSQL installed as Debian lays it out.
+pub fn installed_bin_dir() -> Option<PathBuf> {
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("pg_dump").is_file().then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, bin)| bin)
+}
+
+/// The SQLSTATE of a PostgreSQL error, kept for the process's life (codes are few).
+fn intern_code(code: &str) -> &'static str {
+    static CODES: OnceLock<Mutex<Vec<&'static str>>> = OnceLock::new();
+    let mut codes = CODES.get_or_init(Default::default).lock().expect("never poisoned");
+    if let Some(known) = codes.iter().find(|c| **c == code) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(code.into());
+    codes.push(leaked);
+    leaked
+}
+
+/// A PostgreSQL error as the client would have had it from PostgreSQL itself.
+fn pg_error(e: &tokio_postgres::Error) -> SqlError {
+    match e.as_db_error() {
+        Some(db) => SqlError::new(intern_code(db.code().code()), db.message()),
+        None if e.is_closed() => SqlError::new("08006", format!("the node's PostgreSQL connection closed: {e}")),
+        None => SqlError::new("58000", format!("PostgreSQL: {e}")),
+    }
+}
+
+/// Waits for a connection's reply on the node's thread.
+fn wait<F: std::future::Future>(future: F) -> F::Output {
+    futures::executor::block_on(future)
+}
+
+/// Prepared statements of one connection, by text.
+#[derive(Default)]
+struct Prepared(HashMap<String, Statement>);
+
+impl Prepared {
+    async fn get(&mut self, client: &Client, sql: &str) -> Result<Statement, SqlError> {
+        if let Some(statement) = self.0.get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = client.prepare(sql).await.map_err(|e| pg_error(&e))?;
+        if sql.len() <= PREPARED_MAX_STATEMENT_BYTES {
+            if self.0.len() >= PREPARED_PER_CONNECTION {
+                self.0.clear();
+            }
+            self.0.insert(sql.to_owned(), statement.clone());
+        }
+        Ok(statement)
+    }
+}
+
+/// Runs one prepared statement and collects what it gave.
+async fn run(client: &Client, statement: &Statement, sql: &str, params: &[Value]) -> Result<Outcome, SqlError> {
+    let expected = statement.params().len();
+    if params.len() != expected {
+        return Err(SqlError::new(
+            "08P01",
+            format!("the statement takes {expected} parameters, {} were bound", params.len()),
+        ));
+    }
+    let columns = columns_of(statement);
+    let stream = client
+        .query_raw(statement, params.iter().map(Param))
+        .await
+        .map_err(|e| pg_error(&e))?;
+    let mut stream = pin!(stream);
+    let mut rows = Vec::new();
+    while let Some(row) = stream.next().await {
+        let row = row.map_err(|e| pg_error(&e))?;
+        let mut values = Vec::with_capacity(columns.len());
+        for i in 0..columns.len() {
+            let value: Decoded = row.try_get(i).map_err(|e| undecodable(statement, i, &e))?;
+            values.push(value.0);
+        }
+        rows.push(values);
+    }
+    let changes = stream.rows_affected().unwrap_or(0);
+    Ok(Outcome {
+        columns,
+        rows,
+        changes,
+        read_only: reads_only(sql),
+    })
+}
+
+/// Whether a statement cannot have changed the database, from its text: a plain query. (A
+/// query calling a function that writes is taken as a read: under the PostgreSQL engine such
+/// calls are not replicated; see docs/sql.md.)
+fn reads_only(sql: &str) -> bool {
+    let kind = crate::text::analyse(sql).map(|analysis| analysis.kind);
+    kind == Ok(StatementKind::Read) && {
+        let lower = sql.to_ascii_lowercase();
+        !lower.contains("nextval") && !lower.contains("setval")
+    }
+}
+
+fn undecodable(statement: &Statement, column: usize, e: &tokio_postgres::Error) -> SqlError {
+    let ty = statement.columns().get(column).map_or("?", |c| c.type_().name());
+    SqlError::new(
+        "0A000",
+        format!("a result column of type {ty} cannot be returned through Chorus yet; cast it to text ({e})"),
+    )
+}
+
+fn columns_of(statement: &Statement) -> Vec<Column> {
+    statement
+        .columns()
+        .iter()
+        .map(|c| Column {
+            name: c.name().to_owned(),
+            declared: Some(c.type_().name().to_owned()),
+            function: None,
+        })
+        .collect()
+}
+
+/// A parameter in text form: the server reads it as the type it expects there.
+#[derive(Debug)]
+struct Param<'a>(&'a Value);
+
+impl ToSql for Param<'_> {
+    fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, Box<dyn StdError + Sync + Send>> {
+        let text = match self.0 {
+            Value::Null => return Ok(IsNull::Yes),
+            Value::Integer(i) => i.to_string(),
+            Value::Real(f) => f.to_string(),
+            Value::Text(t) => {
+                out.extend_from_slice(t.as_bytes());
+                return Ok(IsNull::No);
+            }
+            Value::Blob(b) if *ty == Type::BYTEA => {
+                let mut hex = String::with_capacity(2 + 2 * b.len());
+                hex.push_str("\\x");
+                for byte in b {
+                    hex.push_str(&format!("{byte:02x}"));
+                }
+                hex
+            }
+            Value::Blob(b) => String::from_utf8(b.clone())?,
+        };
+        out.extend_from_slice(text.as_bytes());
+        Ok(IsNull::No)
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    fn encode_format(&self, _ty: &Type) -> Format {
+        Format::Text
+    }
+
+    tokio_postgres::types::to_sql_checked!();
+}
+
+/// A result value decoded from PostgreSQL's binary form.
+struct Decoded(Value);
+
+impl<'a> FromSql<'a> for Decoded {
+    fn from_sql(ty: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn StdError + Sync + Send>> {
+        decode(ty, raw).map(Decoded)
+    }
+
+    fn from_sql_null(_: &Type) -> Result<Self, Box<dyn StdError + Sync + Send>> {
+        Ok(Decoded(Value::Null))
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+}
+
+fn decode(ty: &Type, raw: &[u8]) -> Result<Value, Box<dyn StdError + Sync + Send>> {
+    Ok(match *ty {
+        Type::BOOL => Value::Integer(i64::from(bool::from_sql(ty, raw)?)),
+        Type::INT2 => Value::Integer(i16::from_sql(ty, raw)?.into()),
+        Type::INT4 => Value::Integer(i32::from_sql(ty, raw)?.into()),
+        Type::INT8 => Value::Integer(i64::from_sql(ty, raw)?),
+        Type::OID => Value::Integer(u32::from_sql(ty, raw)?.into()),
+        Type::FLOAT4 => Value::Real(f32::from_sql(ty, raw)?.into()),
+        Type::FLOAT8 => Value::Real(f64::from_sql(ty, raw)?),
+        Type::NUMERIC => Value::Text(numeric_text(raw)?),
+        Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN | Type::JSON => {
+            Value::Text(String::from_sql(&Type::TEXT, raw)?)
+        }
+        Type::JSONB => match raw.split_first() {
+            Some((1, json)) => Value::Text(std::str::from_utf8(json)?.to_owned()),
+            _ => return Err("an unknown jsonb version".into()),
+        },
+        Type::BYTEA => Value::Blob(raw.to_vec()),
+        Type::UUID => {
+            let b: [u8; 16] = raw.try_into()?;
+            let hex: String = b.iter().map(|byte| format!("{byte:02x}")).collect();
+            Value::Text(format!(
+                "{}-{}-{}-{}-{}",
+                &hex[..8],
+                &hex[8..12],
+                &hex[12..16],
+                &hex[16..20],
+                &hex[20..]
+            ))
+        }
+        Type::DATE => {
+            let days = i32::from_sql(ty, raw)?;
+            Value::Text(crate::text::civil_date(i64::from(days) + POSTGRES_EPOCH_DAYS))
+        }
+        Type::TIMESTAMP | Type::TIMESTAMPTZ => {
+            let micros = i64::from_sql(ty, raw)?;
+            let unix_micros = micros + POSTGRES_EPOCH_DAYS * 86_400_000_000;
+            let secs = unix_micros.div_euclid(1_000_000);
+            let (date, time) = crate::text::civil(secs);
+            let fraction = unix_micros.rem_euclid(1_000_000);
+            let zone = if *ty == Type::TIMESTAMPTZ { "+00" } else { "" };
+            Value::Text(if fraction == 0 {
+                format!("{date} {time}{zone}")
+            } else {
+                let digits = format!("{fraction:06}");
+                format!("{date} {time}.{}{zone}", digits.trim_end_matches('0'))
+            })
+        }
+        _ => return Err(format!("type {} is not decoded", ty.name()).into()),
+    })
+}
+
+/// Days from 1970-01-01 to PostgreSQL's epoch, 2000-01-01.
+const POSTGRES_EPOCH_DAYS: i64 = 10_957;
+
+/// A binary NUMERIC as its decimal text: base-10000 digits, a weight (the power of the first
+/// digit), a sign and the digits shown after the point.
+fn numeric_text(raw: &[u8]) -> Result<String, Box<dyn StdError + Sync + Send>> {
+    let u16_at = |at: usize| -> Result<u16, Box<dyn StdError + Sync + Send>> {
+        Ok(u16::from_be_bytes(
+            raw.get(at..at + 2).ok_or("a truncated numeric")?.try_into()?,
+        ))
+    };
+    let ndigits = usize::from(u16_at(0)?);
+    let weight = i64::from(u16_at(2)? as i16);
+    let sign = u16_at(4)?;
+    let dscale = usize::from(u16_at(6)?);
+    match sign {
+        0xC000 => return Ok("NaN".into()),
+        0xD000 => return Ok("Infinity".into()),
+        0xF000 => return Ok("-Infinity".into()),
+        0x0000 | 0x4000 => {}
+        _ => return Err("an invalid numeric sign".into()),
+    }
+    let digits: Vec<u16> = (0..ndigits).map(|i| u16_at(8 + 2 * i)).collect::<Result<_, _>>()?;
+    if digits.iter().any(|d| *d >= 10_000) {
+        return Err("an invalid numeric digit".into());
+    }
+    let digit = |index: i64| -> u16 {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| digits.get(i).copied())
+            .unwrap_or(0)
+    };
+    let mut text = String::new();
+    if sign == 0x4000 {
+        text.push('-');
+    }
+    if weight < 0 {
+        text.push('0');
+    } else {
+        text.push_str(&digit(0).to_string());
+        for index in 1..=weight {
+            text.push_str(&format!("{:04}", digit(index)));
+        }
+    }
+    if dscale > 0 {
+        let mut fraction = String::with_capacity(dscale + 4);
+        let mut index = weight + 1;
+        while fraction.len() < dscale {
+            fraction.push_str(&format!("{:04}", digit(index)));
+            index += 1;
+        }
+        fraction.truncate(dscale);
+        text.push('.');
+        text.push_str(&fraction);
+    }
+    Ok(text)
+}
+
+/// The writer's connection: Chorus's bookkeeping tables live beside the data, in the same
+/// transactions. Commits do not wait for PostgreSQL's own WAL flush (`synchronous_commit =
+/// off`): the log is what is durable, and PostgreSQL recovers a consistent, older state after a
+/// crash, which the log brings forward.
+pub struct Postgres {
+    server: Arc<PgServer>,
+    client: Client,
+    prepared: Prepared,
+    in_transaction: bool,
+    /// The seed of the statement about to run, applied (`setseed`) only if it draws randoms.
+    seed: Option<u64>,
+}
+
+const BOOKKEEPING: &str = "
+    CREATE TABLE IF NOT EXISTS _chorus_applied (
+        only_row INTEGER PRIMARY KEY CHECK (only_row = 0),
+        log_index BIGINT NOT NULL,
+        command BIGINT NOT NULL,
+        txn_incarnation BIGINT NOT NULL,
+        txn_seq BIGINT NOT NULL);
+    INSERT INTO _chorus_applied VALUES (0, 0, 0, 0, 0) ON CONFLICT DO NOTHING;
+    CREATE TABLE IF NOT EXISTS _chorus_ahead (
+        incarnation BIGINT NOT NULL,
+        seq BIGINT NOT NULL,
+        PRIMARY KEY (incarnation, seq));";
+
+const MARK_APPLIED: &str =
+    "UPDATE _chorus_applied SET log_index = $1, command = $2, txn_incarnation = $3, txn_seq = $4";
+
+impl Postgres {
+    pub fn open(server: Arc<PgServer>) -> Result<Postgres, SqlError> {
+        let client = wait(server.connect("-c synchronous_commit=off"))?;
+        wait(client.batch_execute(BOOKKEEPING)).map_err(|e| pg_error(&e))?;
+        Ok(Postgres {
+            server,
+            client,
+            prepared: Prepared::default(),
+            in_transaction: false,
+            seed: None,
+        })
+    }
+
+    fn run(&mut self, sql: &str, params: &[Value]) -> Result<Outcome, SqlError> {
+        let (client, prepared) = (&self.client, &mut self.prepared);
+        wait(async {
+            let statement = prepared.get(client, sql).await?;
+            run(client, &statement, sql, params).await
+        })
+    }
+
+    /// Runs a statement of Chorus's own, whatever it returns (`setseed` returns void).
+    fn bookkeep(&mut self, sql: &str, params: &[Value]) -> Result<(), SqlError> {
+        let (client, prepared) = (&self.client, &mut self.prepared);
+        wait(async {
+            let statement = prepared.get(client, sql).await?;
+            client
+                .execute_raw(&statement, params.iter().map(Param))
+                .await
+                .map_err(|e| pg_error(&e))
+        })
+        .map(drop)
+    }
+
+    fn batch(&self, sql: &str) -> Result<(), SqlError> {
+        wait(self.client.batch_execute(sql)).map_err(|e| pg_error(&e))
+    }
+
+    fn txn_params(id: TxnId) -> [Value; 2] {
+        [Value::Integer(id.incarnation as i64), Value::Integer(id.seq as i64)]
+    }
+
+    /// Empties the database: every table, view, sequence and function of the public schema.
+    fn clear(&mut self) -> Result<(), SqlError> {
+        self.prepared = Prepared::default();
+        self.batch("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")
+    }
+}
+
+impl Engine for Postgres {
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
+
+    fn begin(&mut self) -> Result<(), SqlError> {
+        self.batch("BEGIN")?;
+        self.in_transaction = true;
+        Ok(())
+    }
+
+    fn commit(&mut self) -> Result<(), SqlError> {
+        self.in_transaction = false;
+        self.batch("COMMIT")
+    }
+
+    fn rollback(&mut self) {
+        if std::mem::take(&mut self.in_transaction) {
+            if let Err(e) = self.batch("ROLLBACK") {
+                panic!("PostgreSQL cannot roll back the writer's transaction: {e}");
+            }
+        }
+    }
+
+    fn seed(&mut self, seed: u64) {
+        self.seed = Some(seed);
+    }
+
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<Outcome, SqlError> {
+        if let Some(seed) = self.seed.take() {
+            if sql.to_ascii_lowercase().contains("random") {
+                // setseed takes a value in [-1, 1].
+                let unit = (seed >> 11) as f64 / (1u64 << 53) as f64;
+                self.bookkeep("SELECT setseed($1)", &[Value::Real(unit * 2.0 - 1.0)])?;
+            }
+        }
+        self.run(sql, params)
+    }
+
+    fn mark_applied(&mut self, mark: AppliedMark) -> Result<(), SqlError> {
+        self.bookkeep(
+            MARK_APPLIED,
+            &[
+                Value::Integer(mark.log_index as i64),
+                Value::Integer(mark.command.into()),
+                Value::Integer(mark.last_txn.incarnation as i64),
+                Value::Integer(mark.last_txn.seq as i64),
+            ],
+        )
+    }
+
+    fn mark_ahead(&mut self, id: TxnId) -> Result<(), SqlError> {
+        self.bookkeep("INSERT INTO _chorus_ahead VALUES ($1, $2)", &Self::txn_params(id))
+    }
+
+    fn clear_ahead(&mut self, id: TxnId) -> Result<(), SqlError> {
+        self.bookkeep(
+            "DELETE FROM _chorus_ahead WHERE incarnation = $1 AND seq = $2",
+            &Self::txn_params(id),
+        )
+    }
+
+    fn applied(&mut self) -> Result<AppliedMark, SqlError> {
+        let outcome = self.run(
+            "SELECT log_index, command, txn_incarnation, txn_seq FROM _chorus_applied",
+            &[],
+        )?;
+        let integer = |i: usize| match outcome.rows.first().and_then(|row| row.get(i)) {
+            Some(Value::Integer(n)) => Ok(*n as u64),
+            other => Err(SqlError::new(
+                "XX001",
+                format!("_chorus_applied holds {other:?} where a position belongs"),
+            )),
+        };
+        Ok(AppliedMark {
+            log_index: integer(0)?,
+            command: integer(1)? as u32,
+            last_txn: TxnId {
+                incarnation: integer(2)?,
+                seq: integer(3)?,
+            },
+        })
+    }
+
+    fn holds_ahead(&mut self) -> Result<bool, SqlError> {
+        let outcome = self.run("SELECT EXISTS (SELECT 1 FROM _chorus_ahead)", &[])?;
+        Ok(outcome.rows.first().and_then(|row| row.first()) == Some(&Value::Integer(1)))
+    }
+
+    fn restore(&mut self, checkpoint: Option<&Path>, mark: AppliedMark) -> Result<(), SqlError> {
+        self.rollback();
+        self.clear()?;
+        if let Some(checkpoint) = checkpoint {
+            let mut restore = self.server.program("pg_restore");
+            restore
+                .args(["--no-owner", "--single-transaction", "--exit-on-error", "-d"])
+                .arg(&self.server.conninfo)
+                .arg(checkpoint);
+            run_program(restore, "pg_restore")?;
+        } else {
+            self.batch(BOOKKEEPING)?;
+        }
+        self.begin()?;
+        let restored = self
+            .batch("DELETE FROM _chorus_ahead")
+            .and_then(|()| self.mark_applied(mark));
+        if let Err(e) = restored {
+            self.rollback();
+            return Err(e);
+        }
+        self.commit()
+    }
+
+    fn record_writes(&mut self) -> Result<(), SqlError> {
+        Err(passive_unsupported())
+    }
+
+    fn take_write_set(&mut self) -> Result<Vec<u8>, SqlError> {
+        Err(passive_unsupported())
+    }
+
+    fn apply_write_set(&mut self, _write_set: &[u8]) -> Result<(), SqlError> {
+        Err(passive_unsupported())
+    }
+
+    fn end_write_sets(&mut self, _mark: Option<AppliedMark>) -> Result<(), SqlError> {
+        Ok(())
+    }
+}
+
+fn passive_unsupported() -> SqlError {
+    SqlError::unsupported(
+        "write-sets (passive replication) are captured from SQLite only; the PostgreSQL engine \
+         replicates statements (--sql-mode active)"
+            .into(),
+    )
+}
+
+fn run_program(mut command: Command, what: &str) -> Result<(), SqlError> {
+    let output = command
+        .output()
+        .map_err(|e| SqlError::new("58000", format!("cannot run {what}: {e}")))?;
+    if !output.status.success() {
+        return Err(SqlError::new(
+            "58000",
+            format!(
+                "{what} failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A read-only connection; a read transaction is REPEATABLE READ, so its statements see one
+/// state, as a SQLite read transaction does.
+pub struct PgReader {
+    client: Client,
+    prepared: Prepared,
+    in_transaction: bool,
+}
+
+impl PgReader {
+    pub fn open(server: &PgServer) -> Result<PgReader, SqlError> {
+        let client = wait(server.connect("-c default_transaction_read_only=on"))?;
+        Ok(PgReader {
+            client,
+            prepared: Prepared::default(),
+            in_transaction: false,
+        })
+    }
+
+    pub async fn run(&mut self, sql: &str, params: &[Value]) -> Result<Outcome, SqlError> {
+        let statement = self.prepared.get(&self.client, sql).await?;
+        run(&self.client, &statement, sql, params).await
+    }
+
+    pub async fn begin(&mut self) -> Result<(), SqlError> {
+        self.client
+            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .await
+            .map_err(|e| pg_error(&e))?;
+        self.in_transaction = true;
+        Ok(())
+    }
+
+    pub async fn end(&mut self) {
+        if std::mem::take(&mut self.in_transaction) {
+            let _ = self.client.batch_execute("ROLLBACK").await;
+        }
+    }
+
+    pub fn is_idle(&self) -> bool {
+        !self.in_transaction && !self.client.is_closed()
+    }
+
+    pub fn describe(&mut self, sql: &str) -> Option<Vec<Column>> {
+        let (client, prepared) = (&self.client, &mut self.prepared);
+        wait(prepared.get(client, sql))
+            .ok()
+            .map(|statement| columns_of(&statement))
+    }
+}
+
+/// Pins the database in a snapshot exported from a read transaction; the copy is `pg_dump` of
+/// that snapshot, while the transaction holds it.
+pub fn pin_for_checkpoint(server: &Arc<PgServer>) -> Result<CheckpointCopy, SqlError> {
+    let reader = PgReader::open(server)?;
+    let snapshot = wait(async {
+        reader
+            .client
+            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .await?;
+        let row = reader.client.query_one("SELECT pg_export_snapshot()", &[]).await?;
+        row.try_get::<_, String>(0)
+    })
+    .map_err(|e| pg_error(&e))?;
+    let server = server.clone();
+    Ok(Box::new(move |target: &Path| {
+        let mut dump = server.program("pg_dump");
+        dump.args(["--format=custom", "--compress=1", "--no-owner", "--snapshot"])
+            .arg(&snapshot)
+            .arg("--file")
+            .arg(target)
+            .arg(&server.conninfo);
+        let dumped = run_program(dump, "pg_dump").map_err(std::io::Error::other);
+        drop(reader);
+        dumped
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn numeric(ndigits: u16, weight: i16, sign: u16, dscale: u16, digits: &[u16]) -> String {
+        let mut raw = Vec::new();
+        for part in [ndigits, weight as u16, sign, dscale].iter().chain(digits) {
+            raw.extend_from_slice(&part.to_be_bytes());
+        }
+        numeric_text(&raw).unwrap()
+    }
+
+    #[test]
+    fn numerics_read_as_postgresql_prints_them() {
+        assert_eq!(numeric(2, 0, 0, 2, &[12, 3400]), "12.34");
+        assert_eq!(numeric(1, 1, 0x4000, 0, &[5]), "-50000");
+        assert_eq!(numeric(1, -1, 0, 4, &[5]), "0.0005");
+        assert_eq!(numeric(1, -2, 0, 6, &[7]), "0.000000");
+        assert_eq!(numeric(0, 0, 0, 2, &[]), "0.00");
+        assert_eq!(numeric(3, 1, 0, 3, &[1, 0, 1200]), "10000.120");
+        assert!(numeric_text(&[0, 1]).is_err());
+    }
+}
