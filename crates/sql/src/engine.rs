@@ -20,7 +20,7 @@ use rusqlite::{Connection, OpenFlags};
 
 use crate::error::SqlError;
 use crate::text::Dialect;
-use crate::txn::{TxnId, Value};
+use crate::txn::{Statement, TxnId, Value};
 
 /// A result column: its name, the type its table declares (none for an expression), and the
 /// function computing it, when the select list says.
@@ -69,6 +69,15 @@ pub trait Engine: Send {
     /// Random values of the next statements come from this seed.
     fn seed(&mut self, seed: u64);
     fn execute(&mut self, sql: &str, params: &[Value]) -> Result<Outcome, SqlError>;
+    /// Executes statements whose results nobody reads (a replica replaying a transaction),
+    /// each after seeding its randoms with its seed. An engine behind a connection sends them
+    /// all before it waits for the first reply.
+    fn execute_unread(&mut self, statements: &[(u64, &Statement)]) -> Result<(), SqlError> {
+        statements.iter().try_for_each(|(seed, statement)| {
+            self.seed(*seed);
+            self.execute(&statement.sql, &statement.params).map(drop)
+        })
+    }
     /// Inside the open transaction: the engine's state is now at `mark`.
     fn mark_applied(&mut self, mark: AppliedMark) -> Result<(), SqlError>;
     /// Inside the open transaction: it is executed ahead of the log as `id`.

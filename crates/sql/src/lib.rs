@@ -20,6 +20,7 @@ pub mod engine;
 pub mod error;
 mod front;
 pub mod machine;
+mod pg_blocking;
 pub mod postgres;
 mod readers;
 pub mod text;

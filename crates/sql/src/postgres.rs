@@ -2,9 +2,10 @@
 //! beside it by `chorus cluster start --sql-engine postgres`), reached over PostgreSQL's own
 //! protocol. The database's code is untouched: Chorus is a client like any other.
 //!
-//! The writer runs on the node's thread, which must not host another runtime; every
-//! connection's I/O is driven on a thread of this module's, and the writer waits for its
-//! replies (`futures::executor::block_on`), as it waits for SQLite's.
+//! The writer runs on the node's thread and talks to its server over a blocking connection of
+//! its own (`pg_blocking`), waiting for each reply as it waits for SQLite's. Readers are
+//! tokio-postgres connections whose I/O is driven on a thread of this module's (the node's
+//! thread must not host another runtime).
 //!
 //! Parameters travel in text form, so a value is read by the type the server expects; results
 //! arrive in binary and are decoded here for the types a replicated schema uses (others are
@@ -25,8 +26,9 @@ use tokio_postgres::{Client, NoTls, Statement};
 use crate::database::CheckpointCopy;
 use crate::engine::{AppliedMark, Column, Engine, Outcome};
 use crate::error::SqlError;
+use crate::pg_blocking;
 use crate::text::{Dialect, StatementKind};
-use crate::txn::{TxnId, Value};
+use crate::txn::{Statement as Logged, TxnId, Value};
 
 /// Prepared statements kept per connection; the cache starts over when full.
 const PREPARED_PER_CONNECTION: usize = 512;
@@ -80,11 +82,11 @@ impl PgServer {
         }))
     }
 
-    /// A new connection, its I/O driven on this server's thread. `options` are settings of
-    /// the session (`-c name=value`); every session reads time in UTC.
+    /// A new connection, its I/O driven on this server's thread; `options` are settings of the
+    /// session (`-c name=value`).
     async fn connect(&self, options: &str) -> Result<Client, SqlError> {
         let mut config = self.config.clone();
-        config.options(format!("-c TimeZone=UTC {options}"));
+        config.options(session_options(options));
         self.io
             .spawn(async move {
                 let (client, connection) = config.connect(NoTls).await?;
@@ -105,6 +107,11 @@ impl PgServer {
     }
 }
 
+/// A session's settings (`-c name=value …`): every session reads time in UTC.
+fn session_options(options: &str) -> String {
+    format!("-c TimeZone=UTC {options}")
+}
+
 /// The newest PostgreSQL installed as Debian lays it out.
 pub fn installed_bin_dir() -> Option<PathBuf> {
     let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
@@ -121,7 +128,7 @@ pub fn installed_bin_dir() -> Option<PathBuf> {
 }
 
 /// The SQLSTATE of a PostgreSQL error, kept for the process's life (codes are few).
-fn intern_code(code: &str) -> &'static str {
+pub(crate) fn intern_code(code: &str) -> &'static str {
     static CODES: OnceLock<Mutex<Vec<&'static str>>> = OnceLock::new();
     let mut codes = CODES.get_or_init(Default::default).lock().expect("never poisoned");
     if let Some(known) = codes.iter().find(|c| **c == code) {
@@ -233,7 +240,7 @@ fn columns_of(statement: &Statement) -> Vec<Column> {
 
 /// A parameter in text form: the server reads it as the type it expects there.
 #[derive(Debug)]
-struct Param<'a>(&'a Value);
+pub(crate) struct Param<'a>(pub(crate) &'a Value);
 
 impl ToSql for Param<'_> {
     fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, Box<dyn StdError + Sync + Send>> {
@@ -287,7 +294,7 @@ impl<'a> FromSql<'a> for Decoded {
     }
 }
 
-fn decode(ty: &Type, raw: &[u8]) -> Result<Value, Box<dyn StdError + Sync + Send>> {
+pub(crate) fn decode(ty: &Type, raw: &[u8]) -> Result<Value, Box<dyn StdError + Sync + Send>> {
     Ok(match *ty {
         Type::BOOL => Value::Integer(i64::from(bool::from_sql(ty, raw)?)),
         Type::INT2 => Value::Integer(i16::from_sql(ty, raw)?.into()),
@@ -403,8 +410,8 @@ fn numeric_text(raw: &[u8]) -> Result<String, Box<dyn StdError + Sync + Send>> {
 /// crash, which the log brings forward.
 pub struct Postgres {
     server: Arc<PgServer>,
-    client: Client,
-    prepared: Prepared,
+    conn: pg_blocking::Connection,
+    prepared: HashMap<String, pg_blocking::Prepared>,
     in_transaction: bool,
     /// The seed of the statement about to run, applied (`setseed`) only if it draws randoms.
     seed: Option<u64>,
@@ -423,55 +430,89 @@ const BOOKKEEPING: &str = "
         seq BIGINT NOT NULL,
         PRIMARY KEY (incarnation, seq));";
 
+const SET_SEED: &str = "SELECT setseed($1)";
+
+/// `setseed`'s argument for a seed: a value in [-1, 1].
+fn seed_param(seed: u64) -> Value {
+    let unit = (seed >> 11) as f64 / (1u64 << 53) as f64;
+    Value::Real(unit * 2.0 - 1.0)
+}
+
+/// Whether a statement may call `random()` (seeded first so every replica draws alike).
+fn draws_randoms(sql: &str) -> bool {
+    sql.to_ascii_lowercase().contains("random")
+}
+
 const MARK_APPLIED: &str =
     "UPDATE _chorus_applied SET log_index = $1, command = $2, txn_incarnation = $3, txn_seq = $4";
 
 impl Postgres {
     pub fn open(server: Arc<PgServer>) -> Result<Postgres, SqlError> {
-        let client = wait(server.connect("-c synchronous_commit=off"))?;
-        wait(client.batch_execute(BOOKKEEPING)).map_err(|e| pg_error(&e))?;
+        let mut conn = pg_blocking::Connection::connect(&server.config, &session_options("-c synchronous_commit=off"))?;
+        conn.batch(BOOKKEEPING)?;
         Ok(Postgres {
             server,
-            client,
-            prepared: Prepared::default(),
+            conn,
+            prepared: HashMap::new(),
             in_transaction: false,
             seed: None,
         })
     }
 
+    fn prepare(&mut self, sql: &str) -> Result<pg_blocking::Prepared, SqlError> {
+        if let Some(statement) = self.prepared.get(sql) {
+            return Ok(statement.clone());
+        }
+        if self.prepared.len() >= PREPARED_PER_CONNECTION {
+            self.forget_prepared()?;
+        }
+        let statement = self.conn.prepare(sql)?;
+        if sql.len() <= PREPARED_MAX_STATEMENT_BYTES {
+            self.prepared.insert(sql.to_owned(), statement.clone());
+        }
+        Ok(statement)
+    }
+
+    /// Drops every prepared statement, here and on the server.
+    fn forget_prepared(&mut self) -> Result<(), SqlError> {
+        self.prepared.clear();
+        self.conn.batch("DEALLOCATE ALL")
+    }
+
     fn run(&mut self, sql: &str, params: &[Value]) -> Result<Outcome, SqlError> {
-        let (client, prepared) = (&self.client, &mut self.prepared);
-        wait(async {
-            let statement = prepared.get(client, sql).await?;
-            run(client, &statement, sql, params).await
+        let statement = self.prepare(sql)?;
+        let expected = statement.params.len();
+        if params.len() != expected {
+            return Err(SqlError::new(
+                "08P01",
+                format!("the statement takes {expected} parameters, {} were bound", params.len()),
+            ));
+        }
+        let executed = self.conn.execute(&statement, params)?;
+        Ok(Outcome {
+            columns: statement
+                .columns
+                .iter()
+                .map(|(name, ty)| Column {
+                    name: name.clone(),
+                    declared: Some(ty.name().to_owned()),
+                    function: None,
+                })
+                .collect(),
+            rows: executed.rows,
+            changes: executed.changes,
+            read_only: reads_only(sql),
         })
     }
 
     /// Runs a statement of Chorus's own, whatever it returns (`setseed` returns void).
     fn bookkeep(&mut self, sql: &str, params: &[Value]) -> Result<(), SqlError> {
-        let (client, prepared) = (&self.client, &mut self.prepared);
-        wait(async {
-            let statement = prepared.get(client, sql).await?;
-            client
-                .execute_raw(&statement, params.iter().map(Param))
-                .await
-                .map_err(|e| pg_error(&e))
-        })
-        .map(drop)
-    }
-
-    fn batch(&self, sql: &str) -> Result<(), SqlError> {
-        wait(self.client.batch_execute(sql)).map_err(|e| pg_error(&e))
+        let statement = self.prepare(sql)?;
+        self.conn.execute_pipelined(&[(&statement, params)])
     }
 
     fn txn_params(id: TxnId) -> [Value; 2] {
         [Value::Integer(id.incarnation as i64), Value::Integer(id.seq as i64)]
-    }
-
-    /// Empties the database: every table, view, sequence and function of the public schema.
-    fn clear(&mut self) -> Result<(), SqlError> {
-        self.prepared = Prepared::default();
-        self.batch("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")
     }
 }
 
@@ -481,19 +522,19 @@ impl Engine for Postgres {
     }
 
     fn begin(&mut self) -> Result<(), SqlError> {
-        self.batch("BEGIN")?;
+        self.conn.batch("BEGIN")?;
         self.in_transaction = true;
         Ok(())
     }
 
     fn commit(&mut self) -> Result<(), SqlError> {
         self.in_transaction = false;
-        self.batch("COMMIT")
+        self.conn.batch("COMMIT")
     }
 
     fn rollback(&mut self) {
         if std::mem::take(&mut self.in_transaction) {
-            if let Err(e) = self.batch("ROLLBACK") {
+            if let Err(e) = self.conn.batch("ROLLBACK") {
                 panic!("PostgreSQL cannot roll back the writer's transaction: {e}");
             }
         }
@@ -505,13 +546,29 @@ impl Engine for Postgres {
 
     fn execute(&mut self, sql: &str, params: &[Value]) -> Result<Outcome, SqlError> {
         if let Some(seed) = self.seed.take() {
-            if sql.to_ascii_lowercase().contains("random") {
-                // setseed takes a value in [-1, 1].
-                let unit = (seed >> 11) as f64 / (1u64 << 53) as f64;
-                self.bookkeep("SELECT setseed($1)", &[Value::Real(unit * 2.0 - 1.0)])?;
+            if draws_randoms(sql) {
+                self.bookkeep(SET_SEED, &[seed_param(seed)])?;
             }
         }
         self.run(sql, params)
+    }
+
+    /// Pipelined: every statement is sent before the first reply is read, so a replica's
+    /// replay costs one round trip to its server rather than one per statement.
+    fn execute_unread(&mut self, statements: &[(u64, &Logged)]) -> Result<(), SqlError> {
+        self.seed = None;
+        let mut runs: Vec<(pg_blocking::Prepared, Vec<Value>)> = Vec::with_capacity(statements.len());
+        for (seed, statement) in statements {
+            if draws_randoms(&statement.sql) {
+                runs.push((self.prepare(SET_SEED)?, vec![seed_param(*seed)]));
+            }
+            runs.push((self.prepare(&statement.sql)?, statement.params.clone()));
+        }
+        let borrowed: Vec<(&pg_blocking::Prepared, &[Value])> = runs
+            .iter()
+            .map(|(statement, params)| (statement, params.as_slice()))
+            .collect();
+        self.conn.execute_pipelined(&borrowed)
     }
 
     fn mark_applied(&mut self, mark: AppliedMark) -> Result<(), SqlError> {
@@ -566,7 +623,9 @@ impl Engine for Postgres {
 
     fn restore(&mut self, checkpoint: Option<&Path>, mark: AppliedMark) -> Result<(), SqlError> {
         self.rollback();
-        self.clear()?;
+        // Empties the database: every table, view, sequence and function of the public schema.
+        self.forget_prepared()?;
+        self.conn.batch("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")?;
         if let Some(checkpoint) = checkpoint {
             let mut restore = self.server.program("pg_restore");
             restore
@@ -575,10 +634,11 @@ impl Engine for Postgres {
                 .arg(checkpoint);
             run_program(restore, "pg_restore")?;
         } else {
-            self.batch(BOOKKEEPING)?;
+            self.conn.batch(BOOKKEEPING)?;
         }
         self.begin()?;
         let restored = self
+            .conn
             .batch("DELETE FROM _chorus_ahead")
             .and_then(|()| self.mark_applied(mark));
         if let Err(e) = restored {

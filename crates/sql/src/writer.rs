@@ -631,10 +631,14 @@ impl Writer {
         // Set before anything runs: the group is open, whatever the transaction does.
         self.group = Some(Group { mark, write_sets });
         match &txn.body {
-            Body::Statements(statements) => statements.iter().enumerate().try_for_each(|(ordinal, statement)| {
-                self.engine.seed(statement_seed(txn.seed, ordinal));
-                self.engine.execute(&statement.sql, &statement.params).map(drop)
-            }),
+            Body::Statements(statements) => {
+                let seeded: Vec<(u64, &Statement)> = statements
+                    .iter()
+                    .enumerate()
+                    .map(|(ordinal, statement)| (statement_seed(txn.seed, ordinal), statement))
+                    .collect();
+                self.engine.execute_unread(&seeded)
+            }
             Body::WriteSet(write_set) => self.engine.apply_write_set(write_set),
         }
     }

@@ -41,6 +41,9 @@ pub enum SqlSystem {
     ChorusSqlite,
     /// The same with passive replication (`-- --sql-mode passive`): replicas apply write-sets.
     ChorusSqlitePassive,
+    /// A 3-node Chorus SQL cluster on the PostgreSQL engine (`-- --sql-engine postgres`): each
+    /// node replicates the statements into a PostgreSQL server of its own.
+    ChorusPostgres,
     PostgresAlone,
     /// Primary + 2 standbys, synchronous (a commit is flushed on 2 of 3).
     PostgresSync,
@@ -52,6 +55,7 @@ impl SqlSystem {
         match self {
             SqlSystem::ChorusSqlite => "chorus-sqlite",
             SqlSystem::ChorusSqlitePassive => "chorus-sqlite-passive",
+            SqlSystem::ChorusPostgres => "chorus-postgres",
             SqlSystem::PostgresAlone => "postgres-alone",
             SqlSystem::PostgresSync => "postgres-sync",
             SqlSystem::PostgresAsync => "postgres-async",
@@ -383,7 +387,8 @@ impl StartedSystem {
     }
 }
 
-/// The leader's client address and the node processes of a Chorus SQL cluster in `dir`.
+/// The leader's client address and the server processes of a Chorus SQL cluster in `dir`: the
+/// nodes, and their PostgreSQL servers on that engine.
 async fn chorus_sql_target(dir: &Path) -> anyhow::Result<(SocketAddr, Vec<u32>)> {
     let file = chorus_cluster::load(dir)?;
     if !file.sql {
@@ -400,7 +405,14 @@ async fn chorus_sql_target(dir: &Path) -> anyhow::Result<(SocketAddr, Vec<u32>)>
             dir.display()
         )
     })?;
-    Ok((leader.entry.client_addr, states.iter().filter_map(|s| s.pid).collect()))
+    let engines = file
+        .nodes
+        .iter()
+        .filter_map(|n| chorus_cluster::process::read_pid(&chorus_cluster::node_dir(dir, n.id).join("postgres.pid")));
+    Ok((
+        leader.entry.client_addr,
+        states.iter().filter_map(|s| s.pid).chain(engines).collect(),
+    ))
 }
 
 async fn start_system(system: SqlSystem, dir: &Path, net: &NetArgs) -> anyhow::Result<StartedSystem> {
@@ -408,13 +420,12 @@ async fn start_system(system: SqlSystem, dir: &Path, net: &NetArgs) -> anyhow::R
         std::fs::remove_dir_all(dir).with_context(|| format!("cannot clear {}", dir.display()))?;
     }
     let peer_system = match system {
-        SqlSystem::ChorusSqlite | SqlSystem::ChorusSqlitePassive => {
-            let mode = if system == SqlSystem::ChorusSqlite {
-                "active"
-            } else {
-                "passive"
+        SqlSystem::ChorusSqlite | SqlSystem::ChorusSqlitePassive | SqlSystem::ChorusPostgres => {
+            let server_args: Vec<String> = match system {
+                SqlSystem::ChorusSqlitePassive => vec!["--sql-mode".into(), "passive".into()],
+                SqlSystem::ChorusPostgres => vec!["--sql-engine".into(), "postgres".into()],
+                _ => vec!["--sql-mode".into(), "active".into()],
             };
-            let server_args = vec!["--sql-mode".to_owned(), mode.to_owned()];
             // A start that fails stops what it started; a cluster whose leader cannot be found
             // is stopped here.
             chorus_cluster::start_sql(dir, 3, server_args, &net.options()).await?;
@@ -455,7 +466,13 @@ pub async fn run(args: TpccArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.cluster {
         let (system, addr, server_pids) = if dir.join("cluster.toml").exists() {
             let (addr, pids) = chorus_sql_target(dir).await?;
-            (SqlSystem::ChorusSqlite, addr, pids)
+            let file = chorus_cluster::load(dir)?;
+            let system = if file.nodes.iter().any(|n| n.postgres_addr.is_some()) {
+                SqlSystem::ChorusPostgres
+            } else {
+                SqlSystem::ChorusSqlite
+            };
+            (system, addr, pids)
         } else {
             let peers = PeerCluster::load(dir)?;
             let system = match peers.system {
@@ -478,7 +495,7 @@ pub async fn run(args: TpccArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if args.systems.is_empty() {
-        bail!("say what to benchmark: --cluster DIR, or --systems chorus-sqlite,chorus-sqlite-passive,postgres-alone,postgres-sync,postgres-async");
+        bail!("say what to benchmark: --cluster DIR, or --systems chorus-sqlite,chorus-sqlite-passive,chorus-postgres,postgres-alone,postgres-sync,postgres-async");
     }
     let mut runs = Vec::new();
     for &warehouses in &args.warehouses {

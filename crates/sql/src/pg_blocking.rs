@@ -1,0 +1,320 @@
+//! A blocking PostgreSQL connection for the writer, which runs on the node's thread: each
+//! statement is written to the socket and its reply read right there, with no hand-off to
+//! another thread and back (that cost as much as the statement). Extended protocol, parameters
+//! in text form, results in binary (decoded by `postgres::decode`); trust or cleartext-free
+//! local authentication only, as a node's own server is set up.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::message::backend::Message;
+use postgres_protocol::message::frontend;
+use tokio_postgres::types::{IsNull, ToSql, Type};
+
+use crate::error::SqlError;
+use crate::txn::Value;
+
+/// A statement prepared on the connection: its name there, and the types of its parameters
+/// and result columns.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    name: String,
+    pub params: Vec<Type>,
+    pub columns: Vec<(String, Type)>,
+}
+
+/// What one execution gave.
+pub struct Executed {
+    pub rows: Vec<Vec<Value>>,
+    /// From the command tag (INSERT 0 n, UPDATE n, …); 0 for other commands.
+    pub changes: u64,
+}
+
+pub struct Connection {
+    socket: TcpStream,
+    out: BytesMut,
+    incoming: BytesMut,
+    next_name: u64,
+}
+
+fn io_error(e: std::io::Error) -> SqlError {
+    SqlError::new("08006", format!("the node's PostgreSQL connection failed: {e}"))
+}
+
+fn protocol_error(what: &str) -> SqlError {
+    SqlError::new(
+        "08P01",
+        format!("unexpected message from the node's PostgreSQL: {what}"),
+    )
+}
+
+impl Connection {
+    /// Connects to `host:port` as `user` to `dbname`, with `options` (`-c name=value …`).
+    pub fn connect(config: &tokio_postgres::Config, options: &str) -> Result<Connection, SqlError> {
+        let host = match config.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+            _ => {
+                return Err(SqlError::new(
+                    "08001",
+                    "the node's PostgreSQL must be given as host=ADDRESS (TCP)",
+                ))
+            }
+        };
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let socket = TcpStream::connect((host.as_str(), port)).map_err(io_error)?;
+        socket.set_nodelay(true).map_err(io_error)?;
+        socket
+            .set_read_timeout(Some(Duration::from_secs(600)))
+            .map_err(io_error)?;
+        let mut connection = Connection {
+            socket,
+            out: BytesMut::with_capacity(8192),
+            incoming: BytesMut::with_capacity(64 * 1024),
+            next_name: 0,
+        };
+        let user = config.get_user().unwrap_or("postgres");
+        let dbname = config.get_dbname().unwrap_or(user);
+        let parameters = [
+            ("user", user),
+            ("database", dbname),
+            ("options", options),
+            ("client_encoding", "UTF8"),
+        ];
+        frontend::startup_message(parameters, &mut connection.out).map_err(io_error)?;
+        connection.flush()?;
+        loop {
+            match connection.read()? {
+                Message::AuthenticationOk | Message::ParameterStatus(_) | Message::BackendKeyData(_) => {}
+                Message::ReadyForQuery(_) => return Ok(connection),
+                Message::ErrorResponse(body) => return Err(server_error(&body)),
+                Message::NoticeResponse(_) => {}
+                _ => {
+                    return Err(SqlError::new(
+                        "28000",
+                        "the node's PostgreSQL asks for a password; Chorus reaches its own server by \
+                         trust on loopback (as `chorus cluster start` sets it up)",
+                    ))
+                }
+            }
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), SqlError> {
+        self.socket.write_all(&self.out).map_err(io_error)?;
+        self.out.clear();
+        Ok(())
+    }
+
+    fn read(&mut self) -> Result<Message, SqlError> {
+        loop {
+            if let Some(message) = Message::parse(&mut self.incoming).map_err(io_error)? {
+                return Ok(message);
+            }
+            let mut chunk = [0u8; 16 * 1024];
+            let n = self.socket.read(&mut chunk).map_err(io_error)?;
+            if n == 0 {
+                return Err(io_error(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+            self.incoming.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Reads until ReadyForQuery, returning the first error the server sent, if any.
+    fn until_ready(&mut self, mut first_error: Option<SqlError>) -> Result<(), SqlError> {
+        loop {
+            match self.read()? {
+                Message::ReadyForQuery(_) => return first_error.map_or(Ok(()), Err),
+                Message::ErrorResponse(body) => {
+                    first_error.get_or_insert_with(|| server_error(&body));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Reads to the end of a failed request and returns its error.
+    fn fail<T>(&mut self, error: SqlError) -> Result<T, SqlError> {
+        self.until_ready(Some(error))?;
+        unreachable!("until_ready returns the error it is given")
+    }
+
+    /// Runs `sql` (one or more statements without parameters) through the simple protocol.
+    pub fn batch(&mut self, sql: &str) -> Result<(), SqlError> {
+        frontend::query(sql, &mut self.out).map_err(io_error)?;
+        self.flush()?;
+        self.until_ready(None)
+    }
+
+    pub fn prepare(&mut self, sql: &str) -> Result<Prepared, SqlError> {
+        self.next_name += 1;
+        let name = format!("w{}", self.next_name);
+        frontend::parse(&name, sql, std::iter::empty(), &mut self.out).map_err(io_error)?;
+        frontend::describe(b'S', &name, &mut self.out).map_err(io_error)?;
+        frontend::sync(&mut self.out);
+        self.flush()?;
+        let mut params = Vec::new();
+        let mut columns = Vec::new();
+        loop {
+            match self.read()? {
+                Message::ParseComplete | Message::NoData => {}
+                Message::ParameterDescription(body) => {
+                    params = body
+                        .parameters()
+                        .map(|oid| Ok(type_of(oid)))
+                        .collect()
+                        .map_err(io_error)?;
+                }
+                Message::RowDescription(body) => {
+                    columns = body
+                        .fields()
+                        .map(|field| Ok((field.name().to_owned(), type_of(field.type_oid()))))
+                        .collect()
+                        .map_err(io_error)?;
+                }
+                Message::ErrorResponse(body) => return self.fail(server_error(&body)),
+                Message::ReadyForQuery(_) => return Ok(Prepared { name, params, columns }),
+                _ => return Err(protocol_error("in reply to a Parse")),
+            }
+        }
+    }
+
+    /// Appends one execution of `statement` to what is sent next.
+    fn queue_execute(&mut self, statement: &Prepared, params: &[Value]) -> Result<(), SqlError> {
+        let bound = frontend::bind(
+            "",
+            &statement.name,
+            std::iter::once(0i16),
+            params.iter().zip(&statement.params),
+            |(value, ty), out| encode_text(value, ty, out),
+            std::iter::once(1i16),
+            &mut self.out,
+        );
+        if let Err(e) = bound {
+            self.out.clear();
+            let why = match e {
+                frontend::BindError::Conversion(e) => e.to_string(),
+                frontend::BindError::Serialization(e) => e.to_string(),
+            };
+            return Err(SqlError::new("22P02", format!("a parameter cannot be sent: {why}")));
+        }
+        frontend::execute("", 0, &mut self.out).map_err(io_error)
+    }
+
+    /// Executes `statement` and collects its rows and the rows it changed.
+    pub fn execute(&mut self, statement: &Prepared, params: &[Value]) -> Result<Executed, SqlError> {
+        self.queue_execute(statement, params)?;
+        frontend::sync(&mut self.out);
+        self.flush()?;
+        let mut executed = Executed {
+            rows: Vec::new(),
+            changes: 0,
+        };
+        loop {
+            match self.read()? {
+                Message::BindComplete | Message::EmptyQueryResponse | Message::NoticeResponse(_) => {}
+                Message::DataRow(body) => {
+                    let mut row = Vec::with_capacity(statement.columns.len());
+                    let mut ranges = body.ranges();
+                    let mut column = 0;
+                    while let Some(range) = ranges.next().map_err(io_error)? {
+                        let (name, ty) = statement
+                            .columns
+                            .get(column)
+                            .ok_or_else(|| protocol_error("a row longer than its description"))?;
+                        row.push(match range {
+                            None => Value::Null,
+                            Some(range) => crate::postgres::decode(ty, &body.buffer()[range]).map_err(|e| {
+                                SqlError::new(
+                                    "0A000",
+                                    format!(
+                                        "column {name} of type {} cannot be returned through Chorus yet; \
+                                         cast it to text ({e})",
+                                        ty.name()
+                                    ),
+                                )
+                            })?,
+                        });
+                        column += 1;
+                    }
+                    executed.rows.push(row);
+                }
+                Message::CommandComplete(body) => {
+                    let tag = body.tag().map_err(io_error)?;
+                    executed.changes = changes_of(tag);
+                }
+                Message::ErrorResponse(body) => return self.fail(server_error(&body)),
+                Message::ReadyForQuery(_) => return Ok(executed),
+                _ => return Err(protocol_error("in reply to an Execute")),
+            }
+        }
+    }
+
+    /// Executes every statement with one Sync at the end: one round trip for them all. The
+    /// first error stops the rest (the server skips to the Sync) and is returned.
+    pub fn execute_pipelined(&mut self, runs: &[(&Prepared, &[Value])]) -> Result<(), SqlError> {
+        for (statement, params) in runs {
+            self.queue_execute(statement, params)?;
+        }
+        frontend::sync(&mut self.out);
+        self.flush()?;
+        self.until_ready(None)
+    }
+}
+
+fn type_of(oid: u32) -> Type {
+    Type::from_oid(oid).unwrap_or(Type::UNKNOWN)
+}
+
+/// The rows a command changed, from its tag: the last number of INSERT/UPDATE/DELETE/MERGE/COPY.
+fn changes_of(tag: &str) -> u64 {
+    let mut words = tag.split_whitespace();
+    match words.next() {
+        Some("INSERT" | "UPDATE" | "DELETE" | "MERGE" | "COPY") => {
+            words.next_back().and_then(|n| n.parse().ok()).unwrap_or(0)
+        }
+        _ => 0,
+    }
+}
+
+fn server_error(body: &postgres_protocol::message::backend::ErrorResponseBody) -> SqlError {
+    let mut code = String::from("XX000");
+    let mut message = String::new();
+    let mut fields = body.fields();
+    while let Ok(Some(field)) = fields.next() {
+        let value = String::from_utf8_lossy(field.value_bytes()).into_owned();
+        match field.type_() {
+            b'C' => code = value,
+            b'M' => message = value,
+            _ => {}
+        }
+    }
+    SqlError::new(crate::postgres::intern_code(&code), message)
+}
+
+fn encode_text(
+    value: &Value,
+    ty: &Type,
+    out: &mut BytesMut,
+) -> Result<postgres_protocol::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+    Ok(match crate::postgres::Param(value).to_sql(ty, out)? {
+        IsNull::Yes => postgres_protocol::IsNull::Yes,
+        IsNull::No => postgres_protocol::IsNull::No,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changes_come_from_the_command_tag() {
+        assert_eq!(changes_of("INSERT 0 3"), 3);
+        assert_eq!(changes_of("UPDATE 12"), 12);
+        assert_eq!(changes_of("DELETE 0"), 0);
+        assert_eq!(changes_of("SELECT 5"), 0);
+        assert_eq!(changes_of("CREATE TABLE"), 0);
+    }
+}
