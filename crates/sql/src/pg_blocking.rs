@@ -26,8 +26,18 @@ pub struct Prepared {
     pub columns: Vec<(String, Type)>,
 }
 
+/// A statement to execute: prepared, or text parsed for this one execution (as the unnamed
+/// statement, in the same round trip: a statement seen once is not worth a Parse of its own).
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    Prepared(&'a Prepared),
+    Once(&'a str),
+}
+
 /// What one execution gave.
 pub struct Executed {
+    /// The result columns, when the execution described them (a `Target::Once`).
+    pub columns: Option<Vec<(String, Type)>>,
     pub rows: Vec<Vec<Value>>,
     /// From the command tag (INSERT 0 n, UPDATE n, …); 0 for other commands.
     pub changes: u64,
@@ -181,14 +191,32 @@ impl Connection {
         }
     }
 
-    /// Appends one execution of `statement` to what is sent next.
-    fn queue_execute(&mut self, statement: &Prepared, params: &[Value]) -> Result<(), SqlError> {
+    /// Appends one execution of `target` to what is sent next (with a Describe of a
+    /// `Target::Once` when `describe`).
+    fn queue_execute(&mut self, target: Target, params: &[Value], describe: bool) -> Result<(), SqlError> {
+        let name = match target {
+            Target::Prepared(statement) => statement.name.as_str(),
+            Target::Once(sql) => {
+                frontend::parse("", sql, std::iter::empty(), &mut self.out).map_err(io_error)?;
+                if describe {
+                    frontend::describe(b'S', "", &mut self.out).map_err(io_error)?;
+                }
+                ""
+            }
+        };
+        // Parameters travel as text, which the server reads as the type it expects; only a
+        // blob needs to know it is going to a bytea.
+        let types = params.iter().enumerate().map(|(i, value)| match target {
+            Target::Prepared(statement) => statement.params.get(i).cloned().unwrap_or(Type::UNKNOWN),
+            Target::Once(_) if matches!(value, Value::Blob(_)) => Type::BYTEA,
+            Target::Once(_) => Type::UNKNOWN,
+        });
         let bound = frontend::bind(
             "",
-            &statement.name,
+            name,
             std::iter::once(0i16),
-            params.iter().zip(&statement.params),
-            |(value, ty), out| encode_text(value, ty, out),
+            params.iter().zip(types),
+            |(value, ty), out| encode_text(value, &ty, out),
             std::iter::once(1i16),
             &mut self.out,
         );
@@ -203,25 +231,43 @@ impl Connection {
         frontend::execute("", 0, &mut self.out).map_err(io_error)
     }
 
-    /// Executes `statement` and collects its rows and the rows it changed.
-    pub fn execute(&mut self, statement: &Prepared, params: &[Value]) -> Result<Executed, SqlError> {
-        self.queue_execute(statement, params)?;
+    /// Executes `target` and collects its rows and the rows it changed.
+    pub fn execute(&mut self, target: Target, params: &[Value]) -> Result<Executed, SqlError> {
+        self.queue_execute(target, params, true)?;
         frontend::sync(&mut self.out);
         self.flush()?;
         let mut executed = Executed {
+            columns: None,
             rows: Vec::new(),
             changes: 0,
         };
+        let mut described = Vec::new();
         loop {
             match self.read()? {
-                Message::BindComplete | Message::EmptyQueryResponse | Message::NoticeResponse(_) => {}
+                Message::ParseComplete
+                | Message::ParameterDescription(_)
+                | Message::NoData
+                | Message::BindComplete
+                | Message::EmptyQueryResponse
+                | Message::NoticeResponse(_) => {}
+                Message::RowDescription(body) => {
+                    described = body
+                        .fields()
+                        .map(|field| Ok((field.name().to_owned(), type_of(field.type_oid()))))
+                        .collect()
+                        .map_err(io_error)?;
+                    executed.columns = Some(described.clone());
+                }
                 Message::DataRow(body) => {
-                    let mut row = Vec::with_capacity(statement.columns.len());
+                    let columns = match target {
+                        Target::Prepared(statement) => &statement.columns,
+                        Target::Once(_) => &described,
+                    };
+                    let mut row = Vec::with_capacity(columns.len());
                     let mut ranges = body.ranges();
                     let mut column = 0;
                     while let Some(range) = ranges.next().map_err(io_error)? {
-                        let (name, ty) = statement
-                            .columns
+                        let (name, ty) = columns
                             .get(column)
                             .ok_or_else(|| protocol_error("a row longer than its description"))?;
                         row.push(match range {
@@ -254,9 +300,9 @@ impl Connection {
 
     /// Executes every statement with one Sync at the end: one round trip for them all. The
     /// first error stops the rest (the server skips to the Sync) and is returned.
-    pub fn execute_pipelined(&mut self, runs: &[(&Prepared, &[Value])]) -> Result<(), SqlError> {
-        for (statement, params) in runs {
-            self.queue_execute(statement, params)?;
+    pub fn execute_pipelined(&mut self, runs: &[(Target, &[Value])]) -> Result<(), SqlError> {
+        for (target, params) in runs {
+            self.queue_execute(*target, params, false)?;
         }
         frontend::sync(&mut self.out);
         self.flush()?;

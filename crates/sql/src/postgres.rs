@@ -412,6 +412,9 @@ pub struct Postgres {
     server: Arc<PgServer>,
     conn: pg_blocking::Connection,
     prepared: HashMap<String, pg_blocking::Prepared>,
+    /// Statement texts seen once: a text is prepared the second time it comes (one-off texts,
+    /// with their values written in, run unprepared).
+    seen_once: std::collections::HashSet<String>,
     in_transaction: bool,
     /// The seed of the statement about to run, applied (`setseed`) only if it draws randoms.
     seed: Option<u64>,
@@ -454,23 +457,37 @@ impl Postgres {
             server,
             conn,
             prepared: HashMap::new(),
+            seen_once: std::collections::HashSet::new(),
             in_transaction: false,
             seed: None,
         })
     }
 
-    fn prepare(&mut self, sql: &str) -> Result<pg_blocking::Prepared, SqlError> {
-        if let Some(statement) = self.prepared.get(sql) {
-            return Ok(statement.clone());
-        }
-        if self.prepared.len() >= PREPARED_PER_CONNECTION {
+    /// Makes room for `count` more prepared statements: when the cache would overflow, every
+    /// statement is dropped, here and on the server. Never between preparing a statement and
+    /// executing it.
+    fn make_room(&mut self, count: usize) -> Result<(), SqlError> {
+        if self.prepared.len() + count > PREPARED_PER_CONNECTION {
             self.forget_prepared()?;
         }
-        let statement = self.conn.prepare(sql)?;
-        if sql.len() <= PREPARED_MAX_STATEMENT_BYTES {
-            self.prepared.insert(sql.to_owned(), statement.clone());
+        if self.seen_once.len() + count > PREPARED_PER_CONNECTION {
+            self.seen_once.clear();
         }
-        Ok(statement)
+        Ok(())
+    }
+
+    /// The statement prepared if its text came before (and is not long), else None: run it once.
+    fn prepared_for(&mut self, sql: &str) -> Result<Option<pg_blocking::Prepared>, SqlError> {
+        if let Some(statement) = self.prepared.get(sql) {
+            return Ok(Some(statement.clone()));
+        }
+        if sql.len() > PREPARED_MAX_STATEMENT_BYTES || self.seen_once.insert(sql.to_owned()) {
+            return Ok(None);
+        }
+        self.seen_once.remove(sql);
+        let statement = self.conn.prepare(sql)?;
+        self.prepared.insert(sql.to_owned(), statement.clone());
+        Ok(Some(statement))
     }
 
     /// Drops every prepared statement, here and on the server.
@@ -480,21 +497,31 @@ impl Postgres {
     }
 
     fn run(&mut self, sql: &str, params: &[Value]) -> Result<Outcome, SqlError> {
-        let statement = self.prepare(sql)?;
-        let expected = statement.params.len();
-        if params.len() != expected {
-            return Err(SqlError::new(
-                "08P01",
-                format!("the statement takes {expected} parameters, {} were bound", params.len()),
-            ));
+        self.make_room(1)?;
+        let statement = self.prepared_for(sql)?;
+        if let Some(statement) = &statement {
+            let expected = statement.params.len();
+            if params.len() != expected {
+                return Err(SqlError::new(
+                    "08P01",
+                    format!("the statement takes {expected} parameters, {} were bound", params.len()),
+                ));
+            }
         }
-        let executed = self.conn.execute(&statement, params)?;
+        let executed = match &statement {
+            Some(statement) => self.conn.execute(pg_blocking::Target::Prepared(statement), params)?,
+            None => self.conn.execute(pg_blocking::Target::Once(sql), params)?,
+        };
+        let columns = match (&statement, executed.columns) {
+            (Some(statement), _) => statement.columns.clone(),
+            (None, Some(described)) => described,
+            (None, None) => Vec::new(),
+        };
         Ok(Outcome {
-            columns: statement
-                .columns
-                .iter()
+            columns: columns
+                .into_iter()
                 .map(|(name, ty)| Column {
-                    name: name.clone(),
+                    name,
                     declared: Some(ty.name().to_owned()),
                     function: None,
                 })
@@ -507,8 +534,13 @@ impl Postgres {
 
     /// Runs a statement of Chorus's own, whatever it returns (`setseed` returns void).
     fn bookkeep(&mut self, sql: &str, params: &[Value]) -> Result<(), SqlError> {
-        let statement = self.prepare(sql)?;
-        self.conn.execute_pipelined(&[(&statement, params)])
+        self.make_room(1)?;
+        let statement = self.prepared_for(sql)?;
+        let target = match &statement {
+            Some(statement) => pg_blocking::Target::Prepared(statement),
+            None => pg_blocking::Target::Once(sql),
+        };
+        self.conn.execute_pipelined(&[(target, params)])
     }
 
     fn txn_params(id: TxnId) -> [Value; 2] {
@@ -557,18 +589,27 @@ impl Engine for Postgres {
     /// replay costs one round trip to its server rather than one per statement.
     fn execute_unread(&mut self, statements: &[(u64, &Logged)]) -> Result<(), SqlError> {
         self.seed = None;
-        let mut runs: Vec<(pg_blocking::Prepared, Vec<Value>)> = Vec::with_capacity(statements.len());
+        // Room first: nothing prepared for this batch may be dropped before it runs.
+        self.make_room(2 * statements.len())?;
+        let mut runs: Vec<(Option<pg_blocking::Prepared>, &str, Vec<Value>)> = Vec::with_capacity(statements.len());
         for (seed, statement) in statements {
             if draws_randoms(&statement.sql) {
-                runs.push((self.prepare(SET_SEED)?, vec![seed_param(*seed)]));
+                runs.push((self.prepared_for(SET_SEED)?, SET_SEED, vec![seed_param(*seed)]));
             }
-            runs.push((self.prepare(&statement.sql)?, statement.params.clone()));
+            let prepared = self.prepared_for(&statement.sql)?;
+            runs.push((prepared, &statement.sql, statement.params.clone()));
         }
-        let borrowed: Vec<(&pg_blocking::Prepared, &[Value])> = runs
+        let targets: Vec<(pg_blocking::Target, &[Value])> = runs
             .iter()
-            .map(|(statement, params)| (statement, params.as_slice()))
+            .map(|(prepared, sql, params)| {
+                let target = match prepared {
+                    Some(statement) => pg_blocking::Target::Prepared(statement),
+                    None => pg_blocking::Target::Once(sql),
+                };
+                (target, params.as_slice())
+            })
             .collect();
-        self.conn.execute_pipelined(&borrowed)
+        self.conn.execute_pipelined(&targets)
     }
 
     fn mark_applied(&mut self, mark: AppliedMark) -> Result<(), SqlError> {
