@@ -231,8 +231,18 @@ impl Connection {
         frontend::execute("", 0, &mut self.out).map_err(io_error)
     }
 
-    /// Executes `target` and collects its rows and the rows it changed.
-    pub fn execute(&mut self, target: Target, params: &[Value]) -> Result<Executed, SqlError> {
+    /// Executes `target` and collects its rows and the rows it changed, after the statements of
+    /// `prefix` (whose results are dropped) in the same round trip. An error of any stops the
+    /// rest and is returned.
+    pub fn execute(
+        &mut self,
+        prefix: &[(Target, &[Value])],
+        target: Target,
+        params: &[Value],
+    ) -> Result<Executed, SqlError> {
+        for (before, before_params) in prefix {
+            self.queue_execute(*before, before_params, false)?;
+        }
         self.queue_execute(target, params, true)?;
         frontend::sync(&mut self.out);
         self.flush()?;
@@ -242,14 +252,18 @@ impl Connection {
             changes: 0,
         };
         let mut described = Vec::new();
+        // The prefix's statements end first; what comes after them is the target's.
+        let mut prefix_left = prefix.len();
         loop {
             match self.read()? {
                 Message::ParseComplete
                 | Message::ParameterDescription(_)
                 | Message::NoData
                 | Message::BindComplete
-                | Message::EmptyQueryResponse
                 | Message::NoticeResponse(_) => {}
+                Message::DataRow(_) if prefix_left > 0 => {}
+                Message::CommandComplete(_) | Message::EmptyQueryResponse if prefix_left > 0 => prefix_left -= 1,
+                Message::EmptyQueryResponse => {}
                 Message::RowDescription(body) => {
                     described = body
                         .fields()

@@ -408,6 +408,10 @@ fn numeric_text(raw: &[u8]) -> Result<String, Box<dyn StdError + Sync + Send>> {
 /// transactions. Commits do not wait for PostgreSQL's own WAL flush (`synchronous_commit =
 /// off`): the log is what is durable, and PostgreSQL recovers a consistent, older state after a
 /// crash, which the log brings forward.
+///
+/// Statements whose results nobody reads (BEGIN, `setseed`, the bookkeeping) are not sent on
+/// their own: they go ahead of the next request, in its round trip (a transaction's BEGIN with
+/// its first statement, its bookkeeping with its COMMIT).
 pub struct Postgres {
     server: Arc<PgServer>,
     conn: pg_blocking::Connection,
@@ -415,6 +419,8 @@ pub struct Postgres {
     /// Statement texts seen once: a text is prepared the second time it comes (one-off texts,
     /// with their values written in, run unprepared).
     seen_once: std::collections::HashSet<String>,
+    /// Statements waiting to go ahead of the next request.
+    deferred: Vec<(String, Vec<Value>)>,
     in_transaction: bool,
     /// The seed of the statement about to run, applied (`setseed`) only if it draws randoms.
     seed: Option<u64>,
@@ -433,6 +439,8 @@ const BOOKKEEPING: &str = "
         seq BIGINT NOT NULL,
         PRIMARY KEY (incarnation, seq));";
 
+const BEGIN: &str = "BEGIN";
+
 const SET_SEED: &str = "SELECT setseed($1)";
 
 /// `setseed`'s argument for a seed: a value in [-1, 1].
@@ -449,6 +457,13 @@ fn draws_randoms(sql: &str) -> bool {
 const MARK_APPLIED: &str =
     "UPDATE _chorus_applied SET log_index = $1, command = $2, txn_incarnation = $3, txn_seq = $4";
 
+fn target<'a>(prepared: &'a Option<pg_blocking::Prepared>, sql: &'a str) -> pg_blocking::Target<'a> {
+    match prepared {
+        Some(statement) => pg_blocking::Target::Prepared(statement),
+        None => pg_blocking::Target::Once(sql),
+    }
+}
+
 impl Postgres {
     pub fn open(server: Arc<PgServer>) -> Result<Postgres, SqlError> {
         let mut conn = pg_blocking::Connection::connect(&server.config, &session_options("-c synchronous_commit=off"))?;
@@ -458,6 +473,7 @@ impl Postgres {
             conn,
             prepared: HashMap::new(),
             seen_once: std::collections::HashSet::new(),
+            deferred: Vec::new(),
             in_transaction: false,
             seed: None,
         })
@@ -496,8 +512,30 @@ impl Postgres {
         self.conn.batch("DEALLOCATE ALL")
     }
 
+    fn defer(&mut self, sql: &str, params: Vec<Value>) {
+        self.deferred.push((sql.to_owned(), params));
+    }
+
+    /// Sends the deferred statements and then `tail`, in one round trip, reading no results.
+    fn pipeline(&mut self, tail: Vec<(String, Vec<Value>)>) -> Result<(), SqlError> {
+        let mut all = std::mem::take(&mut self.deferred);
+        all.extend(tail);
+        self.make_room(all.len())?;
+        let prepared = all
+            .iter()
+            .map(|(sql, _)| self.prepared_for(sql))
+            .collect::<Result<Vec<_>, _>>()?;
+        let targets: Vec<(pg_blocking::Target, &[Value])> = all
+            .iter()
+            .zip(&prepared)
+            .map(|((sql, params), prepared)| (target(prepared, sql), params.as_slice()))
+            .collect();
+        self.conn.execute_pipelined(&targets)
+    }
+
+    /// Runs one statement (after the deferred ones) and collects what it gave.
     fn run(&mut self, sql: &str, params: &[Value]) -> Result<Outcome, SqlError> {
-        self.make_room(1)?;
+        self.make_room(1 + self.deferred.len())?;
         let statement = self.prepared_for(sql)?;
         if let Some(statement) = &statement {
             let expected = statement.params.len();
@@ -508,10 +546,17 @@ impl Postgres {
                 ));
             }
         }
-        let executed = match &statement {
-            Some(statement) => self.conn.execute(pg_blocking::Target::Prepared(statement), params)?,
-            None => self.conn.execute(pg_blocking::Target::Once(sql), params)?,
-        };
+        let deferred = std::mem::take(&mut self.deferred);
+        let deferred_prepared = deferred
+            .iter()
+            .map(|(sql, _)| self.prepared_for(sql))
+            .collect::<Result<Vec<_>, _>>()?;
+        let prefix: Vec<(pg_blocking::Target, &[Value])> = deferred
+            .iter()
+            .zip(&deferred_prepared)
+            .map(|((sql, params), prepared)| (target(prepared, sql), params.as_slice()))
+            .collect();
+        let executed = self.conn.execute(&prefix, target(&statement, sql), params)?;
         let columns = match (&statement, executed.columns) {
             (Some(statement), _) => statement.columns.clone(),
             (None, Some(described)) => described,
@@ -532,19 +577,8 @@ impl Postgres {
         })
     }
 
-    /// Runs a statement of Chorus's own, whatever it returns (`setseed` returns void).
-    fn bookkeep(&mut self, sql: &str, params: &[Value]) -> Result<(), SqlError> {
-        self.make_room(1)?;
-        let statement = self.prepared_for(sql)?;
-        let target = match &statement {
-            Some(statement) => pg_blocking::Target::Prepared(statement),
-            None => pg_blocking::Target::Once(sql),
-        };
-        self.conn.execute_pipelined(&[(target, params)])
-    }
-
-    fn txn_params(id: TxnId) -> [Value; 2] {
-        [Value::Integer(id.incarnation as i64), Value::Integer(id.seq as i64)]
+    fn txn_params(id: TxnId) -> Vec<Value> {
+        vec![Value::Integer(id.incarnation as i64), Value::Integer(id.seq as i64)]
     }
 }
 
@@ -554,20 +588,42 @@ impl Engine for Postgres {
     }
 
     fn begin(&mut self) -> Result<(), SqlError> {
-        self.conn.batch("BEGIN")?;
+        assert!(
+            self.deferred.is_empty(),
+            "statements deferred outside a transaction: {:?}",
+            self.deferred
+        );
+        self.defer(BEGIN, Vec::new());
         self.in_transaction = true;
         Ok(())
     }
 
     fn commit(&mut self) -> Result<(), SqlError> {
         self.in_transaction = false;
-        self.conn.batch("COMMIT")
+        if self.deferred.len() == 1 && self.deferred[0].0 == BEGIN {
+            // Nothing ran: nothing to commit.
+            self.deferred.clear();
+            return Ok(());
+        }
+        let committed = self.pipeline(vec![("COMMIT".to_owned(), Vec::new())]);
+        if committed.is_err() {
+            // A failed statement ahead of COMMIT left the transaction open (and aborted): it
+            // ends here, so the connection is clean for the next.
+            if let Err(e) = self.conn.batch("ROLLBACK") {
+                panic!("PostgreSQL cannot roll back the writer's failed transaction: {e}");
+            }
+        }
+        committed
     }
 
     fn rollback(&mut self) {
         if std::mem::take(&mut self.in_transaction) {
-            if let Err(e) = self.conn.batch("ROLLBACK") {
-                panic!("PostgreSQL cannot roll back the writer's transaction: {e}");
+            let begun = self.deferred.first().is_none_or(|(sql, _)| sql != BEGIN);
+            self.deferred.clear();
+            if begun {
+                if let Err(e) = self.conn.batch("ROLLBACK") {
+                    panic!("PostgreSQL cannot roll back the writer's transaction: {e}");
+                }
             }
         }
     }
@@ -579,7 +635,7 @@ impl Engine for Postgres {
     fn execute(&mut self, sql: &str, params: &[Value]) -> Result<Outcome, SqlError> {
         if let Some(seed) = self.seed.take() {
             if draws_randoms(sql) {
-                self.bookkeep(SET_SEED, &[seed_param(seed)])?;
+                self.defer(SET_SEED, vec![seed_param(seed)]);
             }
         }
         self.run(sql, params)
@@ -589,50 +645,40 @@ impl Engine for Postgres {
     /// replay costs one round trip to its server rather than one per statement.
     fn execute_unread(&mut self, statements: &[(u64, &Logged)]) -> Result<(), SqlError> {
         self.seed = None;
-        // Room first: nothing prepared for this batch may be dropped before it runs.
-        self.make_room(2 * statements.len())?;
-        let mut runs: Vec<(Option<pg_blocking::Prepared>, &str, Vec<Value>)> = Vec::with_capacity(statements.len());
+        let mut tail = Vec::with_capacity(statements.len());
         for (seed, statement) in statements {
             if draws_randoms(&statement.sql) {
-                runs.push((self.prepared_for(SET_SEED)?, SET_SEED, vec![seed_param(*seed)]));
+                tail.push((SET_SEED.to_owned(), vec![seed_param(*seed)]));
             }
-            let prepared = self.prepared_for(&statement.sql)?;
-            runs.push((prepared, &statement.sql, statement.params.clone()));
+            tail.push((statement.sql.clone(), statement.params.clone()));
         }
-        let targets: Vec<(pg_blocking::Target, &[Value])> = runs
-            .iter()
-            .map(|(prepared, sql, params)| {
-                let target = match prepared {
-                    Some(statement) => pg_blocking::Target::Prepared(statement),
-                    None => pg_blocking::Target::Once(sql),
-                };
-                (target, params.as_slice())
-            })
-            .collect();
-        self.conn.execute_pipelined(&targets)
+        self.pipeline(tail)
     }
 
     fn mark_applied(&mut self, mark: AppliedMark) -> Result<(), SqlError> {
-        self.bookkeep(
+        self.defer(
             MARK_APPLIED,
-            &[
+            vec![
                 Value::Integer(mark.log_index as i64),
                 Value::Integer(mark.command.into()),
                 Value::Integer(mark.last_txn.incarnation as i64),
                 Value::Integer(mark.last_txn.seq as i64),
             ],
-        )
+        );
+        Ok(())
     }
 
     fn mark_ahead(&mut self, id: TxnId) -> Result<(), SqlError> {
-        self.bookkeep("INSERT INTO _chorus_ahead VALUES ($1, $2)", &Self::txn_params(id))
+        self.defer("INSERT INTO _chorus_ahead VALUES ($1, $2)", Self::txn_params(id));
+        Ok(())
     }
 
     fn clear_ahead(&mut self, id: TxnId) -> Result<(), SqlError> {
-        self.bookkeep(
+        self.defer(
             "DELETE FROM _chorus_ahead WHERE incarnation = $1 AND seq = $2",
-            &Self::txn_params(id),
-        )
+            Self::txn_params(id),
+        );
+        Ok(())
     }
 
     fn applied(&mut self) -> Result<AppliedMark, SqlError> {
@@ -678,14 +724,8 @@ impl Engine for Postgres {
             self.conn.batch(BOOKKEEPING)?;
         }
         self.begin()?;
-        let restored = self
-            .conn
-            .batch("DELETE FROM _chorus_ahead")
-            .and_then(|()| self.mark_applied(mark));
-        if let Err(e) = restored {
-            self.rollback();
-            return Err(e);
-        }
+        self.defer("DELETE FROM _chorus_ahead", Vec::new());
+        self.mark_applied(mark)?;
         self.commit()
     }
 
