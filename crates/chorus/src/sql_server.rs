@@ -46,7 +46,16 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
                      starts one per node)"
                 );
             }
-            let bin = (!config.sql_postgres_bin.is_empty()).then(|| config.sql_postgres_bin.clone().into());
+            let bin = if config.sql_postgres_bin.is_empty() {
+                chorus_cluster::postgres::program("pg_dump")
+                    .and_then(|program| program.parent().map(std::path::Path::to_path_buf))
+                    .context(
+                        "no PostgreSQL client programs under /usr/lib/postgresql; install PostgreSQL \
+                         or give --sql-postgres-bin DIR (where pg_dump and pg_restore are)",
+                    )?
+            } else {
+                config.sql_postgres_bin.clone().into()
+            };
             Database::Postgres(PgServer::new(&config.sql_postgres, bin).map_err(|e| anyhow::anyhow!("{e}"))?)
         }
         other => bail!("--sql-engine: unknown engine '{other}'; use sqlite or postgres"),

@@ -20,7 +20,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::BytesMut;
 use futures::StreamExt;
-use tokio_postgres::types::{Format, FromSql, IsNull, ToSql, Type};
+/// PostgreSQL's types, as `decode` takes them.
+pub use tokio_postgres::types::Type;
+use tokio_postgres::types::{Format, FromSql, IsNull, ToSql};
 use tokio_postgres::{Client, NoTls, Statement};
 
 use crate::database::CheckpointCopy;
@@ -46,21 +48,11 @@ pub struct PgServer {
 
 impl PgServer {
     /// A server reached by `conninfo` (`host=… port=… user=… dbname=…`); its client programs
-    /// in `bin_dir`, or the newest installed PostgreSQL's.
-    pub fn new(conninfo: &str, bin_dir: Option<PathBuf>) -> Result<Arc<PgServer>, SqlError> {
+    /// (`pg_dump`, `pg_restore`) in `bin_dir`.
+    pub fn new(conninfo: &str, bin_dir: PathBuf) -> Result<Arc<PgServer>, SqlError> {
         let config: tokio_postgres::Config = conninfo
             .parse()
             .map_err(|e| SqlError::new("08001", format!("invalid PostgreSQL connection string: {e}")))?;
-        let bin_dir = match bin_dir {
-            Some(dir) => dir,
-            None => installed_bin_dir().ok_or_else(|| {
-                SqlError::new(
-                    "58P01",
-                    "no PostgreSQL client programs found under /usr/lib/postgresql; install PostgreSQL \
-                     or give --sql-postgres-bin",
-                )
-            })?,
-        };
         let (handle_tx, handle_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("postgres-io".into())
@@ -110,21 +102,6 @@ impl PgServer {
 /// A session's settings (`-c name=value …`): every session reads time in UTC.
 fn session_options(options: &str) -> String {
     format!("-c TimeZone=UTC {options}")
-}
-
-/// The newest PostgreSQL installed as Debian lays it out.
-pub fn installed_bin_dir() -> Option<PathBuf> {
-    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .flatten()
-        .filter_map(|e| {
-            let version = e.file_name().to_str()?.parse().ok()?;
-            let bin = e.path().join("bin");
-            bin.join("pg_dump").is_file().then_some((version, bin))
-        })
-        .collect();
-    versions.sort();
-    versions.pop().map(|(_, bin)| bin)
 }
 
 /// The SQLSTATE of a PostgreSQL error, kept for the process's life (codes are few).
@@ -278,7 +255,7 @@ impl ToSql for Param<'_> {
 }
 
 /// A result value decoded from PostgreSQL's binary form.
-struct Decoded(Value);
+pub struct Decoded(pub Value);
 
 impl<'a> FromSql<'a> for Decoded {
     fn from_sql(ty: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn StdError + Sync + Send>> {
@@ -294,7 +271,9 @@ impl<'a> FromSql<'a> for Decoded {
     }
 }
 
-pub(crate) fn decode(ty: &Type, raw: &[u8]) -> Result<Value, Box<dyn StdError + Sync + Send>> {
+/// A value of type `ty` in PostgreSQL's binary form, as the front end returns it; an error
+/// for bytes that are not one (never a panic: they come from another process).
+pub fn decode(ty: &Type, raw: &[u8]) -> Result<Value, Box<dyn StdError + Sync + Send>> {
     Ok(match *ty {
         Type::BOOL => Value::Integer(i64::from(bool::from_sql(ty, raw)?)),
         Type::INT2 => Value::Integer(i16::from_sql(ty, raw)?.into()),
@@ -324,13 +303,20 @@ pub(crate) fn decode(ty: &Type, raw: &[u8]) -> Result<Value, Box<dyn StdError + 
                 &hex[20..]
             ))
         }
-        Type::DATE => {
-            let days = i32::from_sql(ty, raw)?;
-            Value::Text(crate::text::civil_date(i64::from(days) + POSTGRES_EPOCH_DAYS))
-        }
+        Type::DATE => match i32::from_sql(ty, raw)? {
+            i32::MAX => Value::Text("infinity".into()),
+            i32::MIN => Value::Text("-infinity".into()),
+            days => Value::Text(crate::text::civil_date(i64::from(days) + POSTGRES_EPOCH_DAYS)),
+        },
         Type::TIMESTAMP | Type::TIMESTAMPTZ => {
-            let micros = i64::from_sql(ty, raw)?;
-            let unix_micros = micros + POSTGRES_EPOCH_DAYS * 86_400_000_000;
+            let micros = match i64::from_sql(ty, raw)? {
+                i64::MAX => return Ok(Value::Text("infinity".into())),
+                i64::MIN => return Ok(Value::Text("-infinity".into())),
+                micros => micros,
+            };
+            let unix_micros = micros
+                .checked_add(POSTGRES_EPOCH_DAYS * 86_400_000_000)
+                .ok_or("a timestamp out of range")?;
             let secs = unix_micros.div_euclid(1_000_000);
             let (date, time) = crate::text::civil(secs);
             let fraction = unix_micros.rem_euclid(1_000_000);

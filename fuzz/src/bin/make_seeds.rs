@@ -377,5 +377,12 @@ fn main() {
         "statements",
         b"BEGIN; INSERT INTO t VALUES ($1, 'a;b', now(), datetime('now')); /* c */ COMMIT;",
     );
+    // PostgreSQL result values: the target's type index, then the value's binary form.
+    let numeric_12_34: &[u8] = &[7, 0, 2, 0, 0, 0, 0, 0, 2, 0, 12, 0x0d, 0x48];
+    write(&out, "pg_values", "numeric", numeric_12_34);
+    let mut timestamptz = vec![15u8];
+    timestamptz.extend_from_slice(&851_765_460_123_000i64.to_be_bytes());
+    write(&out, "pg_values", "timestamptz", &timestamptz);
+    write(&out, "pg_values", "int4", &[2, 0, 0, 1, 0]);
     println!("seeds written under {}", out.display());
 }
