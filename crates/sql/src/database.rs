@@ -80,39 +80,40 @@ pub enum ReaderConn {
 }
 
 impl ReaderConn {
-    /// Runs one statement (the SQLite one off the runtime's thread).
+    /// Runs one statement off the node's thread.
     pub async fn run(self, sql: String, params: Vec<Value>) -> (ReaderConn, Result<Outcome, SqlError>) {
-        match self {
-            ReaderConn::Sqlite(conn) => tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || match self {
+            ReaderConn::Sqlite(conn) => {
                 let outcome = engine::run(&conn, &sql, &params);
                 (ReaderConn::Sqlite(conn), outcome)
-            })
-            .await
-            .expect("a reader task does not panic"),
+            }
             ReaderConn::Postgres(mut reader) => {
-                let outcome = reader.run(&sql, &params).await;
+                let outcome = reader.run(&sql, &params);
                 (ReaderConn::Postgres(reader), outcome)
             }
-        }
+        })
+        .await
+        .expect("a reader task does not panic")
     }
 
-    /// Opens a read transaction: every statement until `end` sees the same state.
-    pub async fn begin(&mut self) -> Result<(), SqlError> {
+    /// Opens a read transaction: every statement until `end` sees the same state. (Its first
+    /// read takes the snapshot: opening it is a short exchange, made here.)
+    pub fn begin(&mut self) -> Result<(), SqlError> {
         match self {
             ReaderConn::Sqlite(conn) => conn.execute_batch("BEGIN").map_err(|e| SqlError::from_sqlite(&e)),
-            ReaderConn::Postgres(reader) => reader.begin().await,
+            ReaderConn::Postgres(reader) => reader.begin(),
         }
     }
 
     /// Ends the read transaction, if one is open.
-    pub async fn end(&mut self) {
+    pub fn end(&mut self) {
         match self {
             ReaderConn::Sqlite(conn) => {
                 if !conn.is_autocommit() {
                     let _ = conn.execute_batch("ROLLBACK");
                 }
             }
-            ReaderConn::Postgres(reader) => reader.end().await,
+            ReaderConn::Postgres(reader) => reader.end(),
         }
     }
 

@@ -393,7 +393,7 @@ impl Session {
             } else {
                 self.read_barrier().await?;
                 let mut reader = self.shared.readers.take()?;
-                reader.conn.begin().await?;
+                reader.conn.begin()?;
                 Place::Reader(Some(reader), None)
             });
         }
@@ -427,7 +427,7 @@ impl Session {
             None => Ok(Answer::Ended(if open.failed { "ROLLBACK" } else { "COMMIT" })),
             Some(Place::Reader(reader, _)) => {
                 if let Some(mut reader) = reader {
-                    reader.conn.end().await;
+                    reader.conn.end();
                     self.shared.readers.give_back(reader);
                 }
                 Ok(Answer::Ended(if open.failed { "ROLLBACK" } else { "COMMIT" }))

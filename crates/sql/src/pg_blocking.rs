@@ -48,6 +48,8 @@ pub struct Connection {
     out: BytesMut,
     incoming: BytesMut,
     next_name: u64,
+    /// An I/O error happened: the conversation's place is lost, the connection is not reused.
+    broken: bool,
 }
 
 fn io_error(e: std::io::Error) -> SqlError {
@@ -84,6 +86,7 @@ impl Connection {
             out: BytesMut::with_capacity(8192),
             incoming: BytesMut::with_capacity(64 * 1024),
             next_name: 0,
+            broken: false,
         };
         let user = config.get_user().unwrap_or("postgres");
         let dbname = config.get_dbname().unwrap_or(user);
@@ -112,22 +115,34 @@ impl Connection {
         }
     }
 
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
     fn flush(&mut self) -> Result<(), SqlError> {
-        self.socket.write_all(&self.out).map_err(io_error)?;
+        let written = self.socket.write_all(&self.out);
         self.out.clear();
-        Ok(())
+        written.map_err(|e| self.broke(e))
+    }
+
+    fn broke(&mut self, e: std::io::Error) -> SqlError {
+        self.broken = true;
+        io_error(e)
     }
 
     fn read(&mut self) -> Result<Message, SqlError> {
         loop {
-            if let Some(message) = Message::parse(&mut self.incoming).map_err(io_error)? {
-                return Ok(message);
+            match Message::parse(&mut self.incoming) {
+                Ok(Some(message)) => return Ok(message),
+                Ok(None) => {}
+                Err(e) => return Err(self.broke(e)),
             }
             let mut chunk = [0u8; 16 * 1024];
-            let n = self.socket.read(&mut chunk).map_err(io_error)?;
-            if n == 0 {
-                return Err(io_error(std::io::ErrorKind::UnexpectedEof.into()));
-            }
+            let n = match self.socket.read(&mut chunk) {
+                Ok(0) => return Err(self.broke(std::io::ErrorKind::UnexpectedEof.into())),
+                Ok(n) => n,
+                Err(e) => return Err(self.broke(e)),
+            };
             self.incoming.extend_from_slice(&chunk[..n]);
         }
     }

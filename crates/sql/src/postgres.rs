@@ -2,48 +2,43 @@
 //! beside it by `chorus cluster start --sql-engine postgres`), reached over PostgreSQL's own
 //! protocol. The database's code is untouched: Chorus is a client like any other.
 //!
-//! The writer runs on the node's thread and talks to its server over a blocking connection of
-//! its own (`pg_blocking`), waiting for each reply as it waits for SQLite's. Readers are
-//! tokio-postgres connections whose I/O is driven on a thread of this module's (the node's
-//! thread must not host another runtime).
+//! Every connection is a blocking one (`pg_blocking`): the writer's, on the node's thread,
+//! waits for each reply as it waits for SQLite's (handing statements to another thread and back
+//! cost more than the statements); readers run off the node's thread, as SQLite's do.
 //!
 //! Parameters travel in text form, so a value is read by the type the server expects; results
 //! arrive in binary and are decoded here for the types a replicated schema uses (others are
 //! refused by name: cast them to text).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::error::Error as StdError;
 use std::path::{Path, PathBuf};
-use std::pin::pin;
 use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::BytesMut;
-use futures::StreamExt;
 /// PostgreSQL's types, as `decode` takes them.
 pub use tokio_postgres::types::Type;
 use tokio_postgres::types::{Format, FromSql, IsNull, ToSql};
-use tokio_postgres::{Client, NoTls, Statement};
 
 use crate::database::CheckpointCopy;
 use crate::engine::{AppliedMark, Column, Engine, Outcome};
 use crate::error::SqlError;
-use crate::pg_blocking;
+use crate::pg_blocking::{self, Target};
 use crate::text::{Dialect, StatementKind};
 use crate::txn::{Statement as Logged, TxnId, Value};
 
 /// Prepared statements kept per connection; the cache starts over when full.
 const PREPARED_PER_CONNECTION: usize = 512;
-/// Statements longer than this are prepared for one run only (bulk loads).
+/// Statements longer than this are never prepared (bulk loads).
 const PREPARED_MAX_STATEMENT_BYTES: usize = 4096;
 
-/// A node's PostgreSQL server: where it is, and the thread driving connections to it.
+/// A node's PostgreSQL server: how to reach it, and its client programs.
 pub struct PgServer {
     conninfo: String,
     config: tokio_postgres::Config,
     /// Where `pg_dump` and `pg_restore` are.
     bin_dir: PathBuf,
-    io: tokio::runtime::Handle,
 }
 
 impl PgServer {
@@ -53,55 +48,16 @@ impl PgServer {
         let config: tokio_postgres::Config = conninfo
             .parse()
             .map_err(|e| SqlError::new("08001", format!("invalid PostgreSQL connection string: {e}")))?;
-        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("postgres-io".into())
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("a runtime for PostgreSQL connections");
-                let _ = handle_tx.send(runtime.handle().clone());
-                runtime.block_on(std::future::pending::<()>());
-            })
-            .map_err(|e| SqlError::new("58000", format!("cannot start the PostgreSQL I/O thread: {e}")))?;
-        let io = handle_rx.recv().expect("the I/O thread sends its runtime");
         Ok(Arc::new(PgServer {
             conninfo: conninfo.to_owned(),
             config,
             bin_dir,
-            io,
         }))
-    }
-
-    /// A new connection, its I/O driven on this server's thread; `options` are settings of the
-    /// session (`-c name=value`).
-    async fn connect(&self, options: &str) -> Result<Client, SqlError> {
-        let mut config = self.config.clone();
-        config.options(session_options(options));
-        self.io
-            .spawn(async move {
-                let (client, connection) = config.connect(NoTls).await?;
-                tokio::spawn(async move {
-                    if let Err(e) = connection.await {
-                        tracing::warn!(error = %e, "a PostgreSQL connection failed");
-                    }
-                });
-                Ok::<_, tokio_postgres::Error>(client)
-            })
-            .await
-            .expect("connecting does not panic")
-            .map_err(|e| pg_error(&e))
     }
 
     fn program(&self, name: &str) -> Command {
         Command::new(self.bin_dir.join(name))
     }
-}
-
-/// A session's settings (`-c name=value …`): every session reads time in UTC.
-fn session_options(options: &str) -> String {
-    format!("-c TimeZone=UTC {options}")
 }
 
 /// The SQLSTATE of a PostgreSQL error, kept for the process's life (codes are few).
@@ -116,72 +72,139 @@ pub(crate) fn intern_code(code: &str) -> &'static str {
     leaked
 }
 
-/// A PostgreSQL error as the client would have had it from PostgreSQL itself.
-fn pg_error(e: &tokio_postgres::Error) -> SqlError {
-    match e.as_db_error() {
-        Some(db) => SqlError::new(intern_code(db.code().code()), db.message()),
-        None if e.is_closed() => SqlError::new("08006", format!("the node's PostgreSQL connection closed: {e}")),
-        None => SqlError::new("58000", format!("PostgreSQL: {e}")),
+/// A statement and its parameters, to run without reading its results.
+type Unread = (String, Vec<Value>);
+
+fn target<'a>(prepared: &'a Option<pg_blocking::Prepared>, sql: &'a str) -> Target<'a> {
+    match prepared {
+        Some(statement) => Target::Prepared(statement),
+        None => Target::Once(sql),
     }
 }
 
-/// Waits for a connection's reply on the node's thread.
-fn wait<F: std::future::Future>(future: F) -> F::Output {
-    futures::executor::block_on(future)
+/// A connection and its prepared statements: a text is prepared the second time it comes
+/// (one-off texts, with their values written in, run unprepared, parsed in the same round trip).
+struct Session {
+    conn: pg_blocking::Connection,
+    prepared: HashMap<String, pg_blocking::Prepared>,
+    seen_once: HashSet<String>,
 }
 
-/// Prepared statements of one connection, by text.
-#[derive(Default)]
-struct Prepared(HashMap<String, Statement>);
+impl Session {
+    /// A session with `options` (`-c name=value …`); every session reads time in UTC.
+    fn open(server: &PgServer, options: &str) -> Result<Session, SqlError> {
+        Ok(Session {
+            conn: pg_blocking::Connection::connect(&server.config, &format!("-c TimeZone=UTC {options}"))?,
+            prepared: HashMap::new(),
+            seen_once: HashSet::new(),
+        })
+    }
 
-impl Prepared {
-    async fn get(&mut self, client: &Client, sql: &str) -> Result<Statement, SqlError> {
-        if let Some(statement) = self.0.get(sql) {
-            return Ok(statement.clone());
+    /// Makes room for `count` more prepared statements: when the cache would overflow, every
+    /// statement is dropped, here and on the server. Never between preparing a statement and
+    /// executing it.
+    fn make_room(&mut self, count: usize) -> Result<(), SqlError> {
+        if self.prepared.len() + count > PREPARED_PER_CONNECTION {
+            self.forget_prepared()?;
         }
-        let statement = client.prepare(sql).await.map_err(|e| pg_error(&e))?;
-        if sql.len() <= PREPARED_MAX_STATEMENT_BYTES {
-            if self.0.len() >= PREPARED_PER_CONNECTION {
-                self.0.clear();
+        if self.seen_once.len() + count > PREPARED_PER_CONNECTION {
+            self.seen_once.clear();
+        }
+        Ok(())
+    }
+
+    /// The statement prepared if its text came before (and is not long), else None: run it once.
+    fn prepared_for(&mut self, sql: &str) -> Result<Option<pg_blocking::Prepared>, SqlError> {
+        if let Some(statement) = self.prepared.get(sql) {
+            return Ok(Some(statement.clone()));
+        }
+        if sql.len() > PREPARED_MAX_STATEMENT_BYTES || self.seen_once.insert(sql.to_owned()) {
+            return Ok(None);
+        }
+        self.seen_once.remove(sql);
+        let statement = self.conn.prepare(sql)?;
+        self.prepared.insert(sql.to_owned(), statement.clone());
+        Ok(Some(statement))
+    }
+
+    /// Drops every prepared statement, here and on the server.
+    fn forget_prepared(&mut self) -> Result<(), SqlError> {
+        self.prepared.clear();
+        self.conn.batch("DEALLOCATE ALL")
+    }
+
+    /// Runs `sql` after the statements of `prefix` (their results dropped) in one round trip,
+    /// and collects what it gave.
+    fn run(&mut self, prefix: &[Unread], sql: &str, params: &[Value]) -> Result<Outcome, SqlError> {
+        self.make_room(1 + prefix.len())?;
+        let statement = self.prepared_for(sql)?;
+        if let Some(statement) = &statement {
+            let expected = statement.params.len();
+            if params.len() != expected {
+                return Err(SqlError::new(
+                    "08P01",
+                    format!("the statement takes {expected} parameters, {} were bound", params.len()),
+                ));
             }
-            self.0.insert(sql.to_owned(), statement.clone());
         }
-        Ok(statement)
+        let prefix_prepared = prefix
+            .iter()
+            .map(|(sql, _)| self.prepared_for(sql))
+            .collect::<Result<Vec<_>, _>>()?;
+        let prefix: Vec<(Target, &[Value])> = prefix
+            .iter()
+            .zip(&prefix_prepared)
+            .map(|((sql, params), prepared)| (target(prepared, sql), params.as_slice()))
+            .collect();
+        let executed = self.conn.execute(&prefix, target(&statement, sql), params)?;
+        let columns = match (&statement, executed.columns) {
+            (Some(statement), _) => statement.columns.clone(),
+            (None, Some(described)) => described,
+            (None, None) => Vec::new(),
+        };
+        Ok(Outcome {
+            columns: columns_of(columns),
+            rows: executed.rows,
+            changes: executed.changes,
+            read_only: reads_only(sql),
+        })
+    }
+
+    /// Sends every statement in one round trip, reading no results.
+    fn pipeline(&mut self, all: &[Unread]) -> Result<(), SqlError> {
+        self.make_room(all.len())?;
+        let prepared = all
+            .iter()
+            .map(|(sql, _)| self.prepared_for(sql))
+            .collect::<Result<Vec<_>, _>>()?;
+        let targets: Vec<(Target, &[Value])> = all
+            .iter()
+            .zip(&prepared)
+            .map(|((sql, params), prepared)| (target(prepared, sql), params.as_slice()))
+            .collect();
+        self.conn.execute_pipelined(&targets)
+    }
+
+    /// The columns `sql` returns (it stays prepared: a statement described is run next).
+    fn describe(&mut self, sql: &str) -> Result<Vec<Column>, SqlError> {
+        self.make_room(1)?;
+        if !self.prepared.contains_key(sql) {
+            let statement = self.conn.prepare(sql)?;
+            self.prepared.insert(sql.to_owned(), statement);
+        }
+        Ok(columns_of(self.prepared[sql].columns.clone()))
     }
 }
 
-/// Runs one prepared statement and collects what it gave.
-async fn run(client: &Client, statement: &Statement, sql: &str, params: &[Value]) -> Result<Outcome, SqlError> {
-    let expected = statement.params().len();
-    if params.len() != expected {
-        return Err(SqlError::new(
-            "08P01",
-            format!("the statement takes {expected} parameters, {} were bound", params.len()),
-        ));
-    }
-    let columns = columns_of(statement);
-    let stream = client
-        .query_raw(statement, params.iter().map(Param))
-        .await
-        .map_err(|e| pg_error(&e))?;
-    let mut stream = pin!(stream);
-    let mut rows = Vec::new();
-    while let Some(row) = stream.next().await {
-        let row = row.map_err(|e| pg_error(&e))?;
-        let mut values = Vec::with_capacity(columns.len());
-        for i in 0..columns.len() {
-            let value: Decoded = row.try_get(i).map_err(|e| undecodable(statement, i, &e))?;
-            values.push(value.0);
-        }
-        rows.push(values);
-    }
-    let changes = stream.rows_affected().unwrap_or(0);
-    Ok(Outcome {
-        columns,
-        rows,
-        changes,
-        read_only: reads_only(sql),
-    })
+fn columns_of(columns: Vec<(String, Type)>) -> Vec<Column> {
+    columns
+        .into_iter()
+        .map(|(name, ty)| Column {
+            name,
+            declared: Some(ty.name().to_owned()),
+            function: None,
+        })
+        .collect()
 }
 
 /// Whether a statement cannot have changed the database, from its text: a plain query. (A
@@ -193,26 +216,6 @@ fn reads_only(sql: &str) -> bool {
         let lower = sql.to_ascii_lowercase();
         !lower.contains("nextval") && !lower.contains("setval")
     }
-}
-
-fn undecodable(statement: &Statement, column: usize, e: &tokio_postgres::Error) -> SqlError {
-    let ty = statement.columns().get(column).map_or("?", |c| c.type_().name());
-    SqlError::new(
-        "0A000",
-        format!("a result column of type {ty} cannot be returned through Chorus yet; cast it to text ({e})"),
-    )
-}
-
-fn columns_of(statement: &Statement) -> Vec<Column> {
-    statement
-        .columns()
-        .iter()
-        .map(|c| Column {
-            name: c.name().to_owned(),
-            declared: Some(c.type_().name().to_owned()),
-            function: None,
-        })
-        .collect()
 }
 
 /// A parameter in text form: the server reads it as the type it expects there.
@@ -252,23 +255,6 @@ impl ToSql for Param<'_> {
     }
 
     tokio_postgres::types::to_sql_checked!();
-}
-
-/// A result value decoded from PostgreSQL's binary form.
-pub struct Decoded(pub Value);
-
-impl<'a> FromSql<'a> for Decoded {
-    fn from_sql(ty: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn StdError + Sync + Send>> {
-        decode(ty, raw).map(Decoded)
-    }
-
-    fn from_sql_null(_: &Type) -> Result<Self, Box<dyn StdError + Sync + Send>> {
-        Ok(Decoded(Value::Null))
-    }
-
-    fn accepts(_: &Type) -> bool {
-        true
-    }
 }
 
 /// A value of type `ty` in PostgreSQL's binary form, as the front end returns it; an error
@@ -400,13 +386,9 @@ fn numeric_text(raw: &[u8]) -> Result<String, Box<dyn StdError + Sync + Send>> {
 /// its first statement, its bookkeeping with its COMMIT).
 pub struct Postgres {
     server: Arc<PgServer>,
-    conn: pg_blocking::Connection,
-    prepared: HashMap<String, pg_blocking::Prepared>,
-    /// Statement texts seen once: a text is prepared the second time it comes (one-off texts,
-    /// with their values written in, run unprepared).
-    seen_once: std::collections::HashSet<String>,
+    session: Session,
     /// Statements waiting to go ahead of the next request.
-    deferred: Vec<(String, Vec<Value>)>,
+    deferred: Vec<Unread>,
     in_transaction: bool,
     /// The seed of the statement about to run, applied (`setseed`) only if it draws randoms.
     seed: Option<u64>,
@@ -443,59 +425,17 @@ fn draws_randoms(sql: &str) -> bool {
 const MARK_APPLIED: &str =
     "UPDATE _chorus_applied SET log_index = $1, command = $2, txn_incarnation = $3, txn_seq = $4";
 
-fn target<'a>(prepared: &'a Option<pg_blocking::Prepared>, sql: &'a str) -> pg_blocking::Target<'a> {
-    match prepared {
-        Some(statement) => pg_blocking::Target::Prepared(statement),
-        None => pg_blocking::Target::Once(sql),
-    }
-}
-
 impl Postgres {
     pub fn open(server: Arc<PgServer>) -> Result<Postgres, SqlError> {
-        let mut conn = pg_blocking::Connection::connect(&server.config, &session_options("-c synchronous_commit=off"))?;
-        conn.batch(BOOKKEEPING)?;
+        let mut session = Session::open(&server, "-c synchronous_commit=off")?;
+        session.conn.batch(BOOKKEEPING)?;
         Ok(Postgres {
             server,
-            conn,
-            prepared: HashMap::new(),
-            seen_once: std::collections::HashSet::new(),
+            session,
             deferred: Vec::new(),
             in_transaction: false,
             seed: None,
         })
-    }
-
-    /// Makes room for `count` more prepared statements: when the cache would overflow, every
-    /// statement is dropped, here and on the server. Never between preparing a statement and
-    /// executing it.
-    fn make_room(&mut self, count: usize) -> Result<(), SqlError> {
-        if self.prepared.len() + count > PREPARED_PER_CONNECTION {
-            self.forget_prepared()?;
-        }
-        if self.seen_once.len() + count > PREPARED_PER_CONNECTION {
-            self.seen_once.clear();
-        }
-        Ok(())
-    }
-
-    /// The statement prepared if its text came before (and is not long), else None: run it once.
-    fn prepared_for(&mut self, sql: &str) -> Result<Option<pg_blocking::Prepared>, SqlError> {
-        if let Some(statement) = self.prepared.get(sql) {
-            return Ok(Some(statement.clone()));
-        }
-        if sql.len() > PREPARED_MAX_STATEMENT_BYTES || self.seen_once.insert(sql.to_owned()) {
-            return Ok(None);
-        }
-        self.seen_once.remove(sql);
-        let statement = self.conn.prepare(sql)?;
-        self.prepared.insert(sql.to_owned(), statement.clone());
-        Ok(Some(statement))
-    }
-
-    /// Drops every prepared statement, here and on the server.
-    fn forget_prepared(&mut self) -> Result<(), SqlError> {
-        self.prepared.clear();
-        self.conn.batch("DEALLOCATE ALL")
     }
 
     fn defer(&mut self, sql: &str, params: Vec<Value>) {
@@ -503,64 +443,16 @@ impl Postgres {
     }
 
     /// Sends the deferred statements and then `tail`, in one round trip, reading no results.
-    fn pipeline(&mut self, tail: Vec<(String, Vec<Value>)>) -> Result<(), SqlError> {
+    fn pipeline(&mut self, tail: Vec<Unread>) -> Result<(), SqlError> {
         let mut all = std::mem::take(&mut self.deferred);
         all.extend(tail);
-        self.make_room(all.len())?;
-        let prepared = all
-            .iter()
-            .map(|(sql, _)| self.prepared_for(sql))
-            .collect::<Result<Vec<_>, _>>()?;
-        let targets: Vec<(pg_blocking::Target, &[Value])> = all
-            .iter()
-            .zip(&prepared)
-            .map(|((sql, params), prepared)| (target(prepared, sql), params.as_slice()))
-            .collect();
-        self.conn.execute_pipelined(&targets)
+        self.session.pipeline(&all)
     }
 
-    /// Runs one statement (after the deferred ones) and collects what it gave.
+    /// Runs one statement, after the deferred ones, and collects what it gave.
     fn run(&mut self, sql: &str, params: &[Value]) -> Result<Outcome, SqlError> {
-        self.make_room(1 + self.deferred.len())?;
-        let statement = self.prepared_for(sql)?;
-        if let Some(statement) = &statement {
-            let expected = statement.params.len();
-            if params.len() != expected {
-                return Err(SqlError::new(
-                    "08P01",
-                    format!("the statement takes {expected} parameters, {} were bound", params.len()),
-                ));
-            }
-        }
         let deferred = std::mem::take(&mut self.deferred);
-        let deferred_prepared = deferred
-            .iter()
-            .map(|(sql, _)| self.prepared_for(sql))
-            .collect::<Result<Vec<_>, _>>()?;
-        let prefix: Vec<(pg_blocking::Target, &[Value])> = deferred
-            .iter()
-            .zip(&deferred_prepared)
-            .map(|((sql, params), prepared)| (target(prepared, sql), params.as_slice()))
-            .collect();
-        let executed = self.conn.execute(&prefix, target(&statement, sql), params)?;
-        let columns = match (&statement, executed.columns) {
-            (Some(statement), _) => statement.columns.clone(),
-            (None, Some(described)) => described,
-            (None, None) => Vec::new(),
-        };
-        Ok(Outcome {
-            columns: columns
-                .into_iter()
-                .map(|(name, ty)| Column {
-                    name,
-                    declared: Some(ty.name().to_owned()),
-                    function: None,
-                })
-                .collect(),
-            rows: executed.rows,
-            changes: executed.changes,
-            read_only: reads_only(sql),
-        })
+        self.session.run(&deferred, sql, params)
     }
 
     fn txn_params(id: TxnId) -> Vec<Value> {
@@ -595,7 +487,7 @@ impl Engine for Postgres {
         if committed.is_err() {
             // A failed statement ahead of COMMIT left the transaction open (and aborted): it
             // ends here, so the connection is clean for the next.
-            if let Err(e) = self.conn.batch("ROLLBACK") {
+            if let Err(e) = self.session.conn.batch("ROLLBACK") {
                 panic!("PostgreSQL cannot roll back the writer's failed transaction: {e}");
             }
         }
@@ -607,7 +499,7 @@ impl Engine for Postgres {
             let begun = self.deferred.first().is_none_or(|(sql, _)| sql != BEGIN);
             self.deferred.clear();
             if begun {
-                if let Err(e) = self.conn.batch("ROLLBACK") {
+                if let Err(e) = self.session.conn.batch("ROLLBACK") {
                     panic!("PostgreSQL cannot roll back the writer's transaction: {e}");
                 }
             }
@@ -697,8 +589,10 @@ impl Engine for Postgres {
     fn restore(&mut self, checkpoint: Option<&Path>, mark: AppliedMark) -> Result<(), SqlError> {
         self.rollback();
         // Empties the database: every table, view, sequence and function of the public schema.
-        self.forget_prepared()?;
-        self.conn.batch("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")?;
+        self.session.forget_prepared()?;
+        self.session
+            .conn
+            .batch("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")?;
         if let Some(checkpoint) = checkpoint {
             let mut restore = self.server.program("pg_restore");
             restore
@@ -707,7 +601,7 @@ impl Engine for Postgres {
                 .arg(checkpoint);
             run_program(restore, "pg_restore")?;
         } else {
-            self.conn.batch(BOOKKEEPING)?;
+            self.session.conn.batch(BOOKKEEPING)?;
         }
         self.begin()?;
         self.defer("DELETE FROM _chorus_ahead", Vec::new());
@@ -760,66 +654,59 @@ fn run_program(mut command: Command, what: &str) -> Result<(), SqlError> {
 /// A read-only connection; a read transaction is REPEATABLE READ, so its statements see one
 /// state, as a SQLite read transaction does.
 pub struct PgReader {
-    client: Client,
-    prepared: Prepared,
+    session: Session,
     in_transaction: bool,
 }
 
 impl PgReader {
     pub fn open(server: &PgServer) -> Result<PgReader, SqlError> {
-        let client = wait(server.connect("-c default_transaction_read_only=on"))?;
         Ok(PgReader {
-            client,
-            prepared: Prepared::default(),
+            session: Session::open(server, "-c default_transaction_read_only=on")?,
             in_transaction: false,
         })
     }
 
-    pub async fn run(&mut self, sql: &str, params: &[Value]) -> Result<Outcome, SqlError> {
-        let statement = self.prepared.get(&self.client, sql).await?;
-        run(&self.client, &statement, sql, params).await
+    pub fn run(&mut self, sql: &str, params: &[Value]) -> Result<Outcome, SqlError> {
+        self.session.run(&[], sql, params)
     }
 
-    pub async fn begin(&mut self) -> Result<(), SqlError> {
-        self.client
-            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .await
-            .map_err(|e| pg_error(&e))?;
+    pub fn begin(&mut self) -> Result<(), SqlError> {
+        self.session
+            .conn
+            .batch("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
         self.in_transaction = true;
         Ok(())
     }
 
-    pub async fn end(&mut self) {
+    pub fn end(&mut self) {
         if std::mem::take(&mut self.in_transaction) {
-            let _ = self.client.batch_execute("ROLLBACK").await;
+            let _ = self.session.conn.batch("ROLLBACK");
         }
     }
 
+    /// Whether it can serve another session: no transaction open, the connection sound.
     pub fn is_idle(&self) -> bool {
-        !self.in_transaction && !self.client.is_closed()
+        !self.in_transaction && !self.session.conn.is_broken()
     }
 
     pub fn describe(&mut self, sql: &str) -> Option<Vec<Column>> {
-        let (client, prepared) = (&self.client, &mut self.prepared);
-        wait(prepared.get(client, sql))
-            .ok()
-            .map(|statement| columns_of(&statement))
+        self.session.describe(sql).ok()
     }
 }
 
 /// Pins the database in a snapshot exported from a read transaction; the copy is `pg_dump` of
 /// that snapshot, while the transaction holds it.
 pub fn pin_for_checkpoint(server: &Arc<PgServer>) -> Result<CheckpointCopy, SqlError> {
-    let reader = PgReader::open(server)?;
-    let snapshot = wait(async {
-        reader
-            .client
-            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .await?;
-        let row = reader.client.query_one("SELECT pg_export_snapshot()", &[]).await?;
-        row.try_get::<_, String>(0)
-    })
-    .map_err(|e| pg_error(&e))?;
+    let mut reader = PgReader::open(server)?;
+    reader.begin()?;
+    let exported = reader.run("SELECT pg_export_snapshot()", &[])?;
+    let Some(Some(Value::Text(snapshot))) = exported.rows.first().map(|row| row.first()) else {
+        return Err(SqlError::new(
+            "XX000",
+            format!("pg_export_snapshot gave {:?}", exported.rows),
+        ));
+    };
+    let snapshot = snapshot.clone();
     let server = server.clone();
     Ok(Box::new(move |target: &Path| {
         let mut dump = server.program("pg_dump");
