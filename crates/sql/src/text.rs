@@ -558,13 +558,14 @@ pub fn fix_writes(statement: &str, clock: FixedClock, dialect: Dialect) -> Resul
 }
 
 /// A time literal as `dialect` reads it: SQLite's dates are text; PostgreSQL's untyped literal
-/// would not do in arithmetic (`now() - interval '1 day'`).
+/// would not do in arithmetic (`now() - interval '1 day'`). The typed one is parenthesised so
+/// its type name cannot run into what follows (`now()$x` must not become `timestamptz$x`).
 fn time_literal(text: &str, postgres_type: &str, dialect: Dialect) -> String {
     match dialect {
         Dialect::Sqlite => format!("'{text}'"),
         // With its zone: a session's TimeZone must not move the transaction's instant.
-        Dialect::Postgres if postgres_type == "timestamptz" => format!("'{text}+00'::timestamptz"),
-        Dialect::Postgres => format!("'{text}'::{postgres_type}"),
+        Dialect::Postgres if postgres_type == "timestamptz" => format!("('{text}+00'::timestamptz)"),
+        Dialect::Postgres => format!("('{text}'::{postgres_type})"),
     }
 }
 
@@ -878,8 +879,14 @@ mod tests {
         let pg = |sql: &str| fix_writes(sql, CLOCK, Dialect::Postgres);
         assert_eq!(
             pg("INSERT INTO t VALUES (CURRENT_TIMESTAMP, now() - interval '1 day', CURRENT_DATE, $2, $1)").unwrap(),
-            "INSERT INTO t VALUES ('2026-11-27 02:51:00.123+00'::timestamptz, \
-             '2026-11-27 02:51:00.123+00'::timestamptz - interval '1 day', '2026-11-27'::date, $2, $1)"
+            "INSERT INTO t VALUES (('2026-11-27 02:51:00.123+00'::timestamptz), \
+             ('2026-11-27 02:51:00.123+00'::timestamptz) - interval '1 day', ('2026-11-27'::date), $2, $1)"
+        );
+        let fixed = pg("SELECT now()$x$ a $x$").unwrap();
+        assert_eq!(
+            pg(&fixed).unwrap(),
+            fixed,
+            "a literal does not run into a dollar quote after it"
         );
         assert_eq!(
             analyse("SELECT * FROM t WHERE id = $1")
