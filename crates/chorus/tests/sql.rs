@@ -824,7 +824,9 @@ const TPCC_TABLES: [(&str, &str); 9] = [
 async fn sigkill_of_the_leader_mid_tpcc_loses_no_new_order_and_the_replicas_end_equal() {
     use chorus_bench::tpcc::{self, TpccArgs};
     // Passive replication: the replicas apply the write-sets TPC-C's transactions made (the
-    // other tests here replicate statements).
+    // other tests here replicate statements). A 3 s election timeout: the load's long
+    // statements on a machine shared with the other tests must not move leadership before the
+    // kill (the load does not retry).
     let mut cluster = SqlCluster::start_with(
         3,
         &[
@@ -834,6 +836,8 @@ async fn sigkill_of_the_leader_mid_tpcc_loses_no_new_order_and_the_replicas_end_
             "200",
             "--sql-mode",
             "passive",
+            "--election-ticks",
+            "30",
         ],
     );
     let leader = cluster.leader_among(&[1, 2, 3]).await;

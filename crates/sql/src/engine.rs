@@ -293,17 +293,22 @@ fn register_seeded_functions(conn: &Connection, random: &Arc<AtomicU64>) -> rusq
         bytes[8..].copy_from_slice(&next_random(&state).to_le_bytes());
         bytes[6] = (bytes[6] & 0x0f) | 0x40;
         bytes[8] = (bytes[8] & 0x3f) | 0x80;
-        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        Ok(format!(
-            "{}-{}-{}-{}-{}",
-            &hex[..8],
-            &hex[8..12],
-            &hex[12..16],
-            &hex[16..20],
-            &hex[20..]
-        ))
+        Ok(uuid_text(&bytes))
     })?;
     Ok(())
+}
+
+/// A UUID's 16 bytes in its text form (`8-4-4-4-12` hex digits).
+pub(crate) fn uuid_text(bytes: &[u8; 16]) -> String {
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
 }
 
 impl rusqlite::ToSql for Value {

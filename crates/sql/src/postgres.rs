@@ -277,18 +277,7 @@ pub fn decode(ty: &Type, raw: &[u8]) -> Result<Value, Box<dyn StdError + Sync + 
             _ => return Err("an unknown jsonb version".into()),
         },
         Type::BYTEA => Value::Blob(raw.to_vec()),
-        Type::UUID => {
-            let b: [u8; 16] = raw.try_into()?;
-            let hex: String = b.iter().map(|byte| format!("{byte:02x}")).collect();
-            Value::Text(format!(
-                "{}-{}-{}-{}-{}",
-                &hex[..8],
-                &hex[8..12],
-                &hex[12..16],
-                &hex[16..20],
-                &hex[20..]
-            ))
-        }
+        Type::UUID => Value::Text(crate::engine::uuid_text(raw.try_into()?)),
         Type::DATE => match i32::from_sql(ty, raw)? {
             i32::MAX => Value::Text("infinity".into()),
             i32::MIN => Value::Text("-infinity".into()),
