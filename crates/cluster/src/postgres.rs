@@ -79,7 +79,7 @@ pub fn run_to_end(mut command: Command, what: &str, log: &Path) -> anyhow::Resul
 /// accepts connections.
 pub fn ensure_running(base: &Path, node_dir: &Path, addr: SocketAddr) -> anyhow::Result<()> {
     let pg_dir = node_dir.join("postgres");
-    let pid_file = node_dir.join("postgres.pid");
+    let pid_file = pid_file(node_dir);
     if process::read_pid(&pid_file).is_some() {
         return Ok(());
     }
@@ -128,9 +128,18 @@ pub fn ensure_running(base: &Path, node_dir: &Path, addr: SocketAddr) -> anyhow:
     }
 }
 
+fn pid_file(node_dir: &Path) -> PathBuf {
+    node_dir.join("postgres.pid")
+}
+
+/// The pid of the node's PostgreSQL server, if it runs.
+pub fn pid(node_dir: &Path) -> Option<u32> {
+    process::read_pid(&pid_file(node_dir))
+}
+
 /// Stops the node's PostgreSQL server if it runs (a fast shutdown: SIGINT).
 pub fn stop(node_dir: &Path) {
-    let pid_file = node_dir.join("postgres.pid");
+    let pid_file = pid_file(node_dir);
     if let Some(pid) = process::read_pid(&pid_file) {
         process::signal(pid, libc::SIGINT);
         process::terminate(pid, Duration::from_secs(20));

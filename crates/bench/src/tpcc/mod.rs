@@ -408,7 +408,7 @@ async fn chorus_sql_target(dir: &Path) -> anyhow::Result<(SocketAddr, Vec<u32>)>
     let engines = file
         .nodes
         .iter()
-        .filter_map(|n| chorus_cluster::process::read_pid(&chorus_cluster::node_dir(dir, n.id).join("postgres.pid")));
+        .filter_map(|n| chorus_cluster::postgres::pid(&chorus_cluster::node_dir(dir, n.id)));
     Ok((
         leader.entry.client_addr,
         states.iter().filter_map(|s| s.pid).chain(engines).collect(),
