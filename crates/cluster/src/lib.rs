@@ -393,6 +393,7 @@ async fn start_nodes(
             .nodes
             .iter()
             .flat_map(|n| [n.resp_addr.port(), n.peer_addr.port(), n.metrics_addr.port()])
+            .chain(file.nodes.iter().filter_map(|n| n.postgres_addr.map(|a| a.port())))
             .collect();
         ports::renew(&node_ports);
         ensure_network(dir, &file)?;
