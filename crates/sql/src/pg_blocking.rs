@@ -192,13 +192,7 @@ impl Connection {
                         .collect()
                         .map_err(io_error)?;
                 }
-                Message::RowDescription(body) => {
-                    columns = body
-                        .fields()
-                        .map(|field| Ok((field.name().to_owned(), type_of(field.type_oid()))))
-                        .collect()
-                        .map_err(io_error)?;
-                }
+                Message::RowDescription(body) => columns = described_columns(&body)?,
                 Message::ErrorResponse(body) => return self.fail(server_error(&body)),
                 Message::ReadyForQuery(_) => return Ok(Prepared { name, params, columns }),
                 _ => return Err(protocol_error("in reply to a Parse")),
@@ -280,11 +274,7 @@ impl Connection {
                 Message::CommandComplete(_) | Message::EmptyQueryResponse if prefix_left > 0 => prefix_left -= 1,
                 Message::EmptyQueryResponse => {}
                 Message::RowDescription(body) => {
-                    described = body
-                        .fields()
-                        .map(|field| Ok((field.name().to_owned(), type_of(field.type_oid()))))
-                        .collect()
-                        .map_err(io_error)?;
+                    described = described_columns(&body)?;
                     executed.columns = Some(described.clone());
                 }
                 Message::DataRow(body) => {
@@ -337,6 +327,16 @@ impl Connection {
         self.flush()?;
         self.until_ready(None)
     }
+}
+
+/// The result columns a RowDescription names, with their types.
+fn described_columns(
+    body: &postgres_protocol::message::backend::RowDescriptionBody,
+) -> Result<Vec<(String, Type)>, SqlError> {
+    body.fields()
+        .map(|field| Ok((field.name().to_owned(), type_of(field.type_oid()))))
+        .collect()
+        .map_err(io_error)
 }
 
 fn type_of(oid: u32) -> Type {

@@ -82,6 +82,25 @@ fn target<'a>(prepared: &'a Option<pg_blocking::Prepared>, sql: &'a str) -> Targ
     }
 }
 
+/// Each statement as what to execute (`prepared` from `Session::prepare_all`) with its parameters.
+fn targets<'a>(
+    statements: &'a [Unread],
+    prepared: &'a [Option<pg_blocking::Prepared>],
+) -> Vec<(Target<'a>, &'a [Value])> {
+    statements
+        .iter()
+        .zip(prepared)
+        .map(|((sql, params), prepared)| (target(prepared, sql), params.as_slice()))
+        .collect()
+}
+
+/// Whether `text` holds `word`, in any case, without copying it (on every statement's path).
+fn mentions(text: &str, word: &str) -> bool {
+    text.as_bytes()
+        .windows(word.len())
+        .any(|window| window.eq_ignore_ascii_case(word.as_bytes()))
+}
+
 /// A connection and its prepared statements: a text is prepared the second time it comes
 /// (one-off texts, with their values written in, run unprepared, parsed in the same round trip).
 struct Session {
@@ -147,16 +166,10 @@ impl Session {
                 ));
             }
         }
-        let prefix_prepared = prefix
-            .iter()
-            .map(|(sql, _)| self.prepared_for(sql))
-            .collect::<Result<Vec<_>, _>>()?;
-        let prefix: Vec<(Target, &[Value])> = prefix
-            .iter()
-            .zip(&prefix_prepared)
-            .map(|((sql, params), prepared)| (target(prepared, sql), params.as_slice()))
-            .collect();
-        let executed = self.conn.execute(&prefix, target(&statement, sql), params)?;
+        let prefix_prepared = self.prepare_all(prefix)?;
+        let executed = self
+            .conn
+            .execute(&targets(prefix, &prefix_prepared), target(&statement, sql), params)?;
         let columns = match (&statement, executed.columns) {
             (Some(statement), _) => statement.columns.clone(),
             (None, Some(described)) => described,
@@ -173,16 +186,13 @@ impl Session {
     /// Sends every statement in one round trip, reading no results.
     fn pipeline(&mut self, all: &[Unread]) -> Result<(), SqlError> {
         self.make_room(all.len())?;
-        let prepared = all
-            .iter()
-            .map(|(sql, _)| self.prepared_for(sql))
-            .collect::<Result<Vec<_>, _>>()?;
-        let targets: Vec<(Target, &[Value])> = all
-            .iter()
-            .zip(&prepared)
-            .map(|((sql, params), prepared)| (target(prepared, sql), params.as_slice()))
-            .collect();
-        self.conn.execute_pipelined(&targets)
+        let prepared = self.prepare_all(all)?;
+        self.conn.execute_pipelined(&targets(all, &prepared))
+    }
+
+    /// `prepared_for` each statement (room made first).
+    fn prepare_all(&mut self, statements: &[Unread]) -> Result<Vec<Option<pg_blocking::Prepared>>, SqlError> {
+        statements.iter().map(|(sql, _)| self.prepared_for(sql)).collect()
     }
 
     /// The columns `sql` returns (it stays prepared: a statement described is run next).
@@ -211,11 +221,9 @@ fn columns_of(columns: Vec<(String, Type)>) -> Vec<Column> {
 /// query calling a function that writes is taken as a read: under the PostgreSQL engine such
 /// calls are not replicated; see docs/sql.md.)
 fn reads_only(sql: &str) -> bool {
-    let kind = crate::text::analyse(sql).map(|analysis| analysis.kind);
-    kind == Ok(StatementKind::Read) && {
-        let lower = sql.to_ascii_lowercase();
-        !lower.contains("nextval") && !lower.contains("setval")
-    }
+    crate::text::classify_unkept(sql) == Ok(StatementKind::Read)
+        && !mentions(sql, "nextval")
+        && !mentions(sql, "setval")
 }
 
 /// A parameter in text form: the server reads it as the type it expects there.
@@ -408,7 +416,7 @@ fn seed_param(seed: u64) -> Value {
 
 /// Whether a statement may call `random()` (seeded first so every replica draws alike).
 fn draws_randoms(sql: &str) -> bool {
-    sql.to_ascii_lowercase().contains("random")
+    mentions(sql, "random")
 }
 
 const MARK_APPLIED: &str =

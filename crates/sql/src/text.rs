@@ -297,6 +297,15 @@ impl Analysis {
     }
 }
 
+/// `classify` without keeping the analysis: for texts that come once (a statement with its
+/// transaction's time written in), which would only push out the ones clients repeat.
+pub fn classify_unkept(statement: &str) -> Result<StatementKind, SqlError> {
+    match memo_get(statement) {
+        Some(analysis) => Ok(analysis.kind),
+        None => classify_tokens(statement),
+    }
+}
+
 /// The statement's `Analysis`, kept for the next time it comes (unless it is long).
 pub fn analyse(statement: &str) -> Result<Arc<Analysis>, SqlError> {
     if let Some(analysis) = memo_get(statement) {
@@ -872,6 +881,14 @@ mod tests {
             fix_writes("SELECT random(), randomblob(4)", CLOCK, Dialect::Sqlite).unwrap(),
             "SELECT random(), randomblob(4)"
         );
+    }
+
+    #[test]
+    fn an_unkept_classification_answers_as_a_kept_one_and_keeps_nothing() {
+        let once = "INSERT INTO t VALUES (('2026-11-27 02:51:00.123+00'::timestamptz), 41)";
+        assert_eq!(classify_unkept(once).unwrap(), StatementKind::Write);
+        assert!(memo_get(once).is_none(), "a one-off text is not kept");
+        assert_eq!(classify_unkept("SELECT 1").unwrap(), classify("SELECT 1").unwrap());
     }
 
     #[test]
