@@ -97,8 +97,8 @@ server_options! {
     /// both.
     sql_mode: String = "active".into();
     /// The database `chorus sql` replicates into: "sqlite" (embedded, under data_dir/sql) or
-    /// "postgres" (the PostgreSQL server `sql_postgres` names, one per node; statements only,
-    /// `sql_mode` active).
+    /// "postgres" (the PostgreSQL server `sql_postgres` names, one per node; passive mode reads
+    /// its logical decoding: wal_level = logical).
     sql_engine: String = "sqlite".into();
     /// With sql_engine "postgres": the node's own PostgreSQL server, as a connection string
     /// (`host=127.0.0.1 port=5433 user=postgres dbname=postgres`). `chorus cluster start --sql

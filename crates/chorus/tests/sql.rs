@@ -649,6 +649,73 @@ async fn auto_mode_replicates_what_cannot_be_made_deterministic_by_its_write_set
     assert!(db_error.message().contains("schema"), "{db_error}");
 }
 
+/// Passive mode on PostgreSQL: what the leader's logical decoding reports is what replicas
+/// apply — arrays, quotes, NULLs, a large value an update left alone, generated and identity
+/// columns; a table without a key travels as statements; a new leader's sequences continue
+/// past the rows its predecessor inserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_postgres_engine_passive_mode_applies_the_leaders_decoded_rows() {
+    let mut cluster = SqlCluster::start_on(Engine::Postgres, 3, &["--sql-mode", "passive"]);
+    let leader = cluster
+        .setup(
+            "CREATE TABLE acct (id serial PRIMARY KEY, owner text, balance numeric(12,2), tags int[], \
+             big text, twice int GENERATED ALWAYS AS (id * 2) STORED, \
+             n int GENERATED ALWAYS AS IDENTITY UNIQUE);
+             CREATE TABLE keyless (a int, b text)",
+        )
+        .await;
+    let client = cluster.client(leader).await;
+    client
+        .batch_execute(
+            "INSERT INTO acct (owner, balance, tags, big) VALUES ('o''neil', 10.5, '{1,2}', repeat('x', 100000)), \
+             ('new-tuple: x', NULL, '{}', 'y');
+             UPDATE acct SET balance = 99 WHERE id = 1;
+             UPDATE acct SET id = 10 WHERE id = 2;
+             BEGIN; INSERT INTO acct (owner) VALUES ('third'); DELETE FROM acct WHERE id = 10; COMMIT;
+             INSERT INTO keyless VALUES (1, 'x'), (1, 'x');
+             UPDATE keyless SET b = 'y' WHERE a = 1;",
+        )
+        .await
+        .unwrap();
+    let proposed = |id: u64, body: &str| {
+        cluster.gauge(
+            id,
+            &format!("chorus_sql_transactions_proposed_total{{body=\"{body}\"}}"),
+        )
+    };
+    // The schema changes, and the update of the keyless table (an insert needs no key), as
+    // statements.
+    assert_eq!(
+        (proposed(leader, "statements"), proposed(leader, "write_set")),
+        (Some(2), Some(5))
+    );
+    // A column of a type the front end does not return is an error, and the session goes on.
+    let error = client
+        .simple_query("SELECT tags FROM acct")
+        .await
+        .expect_err("int[] is not returned");
+    assert_eq!(error.as_db_error().expect("a server error").code().code(), "0A000");
+    let query = "SELECT id, owner, balance, tags::text, length(big), twice, n FROM acct \
+                 UNION ALL SELECT a, b, NULL, NULL, NULL, NULL, NULL FROM keyless ORDER BY 1, 2";
+    let expected = rows(&client, query).await;
+    assert_eq!(expected.len(), 4, "{expected:?}");
+    assert_eq!(
+        expected[0],
+        ["1", "o'neil", "99.0", "{1,2}", "100000", "2", "1"]
+            .map(|v| Some(v.to_string()))
+            .to_vec()
+    );
+    for follower in others(leader) {
+        cluster.wait_for_rows(follower, query, &expected).await;
+    }
+    // A new leader's sequences continue where the rows are, not where its own had stopped.
+    cluster.kill(leader);
+    let successor = cluster.leader_among(&others(leader)).await;
+    let client = cluster.client(successor).await;
+    let inserted = rows(&client, "INSERT INTO acct (owner) VALUES ('after') RETURNING id, n").await;
+    assert_eq!(inserted, vec![vec![Some("4".to_string()), Some("4".to_string())]]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_the_leader_mid_load_loses_no_committed_transaction() {
     sigkill_of_the_leader_mid_load_loses_nothing(Engine::Sqlite).await;
@@ -822,12 +889,23 @@ const TPCC_TABLES: [(&str, &str); 9] = [
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_the_leader_mid_tpcc_loses_no_new_order_and_the_replicas_end_equal() {
+    sigkill_mid_passive_tpcc(Engine::Sqlite).await;
+}
+
+/// Write-sets from the leader's logical decoding; the killed leader's server is rebuilt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_postgres_engine_sigkill_of_the_leader_mid_passive_tpcc_loses_no_new_order_and_the_replicas_end_equal() {
+    sigkill_mid_passive_tpcc(Engine::Postgres).await;
+}
+
+async fn sigkill_mid_passive_tpcc(engine: Engine) {
     use chorus_bench::tpcc::{self, TpccArgs};
     // Passive replication: the replicas apply the write-sets TPC-C's transactions made (the
-    // other tests here replicate statements). A 3 s election timeout: the load's long
+    // other tests here mostly replicate statements). A 3 s election timeout: the load's long
     // statements on a machine shared with the other tests must not move leadership before the
     // kill (the load does not retry).
-    let mut cluster = SqlCluster::start_with(
+    let mut cluster = SqlCluster::start_on(
+        engine,
         3,
         &[
             "--snapshot-interval-entries",
@@ -858,7 +936,7 @@ async fn sigkill_of_the_leader_mid_tpcc_loses_no_new_order_and_the_replicas_end_
         out: PathBuf::new(),
         net: Default::default(),
     };
-    let run = tokio::spawn(async move { tpcc::run_once("chorus-sqlite-passive", addr, &[], &args, 1, false).await });
+    let run = tokio::spawn(async move { tpcc::run_once("chorus-passive", addr, &[], &args, 1, false).await });
     tokio::time::sleep(Duration::from_secs(3)).await;
     cluster.kill(leader);
     let result = run.await.unwrap().unwrap();

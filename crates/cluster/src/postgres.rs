@@ -51,14 +51,16 @@ pub fn engine_chosen(server_args: &[String]) -> bool {
 
 /// Settings of a node's server. Chorus's log is what is durable: the engine's commits do not
 /// wait for its WAL flush (set per session by the node), but PostgreSQL keeps fsync and full
-/// page writes, so a crash leaves a consistent database the log brings forward.
+/// page writes, so a crash leaves a consistent database the log brings forward. Logical
+/// decoding (a slot and a WAL sender) is how a leader captures write-sets in passive mode.
 const NODE_SETTINGS: &str = "
 listen_addresses = '127.0.0.1'
 max_connections = 100
 shared_buffers = 256MB
 fsync = on
-wal_level = minimal
-max_wal_senders = 0
+wal_level = logical
+max_wal_senders = 4
+max_replication_slots = 4
 max_wal_size = 4GB
 checkpoint_timeout = 15min
 log_min_messages = warning

@@ -58,6 +58,17 @@ impl AppliedMark {
     }
 }
 
+/// What a transaction recorded for passive replication became at its commit.
+#[derive(Debug, PartialEq)]
+pub enum Recorded {
+    /// It changed nothing, and was rolled back.
+    Nothing,
+    /// Committed ahead of the log; replicas apply this write-set.
+    WriteSet(Vec<u8>),
+    /// Committed ahead of the log, but its changes cannot travel as a write-set (why not).
+    Unrecordable(String),
+}
+
 /// One writer's view of a database engine (see `writer`).
 pub trait Engine: Send {
     /// The SQL this engine reads, where rewritten statements must differ.
@@ -89,12 +100,14 @@ pub trait Engine: Send {
     fn holds_ahead(&mut self) -> Result<bool, SqlError>;
     /// Replaces the database with a copy of `checkpoint` (or an empty one) standing at `mark`.
     fn restore(&mut self, checkpoint: Option<&Path>, mark: AppliedMark) -> Result<(), SqlError>;
-    /// Inside the open transaction: record its changes from here on, for `take_write_set`
+    /// Inside the open transaction: record its changes from here on, for `commit_recorded`
     /// (passive replication). Rolling back ends the recording.
     fn record_writes(&mut self) -> Result<(), SqlError>;
-    /// The net changes recorded since `record_writes` (empty if none), and the recording ends.
-    fn take_write_set(&mut self) -> Result<Vec<u8>, SqlError>;
-    /// Applies a write-set that `take_write_set` gave on another node, in the write-set
+    /// Ends the open transaction, recorded since `record_writes`: rolled back if it changed
+    /// nothing, else committed ahead of the log as `id` (`mark_ahead`) with its write-set. An
+    /// error leaves it uncommitted (the caller rolls back).
+    fn commit_recorded(&mut self, id: TxnId) -> Result<Recorded, SqlError>;
+    /// Applies a write-set that `commit_recorded` gave on another node, in the write-set
     /// transaction (opened here if none is; no other transaction may be open). Any row that
     /// does not stand as the write-set expects is an error.
     fn apply_write_set(&mut self, write_set: &[u8]) -> Result<(), SqlError>;
@@ -149,6 +162,27 @@ pub fn database_path(dir: &Path) -> std::path::PathBuf {
 }
 
 impl Sqlite {
+    /// The net changes recorded since `record_writes` (empty if none); the recording ends.
+    fn take_changeset(&mut self) -> Result<Vec<u8>, SqlError> {
+        let recording = self.recording.take().expect("writes are being recorded");
+        let mut len: c_int = 0;
+        let mut bytes: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the session is live; SQLite allocates the changeset, freed below.
+        let taken = unsafe { ffi::sqlite3session_changeset(recording.0, &mut len, &mut bytes) };
+        let write_set = if bytes.is_null() || len <= 0 {
+            Vec::new()
+        } else {
+            // SAFETY: SQLite returned `len` bytes at `bytes`.
+            unsafe { std::slice::from_raw_parts(bytes.cast::<u8>(), len as usize) }.to_vec()
+        };
+        // SAFETY: `bytes` came from SQLite's allocator (freeing null is a no-op).
+        unsafe { ffi::sqlite3_free(bytes) };
+        if taken != ffi::SQLITE_OK {
+            return Err(sqlite_code_error("cannot collect the transaction's writes", taken));
+        }
+        Ok(write_set)
+    }
+
     pub fn open(dir: &Path) -> Result<Sqlite, SqlError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| SqlError::new("58030", format!("cannot create {}: {e}", dir.display())))?;
@@ -555,24 +589,15 @@ impl Engine for Sqlite {
         Ok(())
     }
 
-    fn take_write_set(&mut self) -> Result<Vec<u8>, SqlError> {
-        let recording = self.recording.take().expect("writes are being recorded");
-        let mut len: c_int = 0;
-        let mut bytes: *mut c_void = std::ptr::null_mut();
-        // SAFETY: the session is live; SQLite allocates the changeset, freed below.
-        let taken = unsafe { ffi::sqlite3session_changeset(recording.0, &mut len, &mut bytes) };
-        let write_set = if bytes.is_null() || len <= 0 {
-            Vec::new()
-        } else {
-            // SAFETY: SQLite returned `len` bytes at `bytes`.
-            unsafe { std::slice::from_raw_parts(bytes.cast::<u8>(), len as usize) }.to_vec()
-        };
-        // SAFETY: `bytes` came from SQLite's allocator (freeing null is a no-op).
-        unsafe { ffi::sqlite3_free(bytes) };
-        if taken != ffi::SQLITE_OK {
-            return Err(sqlite_code_error("cannot collect the transaction's writes", taken));
+    fn commit_recorded(&mut self, id: TxnId) -> Result<Recorded, SqlError> {
+        let write_set = self.take_changeset()?;
+        if write_set.is_empty() {
+            self.rollback();
+            return Ok(Recorded::Nothing);
         }
-        Ok(write_set)
+        self.mark_ahead(id)?;
+        self.commit()?;
+        Ok(Recorded::WriteSet(write_set))
     }
 
     fn apply_write_set(&mut self, write_set: &[u8]) -> Result<(), SqlError> {

@@ -10,8 +10,9 @@
 //! the log stays exact.
 //!
 //! Passive replication: the leader records each transaction's write-set (SQLite's session
-//! extension) and replicas apply it instead of executing the statements; `auto` sends a
-//! transaction that way only when one of its statements cannot be made deterministic.
+//! extension; PostgreSQL's logical decoding) and replicas apply it instead of executing the
+//! statements; `auto` sends a transaction that way only when one of its statements cannot be
+//! made deterministic.
 
 pub mod checkpoint;
 pub mod copy;
@@ -21,6 +22,8 @@ pub mod error;
 mod front;
 pub mod machine;
 mod pg_blocking;
+mod pg_decoding;
+pub mod pg_write_set;
 pub mod postgres;
 mod readers;
 pub mod text;
@@ -69,12 +72,8 @@ pub async fn start(
     codec: Box<dyn EntryCodec>,
     options: SqlOptions,
 ) -> Result<NodeHandle<SqlState>, StartError> {
-    if matches!(database, Database::Postgres(_)) && options.mode != ReplicationMode::Active {
-        return Err(StartError::Database(SqlError::unsupported(
-            "the PostgreSQL engine replicates statements only: use --sql-mode active (write-sets \
-             are captured from SQLite)"
-                .into(),
-        )));
+    if let (Database::Postgres(server), false) = (&database, options.mode == ReplicationMode::Active) {
+        postgres::require_logical_decoding(server).map_err(StartError::Database)?;
     }
     std::fs::create_dir_all(sql_dir).map_err(|e| {
         StartError::Database(SqlError::new(

@@ -125,6 +125,12 @@ impl Connection {
         written.map_err(|e| self.broke(e))
     }
 
+    /// A reply out of place: the conversation's place is lost.
+    fn lost(&mut self, what: &str) -> SqlError {
+        self.broken = true;
+        protocol_error(what)
+    }
+
     fn broke(&mut self, e: std::io::Error) -> SqlError {
         self.broken = true;
         io_error(e)
@@ -195,7 +201,7 @@ impl Connection {
                 Message::RowDescription(body) => columns = described_columns(&body)?,
                 Message::ErrorResponse(body) => return self.fail(server_error(&body)),
                 Message::ReadyForQuery(_) => return Ok(Prepared { name, params, columns }),
-                _ => return Err(protocol_error("in reply to a Parse")),
+                _ => return Err(self.lost("in reply to a Parse")),
             }
         }
     }
@@ -261,6 +267,7 @@ impl Connection {
             changes: 0,
         };
         let mut described = Vec::new();
+        let mut undecodable = None;
         // The prefix's statements end first; what comes after them is the target's.
         let mut prefix_left = prefix.len();
         loop {
@@ -277,56 +284,80 @@ impl Connection {
                     described = described_columns(&body)?;
                     executed.columns = Some(described.clone());
                 }
+                // After a row that cannot be read, the rest are passed over to the end of the
+                // reply: the connection stays in step for the next request.
+                Message::DataRow(_) if undecodable.is_some() => {}
                 Message::DataRow(body) => {
                     let columns = match target {
                         Target::Prepared(statement) => &statement.columns,
                         Target::Once(_) => &described,
                     };
-                    let mut row = Vec::with_capacity(columns.len());
-                    let mut ranges = body.ranges();
-                    let mut column = 0;
-                    while let Some(range) = ranges.next().map_err(io_error)? {
-                        let (name, ty) = columns
-                            .get(column)
-                            .ok_or_else(|| protocol_error("a row longer than its description"))?;
-                        row.push(match range {
-                            None => Value::Null,
-                            Some(range) => crate::postgres::decode(ty, &body.buffer()[range]).map_err(|e| {
-                                SqlError::new(
-                                    "0A000",
-                                    format!(
-                                        "column {name} of type {} cannot be returned through Chorus yet; \
-                                         cast it to text ({e})",
-                                        ty.name()
-                                    ),
-                                )
-                            })?,
-                        });
-                        column += 1;
+                    match decode_row(&body, columns) {
+                        Ok(row) => executed.rows.push(row),
+                        Err(e) => undecodable = Some(e),
                     }
-                    executed.rows.push(row);
                 }
                 Message::CommandComplete(body) => {
                     let tag = body.tag().map_err(io_error)?;
                     executed.changes = changes_of(tag);
                 }
                 Message::ErrorResponse(body) => return self.fail(server_error(&body)),
-                Message::ReadyForQuery(_) => return Ok(executed),
-                _ => return Err(protocol_error("in reply to an Execute")),
+                Message::ReadyForQuery(_) => return undecodable.map_or(Ok(executed), Err),
+                _ => return Err(self.lost("in reply to an Execute")),
             }
         }
     }
 
-    /// Executes every statement with one Sync at the end: one round trip for them all. The
-    /// first error stops the rest (the server skips to the Sync) and is returned.
-    pub fn execute_pipelined(&mut self, runs: &[(Target, &[Value])]) -> Result<(), SqlError> {
+    /// Executes every statement with one Sync at the end: one round trip for them all, giving
+    /// the rows each changed. The first error stops the rest (the server skips to the Sync) and
+    /// is returned.
+    pub fn execute_pipelined(&mut self, runs: &[(Target, &[Value])]) -> Result<Vec<u64>, SqlError> {
         for (target, params) in runs {
             self.queue_execute(*target, params, false)?;
         }
         frontend::sync(&mut self.out);
         self.flush()?;
-        self.until_ready(None)
+        let mut changes = Vec::with_capacity(runs.len());
+        let mut first_error = None;
+        loop {
+            match self.read()? {
+                Message::CommandComplete(body) => changes.push(changes_of(body.tag().map_err(io_error)?)),
+                Message::EmptyQueryResponse => changes.push(0),
+                Message::ErrorResponse(body) => {
+                    first_error.get_or_insert_with(|| server_error(&body));
+                }
+                Message::ReadyForQuery(_) => return first_error.map_or(Ok(changes), Err),
+                _ => {}
+            }
+        }
     }
+}
+
+/// A row's values, read as `columns` describe them.
+fn decode_row(
+    body: &postgres_protocol::message::backend::DataRowBody,
+    columns: &[(String, Type)],
+) -> Result<Vec<Value>, SqlError> {
+    let mut row = Vec::with_capacity(columns.len());
+    let mut ranges = body.ranges();
+    while let Some(range) = ranges.next().map_err(io_error)? {
+        let (name, ty) = columns
+            .get(row.len())
+            .ok_or_else(|| protocol_error("a row longer than its description"))?;
+        row.push(match range {
+            None => Value::Null,
+            Some(range) => crate::postgres::decode(ty, &body.buffer()[range]).map_err(|e| {
+                SqlError::new(
+                    "0A000",
+                    format!(
+                        "column {name} of type {} cannot be returned through Chorus yet; cast it to text ({e})",
+                        ty.name()
+                    ),
+                )
+            })?,
+        });
+    }
+    Ok(row)
 }
 
 /// The result columns a RowDescription names, with their types.

@@ -15,6 +15,7 @@ use std::error::Error as StdError;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 /// PostgreSQL's types, as `decode` takes them.
@@ -22,9 +23,11 @@ pub use tokio_postgres::types::Type;
 use tokio_postgres::types::{Format, FromSql, IsNull, ToSql};
 
 use crate::database::CheckpointCopy;
-use crate::engine::{AppliedMark, Column, Engine, Outcome};
+use crate::engine::{AppliedMark, Column, Engine, Outcome, Recorded};
 use crate::error::SqlError;
 use crate::pg_blocking::{self, Target};
+use crate::pg_decoding;
+use crate::pg_write_set::{self, Datum, Line, Table, TableInfo};
 use crate::text::{Dialect, StatementKind};
 use crate::txn::{Statement as Logged, TxnId, Value};
 
@@ -183,8 +186,8 @@ impl Session {
         })
     }
 
-    /// Sends every statement in one round trip, reading no results.
-    fn pipeline(&mut self, all: &[Unread]) -> Result<(), SqlError> {
+    /// Sends every statement in one round trip, reading only the rows each changed.
+    fn pipeline(&mut self, all: &[Unread]) -> Result<Vec<u64>, SqlError> {
         self.make_room(all.len())?;
         let prepared = self.prepare_all(all)?;
         self.conn.execute_pipelined(&targets(all, &prepared))
@@ -389,6 +392,13 @@ pub struct Postgres {
     in_transaction: bool,
     /// The seed of the statement about to run, applied (`setseed`) only if it draws randoms.
     seed: Option<u64>,
+    /// Passive replication's capture while this node leads: its slot's decoding stream.
+    decoding: Option<pg_decoding::Stream>,
+    /// Transactions from the log were applied since this node last recorded one: the
+    /// sequences are behind their tables (write-sets carry values, not sequence advances).
+    followed: bool,
+    /// What the leader knows of the tables its write-sets touch, until the schema changes.
+    tables: HashMap<Table, TableInfo>,
 }
 
 const BOOKKEEPING: &str = "
@@ -422,25 +432,242 @@ fn draws_randoms(sql: &str) -> bool {
 const MARK_APPLIED: &str =
     "UPDATE _chorus_applied SET log_index = $1, command = $2, txn_incarnation = $3, txn_seq = $4";
 
+const MARK_AHEAD: &str = "INSERT INTO _chorus_ahead VALUES ($1, $2)";
+
+/// Logical decoding reads only flushed WAL: a recorded transaction's commit waits for its flush.
+const SYNCHRONOUS_COMMIT: &str = "SET LOCAL synchronous_commit = on";
+
+/// The columns of a table: whether each is generated, in the key that finds a row (the primary
+/// key, or the replica identity index where one is chosen), an identity column GENERATED ALWAYS.
+const TABLE_INFO: &str = "
+    SELECT a.attname::text, a.attgenerated <> '', COALESCE(a.attnum = ANY (i.indkey::int2[]), false),
+           a.attidentity = 'a'
+    FROM pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+    LEFT JOIN pg_index i ON i.indrelid = c.oid
+        AND CASE c.relreplident WHEN 'i' THEN i.indisreplident ELSE i.indisprimary END
+    WHERE n.nspname = $1 AND c.relname = $2
+    ORDER BY a.attnum";
+
+/// Brings each sequence a column owns (SERIAL, identity) up to the column's largest value.
+const CATCH_UP_SEQUENCES: &str = "DO $$
+DECLARE owned record;
+BEGIN
+  FOR owned IN
+    SELECT d.objid::regclass AS seq, d.refobjid::regclass AS tbl, a.attname AS col
+    FROM pg_depend d
+    JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S'
+    JOIN pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+    WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_class'::regclass
+      AND d.deptype IN ('a', 'i') AND a.atttypid IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype)
+  LOOP
+    EXECUTE format('SELECT setval(%L, m) FROM (SELECT max(%I) AS m FROM %s) t '
+                   'WHERE m >= (SELECT last_value FROM %s)', owned.seq, owned.col, owned.tbl, owned.seq);
+  END LOOP;
+END $$";
+
+/// Whether a statement may change a table's columns or keys: anything but plain DML, queries
+/// and transaction control (a comment first counts as a change: forgetting costs one query).
+fn may_change_schema(sql: &str) -> bool {
+    let first = sql
+        .trim_start()
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .next()
+        .unwrap_or("");
+    ![
+        "SELECT",
+        "INSERT",
+        "UPDATE",
+        "DELETE",
+        "WITH",
+        "VALUES",
+        "BEGIN",
+        "COMMIT",
+        "ROLLBACK",
+        "SAVEPOINT",
+        "RELEASE",
+        "SET",
+        "SHOW",
+        "START",
+        "END",
+    ]
+    .iter()
+    .any(|word| word.eq_ignore_ascii_case(first))
+}
+
+/// Fails, saying what to set, unless `server` can decode its WAL for a slot (passive mode).
+pub fn require_logical_decoding(server: &PgServer) -> Result<(), SqlError> {
+    let mut reader = PgReader::open(server)?;
+    let settings = reader.run(
+        "SELECT current_setting('wal_level'), current_setting('max_wal_senders')::int, \
+         current_setting('max_replication_slots')::int",
+        &[],
+    )?;
+    match settings.rows.first().map(Vec::as_slice) {
+        Some([Value::Text(level), Value::Integer(senders), Value::Integer(slots)])
+            if level == "logical" && *senders > 0 && *slots > 0 =>
+        {
+            Ok(())
+        }
+        found => Err(decoding_error(SqlError::new(
+            "55000",
+            format!("the node's PostgreSQL has (wal_level, max_wal_senders, max_replication_slots) = {found:?}"),
+        ))),
+    }
+}
+
+/// An error of logical decoding, with what a node's server needs for it.
+fn decoding_error(e: SqlError) -> SqlError {
+    SqlError::new(
+        e.code,
+        format!(
+            "{}: passive replication on the PostgreSQL engine reads the node's server's logical \
+             decoding, which needs wal_level = logical and max_wal_senders of 1 or more (`chorus \
+             cluster start` sets both)",
+            e.message
+        ),
+    )
+}
+
+/// The table a decoded row change is about.
+fn table_of(line: &Line) -> Option<&Table> {
+    match line {
+        Line::Insert { table, .. } | Line::Update { table, .. } | Line::Delete { table, .. } => Some(table),
+        _ => None,
+    }
+}
+
+/// Whether a decoded change is of Chorus's own bookkeeping.
+fn is_bookkeeping(table: &Table) -> bool {
+    table.schema == "public" && table.name.starts_with(crate::text::RESERVED_PREFIX)
+}
+
 impl Postgres {
     pub fn open(server: Arc<PgServer>) -> Result<Postgres, SqlError> {
         let mut session = Session::open(&server, "-c synchronous_commit=off")?;
         session.conn.batch(BOOKKEEPING)?;
-        Ok(Postgres {
+        let mut postgres = Postgres {
             server,
             session,
             deferred: Vec::new(),
             in_transaction: false,
             seed: None,
-        })
+            decoding: None,
+            followed: true,
+            tables: HashMap::new(),
+        };
+        // A slot left by an earlier run holds WAL back until it is read: it goes.
+        postgres.drop_slot()?;
+        Ok(postgres)
+    }
+
+    /// Drops the node's decoding slot if it exists (its stream closed: the server may take a
+    /// moment to let the slot go).
+    fn drop_slot(&mut self) -> Result<(), SqlError> {
+        let drop = format!(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = '{}'",
+            pg_decoding::SLOT
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.session.conn.batch(&drop) {
+                Err(e) if e.code == "55006" && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                dropped => return dropped,
+            }
+        }
+    }
+
+    /// This node applies another leader's transactions now: it stops capturing write-sets.
+    fn follow(&mut self) -> Result<(), SqlError> {
+        self.followed = true;
+        if self.decoding.take().is_some() {
+            self.drop_slot()?;
+        }
+        Ok(())
+    }
+
+    /// Forgets what it knows of the tables if `sql` may change them.
+    fn watch_schema(&mut self, sql: &str) {
+        if may_change_schema(sql) {
+            self.tables.clear();
+        }
+    }
+
+    /// The write-set of transaction `id`, just committed, from the decoding stream (earlier
+    /// transactions on it — bookkeeping, schema changes — are passed over).
+    fn captured(&mut self, id: TxnId) -> Result<Vec<u8>, String> {
+        let marker_prefix = format!("table public.{}ahead: INSERT:", crate::text::RESERVED_PREFIX);
+        let marker = [id.incarnation as i64, id.seq as i64].map(|n| Datum::Text(n.to_string()));
+        loop {
+            let stream = self.decoding.as_mut().ok_or("no decoding stream")?;
+            let lines = stream.next_transaction().map_err(|e| {
+                // The stream's place is unknown: the next transaction starts a new slot.
+                self.decoding = None;
+                e.to_string()
+            })?;
+            let ours = lines
+                .iter()
+                .filter(|line| line.starts_with(&marker_prefix))
+                .any(|line| {
+                    matches!(pg_write_set::parse_line(line), Ok(Line::Insert { new, .. })
+                    if new.iter().map(|field| &field.datum).eq(marker.iter()))
+                });
+            if !ours {
+                continue;
+            }
+            let mut changes = Vec::with_capacity(lines.len());
+            for line in &lines {
+                let parsed = pg_write_set::parse_line(line)?;
+                let info = match (&parsed, table_of(&parsed)) {
+                    (Line::Message, _) => continue,
+                    (_, Some(table)) if is_bookkeeping(table) => continue,
+                    (_, Some(table)) => self.table_info(table)?,
+                    (_, None) => &TableInfo::default(),
+                };
+                changes.push(pg_write_set::resolve(parsed, info)?);
+            }
+            return Ok(pg_write_set::encode(&changes));
+        }
+    }
+
+    fn table_info(&mut self, table: &Table) -> Result<&TableInfo, String> {
+        if !self.tables.contains_key(table) {
+            let outcome = self
+                .run(
+                    TABLE_INFO,
+                    &[Value::Text(table.schema.clone()), Value::Text(table.name.clone())],
+                )
+                .map_err(|e| e.to_string())?;
+            let mut info = TableInfo::default();
+            for row in outcome.rows {
+                let [Value::Text(name), generated, key, identity_always] = row.as_slice() else {
+                    return Err(format!("{TABLE_INFO} gave {row:?}"));
+                };
+                if *identity_always == Value::Integer(1) {
+                    info.identity_always.push(name.clone());
+                }
+                if *generated == Value::Integer(1) {
+                    info.generated.push(name.clone());
+                }
+                if *key == Value::Integer(1) {
+                    info.key.push(name.clone());
+                }
+            }
+            self.tables.insert(table.clone(), info);
+        }
+        Ok(&self.tables[table])
     }
 
     fn defer(&mut self, sql: &str, params: Vec<Value>) {
         self.deferred.push((sql.to_owned(), params));
     }
 
-    /// Sends the deferred statements and then `tail`, in one round trip, reading no results.
-    fn pipeline(&mut self, tail: Vec<Unread>) -> Result<(), SqlError> {
+    /// Sends the deferred statements and then `tail`, in one round trip, reading only the rows
+    /// each changed.
+    fn pipeline(&mut self, tail: Vec<Unread>) -> Result<Vec<u64>, SqlError> {
         let mut all = std::mem::take(&mut self.deferred);
         all.extend(tail);
         self.session.pipeline(&all)
@@ -480,7 +707,7 @@ impl Engine for Postgres {
             self.deferred.clear();
             return Ok(());
         }
-        let committed = self.pipeline(vec![("COMMIT".to_owned(), Vec::new())]);
+        let committed = self.pipeline(vec![("COMMIT".to_owned(), Vec::new())]).map(drop);
         if committed.is_err() {
             // A failed statement ahead of COMMIT left the transaction open (and aborted): it
             // ends here, so the connection is clean for the next.
@@ -508,6 +735,7 @@ impl Engine for Postgres {
     }
 
     fn execute(&mut self, sql: &str, params: &[Value]) -> Result<Outcome, SqlError> {
+        self.watch_schema(sql);
         if let Some(seed) = self.seed.take() {
             if draws_randoms(sql) {
                 self.defer(SET_SEED, vec![seed_param(seed)]);
@@ -519,15 +747,17 @@ impl Engine for Postgres {
     /// Pipelined: every statement is sent before the first reply is read, so a replica's
     /// replay costs one round trip to its server rather than one per statement.
     fn execute_unread(&mut self, statements: &[(u64, &Logged)]) -> Result<(), SqlError> {
+        self.follow()?;
         self.seed = None;
         let mut tail = Vec::with_capacity(statements.len());
         for (seed, statement) in statements {
+            self.watch_schema(&statement.sql);
             if draws_randoms(&statement.sql) {
                 tail.push((SET_SEED.to_owned(), vec![seed_param(*seed)]));
             }
             tail.push((statement.sql.clone(), statement.params.clone()));
         }
-        self.pipeline(tail)
+        self.pipeline(tail).map(drop)
     }
 
     fn mark_applied(&mut self, mark: AppliedMark) -> Result<(), SqlError> {
@@ -544,7 +774,7 @@ impl Engine for Postgres {
     }
 
     fn mark_ahead(&mut self, id: TxnId) -> Result<(), SqlError> {
-        self.defer("INSERT INTO _chorus_ahead VALUES ($1, $2)", Self::txn_params(id));
+        self.defer(MARK_AHEAD, Self::txn_params(id));
         Ok(())
     }
 
@@ -585,6 +815,8 @@ impl Engine for Postgres {
 
     fn restore(&mut self, checkpoint: Option<&Path>, mark: AppliedMark) -> Result<(), SqlError> {
         self.rollback();
+        self.follow()?;
+        self.tables.clear();
         // Empties the database: every table, view, sequence and function of the public schema.
         self.session.forget_prepared()?;
         self.session
@@ -607,28 +839,81 @@ impl Engine for Postgres {
     }
 
     fn record_writes(&mut self) -> Result<(), SqlError> {
-        Err(passive_unsupported())
-    }
-
-    fn take_write_set(&mut self) -> Result<Vec<u8>, SqlError> {
-        Err(passive_unsupported())
-    }
-
-    fn apply_write_set(&mut self, _write_set: &[u8]) -> Result<(), SqlError> {
-        Err(passive_unsupported())
-    }
-
-    fn end_write_sets(&mut self, _mark: Option<AppliedMark>) -> Result<(), SqlError> {
+        // Outside the transaction: its BEGIN is still deferred.
+        if self.decoding.is_none() {
+            self.drop_slot()?;
+            let create = format!(
+                "SELECT pg_create_logical_replication_slot('{}', 'test_decoding')",
+                pg_decoding::SLOT
+            );
+            self.session.conn.batch(&create).map_err(decoding_error)?;
+            self.decoding = Some(pg_decoding::Stream::start(&self.server.config).map_err(decoding_error)?);
+        }
+        if self.followed {
+            self.session.conn.batch(CATCH_UP_SEQUENCES)?;
+            self.followed = false;
+        }
         Ok(())
     }
-}
 
-fn passive_unsupported() -> SqlError {
-    SqlError::unsupported(
-        "write-sets (passive replication) are captured from SQLite only; the PostgreSQL engine \
-         replicates statements (--sql-mode active)"
-            .into(),
-    )
+    fn commit_recorded(&mut self, id: TxnId) -> Result<Recorded, SqlError> {
+        self.mark_ahead(id)?;
+        self.defer(SYNCHRONOUS_COMMIT, Vec::new());
+        self.commit()?;
+        Ok(match self.captured(id) {
+            Ok(write_set) => Recorded::WriteSet(write_set),
+            Err(why) => Recorded::Unrecordable(why),
+        })
+    }
+
+    /// Pipelined, one round trip per write-set; every row change must change exactly one row.
+    fn apply_write_set(&mut self, write_set: &[u8]) -> Result<(), SqlError> {
+        self.follow()?;
+        let changes = pg_write_set::decode(write_set)
+            .map_err(|e| SqlError::new("XX001", format!("a write-set that does not decode: {e}")))?;
+        if !self.in_transaction {
+            self.begin()?;
+        }
+        let (tail, expected): (Vec<Unread>, Vec<Option<u64>>) = changes
+            .iter()
+            .filter_map(pg_write_set::statement)
+            .map(|apply| ((apply.sql, apply.params), apply.rows))
+            .unzip();
+        let changed = self.pipeline(tail)?;
+        // The deferred statements (BEGIN) answered first.
+        let ours = &changed[changed.len().saturating_sub(expected.len())..];
+        let mismatch = expected
+            .iter()
+            .zip(ours)
+            .position(|(expected, changed)| expected.is_some_and(|expected| expected != *changed));
+        match mismatch {
+            None => Ok(()),
+            Some(at) => {
+                let apply = changes
+                    .iter()
+                    .filter_map(pg_write_set::statement)
+                    .nth(at)
+                    .expect("the statement that changed the wrong rows");
+                Err(pg_write_set::diverged(&apply.sql, apply.rows.unwrap_or(0), ours[at]))
+            }
+        }
+    }
+
+    fn end_write_sets(&mut self, mark: Option<AppliedMark>) -> Result<(), SqlError> {
+        if !self.in_transaction {
+            return Ok(());
+        }
+        match mark {
+            Some(mark) => {
+                self.mark_applied(mark)?;
+                self.commit()
+            }
+            None => {
+                self.rollback();
+                Ok(())
+            }
+        }
+    }
 }
 
 fn run_program(mut command: Command, what: &str) -> Result<(), SqlError> {

@@ -43,7 +43,7 @@ pub enum Body {
     /// Execute these statements (active replication).
     Statements(Vec<Statement>),
     /// Apply this write-set: the engine's record of the rows the transaction changed, as
-    /// `Engine::take_write_set` gives it (passive replication).
+    /// `Engine::commit_recorded` gives it (passive replication).
     WriteSet(Vec<u8>),
 }
 
@@ -174,7 +174,7 @@ impl Txn {
     }
 }
 
-fn put_len(out: &mut Vec<u8>, len: usize) {
+pub(crate) fn put_len(out: &mut Vec<u8>, len: usize) {
     out.extend_from_slice(
         &u32::try_from(len)
             .expect("a transaction part under 4 GiB")
@@ -182,18 +182,24 @@ fn put_len(out: &mut Vec<u8>, len: usize) {
     );
 }
 
-fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+pub(crate) fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     put_len(out, bytes.len());
     out.extend_from_slice(bytes);
 }
 
-struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+    pub(crate) fn new(bytes: &'a [u8]) -> Reader<'a> {
+        Reader { bytes, at: 0 }
+    }
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         let end = self
             .at
             .checked_add(n)
@@ -204,27 +210,27 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
-    fn finished(&self) -> Result<(), DecodeError> {
+    pub(crate) fn finished(&self) -> Result<(), DecodeError> {
         match self.bytes.len() - self.at {
             0 => Ok(()),
             left => Err(DecodeError::Trailing(left)),
         }
     }
 
-    fn u64(&mut self) -> Result<u64, DecodeError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
 
-    fn len(&mut self) -> Result<usize, DecodeError> {
+    pub(crate) fn len(&mut self) -> Result<usize, DecodeError> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")) as usize)
     }
 
-    fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
+    pub(crate) fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
         let len = self.len()?;
         self.take(len)
     }
 
-    fn text(&mut self) -> Result<String, DecodeError> {
+    pub(crate) fn text(&mut self) -> Result<String, DecodeError> {
         String::from_utf8(self.bytes()?.to_vec()).map_err(|_| DecodeError::Utf8)
     }
 }

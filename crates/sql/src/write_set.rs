@@ -237,8 +237,8 @@ pub fn apply(conn: &Connection, tables: &mut Tables, write_set: &[u8]) -> Result
 
 #[cfg(test)]
 mod tests {
-    use crate::engine::{AppliedMark, Engine, Sqlite};
-    use crate::txn::Value;
+    use crate::engine::{AppliedMark, Engine, Recorded, Sqlite};
+    use crate::txn::{TxnId, Value};
 
     fn engine(dir: &std::path::Path, rows: &str) -> Sqlite {
         let mut engine = Sqlite::open(dir).unwrap();
@@ -266,8 +266,9 @@ mod tests {
         ] {
             leader.execute(sql, &[]).unwrap();
         }
-        let write_set = leader.take_write_set().unwrap();
-        leader.commit().unwrap();
+        let Recorded::WriteSet(write_set) = leader.commit_recorded(TxnId { incarnation: 1, seq: 1 }).unwrap() else {
+            panic!("the transaction changed rows");
+        };
         let mark = AppliedMark {
             log_index: 5,
             ..AppliedMark::default()

@@ -22,7 +22,7 @@ use chorus_log::node::Pending;
 use chorus_log::NodeError;
 use tokio::sync::{mpsc as async_mpsc, oneshot, watch};
 
-use crate::engine::{AppliedMark, Engine, Outcome};
+use crate::engine::{AppliedMark, Engine, Outcome, Recorded};
 use crate::error::SqlError;
 use crate::text::{Analysis, FixedClock, StatementKind};
 use crate::txn::{Body, Statement, Txn, TxnId, Value};
@@ -508,33 +508,45 @@ impl Writer {
             ReplicationMode::Auto => active.nondeterministic,
             _ => false,
         };
-        let body = if active.failed {
-            None
-        } else if write_set {
-            match self.engine.take_write_set() {
-                Ok(write_set) => (!write_set.is_empty()).then_some(Body::WriteSet(write_set)),
-                Err(e) => {
-                    self.engine.rollback();
-                    return Err(e);
-                }
-            }
-        } else {
-            (!active.statements.is_empty()).then_some(Body::Statements(active.statements))
-        };
-        let Some(body) = body else {
+        if active.failed || active.statements.is_empty() {
             self.engine.rollback();
             return Ok(Committed::Nothing {
                 rolled_back: active.failed,
             });
-        };
+        }
         let id = TxnId {
             incarnation: self.incarnation,
             seq: self.next_seq,
         };
-        if let Err(e) = self.engine.mark_ahead(id).and_then(|()| self.engine.commit()) {
-            self.engine.rollback();
-            return Err(e);
-        }
+        let committed = if write_set {
+            self.engine.commit_recorded(id)
+        } else {
+            self.engine
+                .mark_ahead(id)
+                .and_then(|()| self.engine.commit())
+                .map(|()| Recorded::Nothing)
+        };
+        let body = match committed {
+            Err(e) => {
+                self.engine.rollback();
+                return Err(e);
+            }
+            Ok(Recorded::Nothing) if write_set => return Ok(Committed::Nothing { rolled_back: false }),
+            Ok(Recorded::WriteSet(write_set)) => Body::WriteSet(write_set),
+            Ok(Recorded::Unrecordable(why)) if active.nondeterministic => {
+                // Committed here, and replicas could reach its state neither way: the node
+                // rebuilds its database from the log, without it.
+                self.diverged(&why);
+                return Err(SqlError::unsupported(format!(
+                    "the transaction cannot be replicated: {why}; and a statement of it cannot be                      made deterministic, so it cannot travel as statements either"
+                )));
+            }
+            Ok(Recorded::Unrecordable(why)) => {
+                tracing::info!(why, "a transaction travels as statements: no write-set for it");
+                Body::Statements(active.statements)
+            }
+            Ok(Recorded::Nothing) => Body::Statements(active.statements),
+        };
         self.next_seq += 1;
         match body {
             Body::Statements(_) => self.metrics.as_statements.inc(),

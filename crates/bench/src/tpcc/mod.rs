@@ -44,6 +44,9 @@ pub enum SqlSystem {
     /// A 3-node Chorus SQL cluster on the PostgreSQL engine (`-- --sql-engine postgres`): each
     /// node replicates the statements into a PostgreSQL server of its own.
     ChorusPostgres,
+    /// The same with passive replication: the leader's write-sets come from its server's
+    /// logical decoding, and replicas apply them.
+    ChorusPostgresPassive,
     PostgresAlone,
     /// Primary + 2 standbys, synchronous (a commit is flushed on 2 of 3).
     PostgresSync,
@@ -56,6 +59,7 @@ impl SqlSystem {
             SqlSystem::ChorusSqlite => "chorus-sqlite",
             SqlSystem::ChorusSqlitePassive => "chorus-sqlite-passive",
             SqlSystem::ChorusPostgres => "chorus-postgres",
+            SqlSystem::ChorusPostgresPassive => "chorus-postgres-passive",
             SqlSystem::PostgresAlone => "postgres-alone",
             SqlSystem::PostgresSync => "postgres-sync",
             SqlSystem::PostgresAsync => "postgres-async",
@@ -420,10 +424,16 @@ async fn start_system(system: SqlSystem, dir: &Path, net: &NetArgs) -> anyhow::R
         std::fs::remove_dir_all(dir).with_context(|| format!("cannot clear {}", dir.display()))?;
     }
     let peer_system = match system {
-        SqlSystem::ChorusSqlite | SqlSystem::ChorusSqlitePassive | SqlSystem::ChorusPostgres => {
+        SqlSystem::ChorusSqlite
+        | SqlSystem::ChorusSqlitePassive
+        | SqlSystem::ChorusPostgres
+        | SqlSystem::ChorusPostgresPassive => {
             let server_args: Vec<String> = match system {
                 SqlSystem::ChorusSqlitePassive => vec!["--sql-mode".into(), "passive".into()],
                 SqlSystem::ChorusPostgres => vec!["--sql-engine".into(), "postgres".into()],
+                SqlSystem::ChorusPostgresPassive => ["--sql-engine", "postgres", "--sql-mode", "passive"]
+                    .map(String::from)
+                    .to_vec(),
                 _ => vec!["--sql-mode".into(), "active".into()],
             };
             // A start that fails stops what it started; a cluster whose leader cannot be found
@@ -495,7 +505,7 @@ pub async fn run(args: TpccArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if args.systems.is_empty() {
-        bail!("say what to benchmark: --cluster DIR, or --systems chorus-sqlite,chorus-sqlite-passive,chorus-postgres,postgres-alone,postgres-sync,postgres-async");
+        bail!("say what to benchmark: --cluster DIR, or --systems chorus-sqlite,chorus-sqlite-passive,chorus-postgres,chorus-postgres-passive,postgres-alone,postgres-sync,postgres-async");
     }
     let mut runs = Vec::new();
     for &warehouses in &args.warehouses {
