@@ -22,7 +22,8 @@ use chorus_log::frame::{encode_frame, encode_hello, encode_request, encode_respo
 use chorus_log::shipment::{encode_chunk, encode_offer, encode_resume, Offer};
 use chorus_log::storage::{write_snapshot_file, DiskStorage, StorageOptions};
 use chorus_log::{EntryCodec, StateMachine};
-use chorus_sql::engine::{Engine, Sqlite};
+use chorus_sql::engine::{Engine, Recorded, Sqlite};
+use chorus_sql::pg_write_set::{self, Change, Field, Table};
 use chorus_sql::txn::{Body as SqlBody, Statement as SqlStatement, Txn, TxnId, Value as SqlValue};
 use chorus_storage::{encode_segment, segment_file_name, Reducer, StoreOptions};
 use chorus_unicache::{
@@ -363,9 +364,11 @@ fn main() {
     ] {
         engine.execute(statement, &[]).expect("a change");
     }
-    let write_set = engine.take_write_set().expect("a write-set");
-    engine.rollback();
+    let Recorded::WriteSet(write_set) = engine.commit_recorded(TxnId::default()).expect("a write-set") else {
+        panic!("the transaction changed rows");
+    };
     write(&out, "sql_write_set", "update-delete-insert", &write_set);
+    pg_write_set_seeds(&out);
     let txn = Txn {
         body: SqlBody::WriteSet(write_set),
         ..txn
@@ -385,4 +388,57 @@ fn main() {
     write(&out, "pg_values", "timestamptz", &timestamptz);
     write(&out, "pg_values", "int4", &[2, 0, 0, 1, 0]);
     println!("seeds written under {}", out.display());
+}
+
+/// `pg_write_set` seeds: a write-set in the log's form (first byte 0), and lines of
+/// `test_decoding`'s output (first byte 1).
+fn pg_write_set_seeds(out: &Path) {
+    let table = Table {
+        schema: "public".into(),
+        name: "t".into(),
+    };
+    let field = |column: &str, value: Option<&str>| Field {
+        column: column.into(),
+        value: value.map(String::from),
+    };
+    let changes = [
+        Change::Insert {
+            table: table.clone(),
+            row: vec![field("k", Some("1")), field("v", None)],
+        },
+        Change::Update {
+            table: table.clone(),
+            key: vec![field("k", Some("1"))],
+            row: vec![field("v", Some("it's"))],
+        },
+        Change::Delete {
+            table: table.clone(),
+            key: vec![field("k", Some("1"))],
+        },
+        Change::Truncate {
+            tables: vec![table],
+            restart_identity: true,
+            cascade: false,
+        },
+    ];
+    write(
+        out,
+        "pg_write_set",
+        "changes",
+        &[&[0][..], &pg_write_set::encode(&changes)].concat(),
+    );
+    for (name, line) in [
+        (
+            "insert",
+            "table public.t: INSERT: k[integer]:1 v[text]:'it''s' a[integer[]]:'{1,2}' b[bit]:B'10'",
+        ),
+        (
+            "update",
+            "table public.\"T x\": UPDATE: old-key: k[integer]:1 new-tuple: k[integer]:2 v[text]:unchanged-toast-datum",
+        ),
+        ("delete", "table public.t: DELETE: k[integer]:1"),
+        ("truncate", "table public.a, public.b: TRUNCATE: restart_seqs cascade"),
+    ] {
+        write(out, "pg_write_set", name, &[&[1][..], line.as_bytes()].concat());
+    }
 }
