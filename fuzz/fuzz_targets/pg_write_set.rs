@@ -1,7 +1,7 @@
 //! The PostgreSQL engine's write-sets: the log's form (first byte 0), which replicas decode,
 //! and `test_decoding`'s lines (else), which the leader parses. Whatever the bytes: an error
-//! or a value, never a panic; what decodes encodes back to the same bytes, and every change
-//! has a statement.
+//! or a value, never a panic; what decodes encodes back to the same bytes, and every group of
+//! changes has its statements.
 #![no_main]
 
 use chorus_sql::pg_write_set::{self, Line, TableInfo};
@@ -12,14 +12,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if kind == 0 {
-        if let Ok(changes) = pg_write_set::decode(data) {
-            assert_eq!(
-                pg_write_set::encode(&changes),
-                data,
-                "a write-set re-encodes as it came"
-            );
-            for change in &changes {
-                let _ = pg_write_set::statement(change);
+        if let Ok(groups) = pg_write_set::decode(data) {
+            assert_eq!(pg_write_set::encode(&groups), data, "a write-set re-encodes as it came");
+            for group in groups {
+                let _ = pg_write_set::statements(group);
             }
         }
         return;
@@ -35,7 +31,9 @@ fuzz_target!(|data: &[u8]| {
                 identity_always: vec!["n".into()],
             };
             if let Ok(change) = pg_write_set::resolve(line, &info) {
-                let _ = pg_write_set::statement(&change);
+                for group in pg_write_set::group(vec![change]) {
+                    let _ = pg_write_set::statements(group);
+                }
             }
         }
     }

@@ -374,140 +374,214 @@ pub fn resolve(line: Line, info: &TableInfo) -> Result<Change, String> {
     })
 }
 
-const MAGIC: &[u8; 4] = b"PGW1";
-
-fn put_table(out: &mut Vec<u8>, table: &Table) {
-    put_bytes(out, table.schema.as_bytes());
-    put_bytes(out, table.name.as_bytes());
+/// Consecutive row changes of one kind, table and set of columns: the form the log carries
+/// (each column named once) and replicas apply (inserts and deletes of a group in one statement).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Group {
+    pub kind: Kind,
+    /// One table; a TRUNCATE's, any number.
+    pub tables: Vec<Table>,
+    /// The columns that find each row (updates and deletes).
+    pub key: Vec<String>,
+    /// The columns each row writes (inserts and updates).
+    pub columns: Vec<String>,
+    /// Per row, the key's values then the columns'.
+    pub rows: Vec<Vec<Option<String>>>,
 }
 
-fn put_fields(out: &mut Vec<u8>, fields: &[Field]) {
-    put_len(out, fields.len());
-    for field in fields {
-        put_bytes(out, field.column.as_bytes());
-        match &field.value {
-            None => out.push(0),
-            Some(text) => {
-                out.push(1);
-                put_bytes(out, text.as_bytes());
-            }
-        }
-    }
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Insert,
+    Update,
+    Delete,
+    Truncate { restart_identity: bool, cascade: bool },
 }
 
-pub fn encode(changes: &[Change]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 * changes.len() + 8);
-    out.extend_from_slice(MAGIC);
-    put_len(&mut out, changes.len());
+fn names(fields: &[Field]) -> impl Iterator<Item = &str> {
+    fields.iter().map(|field| field.column.as_str())
+}
+
+fn values(fields: Vec<Field>) -> impl Iterator<Item = Option<String>> {
+    fields.into_iter().map(|field| field.value)
+}
+
+/// Groups consecutive changes of one shape, in order.
+pub fn group(changes: Vec<Change>) -> Vec<Group> {
+    let mut groups: Vec<Group> = Vec::new();
     for change in changes {
-        match change {
-            Change::Insert { table, row } => {
-                out.push(1);
-                put_table(&mut out, table);
-                put_fields(&mut out, row);
-            }
-            Change::Update { table, key, row } => {
-                out.push(2);
-                put_table(&mut out, table);
-                put_fields(&mut out, key);
-                put_fields(&mut out, row);
-            }
-            Change::Delete { table, key } => {
-                out.push(3);
-                put_table(&mut out, table);
-                put_fields(&mut out, key);
-            }
+        let (kind, table, key, row) = match change {
+            Change::Insert { table, row } => (Kind::Insert, table, Vec::new(), row),
+            Change::Update { table, key, row } => (Kind::Update, table, key, row),
+            Change::Delete { table, key } => (Kind::Delete, table, key, Vec::new()),
             Change::Truncate {
                 tables,
                 restart_identity,
                 cascade,
             } => {
-                out.push(4);
-                put_len(&mut out, tables.len());
-                for table in tables {
-                    put_table(&mut out, table);
+                groups.push(Group {
+                    kind: Kind::Truncate {
+                        restart_identity,
+                        cascade,
+                    },
+                    tables,
+                    key: Vec::new(),
+                    columns: Vec::new(),
+                    rows: Vec::new(),
+                });
+                continue;
+            }
+        };
+        let same_shape = groups.last().is_some_and(|last| {
+            last.kind == kind
+                && last.tables[0] == table
+                && last.key.iter().map(String::as_str).eq(names(&key))
+                && last.columns.iter().map(String::as_str).eq(names(&row))
+        });
+        if !same_shape {
+            groups.push(Group {
+                kind,
+                tables: vec![table],
+                key: names(&key).map(String::from).collect(),
+                columns: names(&row).map(String::from).collect(),
+                rows: Vec::new(),
+            });
+        }
+        let last = groups.last_mut().expect("pushed above");
+        last.rows.push(values(key).chain(values(row)).collect());
+    }
+    groups
+}
+
+const MAGIC: &[u8; 4] = b"PGW2";
+
+fn put_names(out: &mut Vec<u8>, names: &[String]) {
+    put_len(out, names.len());
+    for name in names {
+        put_bytes(out, name.as_bytes());
+    }
+}
+
+pub fn encode(groups: &[Group]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256 * groups.len() + 8);
+    out.extend_from_slice(MAGIC);
+    put_len(&mut out, groups.len());
+    for group in groups {
+        let (kind, flags) = match group.kind {
+            Kind::Insert => (1, 0),
+            Kind::Update => (2, 0),
+            Kind::Delete => (3, 0),
+            Kind::Truncate {
+                restart_identity,
+                cascade,
+            } => (4, u8::from(restart_identity) | u8::from(cascade) << 1),
+        };
+        out.extend_from_slice(&[kind, flags]);
+        put_len(&mut out, group.tables.len());
+        for table in &group.tables {
+            put_bytes(&mut out, table.schema.as_bytes());
+            put_bytes(&mut out, table.name.as_bytes());
+        }
+        put_names(&mut out, &group.key);
+        put_names(&mut out, &group.columns);
+        put_len(&mut out, group.rows.len());
+        for value in group.rows.iter().flatten() {
+            match value {
+                None => out.push(0),
+                Some(text) => {
+                    out.push(1);
+                    put_bytes(&mut out, text.as_bytes());
                 }
-                out.push(u8::from(*restart_identity) | u8::from(*cascade) << 1);
             }
         }
     }
     out
 }
 
-fn read_table(r: &mut Reader) -> Result<Table, DecodeError> {
-    Ok(Table {
-        schema: r.text()?,
-        name: r.text()?,
-    })
+/// A count read from the input, capped for reserving room: never more than the input holds.
+fn room(count: usize, input_len: usize) -> usize {
+    count.min(input_len / 4)
 }
 
-fn read_fields(r: &mut Reader, input_len: usize) -> Result<Vec<Field>, DecodeError> {
+fn read_names(r: &mut Reader, input_len: usize) -> Result<Vec<String>, DecodeError> {
     let count = r.len()?;
-    // A field takes at least 5 bytes: a count never reserves more than the input holds.
-    let mut fields = Vec::with_capacity(count.min(input_len / 5));
+    let mut names = Vec::with_capacity(room(count, input_len));
     for _ in 0..count {
-        let column = r.text()?;
-        let value = match r.take(1)?[0] {
-            0 => None,
-            1 => Some(r.text()?),
-            tag => return Err(DecodeError::Tag(tag)),
-        };
-        fields.push(Field { column, value });
+        names.push(r.text()?);
     }
-    Ok(fields)
+    Ok(names)
 }
 
-/// Reads what `encode` wrote; an error (never a panic) for anything else.
-pub fn decode(bytes: &[u8]) -> Result<Vec<Change>, DecodeError> {
+/// Reads what `encode` wrote; an error (never a panic) for anything else, including groups
+/// whose shape their kind does not allow.
+pub fn decode(bytes: &[u8]) -> Result<Vec<Group>, DecodeError> {
     let mut r = Reader::new(bytes);
     if r.take(4)? != MAGIC {
         return Err(DecodeError::Magic);
     }
     let count = r.len()?;
-    let mut changes = Vec::with_capacity(count.min(bytes.len()));
+    let mut groups = Vec::with_capacity(room(count, bytes.len()));
     for _ in 0..count {
-        changes.push(match r.take(1)?[0] {
-            1 => Change::Insert {
-                table: read_table(&mut r)?,
-                row: read_fields(&mut r, bytes.len())?,
+        let header = r.take(2)?;
+        let kind = match (header[0], header[1]) {
+            (1, 0) => Kind::Insert,
+            (2, 0) => Kind::Update,
+            (3, 0) => Kind::Delete,
+            (4, flags @ 0..=3) => Kind::Truncate {
+                restart_identity: flags & 1 != 0,
+                cascade: flags & 2 != 0,
             },
-            2 => Change::Update {
-                table: read_table(&mut r)?,
-                key: read_fields(&mut r, bytes.len())?,
-                row: read_fields(&mut r, bytes.len())?,
-            },
-            3 => Change::Delete {
-                table: read_table(&mut r)?,
-                key: read_fields(&mut r, bytes.len())?,
-            },
-            4 => {
-                let count = r.len()?;
-                let mut tables = Vec::with_capacity(count.min(bytes.len() / 8));
-                for _ in 0..count {
-                    tables.push(read_table(&mut r)?);
-                }
-                let flags = r.take(1)?[0];
-                if flags > 3 {
-                    return Err(DecodeError::Tag(flags));
-                }
-                Change::Truncate {
-                    tables,
-                    restart_identity: flags & 1 != 0,
-                    cascade: flags & 2 != 0,
-                }
+            (kind, _) => return Err(DecodeError::Tag(kind)),
+        };
+        let table_count = r.len()?;
+        let mut tables = Vec::with_capacity(room(table_count, bytes.len()));
+        for _ in 0..table_count {
+            tables.push(Table {
+                schema: r.text()?,
+                name: r.text()?,
+            });
+        }
+        let key = read_names(&mut r, bytes.len())?;
+        let columns = read_names(&mut r, bytes.len())?;
+        let row_count = r.len()?;
+        let width = key.len() + columns.len();
+        let mut rows = Vec::with_capacity(room(row_count, bytes.len()));
+        for _ in 0..row_count {
+            let mut row = Vec::with_capacity(room(width, bytes.len()));
+            for _ in 0..width {
+                row.push(match r.take(1)?[0] {
+                    0 => None,
+                    1 => Some(r.text()?),
+                    tag => return Err(DecodeError::Tag(tag)),
+                });
             }
-            tag => return Err(DecodeError::Tag(tag)),
+            rows.push(row);
+        }
+        let shaped = match kind {
+            Kind::Insert => tables.len() == 1 && key.is_empty(),
+            Kind::Update => tables.len() == 1 && !key.is_empty(),
+            Kind::Delete => tables.len() == 1 && !key.is_empty() && columns.is_empty(),
+            Kind::Truncate { .. } => !tables.is_empty() && width == 0 && rows.is_empty(),
+        };
+        if !shaped {
+            return Err(DecodeError::Malformed("a group's tables, key or columns do not fit its kind"));
+        }
+        groups.push(Group {
+            kind,
+            tables,
+            key,
+            columns,
+            rows,
         });
     }
     r.finished()?;
-    Ok(changes)
+    Ok(groups)
 }
 
 fn quoted(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-/// A statement that applies a change, its parameters, and how many rows it must change (None:
+/// A statement that applies changes, its parameters, and how many rows it must change (None:
 /// any number).
 pub struct Apply {
     pub sql: String,
@@ -515,89 +589,148 @@ pub struct Apply {
     pub rows: Option<u64>,
 }
 
-fn param(value: &Option<String>) -> Value {
-    value.clone().map_or(Value::Null, Value::Text)
+/// Rows one INSERT or DELETE applies at most: a statement's text stays short enough to keep
+/// prepared for the common sizes, and far from PostgreSQL's 65,535 parameters.
+const ROWS_PER_STATEMENT: usize = 64;
+
+fn param(value: Option<String>) -> Value {
+    value.map_or(Value::Null, Value::Text)
 }
 
-/// `"k1" = $n AND …` for a key, its parameters numbered from `first`.
-fn key_condition(key: &[Field], first: usize, params: &mut Vec<Value>) -> String {
+/// `"a", "b"` for the columns.
+fn column_list(columns: &[String]) -> String {
+    columns.iter().map(|c| quoted(c)).collect::<Vec<_>>().join(", ")
+}
+
+/// `($1, $2), ($3, $4)` for `rows` rows of `width` parameters.
+fn placeholder_rows(rows: usize, width: usize) -> String {
+    (0..rows)
+        .map(|row| {
+            let row: Vec<String> = (1..=width).map(|n| format!("${}", row * width + n)).collect();
+            format!("({})", row.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `"k" = $n AND …` for one row's key (a NULL compared with IS NULL), parameters from `first`.
+fn key_condition(key: &[String], values: &[Option<String>], first: usize) -> String {
     let mut next = first;
     key.iter()
-        .map(|field| match &field.value {
-            None => format!("{} IS NULL", quoted(&field.column)),
+        .zip(values)
+        .map(|(column, value)| match value {
+            None => format!("{} IS NULL", quoted(column)),
             Some(_) => {
-                params.push(param(&field.value));
                 next += 1;
-                format!("{} = ${}", quoted(&field.column), next - 1)
+                format!("{} = ${}", quoted(column), next - 1)
             }
         })
         .collect::<Vec<_>>()
         .join(" AND ")
 }
 
-/// The statement that applies `change` on a replica; None if it changes nothing (an update
-/// whose only new values were left out of the WAL).
-pub fn statement(change: &Change) -> Option<Apply> {
-    Some(match change {
-        Change::Insert { table, row } => {
-            let columns: Vec<String> = row.iter().map(|field| quoted(&field.column)).collect();
-            let placeholders: Vec<String> = (1..=row.len()).map(|n| format!("${n}")).collect();
-            Apply {
-                // OVERRIDING SYSTEM VALUE: an identity column takes the leader's value.
-                sql: format!(
-                    "INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE VALUES ({})",
-                    table.quoted(),
-                    columns.join(", "),
-                    placeholders.join(", ")
-                ),
-                params: row.iter().map(|field| param(&field.value)).collect(),
-                rows: Some(1),
-            }
-        }
-        Change::Update { table, key, row } => {
-            if row.is_empty() {
-                return None;
-            }
-            let mut params: Vec<Value> = row.iter().map(|field| param(&field.value)).collect();
-            let set: Vec<String> = row
-                .iter()
-                .enumerate()
-                .map(|(i, field)| format!("{} = ${}", quoted(&field.column), i + 1))
-                .collect();
-            let condition = key_condition(key, row.len() + 1, &mut params);
-            Apply {
-                sql: format!("UPDATE {} SET {} WHERE {condition}", table.quoted(), set.join(", ")),
-                params,
-                rows: Some(1),
-            }
-        }
-        Change::Delete { table, key } => {
-            let mut params = Vec::with_capacity(key.len());
-            let condition = key_condition(key, 1, &mut params);
-            Apply {
-                sql: format!("DELETE FROM {} WHERE {condition}", table.quoted()),
-                params,
-                rows: Some(1),
-            }
-        }
-        Change::Truncate {
-            tables,
+/// The statements that apply `group` on a replica, in order.
+pub fn statements(group: Group) -> Vec<Apply> {
+    let Group {
+        kind,
+        tables,
+        key,
+        columns,
+        rows,
+    } = group;
+    let table = tables.first().map(Table::quoted).unwrap_or_default();
+    let width = key.len() + columns.len();
+    let mut applies = Vec::new();
+    match kind {
+        Kind::Truncate {
             restart_identity,
             cascade,
         } => {
             let names: Vec<String> = tables.iter().map(Table::quoted).collect();
-            Apply {
+            applies.push(Apply {
                 sql: format!(
                     "TRUNCATE {}{}{}",
                     names.join(", "),
-                    if *restart_identity { " RESTART IDENTITY" } else { "" },
-                    if *cascade { " CASCADE" } else { "" }
+                    if restart_identity { " RESTART IDENTITY" } else { "" },
+                    if cascade { " CASCADE" } else { "" }
                 ),
                 params: Vec::new(),
                 rows: None,
+            });
+        }
+        Kind::Insert if columns.is_empty() => {
+            for _ in &rows {
+                applies.push(Apply {
+                    sql: format!("INSERT INTO {table} DEFAULT VALUES"),
+                    params: Vec::new(),
+                    rows: Some(1),
+                });
             }
         }
-    })
+        Kind::Insert => {
+            let listed = column_list(&columns);
+            let mut rows = rows.into_iter().peekable();
+            while rows.peek().is_some() {
+                let chunk: Vec<Vec<Option<String>>> = rows.by_ref().take(ROWS_PER_STATEMENT).collect();
+                applies.push(Apply {
+                    // OVERRIDING SYSTEM VALUE: an identity column takes the leader's value.
+                    sql: format!(
+                        "INSERT INTO {table} ({listed}) OVERRIDING SYSTEM VALUE VALUES {}",
+                        placeholder_rows(chunk.len(), width)
+                    ),
+                    rows: Some(chunk.len() as u64),
+                    params: chunk.into_iter().flatten().map(param).collect(),
+                });
+            }
+        }
+        Kind::Update => {
+            let set: Vec<String> = columns
+                .iter()
+                .enumerate()
+                .map(|(i, column)| format!("{} = ${}", quoted(column), i + 1))
+                .collect();
+            let set = set.join(", ");
+            for mut row in rows {
+                // Parameters: the new values, then the key's (those not NULL).
+                let new_values = row.split_off(key.len());
+                let condition = key_condition(&key, &row, columns.len() + 1);
+                applies.push(Apply {
+                    sql: format!("UPDATE {table} SET {set} WHERE {condition}"),
+                    params: new_values.into_iter().chain(row.into_iter().flatten().map(Some)).map(param).collect(),
+                    rows: Some(1),
+                });
+            }
+        }
+        Kind::Delete if rows.iter().flatten().any(|value| value.is_none()) => {
+            for row in rows {
+                applies.push(Apply {
+                    sql: format!("DELETE FROM {table} WHERE {}", key_condition(&key, &row, 1)),
+                    params: row.into_iter().flatten().map(Some).map(param).collect(),
+                    rows: Some(1),
+                });
+            }
+        }
+        Kind::Delete => {
+            let target = match key.as_slice() {
+                [one] => quoted(one),
+                _ => format!("({})", column_list(&key)),
+            };
+            let mut rows = rows.into_iter().peekable();
+            while rows.peek().is_some() {
+                let chunk: Vec<Vec<Option<String>>> = rows.by_ref().take(ROWS_PER_STATEMENT).collect();
+                let list = match key.len() {
+                    1 => (1..=chunk.len()).map(|n| format!("${n}")).collect::<Vec<_>>().join(", "),
+                    _ => placeholder_rows(chunk.len(), width),
+                };
+                applies.push(Apply {
+                    sql: format!("DELETE FROM {table} WHERE {target} IN ({list})"),
+                    rows: Some(chunk.len() as u64),
+                    params: chunk.into_iter().flatten().map(param).collect(),
+                });
+            }
+        }
+    }
+    applies
 }
 
 /// The error a replica reports when a change does not find its row as the leader left it.
@@ -698,7 +831,8 @@ mod tests {
         )
         .unwrap();
         let change = resolve(line, &info).unwrap();
-        let apply = statement(&change).unwrap();
+        let applies = statements(group(vec![change]).remove(0));
+        let apply = &applies[0];
         assert_eq!(
             apply.sql,
             "UPDATE \"public\".\"t\" SET \"id\" = $1, \"v\" = $2 WHERE \"id\" = $3 AND \"n\" = $4"
@@ -711,28 +845,68 @@ mod tests {
         assert!(resolve(keyless, &TableInfo::default()).is_err());
     }
 
+    fn field(column: &str, value: Option<&str>) -> Field {
+        Field {
+            column: column.into(),
+            value: value.map(String::from),
+        }
+    }
+
+    #[test]
+    fn consecutive_changes_of_one_shape_apply_in_one_statement() {
+        let insert = |k: &str| Change::Insert {
+            table: table("t"),
+            row: vec![field("k", Some(k)), field("v", None)],
+        };
+        let delete = |k: &str| Change::Delete {
+            table: table("t"),
+            key: vec![field("k", Some(k))],
+        };
+        let groups = group(vec![insert("1"), insert("2"), delete("1"), delete("2"), insert("3")]);
+        assert_eq!(groups.len(), 3);
+        let sqls: Vec<(String, Vec<Value>, Option<u64>)> = groups
+            .into_iter()
+            .flat_map(statements)
+            .map(|apply| (apply.sql, apply.params, apply.rows))
+            .collect();
+        let text = |v: &str| Value::Text(v.into());
+        assert_eq!(
+            sqls,
+            vec![
+                (
+                    "INSERT INTO \"public\".\"t\" (\"k\", \"v\") OVERRIDING SYSTEM VALUE VALUES ($1, $2), ($3, $4)".into(),
+                    vec![text("1"), Value::Null, text("2"), Value::Null],
+                    Some(2)
+                ),
+                (
+                    "DELETE FROM \"public\".\"t\" WHERE \"k\" IN ($1, $2)".into(),
+                    vec![text("1"), text("2")],
+                    Some(2)
+                ),
+                (
+                    "INSERT INTO \"public\".\"t\" (\"k\", \"v\") OVERRIDING SYSTEM VALUE VALUES ($1, $2)".into(),
+                    vec![text("3"), Value::Null],
+                    Some(1)
+                ),
+            ]
+        );
+    }
+
     #[test]
     fn write_sets_round_trip_and_reject_damage() {
         let changes = vec![
             Change::Insert {
                 table: table("t"),
-                row: vec![
-                    Field {
-                        column: "a".into(),
-                        value: Some("1".into()),
-                    },
-                    Field {
-                        column: "b".into(),
-                        value: None,
-                    },
-                ],
+                row: vec![field("a", Some("1")), field("b", None)],
+            },
+            Change::Update {
+                table: table("t"),
+                key: vec![field("a", Some("1"))],
+                row: vec![field("b", Some("x"))],
             },
             Change::Delete {
                 table: table("t"),
-                key: vec![Field {
-                    column: "a".into(),
-                    value: Some("2".into()),
-                }],
+                key: vec![field("a", Some("2"))],
             },
             Change::Truncate {
                 tables: vec![table("u")],
@@ -740,13 +914,22 @@ mod tests {
                 cascade: true,
             },
         ];
-        let bytes = encode(&changes);
-        assert_eq!(decode(&bytes).unwrap(), changes);
+        let groups = group(changes);
+        let bytes = encode(&groups);
+        assert_eq!(decode(&bytes).unwrap(), groups);
         for cut in 0..bytes.len() {
             assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
         }
-        let mut bad_tag = bytes.clone();
-        bad_tag[8] = 9;
-        assert_eq!(decode(&bad_tag), Err(DecodeError::Tag(9)));
+        let mut bad_kind = bytes.clone();
+        bad_kind[8] = 9;
+        assert_eq!(decode(&bad_kind), Err(DecodeError::Tag(9)));
+        let keyless_delete = Group {
+            kind: Kind::Delete,
+            tables: vec![table("t")],
+            key: Vec::new(),
+            columns: Vec::new(),
+            rows: Vec::new(),
+        };
+        assert!(matches!(decode(&encode(&[keyless_delete])), Err(DecodeError::Malformed(_))));
     }
 }

@@ -629,7 +629,7 @@ impl Postgres {
                 };
                 changes.push(pg_write_set::resolve(parsed, info)?);
             }
-            return Ok(pg_write_set::encode(&changes));
+            return Ok(pg_write_set::encode(&pg_write_set::group(changes)));
         }
     }
 
@@ -866,36 +866,40 @@ impl Engine for Postgres {
         })
     }
 
-    /// Pipelined, one round trip per write-set; every row change must change exactly one row.
+    /// Pipelined, one round trip per write-set; each statement must change the rows the
+    /// leader's did.
     fn apply_write_set(&mut self, write_set: &[u8]) -> Result<(), SqlError> {
         self.follow()?;
-        let changes = pg_write_set::decode(write_set)
+        let groups = pg_write_set::decode(write_set)
             .map_err(|e| SqlError::new("XX001", format!("a write-set that does not decode: {e}")))?;
         if !self.in_transaction {
             self.begin()?;
         }
-        let (tail, expected): (Vec<Unread>, Vec<Option<u64>>) = changes
-            .iter()
-            .filter_map(pg_write_set::statement)
-            .map(|apply| ((apply.sql, apply.params), apply.rows))
-            .unzip();
-        let changed = self.pipeline(tail)?;
-        // The deferred statements (BEGIN) answered first.
-        let ours = &changed[changed.len().saturating_sub(expected.len())..];
+        let mut all = std::mem::take(&mut self.deferred);
+        let first = all.len();
+        let mut expected = Vec::new();
+        for apply in groups.into_iter().flat_map(pg_write_set::statements) {
+            all.push((apply.sql, apply.params));
+            expected.push(apply.rows);
+        }
+        let changed = self.session.pipeline(&all)?;
+        if changed.len() != all.len() {
+            return Err(SqlError::new(
+                "08P01",
+                format!("{} statements sent, {} answered", all.len(), changed.len()),
+            ));
+        }
         let mismatch = expected
             .iter()
-            .zip(ours)
+            .zip(&changed[first..])
             .position(|(expected, changed)| expected.is_some_and(|expected| expected != *changed));
         match mismatch {
             None => Ok(()),
-            Some(at) => {
-                let apply = changes
-                    .iter()
-                    .filter_map(pg_write_set::statement)
-                    .nth(at)
-                    .expect("the statement that changed the wrong rows");
-                Err(pg_write_set::diverged(&apply.sql, apply.rows.unwrap_or(0), ours[at]))
-            }
+            Some(at) => Err(pg_write_set::diverged(
+                &all[first + at].0,
+                expected[at].unwrap_or(0),
+                changed[first + at],
+            )),
         }
     }
 

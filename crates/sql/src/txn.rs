@@ -59,6 +59,8 @@ pub enum DecodeError {
     Utf8,
     #[error("{0} bytes left over")]
     Trailing(usize),
+    #[error("malformed: {0}")]
+    Malformed(&'static str),
 }
 
 const MAGIC_STATEMENTS: &[u8; 4] = b"SQT1";

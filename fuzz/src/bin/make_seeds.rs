@@ -421,11 +421,12 @@ fn pg_write_set_seeds(out: &Path) {
             cascade: false,
         },
     ];
+    let groups = pg_write_set::group(changes.to_vec());
     write(
         out,
         "pg_write_set",
         "changes",
-        &[&[0][..], &pg_write_set::encode(&changes)].concat(),
+        &[&[0][..], &pg_write_set::encode(&groups)].concat(),
     );
     for (name, line) in [
         (
