@@ -716,6 +716,53 @@ async fn on_the_postgres_engine_passive_mode_applies_the_leaders_decoded_rows() 
     assert_eq!(inserted, vec![vec![Some("4".to_string()), Some("4".to_string())]]);
 }
 
+/// Sequences advance outside transactions: neither the leader's rolled-back draws nor a new
+/// leader make a replica re-executing `nextval` draw another value than its leader did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_postgres_engine_replicas_draw_what_the_leader_drew_after_rollbacks_and_a_new_leader() {
+    let mut cluster = SqlCluster::start_on(Engine::Postgres, 3, &[]);
+    let leader = cluster
+        .setup("CREATE TABLE items (id serial PRIMARY KEY, name text UNIQUE)")
+        .await;
+    let client = cluster.client(leader).await;
+    client
+        .batch_execute("INSERT INTO items (name) VALUES ('a')")
+        .await
+        .unwrap();
+    client
+        .batch_execute("BEGIN; INSERT INTO items (name) VALUES ('rolled back'); ROLLBACK;")
+        .await
+        .unwrap();
+    client
+        .batch_execute("INSERT INTO items (name) VALUES ('a')")
+        .await
+        .expect_err("a duplicate name draws a value and fails");
+    client
+        .batch_execute("INSERT INTO items (name) VALUES ('b')")
+        .await
+        .unwrap();
+    let query = "SELECT id, name FROM items ORDER BY id";
+    let row = |id: &str, name: &str| vec![Some(id.to_string()), Some(name.to_string())];
+    let expected = rows(&client, query).await;
+    assert_eq!(expected, vec![row("1", "a"), row("4", "b")]);
+    for follower in others(leader) {
+        cluster.wait_for_rows(follower, query, &expected).await;
+    }
+    cluster.kill(leader);
+    let successor = cluster.leader_among(&others(leader)).await;
+    let client = cluster.client(successor).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(e) = client.batch_execute("INSERT INTO items (name) VALUES ('c')").await {
+        assert!(Instant::now() < deadline, "the new leader takes no writes: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let expected = rows(&client, query).await;
+    assert_eq!(expected, vec![row("1", "a"), row("4", "b"), row("5", "c")]);
+    for node in others(leader) {
+        cluster.wait_for_rows(node, query, &expected).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_the_leader_mid_load_loses_no_committed_transaction() {
     sigkill_of_the_leader_mid_load_loses_nothing(Engine::Sqlite).await;

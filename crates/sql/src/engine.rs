@@ -114,6 +114,11 @@ pub trait Engine: Send {
     /// Ends the write-set transaction, if one is open: committed with the engine's state at
     /// `mark`, or (None) rolled back, changing nothing.
     fn end_write_sets(&mut self, mark: Option<AppliedMark>) -> Result<(), SqlError>;
+    /// Outside a transaction: statements that set each sequence to where it stands, for an
+    /// engine whose sequences advance outside transactions (none for one whose do not).
+    fn sequence_settings(&mut self) -> Result<Vec<Statement>, SqlError> {
+        Ok(Vec::new())
+    }
 }
 
 /// SQLite, in WAL mode without an fsync per commit: the raft log is what is durable, and a

@@ -563,7 +563,9 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Group>, DecodeError> {
             Kind::Truncate { .. } => !tables.is_empty() && width == 0 && rows.is_empty(),
         };
         if !shaped {
-            return Err(DecodeError::Malformed("a group's tables, key or columns do not fit its kind"));
+            return Err(DecodeError::Malformed(
+                "a group's tables, key or columns do not fit its kind",
+            ));
         }
         groups.push(Group {
             kind,
@@ -696,7 +698,11 @@ pub fn statements(group: Group) -> Vec<Apply> {
                 let condition = key_condition(&key, &row, columns.len() + 1);
                 applies.push(Apply {
                     sql: format!("UPDATE {table} SET {set} WHERE {condition}"),
-                    params: new_values.into_iter().chain(row.into_iter().flatten().map(Some)).map(param).collect(),
+                    params: new_values
+                        .into_iter()
+                        .chain(row.into_iter().flatten().map(Some))
+                        .map(param)
+                        .collect(),
                     rows: Some(1),
                 });
             }
@@ -719,7 +725,10 @@ pub fn statements(group: Group) -> Vec<Apply> {
             while rows.peek().is_some() {
                 let chunk: Vec<Vec<Option<String>>> = rows.by_ref().take(ROWS_PER_STATEMENT).collect();
                 let list = match key.len() {
-                    1 => (1..=chunk.len()).map(|n| format!("${n}")).collect::<Vec<_>>().join(", "),
+                    1 => (1..=chunk.len())
+                        .map(|n| format!("${n}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
                     _ => placeholder_rows(chunk.len(), width),
                 };
                 applies.push(Apply {
@@ -874,7 +883,8 @@ mod tests {
             sqls,
             vec![
                 (
-                    "INSERT INTO \"public\".\"t\" (\"k\", \"v\") OVERRIDING SYSTEM VALUE VALUES ($1, $2), ($3, $4)".into(),
+                    "INSERT INTO \"public\".\"t\" (\"k\", \"v\") OVERRIDING SYSTEM VALUE VALUES ($1, $2), ($3, $4)"
+                        .into(),
                     vec![text("1"), Value::Null, text("2"), Value::Null],
                     Some(2)
                 ),
@@ -930,6 +940,9 @@ mod tests {
             columns: Vec::new(),
             rows: Vec::new(),
         };
-        assert!(matches!(decode(&encode(&[keyless_delete])), Err(DecodeError::Malformed(_))));
+        assert!(matches!(
+            decode(&encode(&[keyless_delete])),
+            Err(DecodeError::Malformed(_))
+        ));
     }
 }

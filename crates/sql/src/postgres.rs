@@ -450,6 +450,13 @@ const TABLE_INFO: &str = "
     WHERE n.nspname = $1 AND c.relname = $2
     ORDER BY a.attnum";
 
+/// Every sequence: its name, where it stands, and whether that value was drawn (else it is the
+/// next one `nextval` gives).
+const SEQUENCES: &str = "SELECT format('%I.%I', schemaname, sequencename), COALESCE(last_value, start_value), \
+                         last_value IS NOT NULL FROM pg_sequences ORDER BY 1";
+
+const SET_SEQUENCE: &str = "SELECT setval($1, $2, $3)";
+
 /// Brings each sequence a column owns (SERIAL, identity) up to the column's largest value.
 const CATCH_UP_SEQUENCES: &str = "DO $$
 DECLARE owned record;
@@ -901,6 +908,21 @@ impl Engine for Postgres {
                 changed[first + at],
             )),
         }
+    }
+
+    fn sequence_settings(&mut self) -> Result<Vec<Logged>, SqlError> {
+        let outcome = self.run(SEQUENCES, &[])?;
+        outcome
+            .rows
+            .into_iter()
+            .map(|row| match row.as_slice() {
+                [name @ Value::Text(_), value @ Value::Integer(_), called @ Value::Integer(_)] => Ok(Logged {
+                    sql: SET_SEQUENCE.to_owned(),
+                    params: vec![name.clone(), value.clone(), called.clone()],
+                }),
+                other => Err(SqlError::new("XX000", format!("{SEQUENCES} gave {other:?}"))),
+            })
+            .collect()
     }
 
     fn end_write_sets(&mut self, mark: Option<AppliedMark>) -> Result<(), SqlError> {

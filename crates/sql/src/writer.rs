@@ -169,7 +169,7 @@ impl WriterHandle {
         let mut writer = self.writer();
         if let Some(active) = writer.active.take_if(|a| a.session == session) {
             writer.metrics.lock_held.observe(active.granted_at.elapsed());
-            writer.engine.rollback();
+            writer.rolled_back(&active);
         }
         writer.after_release();
     }
@@ -286,6 +286,9 @@ struct Active {
     seed: u64,
     statements: Vec<Statement>,
     failed: bool,
+    /// A statement that may write ran (even if it failed): a rollback may leave sequences
+    /// advanced.
+    wrote: bool,
     /// A statement ran that cannot be made deterministic: only the write-set replicates.
     nondeterministic: bool,
     /// A statement changed the schema: only the statements replicate.
@@ -321,6 +324,9 @@ struct Writer {
     metrics: WriterMetrics,
     /// Transactions go to the proposer from here, so the log gets them in commit order.
     proposals: async_mpsc::UnboundedSender<Proposal>,
+    /// The engine's sequences may stand differently here than on the replicas (see
+    /// `sync_sequences`).
+    sequences_unsynced: bool,
     on_diverged: Option<Box<dyn FnOnce() + Send>>,
 }
 
@@ -357,6 +363,7 @@ pub fn start(
         progress: progress.clone(),
         metrics: WriterMetrics::new(),
         proposals,
+        sequences_unsynced: true,
         on_diverged: Some(options.on_diverged),
     };
     Ok(WriterHandle {
@@ -399,7 +406,7 @@ impl Writer {
             if reply.is_closed() {
                 continue;
             }
-            let mut started = self.engine.begin();
+            let mut started = self.sync_sequences().and_then(|()| self.engine.begin());
             if started.is_ok() && self.mode != ReplicationMode::Active {
                 started = self.engine.record_writes();
                 if started.is_err() {
@@ -419,6 +426,7 @@ impl Writer {
                     seed: self.incarnation.rotate_left(17) ^ self.next_seq.wrapping_mul(0x2545_f491_4f6c_dd1d),
                     statements: Vec::new(),
                     failed: false,
+                    wrote: false,
                     nondeterministic: false,
                     changes_schema: false,
                 });
@@ -479,8 +487,11 @@ impl Writer {
                 Ok(fixed)
             })
             .and_then(|fixed| {
+                active.wrote |= analysis.kind == StatementKind::Write;
                 self.engine.seed(statement_seed(active.seed, active.statements.len()));
                 let outcome = self.engine.execute(&fixed, &params)?;
+                // A query may write too (`SELECT nextval(…)`): the engine says.
+                active.wrote |= !outcome.read_only;
                 if !outcome.read_only || analysis.kind == StatementKind::Savepoint {
                     active.statements.push(Statement { sql: fixed, params });
                 }
@@ -509,15 +520,12 @@ impl Writer {
             _ => false,
         };
         if active.failed || active.statements.is_empty() {
-            self.engine.rollback();
+            self.rolled_back(&active);
             return Ok(Committed::Nothing {
                 rolled_back: active.failed,
             });
         }
-        let id = TxnId {
-            incarnation: self.incarnation,
-            seq: self.next_seq,
-        };
+        let id = self.next_id();
         let committed = if write_set {
             self.engine.commit_recorded(id)
         } else {
@@ -528,7 +536,7 @@ impl Writer {
         };
         let body = match committed {
             Err(e) => {
-                self.engine.rollback();
+                self.rolled_back(&active);
                 return Err(e);
             }
             Ok(Recorded::Nothing) if write_set => return Ok(Committed::Nothing { rolled_back: false }),
@@ -538,7 +546,8 @@ impl Writer {
                 // rebuilds its database from the log, without it.
                 self.diverged(&why);
                 return Err(SqlError::unsupported(format!(
-                    "the transaction cannot be replicated: {why}; and a statement of it cannot be                      made deterministic, so it cannot travel as statements either"
+                    "the transaction cannot be replicated: {why}; and a statement of it cannot be \
+                     made deterministic, so it cannot travel as statements either"
                 )));
             }
             Ok(Recorded::Unrecordable(why)) => {
@@ -547,15 +556,41 @@ impl Writer {
             }
             Ok(Recorded::Nothing) => Body::Statements(active.statements),
         };
-        self.next_seq += 1;
         match body {
             Body::Statements(_) => self.metrics.as_statements.inc(),
-            Body::WriteSet(_) => self.metrics.as_write_sets.inc(),
+            Body::WriteSet(_) => {
+                self.metrics.as_write_sets.inc();
+                // Replicas apply the values it drew without drawing them.
+                self.sequences_unsynced |= active.wrote;
+            }
         }
+        Ok(Committed::Ahead(self.propose_ahead(id, active.seed, body)))
+    }
+
+    fn next_id(&self) -> TxnId {
+        TxnId {
+            incarnation: self.incarnation,
+            seq: self.next_seq,
+        }
+    }
+
+    /// Proposes transaction `id`, committed here ahead of the log, after the last one.
+    fn propose_ahead(
+        &mut self,
+        id: TxnId,
+        seed: u64,
+        body: Body,
+    ) -> oneshot::Receiver<Result<Pending<Applied>, NodeError>> {
+        assert_eq!(
+            id,
+            self.next_id(),
+            "transactions are proposed in the order they were named"
+        );
+        self.next_seq += 1;
         let txn = Txn {
             id,
             after: self.executed,
-            seed: active.seed,
+            seed,
             body,
         };
         self.executed = id;
@@ -566,7 +601,45 @@ impl Writer {
             // The runtime is going away; the transaction never reaches the log.
             self.diverged("its proposer stopped");
         }
-        Ok(Committed::Ahead(pending))
+        pending
+    }
+
+    /// Rolls back a client's transaction. One that wrote may have drawn from sequences, which
+    /// do not roll back: the replicas' would then be behind.
+    fn rolled_back(&mut self, active: &Active) {
+        self.engine.rollback();
+        self.sequences_unsynced |= active.wrote;
+    }
+
+    /// Before this node's next client transaction: where sequences may stand differently here
+    /// than on the replicas (a transaction that drew from them rolled back here, or another
+    /// leader's were applied, or the node started), a transaction setting each to where it
+    /// stands here goes ahead in the log. Sequences advance outside transactions, and a replica
+    /// re-executing `nextval` must draw what the leader drew. Write-sets carry the values drawn
+    /// (passive mode catches sequences up when a node starts leading, `Engine::record_writes`).
+    fn sync_sequences(&mut self) -> Result<(), SqlError> {
+        if self.mode == ReplicationMode::Passive || !self.sequences_unsynced {
+            return Ok(());
+        }
+        let settings = self.engine.sequence_settings()?;
+        self.sequences_unsynced = false;
+        if settings.is_empty() {
+            return Ok(());
+        }
+        let id = self.next_id();
+        // The settings change nothing here: the transaction holds only its ahead mark.
+        if let Err(e) = self
+            .engine
+            .begin()
+            .and_then(|()| self.engine.mark_ahead(id))
+            .and_then(|()| self.engine.commit())
+        {
+            self.engine.rollback();
+            self.sequences_unsynced = true;
+            return Err(e);
+        }
+        drop(self.propose_ahead(id, 0, Body::Statements(settings)));
+        Ok(())
     }
 
     fn apply(&mut self, index: u64, txn: Txn) -> Applied {
@@ -617,6 +690,8 @@ impl Writer {
             self.engine.rollback();
         }
         self.record_applied();
+        // This node's sequences follow another leader's now; when it leads, they may not match.
+        self.sequences_unsynced = true;
         if let Err(e) = self.replay(&txn, mark) {
             panic!(
                 "transaction {:?} at log index {index} failed on this replica but committed on its leader \
