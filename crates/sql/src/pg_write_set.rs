@@ -454,6 +454,10 @@ pub fn group(changes: Vec<Change>) -> Vec<Group> {
 
 const MAGIC: &[u8; 4] = b"PGW2";
 
+/// Opens each row: a row of no columns still takes a byte, so a count read from the input can
+/// never make more rows than the input holds.
+const ROW: u8 = b'r';
+
 fn put_names(out: &mut Vec<u8>, names: &[String]) {
     put_len(out, names.len());
     for name in names {
@@ -484,12 +488,15 @@ pub fn encode(groups: &[Group]) -> Vec<u8> {
         put_names(&mut out, &group.key);
         put_names(&mut out, &group.columns);
         put_len(&mut out, group.rows.len());
-        for value in group.rows.iter().flatten() {
-            match value {
-                None => out.push(0),
-                Some(text) => {
-                    out.push(1);
-                    put_bytes(&mut out, text.as_bytes());
+        for row in &group.rows {
+            out.push(ROW);
+            for value in row {
+                match value {
+                    None => out.push(0),
+                    Some(text) => {
+                        out.push(1);
+                        put_bytes(&mut out, text.as_bytes());
+                    }
                 }
             }
         }
@@ -546,6 +553,10 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Group>, DecodeError> {
         let width = key.len() + columns.len();
         let mut rows = Vec::with_capacity(room(row_count, bytes.len()));
         for _ in 0..row_count {
+            match r.take(1)?[0] {
+                ROW => {}
+                tag => return Err(DecodeError::Tag(tag)),
+            }
             let mut row = Vec::with_capacity(room(width, bytes.len()));
             for _ in 0..width {
                 row.push(match r.take(1)?[0] {
@@ -944,5 +955,17 @@ mod tests {
             decode(&encode(&[keyless_delete])),
             Err(DecodeError::Malformed(_))
         ));
+        // Rows of no columns claimed by the billion (the fuzzer's out-of-memory input): each row
+        // takes a byte, so the count runs out of input at once.
+        let mut endless = encode(&[Group {
+            kind: Kind::Insert,
+            tables: vec![table("t")],
+            key: Vec::new(),
+            columns: Vec::new(),
+            rows: Vec::new(),
+        }]);
+        let count_at = endless.len() - 4;
+        endless[count_at..].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(decode(&endless), Err(DecodeError::Truncated(_))));
     }
 }
