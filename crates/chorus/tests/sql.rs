@@ -763,6 +763,53 @@ async fn on_the_postgres_engine_replicas_draw_what_the_leader_drew_after_rollbac
     }
 }
 
+/// A checkpoint's dump reads sequences later than its snapshot, while the leader goes on
+/// drawing: a replica rebuilt from it must still draw what the leader drew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_postgres_engine_a_replica_rebuilt_from_a_checkpoint_under_load_draws_what_the_leader_drew() {
+    let mut cluster = SqlCluster::start_on(
+        Engine::Postgres,
+        3,
+        &["--snapshot-interval-entries", "30", "--log-keep-entries", "5"],
+    );
+    let leader = cluster
+        .setup("CREATE TABLE events (id serial PRIMARY KEY, at_ms bigint)")
+        .await;
+    let lagging = others(leader)[0];
+    cluster.kill(lagging);
+    let client = cluster.client(leader).await;
+    let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let load = {
+        let writing = writing.clone();
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                client
+                    .execute(
+                        "INSERT INTO events (at_ms) VALUES ($1::text::bigint)",
+                        &[&n.to_string()],
+                    )
+                    .await
+                    .unwrap();
+                n += 1;
+            }
+            (client, n)
+        })
+    };
+    cluster.wait_for_compaction(leader, 60).await;
+    cluster.launch(lagging);
+    // It catches up from a checkpoint while the inserts go on.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    let (client, inserted) = load.await.unwrap();
+    assert!(inserted > 100, "only {inserted} inserts");
+    let query = "SELECT count(*), sum(id), max(id) FROM events";
+    let expected = rows(&client, query).await;
+    for node in 1..=3 {
+        cluster.wait_for_rows(node, query, &expected).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_the_leader_mid_load_loses_no_committed_transaction() {
     sigkill_of_the_leader_mid_load_loses_nothing(Engine::Sqlite).await;

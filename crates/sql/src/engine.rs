@@ -114,6 +114,17 @@ pub trait Engine: Send {
     /// Ends the write-set transaction, if one is open: committed with the engine's state at
     /// `mark`, or (None) rolled back, changing nothing.
     fn end_write_sets(&mut self, mark: Option<AppliedMark>) -> Result<(), SqlError>;
+    /// Whether the engine's sequences advance outside transactions (PostgreSQL's), so a
+    /// checkpoint must record where they stand (`record_sequences`) and replicas be told
+    /// (`sequence_settings`).
+    fn sequences_outside_transactions(&self) -> bool {
+        false
+    }
+    /// Outside a transaction, with none open: records in the database where each sequence
+    /// stands, for a checkpoint of this state to carry (restored with it).
+    fn record_sequences(&mut self) -> Result<(), SqlError> {
+        Ok(())
+    }
     /// Outside a transaction: statements that set each sequence to where it stands, for an
     /// engine whose sequences advance outside transactions (none for one whose do not).
     fn sequence_settings(&mut self) -> Result<Vec<Statement>, SqlError> {

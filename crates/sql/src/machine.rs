@@ -103,6 +103,7 @@ impl StateMachine for SqlState {
         // Pinned here, the state is exactly the applied one (nothing is ahead of the log:
         // `snapshot_ready`); the copy is made from it off the node's thread.
         let pinned = self.readers.database().pin_for_checkpoint();
+        self.writer.checkpoint_pinned();
         let checkpoints = self.checkpoints.clone();
         Box::new(move || {
             let copy = pinned.unwrap_or_else(|e| panic!("cannot pin the database for a checkpoint: {e}"));

@@ -412,7 +412,11 @@ const BOOKKEEPING: &str = "
     CREATE TABLE IF NOT EXISTS _chorus_ahead (
         incarnation BIGINT NOT NULL,
         seq BIGINT NOT NULL,
-        PRIMARY KEY (incarnation, seq));";
+        PRIMARY KEY (incarnation, seq));
+    CREATE TABLE IF NOT EXISTS _chorus_sequences (
+        name TEXT PRIMARY KEY,
+        value BIGINT NOT NULL,
+        called BOOLEAN NOT NULL);";
 
 const BEGIN: &str = "BEGIN";
 
@@ -456,6 +460,14 @@ const SEQUENCES: &str = "SELECT format('%I.%I', schemaname, sequencename), COALE
                          last_value IS NOT NULL FROM pg_sequences ORDER BY 1";
 
 const SET_SEQUENCE: &str = "SELECT setval($1, $2, $3)";
+
+/// Where the sequences stand, kept in a table so a checkpoint's snapshot holds it (a dump reads
+/// sequences outside its snapshot).
+const RECORD_SEQUENCES: &str = "BEGIN; DELETE FROM _chorus_sequences; \
+     INSERT INTO _chorus_sequences SELECT format('%I.%I', schemaname, sequencename), \
+     COALESCE(last_value, start_value), last_value IS NOT NULL FROM pg_sequences; COMMIT;";
+
+const RESTORE_SEQUENCES: &str = "SELECT setval(name, value, called) FROM _chorus_sequences";
 
 /// Brings each sequence a column owns (SERIAL, identity) up to the column's largest value.
 const CATCH_UP_SEQUENCES: &str = "DO $$
@@ -836,6 +848,11 @@ impl Engine for Postgres {
                 .arg(&self.server.conninfo)
                 .arg(checkpoint);
             run_program(restore, "pg_restore")?;
+            // The dump read the sequences when it got to them, later than its snapshot: they
+            // go back to where they stood at the checkpoint (a checkpoint older than this
+            // record has none to restore).
+            self.session.conn.batch(BOOKKEEPING)?;
+            self.session.conn.batch(RESTORE_SEQUENCES)?;
         } else {
             self.session.conn.batch(BOOKKEEPING)?;
         }
@@ -908,6 +925,15 @@ impl Engine for Postgres {
                 changed[first + at],
             )),
         }
+    }
+
+    fn sequences_outside_transactions(&self) -> bool {
+        true
+    }
+
+    fn record_sequences(&mut self) -> Result<(), SqlError> {
+        assert!(!self.in_transaction, "sequences are recorded between transactions");
+        self.session.conn.batch(RECORD_SEQUENCES)
     }
 
     fn sequence_settings(&mut self) -> Result<Vec<Logged>, SqlError> {

@@ -181,12 +181,33 @@ impl WriterHandle {
 
     /// Whether the database is exactly the log's state (no work ahead of it), so a checkpoint
     /// may be taken. If not, no session gets the write lock until the work ahead is applied.
+    /// Where sequences advance outside transactions, no client transaction may be open either
+    /// (its draws are not the log's state), and where they stand is recorded for the
+    /// checkpoint; sessions then wait until it is pinned (`checkpoint_pinned`).
     pub fn checkpoint_ready(&self) -> bool {
         let mut writer = self.writer();
         // A checkpoint copies what is committed: everything applied must be.
         writer.close_group();
-        writer.wants_checkpoint = !writer.ahead.is_empty();
-        !writer.wants_checkpoint
+        let quiescent = writer.engine.sequences_outside_transactions();
+        writer.wants_checkpoint = !writer.ahead.is_empty() || (quiescent && writer.active.is_some());
+        if writer.wants_checkpoint {
+            return false;
+        }
+        if quiescent {
+            if let Err(e) = writer.engine.record_sequences() {
+                tracing::warn!(error = %e, "cannot record the sequences for a checkpoint; it waits");
+                return false;
+            }
+            writer.wants_checkpoint = true;
+        }
+        true
+    }
+
+    /// The checkpoint's state is pinned: sessions may have the write lock again.
+    pub fn checkpoint_pinned(&self) {
+        let mut writer = self.writer();
+        writer.wants_checkpoint = false;
+        writer.after_release();
     }
 
     /// Whether the database must be rebuilt before it serves: it holds work the log may not
@@ -399,7 +420,7 @@ impl Writer {
 
     /// Gives the write lock to the next waiting session.
     fn start_waiting(&mut self) {
-        if self.wants_checkpoint && !self.ahead.is_empty() {
+        if self.wants_checkpoint && (!self.ahead.is_empty() || self.engine.sequences_outside_transactions()) {
             return;
         }
         while let Some((session, reply)) = self.waiting.pop_front() {
@@ -526,35 +547,34 @@ impl Writer {
             });
         }
         let id = self.next_id();
-        let committed = if write_set {
-            self.engine.commit_recorded(id)
-        } else {
-            self.engine
-                .mark_ahead(id)
-                .and_then(|()| self.engine.commit())
-                .map(|()| Recorded::Nothing)
-        };
-        let body = match committed {
-            Err(e) => {
+        let body = if !write_set {
+            if let Err(e) = self.engine.mark_ahead(id).and_then(|()| self.engine.commit()) {
                 self.rolled_back(&active);
                 return Err(e);
             }
-            Ok(Recorded::Nothing) if write_set => return Ok(Committed::Nothing { rolled_back: false }),
-            Ok(Recorded::WriteSet(write_set)) => Body::WriteSet(write_set),
-            Ok(Recorded::Unrecordable(why)) if active.nondeterministic => {
-                // Committed here, and replicas could reach its state neither way: the node
-                // rebuilds its database from the log, without it.
-                self.diverged(&why);
-                return Err(SqlError::unsupported(format!(
-                    "the transaction cannot be replicated: {why}; and a statement of it cannot be \
-                     made deterministic, so it cannot travel as statements either"
-                )));
+            Body::Statements(active.statements)
+        } else {
+            match self.engine.commit_recorded(id) {
+                Err(e) => {
+                    self.rolled_back(&active);
+                    return Err(e);
+                }
+                Ok(Recorded::Nothing) => return Ok(Committed::Nothing { rolled_back: false }),
+                Ok(Recorded::WriteSet(write_set)) => Body::WriteSet(write_set),
+                Ok(Recorded::Unrecordable(why)) if active.nondeterministic => {
+                    // Committed here, and replicas could reach its state neither way: the node
+                    // rebuilds its database from the log, without it.
+                    self.diverged(&why);
+                    return Err(SqlError::unsupported(format!(
+                        "the transaction cannot be replicated: {why}; and a statement of it cannot \
+                         be made deterministic, so it cannot travel as statements either"
+                    )));
+                }
+                Ok(Recorded::Unrecordable(why)) => {
+                    tracing::info!(why, "a transaction travels as statements: no write-set for it");
+                    Body::Statements(active.statements)
+                }
             }
-            Ok(Recorded::Unrecordable(why)) => {
-                tracing::info!(why, "a transaction travels as statements: no write-set for it");
-                Body::Statements(active.statements)
-            }
-            Ok(Recorded::Nothing) => Body::Statements(active.statements),
         };
         match body {
             Body::Statements(_) => self.metrics.as_statements.inc(),
