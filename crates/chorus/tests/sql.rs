@@ -232,6 +232,22 @@ impl SqlCluster {
         }
     }
 
+    /// Runs `sql` on the leader among `ids`, again while a node refuses it for not leading
+    /// (25006: nothing ran); the node that ran it and the rows it returned.
+    async fn write_on_leader(&self, ids: &[u64], sql: &str) -> (u64, Vec<Vec<Option<String>>>) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let leader = self.leader_among(ids).await;
+            match self.client(leader).await.simple_query(sql).await {
+                Ok(messages) => return (leader, rows_of(messages)),
+                Err(e) if e.code().map(|c| c.code()) == Some("25006") && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("{sql} on node {leader}: {e}"),
+            }
+        }
+    }
+
     async fn client(&self, id: u64) -> Client {
         let node = self.node(id);
         let config = format!(
@@ -710,9 +726,12 @@ async fn on_the_postgres_engine_passive_mode_applies_the_leaders_decoded_rows() 
     }
     // A new leader's sequences continue where the rows are, not where its own had stopped.
     cluster.kill(leader);
-    let successor = cluster.leader_among(&others(leader)).await;
-    let client = cluster.client(successor).await;
-    let inserted = rows(&client, "INSERT INTO acct (owner) VALUES ('after') RETURNING id, n").await;
+    let (_, inserted) = cluster
+        .write_on_leader(
+            &others(leader),
+            "INSERT INTO acct (owner) VALUES ('after') RETURNING id, n",
+        )
+        .await;
     assert_eq!(inserted, vec![vec![Some("4".to_string()), Some("4".to_string())]]);
 }
 
@@ -749,14 +768,10 @@ async fn on_the_postgres_engine_replicas_draw_what_the_leader_drew_after_rollbac
         cluster.wait_for_rows(follower, query, &expected).await;
     }
     cluster.kill(leader);
-    let successor = cluster.leader_among(&others(leader)).await;
-    let client = cluster.client(successor).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while let Err(e) = client.batch_execute("INSERT INTO items (name) VALUES ('c')").await {
-        assert!(Instant::now() < deadline, "the new leader takes no writes: {e}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let expected = rows(&client, query).await;
+    let (successor, _) = cluster
+        .write_on_leader(&others(leader), "INSERT INTO items (name) VALUES ('c')")
+        .await;
+    let expected = rows(&cluster.client(successor).await, query).await;
     assert_eq!(expected, vec![row("1", "a"), row("4", "b"), row("5", "c")]);
     for node in others(leader) {
         cluster.wait_for_rows(node, query, &expected).await;
