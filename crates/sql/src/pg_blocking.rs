@@ -66,6 +66,31 @@ fn protocol_error(what: &str) -> SqlError {
 impl Connection {
     /// Connects to `host:port` as `user` to `dbname`, with `options` (`-c name=value …`).
     pub fn connect(config: &tokio_postgres::Config, options: &str) -> Result<Connection, SqlError> {
+        Self::connect_with(config, options, &[])
+    }
+
+    /// `connect`, with startup parameters of its own (`replication`), and reads bounded by
+    /// `read_timeout`: the socket and what was read past the startup, for a conversation
+    /// that is not the extended protocol's (a replication stream).
+    pub fn connect_raw(
+        config: &tokio_postgres::Config,
+        options: &str,
+        extra: &[(&str, &str)],
+        read_timeout: Duration,
+    ) -> Result<(TcpStream, BytesMut), SqlError> {
+        let connection = Self::connect_with(config, options, extra)?;
+        connection
+            .socket
+            .set_read_timeout(Some(read_timeout))
+            .map_err(io_error)?;
+        Ok((connection.socket, connection.incoming))
+    }
+
+    fn connect_with(
+        config: &tokio_postgres::Config,
+        options: &str,
+        extra: &[(&str, &str)],
+    ) -> Result<Connection, SqlError> {
         let host = match config.get_hosts().first() {
             Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
             _ => {
@@ -96,7 +121,8 @@ impl Connection {
             ("options", options),
             ("client_encoding", "UTF8"),
         ];
-        frontend::startup_message(parameters, &mut connection.out).map_err(io_error)?;
+        frontend::startup_message(parameters.into_iter().chain(extra.iter().copied()), &mut connection.out)
+            .map_err(io_error)?;
         connection.flush()?;
         loop {
             match connection.read()? {
@@ -386,12 +412,22 @@ fn changes_of(tag: &str) -> u64 {
 }
 
 fn server_error(body: &postgres_protocol::message::backend::ErrorResponseBody) -> SqlError {
+    let mut fields = body.fields();
+    error_of_fields(std::iter::from_fn(|| {
+        fields
+            .next()
+            .ok()
+            .flatten()
+            .map(|field| (field.type_(), String::from_utf8_lossy(field.value_bytes()).into_owned()))
+    }))
+}
+
+/// The error an ErrorResponse's fields (type, value) describe: its SQLSTATE and message.
+pub(crate) fn error_of_fields(fields: impl Iterator<Item = (u8, String)>) -> SqlError {
     let mut code = String::from("XX000");
     let mut message = String::new();
-    let mut fields = body.fields();
-    while let Ok(Some(field)) = fields.next() {
-        let value = String::from_utf8_lossy(field.value_bytes()).into_owned();
-        match field.type_() {
+    for (kind, value) in fields {
+        match kind {
             b'C' => code = value,
             b'M' => message = value,
             _ => {}

@@ -52,56 +52,30 @@ fn protocol_error(what: &str) -> SqlError {
 
 /// The SQLSTATE and message of an ErrorResponse's body.
 fn server_error(body: &[u8]) -> SqlError {
-    let mut code = String::from("XX000");
-    let mut message = String::new();
-    for field in body.split(|b| *b == 0) {
-        let Some((&kind, value)) = field.split_first() else {
-            continue;
-        };
-        let value = String::from_utf8_lossy(value).into_owned();
-        match kind {
-            b'C' => code = value,
-            b'M' => message = value,
-            _ => {}
-        }
-    }
-    SqlError::new(crate::postgres::intern_code(&code), message)
+    crate::pg_blocking::error_of_fields(
+        body.split(|b| *b == 0)
+            .filter_map(|field| field.split_first())
+            .map(|(&kind, value)| (kind, String::from_utf8_lossy(value).into_owned())),
+    )
 }
 
 impl Stream {
     /// Connects for replication to `config`'s server and starts streaming the slot.
     pub fn start(config: &tokio_postgres::Config) -> Result<Stream, SqlError> {
-        let Some(tokio_postgres::config::Host::Tcp(host)) = config.get_hosts().first() else {
-            return Err(SqlError::new(
-                "08001",
-                "the node's PostgreSQL must be given as host=ADDRESS (TCP)",
-            ));
-        };
-        let port = config.get_ports().first().copied().unwrap_or(5432);
-        let socket = TcpStream::connect((host.as_str(), port)).map_err(io_error)?;
-        socket.set_nodelay(true).map_err(io_error)?;
-        socket.set_read_timeout(Some(READ_TIMEOUT)).map_err(io_error)?;
+        // wal_sender_timeout = 0: the writer reads only when it commits, and may be idle long.
+        let (socket, incoming) = crate::pg_blocking::Connection::connect_raw(
+            config,
+            "-c wal_sender_timeout=0",
+            &[("replication", "database")],
+            READ_TIMEOUT,
+        )?;
         let mut stream = Stream {
             socket,
-            incoming: BytesMut::with_capacity(64 * 1024),
+            incoming,
             received_lsn: 0,
             unreported: 0,
         };
-        let user = config.get_user().unwrap_or("postgres");
-        let dbname = config.get_dbname().unwrap_or(user);
         let mut out = BytesMut::new();
-        // wal_sender_timeout = 0: the writer reads only when it commits, and may be idle long.
-        let parameters = [
-            ("user", user),
-            ("database", dbname),
-            ("replication", "database"),
-            ("options", "-c wal_sender_timeout=0"),
-            ("client_encoding", "UTF8"),
-        ];
-        frontend::startup_message(parameters, &mut out).map_err(io_error)?;
-        stream.send(&out)?;
-        stream.until_ready()?;
-        out.clear();
         let start =
             format!("START_REPLICATION SLOT {SLOT} LOGICAL 0/0 (\"skip-empty-xacts\" '1', \"include-xids\" '0')");
         frontend::query(&start, &mut out).map_err(io_error)?;
@@ -118,26 +92,6 @@ impl Stream {
 
     fn send(&mut self, bytes: &[u8]) -> Result<(), SqlError> {
         self.socket.write_all(bytes).map_err(io_error)
-    }
-
-    /// Through the startup's messages, to ReadyForQuery.
-    fn until_ready(&mut self) -> Result<(), SqlError> {
-        loop {
-            match self.frame()? {
-                (b'R', body) if body[..] == [0, 0, 0, 0] => {}
-                (b'R', _) => {
-                    return Err(SqlError::new(
-                        "28000",
-                        "the node's PostgreSQL asks a password for replication; Chorus reaches its own \
-                         server by trust on loopback (as `chorus cluster start` sets it up)",
-                    ))
-                }
-                (b'S' | b'K' | b'N', _) => {}
-                (b'Z', _) => return Ok(()),
-                (b'E', body) => return Err(server_error(&body)),
-                (tag, _) => return Err(protocol_error(&format!("message '{}' at startup", tag as char))),
-            }
-        }
     }
 
     /// The next message: its tag and body.

@@ -120,25 +120,29 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// Text between `quote`s, a quote inside doubled (None if the rest does not open with one).
+    fn quoted(&mut self, quote: char) -> Option<Result<String, String>> {
+        let inside = self.rest.strip_prefix(quote)?;
+        let mut text = String::new();
+        let mut chars = inside.char_indices();
+        while let Some((at, c)) = chars.next() {
+            if c != quote {
+                text.push(c);
+            } else if inside[at + 1..].starts_with(quote) {
+                text.push(quote);
+                chars.next();
+            } else {
+                self.rest = &inside[at + 1..];
+                return Some(Ok(text));
+            }
+        }
+        Some(Err(format!("a {quote}-quoted text does not close")))
+    }
+
     /// An identifier as `quote_identifier` prints it: plain, or in double quotes (doubled inside).
     fn identifier(&mut self, ends: &[char]) -> Result<String, String> {
-        if let Some(quoted) = self.rest.strip_prefix('"') {
-            let mut name = String::new();
-            let mut chars = quoted.char_indices();
-            while let Some((at, c)) = chars.next() {
-                if c != '"' {
-                    name.push(c);
-                    continue;
-                }
-                if quoted[at + 1..].starts_with('"') {
-                    name.push('"');
-                    chars.next();
-                    continue;
-                }
-                self.rest = &quoted[at + 1..];
-                return Ok(name);
-            }
-            return Err("an identifier's quotes do not close".into());
+        if let Some(name) = self.quoted('"') {
+            return name;
         }
         let end = self.rest.find(ends).unwrap_or(self.rest.len());
         if end == 0 {
@@ -176,23 +180,8 @@ impl<'a> Cursor<'a> {
     }
 
     fn datum(&mut self) -> Result<Datum, String> {
-        if let Some(quoted) = self.rest.strip_prefix('\'') {
-            let mut text = String::new();
-            let mut chars = quoted.char_indices();
-            while let Some((at, c)) = chars.next() {
-                if c != '\'' {
-                    text.push(c);
-                    continue;
-                }
-                if quoted[at + 1..].starts_with('\'') {
-                    text.push('\'');
-                    chars.next();
-                    continue;
-                }
-                self.rest = &quoted[at + 1..];
-                return Ok(Datum::Text(text));
-            }
-            return Err("a quoted value does not close".into());
+        if let Some(text) = self.quoted('\'') {
+            return text.map(Datum::Text);
         }
         if let Some(bits) = self.rest.strip_prefix("B'") {
             let end = bits.find('\'').ok_or("a bit string does not close")?;
