@@ -53,6 +53,15 @@ impl SqlError {
         Self::new("25006", format!("this node is a replica and serves reads only; {hint}"))
     }
 
+    /// A write reached a node elected leader a moment ago, still applying what earlier
+    /// leaders committed.
+    pub fn not_leading_yet() -> Self {
+        Self::new(
+            "25006",
+            "this node is still applying what earlier leaders committed and takes no writes yet; retry shortly",
+        )
+    }
+
     pub fn in_failed_transaction() -> Self {
         Self::new(
             "25P02",

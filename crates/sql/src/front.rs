@@ -601,11 +601,20 @@ impl Session {
     }
 
     async fn take_writer(&self) -> Result<(), SqlError> {
-        let status = self.shared.node.status();
-        if status.role != Role::Leader {
-            return Err(SqlError::read_only(status.leader_id));
+        let writer = &self.shared.writer;
+        let deadline = std::time::Instant::now() + writer.lock_wait();
+        loop {
+            let status = self.shared.node.status();
+            if status.role != Role::Leader {
+                return Err(SqlError::read_only(status.leader_id));
+            }
+            if writer.is_leading() || std::time::Instant::now() >= deadline {
+                return writer.begin(self.id).await;
+            }
+            // Elected a moment ago: it writes once it has applied what earlier leaders
+            // committed, which a client had rather wait out than be refused for.
+            self.shared.node.status_changed(Duration::from_millis(10)).await;
         }
-        self.shared.writer.begin(self.id).await
     }
 }
 

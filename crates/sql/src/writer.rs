@@ -126,12 +126,22 @@ impl WriterHandle {
             .diverged("a transaction executed ahead could not be proposed");
     }
 
+    /// Whether this node leads with everything earlier leaders committed applied.
+    pub fn is_leading(&self) -> bool {
+        self.writer().leading
+    }
+
+    /// How long a session waits for the write lock.
+    pub fn lock_wait(&self) -> Duration {
+        self.lock_wait
+    }
+
     /// Waits for the write lock for `session`, as long as the options allow.
     pub async fn begin(&self, session: u64) -> Result<(), SqlError> {
         let granted = {
             let mut writer = self.writer();
             if !writer.leading {
-                return Err(SqlError::read_only(0));
+                return Err(SqlError::not_leading_yet());
             }
             let (reply, granted) = oneshot::channel();
             writer.waiting.push_back((session, reply));
