@@ -248,6 +248,37 @@ impl SqlCluster {
         }
     }
 
+    /// Crashes node `id`'s PostgreSQL server (a SIGKILLed backend makes the server reset and
+    /// recover from its WAL) and returns a connection to it once it takes them again.
+    async fn crash_postgres(&self, id: u64) -> Client {
+        let (_, flags) = self.node(id).engine.as_ref().expect("a PostgreSQL engine");
+        let conninfo = format!("{} connect_timeout=2", flags.last().expect("--sql-postgres's value"));
+        let (server, connection) = tokio_postgres::connect(&conninfo, NoTls).await.expect("connect");
+        tokio::spawn(connection);
+        // The node commits without waiting for the WAL's flush (a lost tail replays from the
+        // log); a commit that writes WAL and waits for it flushes everything before it, so the
+        // crash keeps what the node applied.
+        server
+            .batch_execute("BEGIN; SET LOCAL synchronous_commit = on; CREATE TEMP TABLE flushed (); COMMIT")
+            .await
+            .unwrap();
+        let pid: i32 = server.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+        let killed = Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+        assert!(killed.success(), "kill -KILL {pid}");
+        assert!(server.simple_query("SELECT 1").await.is_err(), "the backend was killed");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok((server, connection)) = tokio_postgres::connect(&conninfo, NoTls).await {
+                tokio::spawn(connection);
+                if server.simple_query("SELECT 1").await.is_ok() {
+                    return server;
+                }
+            }
+            assert!(Instant::now() < deadline, "node {id}'s server did not recover");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     async fn client(&self, id: u64) -> Client {
         let node = self.node(id);
         let config = format!(
@@ -773,6 +804,48 @@ async fn on_the_postgres_engine_replicas_draw_what_the_leader_drew_after_rollbac
         .await;
     let expected = rows(&cluster.client(successor).await, query).await;
     assert_eq!(expected, vec![row("1", "a"), row("4", "b"), row("5", "c")]);
+    for node in others(leader) {
+        cluster.wait_for_rows(node, query, &expected).await;
+    }
+}
+
+/// PostgreSQL logs sequence values in advance: recovering from a crash moves a sequence up to
+/// 32 values ahead. A replica whose server alone crashed must still draw what the leader drew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_postgres_engine_a_replica_whose_server_crashed_draws_what_the_leader_drew() {
+    let mut cluster = SqlCluster::start_on(Engine::Postgres, 3, &[]);
+    let leader = cluster
+        .setup("CREATE TABLE items (id serial PRIMARY KEY, name text)")
+        .await;
+    let client = cluster.client(leader).await;
+    for name in ["a", "b", "c"] {
+        client
+            .execute("INSERT INTO items (name) VALUES ($1)", &[&name])
+            .await
+            .unwrap();
+    }
+    let query = "SELECT id, name FROM items ORDER BY id";
+    let expected = rows(&client, query).await;
+    let crashed = others(leader)[0];
+    cluster.wait_for_rows(crashed, query, &expected).await;
+    cluster.kill(crashed);
+    let server = cluster.crash_postgres(crashed).await;
+    let recovered = rows(&server, "SELECT last_value FROM items_id_seq").await;
+    let recovered: u64 = recovered[0][0].as_deref().unwrap().parse().unwrap();
+    assert!(
+        recovered > 3,
+        "crash recovery left the sequence at {recovered}: nothing to show here"
+    );
+    cluster.launch(crashed);
+    for name in ["d", "e"] {
+        client
+            .execute("INSERT INTO items (name) VALUES ($1)", &[&name])
+            .await
+            .unwrap();
+    }
+    let expected = rows(&client, query).await;
+    assert_eq!(expected.len(), 5);
+    assert_eq!(expected[4][0].as_deref(), Some("5"), "{expected:?}");
     for node in others(leader) {
         cluster.wait_for_rows(node, query, &expected).await;
     }

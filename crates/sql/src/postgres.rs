@@ -456,18 +456,39 @@ const TABLE_INFO: &str = "
 
 /// Every sequence: its name, where it stands, and whether that value was drawn (else it is the
 /// next one `nextval` gives).
-const SEQUENCES: &str = "SELECT format('%I.%I', schemaname, sequencename), COALESCE(last_value, start_value), \
-                         last_value IS NOT NULL FROM pg_sequences ORDER BY 1";
+macro_rules! sequence_positions {
+    () => {
+        "SELECT format('%I.%I', schemaname, sequencename), COALESCE(last_value, start_value), \
+         last_value IS NOT NULL FROM pg_sequences"
+    };
+}
+
+const SEQUENCES: &str = concat!(sequence_positions!(), " ORDER BY 1");
 
 const SET_SEQUENCE: &str = "SELECT setval($1, $2, $3)";
 
 /// Where the sequences stand, kept in a table so a checkpoint's snapshot holds it (a dump reads
 /// sequences outside its snapshot).
-const RECORD_SEQUENCES: &str = "BEGIN; DELETE FROM _chorus_sequences; \
-     INSERT INTO _chorus_sequences SELECT format('%I.%I', schemaname, sequencename), \
-     COALESCE(last_value, start_value), last_value IS NOT NULL FROM pg_sequences; COMMIT;";
+const RECORD_SEQUENCES: &str = concat!(
+    "BEGIN; DELETE FROM _chorus_sequences; INSERT INTO _chorus_sequences ",
+    sequence_positions!(),
+    "; COMMIT;"
+);
 
-const RESTORE_SEQUENCES: &str = "SELECT setval(name, value, called) FROM _chorus_sequences";
+/// Where the sequences stand, written in the transaction that records the applied log position:
+/// sequences advance outside transactions (a replica's draws in a transaction cut short by a
+/// crash stay drawn) and PostgreSQL's crash recovery moves them up to 32 values ahead, so a
+/// node sets them back to this when it opens its database, and replays the log from there.
+const RECORD_SEQUENCES_AT_MARK: &str = concat!(
+    "INSERT INTO _chorus_sequences ",
+    sequence_positions!(),
+    " ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, called = EXCLUDED.called \
+     WHERE (_chorus_sequences.value, _chorus_sequences.called) IS DISTINCT FROM (EXCLUDED.value, EXCLUDED.called)"
+);
+
+/// Sets every recorded sequence that still exists back to where it stood.
+const RESTORE_SEQUENCES: &str = "SELECT setval(s.name, s.value, s.called) FROM _chorus_sequences s \
+     JOIN pg_sequences q ON format('%I.%I', q.schemaname, q.sequencename) = s.name";
 
 /// Brings each sequence a column owns (SERIAL, identity) up to the column's largest value.
 const CATCH_UP_SEQUENCES: &str = "DO $$
@@ -566,6 +587,7 @@ impl Postgres {
     pub fn open(server: Arc<PgServer>) -> Result<Postgres, SqlError> {
         let mut session = Session::open(&server, "-c synchronous_commit=off")?;
         session.conn.batch(BOOKKEEPING)?;
+        session.conn.batch(RESTORE_SEQUENCES)?;
         let mut postgres = Postgres {
             server,
             session,
@@ -789,6 +811,7 @@ impl Engine for Postgres {
                 Value::Integer(mark.last_txn.seq as i64),
             ],
         );
+        self.defer(RECORD_SEQUENCES_AT_MARK, Vec::new());
         Ok(())
     }
 
