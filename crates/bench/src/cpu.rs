@@ -62,27 +62,11 @@ pub fn process_times(pid: u32) -> anyhow::Result<CpuTimes> {
     parse_stat(&text).with_context(|| format!("unreadable {path}"))
 }
 
-/// The parent of every live process, from `/proc`.
-fn parents() -> Vec<(u32, u32)> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| {
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let text = std::fs::read_to_string(e.path().join("stat")).ok()?;
-            let parent = chorus_cluster::process::stat_fields(&text)?.get(1)?.parse().ok()?;
-            Some((pid, parent))
-        })
-        .collect()
-}
-
 /// A process's CPU with that of its live descendants (reaped ones are in its own counters):
 /// a server that forks a process per connection (PostgreSQL) is measured whole.
 pub fn tree_times(pid: u32) -> anyhow::Result<CpuTimes> {
     let mut total = process_times(pid)?;
-    let parents = parents();
+    let parents = chorus_cluster::process::parents();
     let mut frontier = vec![pid];
     while let Some(parent) = frontier.pop() {
         for &(child, _) in parents.iter().filter(|(_, p)| *p == parent) {

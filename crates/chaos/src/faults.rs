@@ -40,6 +40,10 @@ pub enum FaultKind {
     PowerCutRandom,
     /// SIGKILL every node and cut every disk's power, then start them all again.
     PowerCutAll,
+    /// On the PostgreSQL engine: crash a random node's server (a SIGKILLed server process
+    /// makes it reset and recover from its WAL); the node fails on its broken connections and
+    /// is restarted when the fault ends.
+    CrashPostgresRandom,
 }
 
 impl FaultKind {
@@ -59,6 +63,20 @@ impl FaultKind {
     /// Needs each node's data on a power-cut disk.
     pub fn cuts_power(self) -> bool {
         matches!(self, FaultKind::PowerCutRandom | FaultKind::PowerCutAll)
+    }
+
+    /// Needs each node to replicate into a PostgreSQL server of its own.
+    pub fn needs_postgres(self) -> bool {
+        self == FaultKind::CrashPostgresRandom
+    }
+
+    /// The faults a run draws from when none are named: every one that applies to its nodes.
+    pub fn defaults(on_postgres: bool) -> Vec<FaultKind> {
+        let mut kinds = FaultKind::ALL.to_vec();
+        if on_postgres {
+            kinds.push(FaultKind::CrashPostgresRandom);
+        }
+        kinds
     }
 }
 
@@ -229,6 +247,10 @@ impl Target<'_> {
                 applied.rolled_back_by_cut = self.power_cut(&ids).await?;
                 applied.nodes = ids;
             }
+            FaultKind::CrashPostgresRandom => {
+                crash_postgres(&chorus_cluster::node_dir(self.dir, random))?;
+                applied.nodes.push(random);
+            }
         }
         Ok(applied)
     }
@@ -300,7 +322,8 @@ impl Target<'_> {
             | FaultKind::KillRandom
             | FaultKind::RestartAll
             | FaultKind::PowerCutRandom
-            | FaultKind::PowerCutAll => self.restart_stopped().await?,
+            | FaultKind::PowerCutAll
+            | FaultKind::CrashPostgresRandom => self.restart_stopped().await?,
             FaultKind::PauseLeader | FaultKind::PauseRandom => {
                 for id in &applied.nodes {
                     process::signal(self.pid(*id)?, libc::SIGCONT);
@@ -340,6 +363,20 @@ impl Target<'_> {
         self.restart_stopped().await?;
         Ok(rolled_back)
     }
+}
+
+/// Crashes the PostgreSQL server of the node in `node_dir`: SIGKILL of its WAL writer, which the
+/// server takes as a crash of any of its processes — every connection ends, shared memory is
+/// reset, and the server recovers from its WAL (unflushed commits are lost).
+fn crash_postgres(node_dir: &Path) -> anyhow::Result<()> {
+    let server = chorus_cluster::postgres::pid(node_dir)
+        .with_context(|| format!("no PostgreSQL server runs for {}", node_dir.display()))?;
+    let wal_writer = process::children(server)
+        .into_iter()
+        .find(|&pid| process::command_line(pid).contains("walwriter"))
+        .with_context(|| format!("PostgreSQL server {server} has no WAL writer (still recovering?)"))?;
+    process::signal(wal_writer, libc::SIGKILL);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -45,7 +45,8 @@ pub struct RunArgs {
     /// Seed of the fault schedule and the clients' choices; a run is replayed by its seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Which faults to draw from (default: all).
+    /// Which faults to draw from (default: all that apply: crash-postgres-random on the
+    /// PostgreSQL engine only).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub faults: Vec<FaultKind>,
     /// Concurrent clients, each on a random node.
@@ -166,11 +167,16 @@ async fn final_reads(recorder: &Recorder, file: &chorus_cluster::ClusterFile, ke
 /// run, not an error: it may be the very bug the run is looking for, so its history so far and
 /// the cluster's data are kept like those of a violation.
 pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
+    let server_args: Vec<String> = args.server_flags.split_whitespace().map(str::to_string).collect();
+    let on_postgres = args.workload == Workload::Bank && chorus_cluster::postgres::engine_chosen(&server_args);
     let kinds = if args.faults.is_empty() {
-        FaultKind::ALL.to_vec()
+        FaultKind::defaults(on_postgres)
     } else {
         args.faults.clone()
     };
+    if !on_postgres && kinds.iter().any(|k| k.needs_postgres()) {
+        bail!("crash-postgres-random needs the bank workload on the PostgreSQL engine (--server-flags \"--sql-engine postgres\")");
+    }
     let dir = args.out.join(format!("{}-n{}-seed{}", stamp(), args.nodes, args.seed));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let cluster_dir = dir.join("cluster");
@@ -184,7 +190,6 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
             args.net
         );
     }
-    let server_args: Vec<String> = args.server_flags.split_whitespace().map(str::to_string).collect();
     let plan = faults::schedule(args.seed, &kinds, Duration::from_secs(args.duration_secs));
     std::fs::write(dir.join("schedule.json"), serde_json::to_string_pretty(&plan)?)?;
 

@@ -14,6 +14,38 @@ pub fn stat_fields(stat: &str) -> Option<Vec<&str>> {
     stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect())
 }
 
+/// `(pid, parent pid)` of every live process, from `/proc`.
+pub fn parents() -> Vec<(u32, u32)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let text = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let parent = stat_fields(&text)?.get(1)?.parse().ok()?;
+            Some((pid, parent))
+        })
+        .collect()
+}
+
+/// The live children of `parent`.
+pub fn children(parent: u32) -> Vec<u32> {
+    parents()
+        .into_iter()
+        .filter(|&(_, p)| p == parent)
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// `pid`'s command line (what a server may rewrite to name its process), or empty.
+pub fn command_line(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|bytes| String::from_utf8_lossy(&bytes).replace('\0', " "))
+        .unwrap_or_default()
+}
+
 /// Whether `pid` is a live process: one of its threads is not a zombie. The main thread of a
 /// killed process can be a zombie while another is still finishing a system call (a write to a
 /// FUSE file system, say), and until that one exits the process keeps its files and the ports
