@@ -1,10 +1,14 @@
 //! The SQL middleware's untrusted inputs: a transaction's bytes from the log, statement text
-//! from clients (splitting, classifying, the determinism rewrite, COPY statements) and COPY data.
+//! from clients (splitting, classifying, the determinism rewrite, conflict-class labels, COPY
+//! statements) and COPY data.
 #![no_main]
 
+use chorus_sql::classes::Labeller;
 use chorus_sql::copy::{parse_copy, CopyFormat, RowReader};
-use chorus_sql::text::{classify, command_verb, fix_writes, parameter_count, split_statements, Dialect, FixedClock};
-use chorus_sql::txn::Txn;
+use chorus_sql::text::{
+    classify, command_verb, fix_writes, parameter_count, split_statements, Dialect, FixedClock, StatementKind,
+};
+use chorus_sql::txn::{Txn, Value};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -38,8 +42,13 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let _ = parse_copy(sql);
+    let labeller = Labeller::new("stock.s_w_id, district.d_w_id, t.k".parse().expect("rules"));
+    let params: Vec<Value> = (0..4).map(Value::Integer).collect();
     if let Ok(statements) = split_statements(sql) {
         for statement in statements {
+            for kind in [StatementKind::Read, StatementKind::Write] {
+                let _ = labeller.label(&statement, kind, &params);
+            }
             let _ = classify(&statement);
             let _ = command_verb(&statement);
             let _ = parameter_count(&statement);

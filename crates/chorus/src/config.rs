@@ -96,6 +96,11 @@ server_options! {
     /// when a statement cannot be made deterministic). Nodes may differ: each replica applies
     /// both.
     sql_mode: String = "active".into();
+    /// Conflict classes for `chorus sql`, as `table.column,…`: per table, the column whose value
+    /// is a row's class (TPC-C: the warehouse). Transactions are labelled with the classes their
+    /// statements touch (metric chorus_sql_transactions_labelled_total), the ground hybrid
+    /// replication will route and certify by (issue 16). Empty: no labels.
+    sql_conflict_classes: String = String::new();
     /// The database `chorus sql` replicates into: "sqlite" (embedded, under data_dir/sql) or
     /// "postgres" (the PostgreSQL server `sql_postgres` names, one per node; passive mode reads
     /// its logical decoding: wal_level = logical).

@@ -31,6 +31,10 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     let options = SqlOptions {
         mode,
         read_consistency: config.read_consistency()?,
+        conflict_classes: config
+            .sql_conflict_classes
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("--sql-conflict-classes: {e} (give table.column,table.column,…)"))?,
         commit_timeout: Duration::from_millis(config.request_timeout_ms),
         lock_wait: Duration::from_millis(config.request_timeout_ms),
         on_diverged: Box::new(restart_in_place),

@@ -1160,3 +1160,70 @@ async fn sigkill_mid_passive_tpcc(engine: Engine) {
         }
     }
 }
+
+/// With conflict-class rules, each transaction reaching COMMIT is counted by the classes its
+/// statements touch; a rule that does not parse stops the node at start, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_are_labelled_with_the_conflict_classes_they_touch() {
+    let cluster = SqlCluster::start_with(1, &["--sql-conflict-classes", "accounts.branch"]);
+    let leader = cluster
+        .setup("CREATE TABLE accounts (branch int, id int, balance int, PRIMARY KEY (branch, id))")
+        .await;
+    let client = cluster.client(leader).await;
+    client
+        .batch_execute(
+            "CREATE TABLE rates (currency text PRIMARY KEY, rate int); \
+             INSERT INTO accounts VALUES (1, 1, 100), (1, 2, 100), (2, 1, 100);",
+        )
+        .await
+        .unwrap();
+    let transfer = "UPDATE accounts SET balance = balance + $3 WHERE branch = $1 AND id = $2";
+    // One class, twice.
+    for _ in 0..2 {
+        client
+            .batch_execute("BEGIN; SELECT balance FROM accounts WHERE branch = 1 AND id = 1")
+            .await
+            .unwrap();
+        client.execute(transfer, &[&"1", &"2", &"-5"]).await.unwrap();
+        client.batch_execute("COMMIT").await.unwrap();
+    }
+    // Two classes.
+    client.batch_execute("BEGIN").await.unwrap();
+    client.execute(transfer, &[&"1", &"1", &"-5"]).await.unwrap();
+    client.execute(transfer, &[&"2", &"1", &"5"]).await.unwrap();
+    client.batch_execute("COMMIT").await.unwrap();
+    let count = |classes: &str| {
+        cluster
+            .gauge(
+                leader,
+                &format!("chorus_sql_transactions_labelled_total{{classes=\"{classes}\"}}"),
+            )
+            .unwrap_or(0)
+    };
+    assert_eq!(count("one"), 2);
+    assert_eq!(count("several"), 1);
+    // Every branch: global, like the schema changes and the INSERT without a column list.
+    let global = count("global");
+    assert!(global >= 2, "{global}");
+    client
+        .batch_execute("BEGIN; UPDATE accounts SET balance = balance + 1; COMMIT")
+        .await
+        .unwrap();
+    assert_eq!(count("global"), global + 1);
+    assert_eq!(count("none"), 0);
+
+    let mut refused = Command::new(CHORUS)
+        .args(["sql", "--id", "1", "--peers", "1=127.0.0.1:1"])
+        .args(["--sql-conflict-classes", "accounts"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stderr = String::new();
+    refused.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(!refused.wait().unwrap().success());
+    assert!(
+        stderr.contains("--sql-conflict-classes: 'accounts' is not table.column"),
+        "{stderr}"
+    );
+}

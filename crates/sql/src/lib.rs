@@ -15,6 +15,7 @@
 //! made deterministic.
 
 pub mod checkpoint;
+pub mod classes;
 pub mod copy;
 pub mod database;
 pub mod engine;
@@ -59,6 +60,8 @@ pub struct SqlOptions {
     pub mode: ReplicationMode,
     /// Sessions' reads until they say otherwise (`SET chorus.read_consistency`).
     pub read_consistency: ReadConsistency,
+    /// Per table, the column whose value is a row's conflict class (empty: none).
+    pub conflict_classes: classes::ClassRules,
 }
 
 /// Opens `database` (rebuilt from the last checkpoint and the log if it holds transactions the
@@ -89,6 +92,7 @@ pub async fn start(
             lock_wait: options.lock_wait,
             on_diverged: options.on_diverged,
             mode: options.mode,
+            labeller: (!options.conflict_classes.is_empty()).then(|| classes::Labeller::new(options.conflict_classes)),
         },
         proposals,
     )

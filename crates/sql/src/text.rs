@@ -17,7 +17,7 @@ pub enum Dialect {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum TokenKind {
+pub(crate) enum TokenKind {
     Word,
     QuotedName,
     String,
@@ -30,13 +30,13 @@ enum TokenKind {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Token<'a> {
-    kind: TokenKind,
-    text: &'a str,
+pub(crate) struct Token<'a> {
+    pub(crate) kind: TokenKind,
+    pub(crate) text: &'a str,
 }
 
 /// Cuts `sql` into tokens. Fails on an unterminated string, quoted name or comment.
-fn tokenize(sql: &str) -> Result<Vec<Token<'_>>, SqlError> {
+pub(crate) fn tokenize(sql: &str) -> Result<Vec<Token<'_>>, SqlError> {
     let bytes = sql.as_bytes();
     let mut tokens = Vec::new();
     let mut at = 0;

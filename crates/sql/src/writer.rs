@@ -22,6 +22,7 @@ use chorus_log::node::Pending;
 use chorus_log::NodeError;
 use tokio::sync::{mpsc as async_mpsc, oneshot, watch};
 
+use crate::classes::{Label, Labeller};
 use crate::engine::{AppliedMark, Engine, Outcome, Recorded};
 use crate::error::SqlError;
 use crate::text::{Analysis, FixedClock, StatementKind};
@@ -275,6 +276,8 @@ pub struct WriterOptions {
     /// Called once, on the node's thread, when the database no longer matches the log.
     pub on_diverged: Box<dyn FnOnce() + Send>,
     pub mode: ReplicationMode,
+    /// Labels transactions with the conflict classes they touch, where rules are given.
+    pub labeller: Option<Labeller>,
 }
 
 struct WriterMetrics {
@@ -284,6 +287,9 @@ struct WriterMetrics {
     /// Client transactions proposed, by what replicas do with them.
     as_statements: Arc<chorus_metrics::Counter>,
     as_write_sets: Arc<chorus_metrics::Counter>,
+    /// Transactions reaching COMMIT, by the conflict classes they touch: how well the rules
+    /// cover the workload.
+    labelled: [Arc<chorus_metrics::Counter>; 4],
 }
 
 impl WriterMetrics {
@@ -303,9 +309,19 @@ impl WriterMetrics {
             ),
             as_statements: proposed("statements"),
             as_write_sets: proposed("write_set"),
+            labelled: LABEL_KINDS.map(|kind| {
+                chorus_metrics::labeled_counter(
+                    "chorus_sql_transactions_labelled_total",
+                    "Transactions reaching COMMIT on this node's writer, by the conflict classes \
+                     their statements touch (--sql-conflict-classes): none, one, several or global",
+                    Some(("classes", kind)),
+                )
+            }),
         }
     }
 }
+
+const LABEL_KINDS: [&str; 4] = ["none", "one", "several", "global"];
 
 /// A session waiting for the write lock: its id, and where to say it has it.
 type Waiting = (u64, oneshot::Sender<Result<(), SqlError>>);
@@ -324,10 +340,13 @@ struct Active {
     nondeterministic: bool,
     /// A statement changed the schema: only the statements replicate.
     changes_schema: bool,
+    /// The conflict classes its statements touch (with rules to tell them).
+    label: Label,
 }
 
 struct Writer {
     engine: Box<dyn Engine>,
+    labeller: Option<Labeller>,
     mode: ReplicationMode,
     incarnation: u64,
     next_seq: u64,
@@ -396,6 +415,7 @@ pub fn start(
         proposals,
         sequences_unsynced: true,
         on_diverged: Some(options.on_diverged),
+        labeller: options.labeller,
     };
     Ok(WriterHandle {
         writer: Arc::new(Mutex::new(writer)),
@@ -460,6 +480,7 @@ impl Writer {
                     wrote: false,
                     nondeterministic: false,
                     changes_schema: false,
+                    label: Label::default(),
                 });
             }
             if reply.send(started).is_err() {
@@ -489,6 +510,9 @@ impl Writer {
         };
         if active.failed {
             return Err(SqlError::in_failed_transaction());
+        }
+        if let Some(labeller) = &self.labeller {
+            active.label.join(labeller.label(sql, analysis.kind, &params));
         }
         let mode = self.mode;
         let dialect = self.engine.dialect();
@@ -545,6 +569,14 @@ impl Writer {
             }
         };
         self.metrics.lock_held.observe(active.granted_at.elapsed());
+        if self.labeller.is_some() {
+            let kind = active.label.kind();
+            let at = LABEL_KINDS
+                .iter()
+                .position(|k| *k == kind)
+                .expect("Label::kind names one");
+            self.metrics.labelled[at].inc();
+        }
         let write_set = match self.mode {
             ReplicationMode::Passive if !active.changes_schema => true,
             ReplicationMode::Auto => active.nondeterministic,
@@ -850,6 +882,7 @@ mod tests {
             Box::new(Sqlite::open(dir.path()).unwrap()),
             WriterOptions {
                 lock_wait: Duration::from_secs(1),
+                labeller: None,
                 on_diverged: Box::new(move || flag.store(true, Ordering::SeqCst)),
                 mode,
             },
