@@ -120,6 +120,16 @@ fn load_config(file: Option<PathBuf>, flags: config::ServerOptions) -> anyhow::R
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if matches!(cli.command, Commands::Server { .. } | Commands::Sql { .. }) {
+        // A node that panics anywhere (in a task too, which the runtime would otherwise outlive)
+        // stops: serving on past a broken invariant or a poisoned lock helps no one, while a
+        // restart recovers from what is durable.
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            report(info);
+            std::process::abort();
+        }));
+    }
     // A node runs on one thread (see `chorus_log::node`), and so does `chorus bench`: on two
     // shared cores a second worker only adds cross-CPU wake-ups, which the systems under test
     // pay for (client CPU per op on 100% writes at 50 clients: Chorus 9.7 -> 8.1-8.5 µs, etcd

@@ -53,6 +53,11 @@ impl SqlError {
         Self::new("25006", format!("this node is a replica and serves reads only; {hint}"))
     }
 
+    /// The connection to the database failed (SQLSTATE class 08): nothing the statement did.
+    pub fn is_connection_failure(&self) -> bool {
+        self.code.starts_with("08")
+    }
+
     /// A write reached a node elected leader a moment ago, still applying what earlier
     /// leaders committed.
     pub fn not_leading_yet() -> Self {

@@ -52,6 +52,17 @@ pub struct Connection {
     broken: bool,
 }
 
+/// Reads what has arrived into `chunk`, again when a signal interrupted the wait: a process
+/// stopped and continued (SIGSTOP, SIGCONT) sees a read with a timeout fail with EINTR.
+pub(crate) fn read_some(socket: &mut TcpStream, chunk: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        match socket.read(chunk) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            read => return read,
+        }
+    }
+}
+
 fn io_error(e: std::io::Error) -> SqlError {
     SqlError::new("08006", format!("the node's PostgreSQL connection failed: {e}"))
 }
@@ -170,7 +181,7 @@ impl Connection {
                 Err(e) => return Err(self.broke(e)),
             }
             let mut chunk = [0u8; 16 * 1024];
-            let n = match self.socket.read(&mut chunk) {
+            let n = match read_some(&mut self.socket, &mut chunk) {
                 Ok(0) => return Err(self.broke(std::io::ErrorKind::UnexpectedEof.into())),
                 Ok(n) => n,
                 Err(e) => return Err(self.broke(e)),

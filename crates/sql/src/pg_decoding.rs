@@ -7,7 +7,7 @@
 //! PostgreSQL writes every 15 s — so each transaction would re-read seconds of WAL. A stream
 //! decodes each record once.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -110,7 +110,7 @@ impl Stream {
                 }
             }
             let mut chunk = [0u8; 16 * 1024];
-            let n = self.socket.read(&mut chunk).map_err(io_error)?;
+            let n = crate::pg_blocking::read_some(&mut self.socket, &mut chunk).map_err(io_error)?;
             if n == 0 {
                 return Err(io_error(std::io::ErrorKind::UnexpectedEof.into()));
             }

@@ -755,6 +755,13 @@ impl Writer {
         // This node's sequences follow another leader's now; when it leads, they may not match.
         self.sequences_unsynced = true;
         if let Err(e) = self.replay(&txn, mark) {
+            if e.is_connection_failure() {
+                // Not the transaction's doing: the restart replays it from the database's mark.
+                panic!(
+                    "cannot apply transaction {:?} at log index {index}: {e}; the node stops, and recovers when restarted",
+                    txn.id
+                );
+            }
             panic!(
                 "transaction {:?} at log index {index} failed on this replica but committed on its leader \
                  ({e}): the replicas have diverged",
