@@ -380,6 +380,14 @@ fn main() {
         "statements",
         b"BEGIN; INSERT INTO t VALUES ($1, 'a;b', now(), datetime('now')); /* c */ COMMIT;",
     );
+    // Statements the target's conflict-class rules (stock.s_w_id, district.d_w_id) label.
+    write(
+        &out,
+        "sql",
+        "classes",
+        b"UPDATE stock SET s_w_id = 2 WHERE s_w_id = $1::bigint AND s_i_id = ?; \
+          INSERT INTO district (d_id, d_w_id) SELECT d_id, d_w_id FROM district d WHERE 3 = d.d_w_id",
+    );
     // PostgreSQL result values: the target's type index, then the value's binary form.
     let numeric_12_34: &[u8] = &[7, 0, 2, 0, 0, 0, 0, 0, 2, 0, 12, 0x0d, 0x48];
     write(&out, "pg_values", "numeric", numeric_12_34);
