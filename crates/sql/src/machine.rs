@@ -125,7 +125,11 @@ impl StateMachine for SqlState {
             self.checkpoints.extension
         ));
         let _ = std::fs::remove_file(&link);
-        std::fs::hard_link(&source, &link).map_err(|e| format!("cannot pin {}: {e}", source.display()))?;
+        if let Err(e) = std::fs::hard_link(&source, &link) {
+            // Some file systems have no hard links (FAT, many FUSE ones): a copy pins as well.
+            std::fs::copy(&source, &link)
+                .map_err(|copy| format!("cannot pin {} by a link ({e}) or a copy ({copy})", source.display()))?;
+        }
         Ok(SnapshotFiles {
             files: vec![(self.checkpoints.shipped_name(), link.clone())],
             pin: Box::new(ShippedLink(link)),
