@@ -88,14 +88,21 @@ impl Label {
         }
     }
 
-    /// For metrics: "none" (no ruled table), "one", "several" (classes) or "global".
-    pub fn kind(&self) -> &'static str {
+    /// What `kind` names, for metrics: no ruled table, one class, several, or global.
+    pub const KINDS: [&'static str; 4] = ["none", "one", "several", "global"];
+
+    /// Which of `KINDS` this label is.
+    pub fn kind_index(&self) -> usize {
         match (self.global, self.classes.len()) {
-            (true, _) => "global",
-            (false, 0) => "none",
-            (false, 1) => "one",
-            (false, _) => "several",
+            (true, _) => 3,
+            (false, 0) => 0,
+            (false, 1) => 1,
+            (false, _) => 2,
         }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        Self::KINDS[self.kind_index()]
     }
 }
 

@@ -309,7 +309,7 @@ impl WriterMetrics {
             ),
             as_statements: proposed("statements"),
             as_write_sets: proposed("write_set"),
-            labelled: LABEL_KINDS.map(|kind| {
+            labelled: Label::KINDS.map(|kind| {
                 chorus_metrics::labeled_counter(
                     "chorus_sql_transactions_labelled_total",
                     "Transactions reaching COMMIT on this node's writer, by the conflict classes \
@@ -320,8 +320,6 @@ impl WriterMetrics {
         }
     }
 }
-
-const LABEL_KINDS: [&str; 4] = ["none", "one", "several", "global"];
 
 /// A session waiting for the write lock: its id, and where to say it has it.
 type Waiting = (u64, oneshot::Sender<Result<(), SqlError>>);
@@ -570,12 +568,7 @@ impl Writer {
         };
         self.metrics.lock_held.observe(active.granted_at.elapsed());
         if self.labeller.is_some() {
-            let kind = active.label.kind();
-            let at = LABEL_KINDS
-                .iter()
-                .position(|k| *k == kind)
-                .expect("Label::kind names one");
-            self.metrics.labelled[at].inc();
+            self.metrics.labelled[active.label.kind_index()].inc();
         }
         let write_set = match self.mode {
             ReplicationMode::Passive if !active.changes_schema => true,
