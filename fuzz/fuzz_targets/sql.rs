@@ -42,7 +42,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let _ = parse_copy(sql);
-    let labeller = Labeller::new("stock.s_w_id, district.d_w_id, t.k".parse().expect("rules"));
+    let mut labeller = Labeller::new("stock.s_w_id, district.d_w_id, t.k".parse().expect("rules"));
     let params: Vec<Value> = (0..4).map(Value::Integer).collect();
     if let Ok(statements) = split_statements(sql) {
         for statement in statements {

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::str::FromStr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::text::{tokenize, StatementKind, Token, TokenKind};
 use crate::txn::Value;
@@ -126,37 +126,34 @@ enum Template {
 /// come once).
 const TEMPLATES_KEPT: usize = 10_000;
 
-/// Labels statements by `rules`, remembering each text's template.
+/// Labels statements by `rules`, remembering each text's template (the writer owns it).
 pub struct Labeller {
     rules: ClassRules,
-    templates: Mutex<HashMap<String, Arc<Template>>>,
+    templates: HashMap<String, Arc<Template>>,
 }
 
 impl Labeller {
     pub fn new(rules: ClassRules) -> Labeller {
         Labeller {
             rules,
-            templates: Mutex::new(HashMap::new()),
+            templates: HashMap::new(),
         }
     }
 
     /// What statement `sql` (of kind `kind`) touches with `params`.
-    pub fn label(&self, sql: &str, kind: StatementKind, params: &[Value]) -> Label {
+    pub fn label(&mut self, sql: &str, kind: StatementKind, params: &[Value]) -> Label {
         if !matches!(kind, StatementKind::Read | StatementKind::Write) {
             return Label::default();
         }
-        let template = {
-            let mut templates = self.templates.lock().expect("no panic while labelling");
-            match templates.get(sql) {
-                Some(template) => template.clone(),
-                None => {
-                    if templates.len() >= TEMPLATES_KEPT {
-                        templates.clear();
-                    }
-                    let template = Arc::new(template(&self.rules, sql, kind == StatementKind::Write));
-                    templates.insert(sql.to_owned(), template.clone());
-                    template
+        let template = match self.templates.get(sql) {
+            Some(template) => template.clone(),
+            None => {
+                if self.templates.len() >= TEMPLATES_KEPT {
+                    self.templates.clear();
                 }
+                let template = Arc::new(template(&self.rules, sql, kind == StatementKind::Write));
+                self.templates.insert(sql.to_owned(), template.clone());
+                template
             }
         };
         let Template::Classes(sources) = &*template else {

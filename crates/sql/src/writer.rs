@@ -509,7 +509,7 @@ impl Writer {
         if active.failed {
             return Err(SqlError::in_failed_transaction());
         }
-        if let Some(labeller) = &self.labeller {
+        if let Some(labeller) = &mut self.labeller {
             active.label.join(labeller.label(sql, analysis.kind, &params));
         }
         let mode = self.mode;
