@@ -92,14 +92,16 @@ server_options! {
     curp_fast_path_min_rtt_us: u64 = 1000;
     /// How `chorus sql` replicates a transaction: "active" (the statements it ran, made
     /// deterministic; a statement that cannot be is refused), "passive" (its write-set, the rows
-    /// it changed; schema changes travel as statements) or "auto" (statements, or the write-set
-    /// when a statement cannot be made deterministic). Nodes may differ: each replica applies
-    /// both.
+    /// it changed; schema changes travel as statements), "auto" (statements, or the write-set
+    /// when a statement cannot be made deterministic) or "hybrid" (every node executes its own
+    /// clients' transactions and sends their write-sets, certified by conflict class in log
+    /// order; needs sql_conflict_classes and the SQLite engine). Nodes may differ among active,
+    /// passive and auto (each replica applies both); hybrid is all nodes or none.
     sql_mode: String = "active".into();
     /// Conflict classes for `chorus sql`, as `table.column,…`: per table, the column whose value
     /// is a row's class (TPC-C: the warehouse). Transactions are labelled with the classes their
-    /// statements touch (metric chorus_sql_transactions_labelled_total), the ground hybrid
-    /// replication will route and certify by (issue 16). Empty: no labels.
+    /// statements touch (metric chorus_sql_transactions_labelled_total), which hybrid
+    /// replication certifies by. Empty: no labels.
     sql_conflict_classes: String = String::new();
     /// The database `chorus sql` replicates into: "sqlite" (embedded, under data_dir/sql) or
     /// "postgres" (the PostgreSQL server `sql_postgres` names, one per node; passive mode reads

@@ -1227,3 +1227,103 @@ async fn transactions_are_labelled_with_the_conflict_classes_they_touch() {
         "{stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_hybrid_mode_every_node_takes_writes_and_a_class_written_since_a_snapshot_fails_it_with_40001() {
+    let cluster = SqlCluster::start_with(
+        3,
+        &["--sql-mode", "hybrid", "--sql-conflict-classes", "accounts.branch"],
+    );
+    cluster
+        .setup("CREATE TABLE accounts (branch int, id int, balance int, PRIMARY KEY (branch, id))")
+        .await;
+    let clients = [
+        cluster.client(1).await,
+        cluster.client(2).await,
+        cluster.client(3).await,
+    ];
+    // Written on a node that may not lead: it is taken there.
+    clients[2]
+        .batch_execute(
+            "INSERT INTO accounts (branch, id, balance) VALUES (1, 1, 100), (1, 2, 100), (2, 1, 100), \
+             (2, 2, 100), (3, 1, 100), (3, 2, 100)",
+        )
+        .await
+        .unwrap();
+
+    // Node 2's transaction runs on a state without node 1's, on the same class: the log
+    // orders node 1's first, and node 2's is void everywhere.
+    let transfer = "UPDATE accounts SET balance = balance + $3 WHERE branch = $1 AND id = $2";
+    clients[0].batch_execute("BEGIN").await.unwrap();
+    clients[0].execute(transfer, &[&"1", &"1", &"-5"]).await.unwrap();
+    clients[1].batch_execute("BEGIN").await.unwrap();
+    clients[1].execute(transfer, &[&"1", &"2", &"5"]).await.unwrap();
+    // Node 3 meanwhile works on another class, untouched by both.
+    clients[2]
+        .batch_execute("BEGIN; UPDATE accounts SET balance = balance + 1 WHERE branch = 3 AND id = 1; COMMIT")
+        .await
+        .unwrap();
+    clients[0].batch_execute("COMMIT").await.unwrap();
+    let refused = clients[1].batch_execute("COMMIT").await.unwrap_err();
+    assert_eq!(refused.code().map(|c| c.code()), Some("40001"), "{refused}");
+
+    // Concurrent transfers within and across classes from every node; retried when void.
+    let mut tasks = Vec::new();
+    for (n, client) in clients.into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            let (mut committed, mut void) = (0, 0);
+            for i in 0..40i32 {
+                let (from, to) = if i % 5 == 0 {
+                    (n as i32 + 1, (n as i32 + 1) % 3 + 1)
+                } else {
+                    (n as i32 + 1, n as i32 + 1)
+                };
+                loop {
+                    let outcome = client
+                        .batch_execute(&format!(
+                            "BEGIN; UPDATE accounts SET balance = balance - 1 WHERE branch = {from} AND id = 1; \
+                             UPDATE accounts SET balance = balance + 1 WHERE branch = {to} AND id = 2; COMMIT"
+                        ))
+                        .await;
+                    match outcome {
+                        Ok(()) => break committed += 1,
+                        Err(e) if e.code().map(|c| c.code()) == Some("40001") => void += 1,
+                        Err(e) => panic!("node {}: {e}", n + 1),
+                    }
+                }
+            }
+            (client, committed, void)
+        }));
+    }
+    let mut clients = Vec::new();
+    for task in tasks {
+        let (client, committed, _void) = task.await.unwrap();
+        assert_eq!(committed, 40);
+        clients.push(client);
+    }
+    let mut digests = Vec::new();
+    for client in &clients {
+        let total = rows(client, "SELECT sum(balance), count(*) FROM accounts").await;
+        // 600, less node 1's first 5, plus node 3's 1: the transfers keep the sum.
+        assert_eq!(total, vec![vec![Some("596".into()), Some("6".into())]]);
+        digests.push(table_digest(client, "accounts", "branch, id").await);
+    }
+    assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:?}");
+    let branch_1 = rows(&clients[1], "SELECT balance FROM accounts WHERE branch = 1 ORDER BY id").await;
+    assert_eq!(
+        branch_1[0],
+        vec![Some("55".into())],
+        "node 1's first transfer and its 40 later ones took 45 from account 1"
+    );
+
+    let mut refused = Command::new(CHORUS)
+        .args(["sql", "--id", "1", "--peers", "1=127.0.0.1:1", "--sql-mode", "hybrid"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stderr = String::new();
+    refused.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(!refused.wait().unwrap().success());
+    assert!(stderr.contains("give --sql-conflict-classes"), "{stderr}");
+}

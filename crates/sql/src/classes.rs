@@ -69,7 +69,7 @@ pub struct Label {
 }
 
 impl Label {
-    fn global() -> Label {
+    pub fn global() -> Label {
         Label {
             classes: BTreeSet::new(),
             global: true,

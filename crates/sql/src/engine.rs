@@ -18,6 +18,7 @@ use rusqlite::functions::FunctionFlags;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OpenFlags};
 
+use crate::certify::{Position, Touched};
 use crate::error::SqlError;
 use crate::text::Dialect;
 use crate::txn::{Statement, TxnId, Value};
@@ -130,6 +131,31 @@ pub trait Engine: Send {
     fn sequence_settings(&mut self) -> Result<Vec<Statement>, SqlError> {
         Ok(Vec::new())
     }
+    /// Hybrid replication: ends the open transaction, recorded since `record_writes`, rolled
+    /// back, and gives its write-set (empty if it changed nothing): the log applies it.
+    fn take_write_set(&mut self) -> Result<Vec<u8>, SqlError> {
+        Err(hybrid_unsupported())
+    }
+    /// Hybrid replication: applies a certified write-set as `apply_write_set` does, except that
+    /// one that does not fit the rows (a row not as it expects, a constraint) is undone and
+    /// its error returned inside `Ok`: on every node alike, it is void. The outer error is the
+    /// engine's own failure.
+    fn apply_certified_write_set(&mut self, _write_set: &[u8]) -> Result<Result<(), SqlError>, SqlError> {
+        Err(hybrid_unsupported())
+    }
+    /// Hybrid replication: what certification remembers (see `certify`), as recorded.
+    fn certified(&mut self) -> Result<Vec<(Touched, Position)>, SqlError> {
+        Ok(Vec::new())
+    }
+    /// Hybrid replication, inside the open transaction (or write-set transaction): records
+    /// what certification remembers now.
+    fn record_certified(&mut self, _rows: &[(Touched, Position)]) -> Result<(), SqlError> {
+        Err(hybrid_unsupported())
+    }
+}
+
+fn hybrid_unsupported() -> SqlError {
+    SqlError::unsupported("hybrid replication runs on the SQLite engine only (for now)".into())
 }
 
 /// SQLite, in WAL mode without an fsync per commit: the raft log is what is durable, and a
@@ -223,7 +249,13 @@ impl Sqlite {
              CREATE TABLE IF NOT EXISTS _chorus_ahead (
                  incarnation INTEGER NOT NULL,
                  seq INTEGER NOT NULL,
-                 PRIMARY KEY (incarnation, seq));",
+                 PRIMARY KEY (incarnation, seq));
+             CREATE TABLE IF NOT EXISTS _chorus_certified (
+                 kind INTEGER NOT NULL,
+                 class TEXT NOT NULL,
+                 log_index INTEGER NOT NULL,
+                 command INTEGER NOT NULL,
+                 PRIMARY KEY (kind, class));",
         )
         .map_err(|e| SqlError::from_sqlite(&e))?;
         let random = Arc::new(AtomicU64::new(0));
@@ -253,6 +285,20 @@ impl Sqlite {
                 .map_err(|e| SqlError::from_sqlite(&e))?;
             applier.set_prepared_statement_cache_capacity(PREPARED_STATEMENTS_PER_CONNECTION);
             self.applier = Some(applier);
+        }
+        Ok(())
+    }
+
+    /// Opens the write-set transaction on the applier, if none is open.
+    fn open_write_sets(&mut self) -> Result<(), SqlError> {
+        assert!(
+            self.conn.is_autocommit(),
+            "write-sets apply with no other transaction open"
+        );
+        self.open_applier()?;
+        let applier = self.applier.as_ref().expect("opened above");
+        if applier.is_autocommit() {
+            bookkeep(applier, "BEGIN IMMEDIATE", [])?;
         }
         Ok(())
     }
@@ -616,16 +662,71 @@ impl Engine for Sqlite {
         Ok(Recorded::WriteSet(write_set))
     }
 
-    fn apply_write_set(&mut self, write_set: &[u8]) -> Result<(), SqlError> {
-        assert!(
-            self.conn.is_autocommit(),
-            "write-sets apply with no other transaction open"
-        );
-        self.open_applier()?;
+    fn take_write_set(&mut self) -> Result<Vec<u8>, SqlError> {
+        let write_set = self.take_changeset();
+        self.rollback();
+        write_set
+    }
+
+    fn apply_certified_write_set(&mut self, write_set: &[u8]) -> Result<Result<(), SqlError>, SqlError> {
+        self.open_write_sets()?;
         let applier = self.applier.as_ref().expect("opened above");
-        if applier.is_autocommit() {
-            bookkeep(applier, "BEGIN IMMEDIATE", [])?;
+        bookkeep(applier, "SAVEPOINT certified", [])?;
+        let applied = crate::write_set::apply(applier, &mut self.tables, write_set);
+        if let Err(e) = &applied {
+            if !e.is_conflict() {
+                return Err(applied.unwrap_err());
+            }
+            bookkeep(applier, "ROLLBACK TO certified", [])?;
         }
+        bookkeep(applier, "RELEASE certified", [])?;
+        Ok(applied)
+    }
+
+    fn certified(&mut self) -> Result<Vec<(Touched, Position)>, SqlError> {
+        let mut statement = self
+            .conn
+            .prepare("SELECT kind, class, log_index, command FROM _chorus_certified")
+            .map_err(|e| SqlError::from_sqlite(&e))?;
+        let rows = statement
+            .query_map((), |row| {
+                let touched = match row.get::<_, i64>(0)? {
+                    0 => Touched::Class(row.get(1)?),
+                    1 => Touched::Global,
+                    _ => Touched::Any,
+                };
+                Ok((touched, (row.get::<_, i64>(2)? as u64, row.get::<_, u32>(3)?)))
+            })
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| SqlError::from_sqlite(&e))?;
+        Ok(rows)
+    }
+
+    fn record_certified(&mut self, rows: &[(Touched, Position)]) -> Result<(), SqlError> {
+        // The write-set transaction, if one is open, else the statements' one.
+        let conn = self
+            .applier
+            .as_ref()
+            .filter(|applier| !applier.is_autocommit())
+            .unwrap_or(&self.conn);
+        for (touched, (log_index, command)) in rows {
+            let (kind, class) = match touched {
+                Touched::Class(class) => (0, class.as_str()),
+                Touched::Global => (1, ""),
+                Touched::Any => (2, ""),
+            };
+            bookkeep(
+                conn,
+                "INSERT OR REPLACE INTO _chorus_certified VALUES (?1, ?2, ?3, ?4)",
+                (kind, class, *log_index as i64, command),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn apply_write_set(&mut self, write_set: &[u8]) -> Result<(), SqlError> {
+        self.open_write_sets()?;
+        let applier = self.applier.as_ref().expect("opened above");
         crate::write_set::apply(applier, &mut self.tables, write_set)
     }
 

@@ -96,6 +96,12 @@ impl SqlError {
         Self::new("57P03", message)
     }
 
+    /// A write that does not fit the rows it meets: an integrity constraint, or a write-set's
+    /// row not as it expects. Hybrid replication voids a certified write-set that fails so.
+    pub fn is_conflict(&self) -> bool {
+        self.code.starts_with("23") || self.code == crate::write_set::ROW_MISMATCH
+    }
+
     /// An error the engine gave while executing a statement.
     pub fn from_sqlite(error: &rusqlite::Error) -> Self {
         use rusqlite::ffi::ErrorCode;

@@ -30,6 +30,7 @@ use pgwire::messages::PgWireBackendMessage;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::classes::Label;
 use crate::copy::{parse_copy, CopyIn, Row, RowReader};
 use crate::engine::{self, Column, Outcome};
 use crate::error::SqlError;
@@ -37,7 +38,7 @@ use crate::machine::{Barrier, SqlState};
 use crate::readers::{Reader, Readers};
 use crate::text::{analyse, chorus_setting, parameter_count, split_statements, Analysis, ChorusSetting, StatementKind};
 use crate::txn::Value;
-use crate::writer::{Applied, Committed, Proposal, WriterHandle};
+use crate::writer::{Applied, Certifying, Committed, Proposal, WriterHandle};
 
 /// What every session of a node shares.
 pub struct Shared {
@@ -75,13 +76,17 @@ impl Shared {
         })
     }
 
-    /// Waits until this node has applied everything committed when the read began (ReadIndex).
+    /// Waits until this node has applied everything committed when the read began (ReadIndex),
+    /// in the database too (hybrid transactions may wait there for the write lock).
     async fn read_barrier(&self) -> Result<(), SqlError> {
         self.node
             .read(Barrier, ReadConsistency::Linearizable)
             .await
             .map(drop)
-            .map_err(|e| SqlError::unavailable(&format!("cannot serve a linearizable read now: {e}")))
+            .map_err(|e| SqlError::unavailable(&format!("cannot serve a linearizable read now: {e}")))?;
+        tokio::time::timeout(self.commit_timeout, self.writer.progress.certified())
+            .await
+            .map_err(|_| SqlError::unavailable("the database did not catch up with the log in time; retry the read"))
     }
 
     /// Waits until the log has applied the first `executed` transactions this node executed
@@ -110,8 +115,38 @@ impl Shared {
     async fn finish(&self, committed: Committed) -> Result<(), SqlError> {
         match committed {
             Committed::Ahead(proposed) => self.replicate(proposed).await,
+            Committed::Certifying(certifying) => self.certify(certifying).await,
             Committed::Nothing { rolled_back: true } => Ok(()),
             Committed::Nothing { rolled_back: false } => self.confirmed(self.writer.progress.executed()).await,
+        }
+    }
+
+    /// Waits until a hybrid transaction is certified and, if it passed, in this node's database.
+    async fn certify(&self, certifying: Certifying) -> Result<(), SqlError> {
+        let Certifying { proposed, outcome, .. } = certifying;
+        let certified = async {
+            let pending = proposed
+                .await
+                .map_err(|_| SqlError::outcome_unknown("the node stopped proposing"))?
+                .map_err(|e| SqlError::outcome_unknown(&format!("the transaction was not proposed: {e}")))?;
+            pending
+                .await
+                .map_err(|_| SqlError::outcome_unknown("the node stopped before the transaction was ordered"))?
+                .map_err(|e| SqlError::outcome_unknown(&format!("the log did not order the transaction: {e}")))?;
+            outcome
+                .await
+                .map_err(|_| SqlError::outcome_unknown("the node stopped before it certified the transaction"))
+        };
+        match tokio::time::timeout(self.commit_timeout, certified).await {
+            Err(_) => Err(SqlError::outcome_unknown(
+                "the log did not commit the transaction in time",
+            )),
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(Applied::Committed)) => Ok(()),
+            Ok(Ok(Applied::Void)) => Err(SqlError::serialization(
+                "could not serialize access: a transaction the log ordered after this one's \
+                 snapshot touched a conflict class it touched (or one of its rows); retry it",
+            )),
         }
     }
 
@@ -364,7 +399,7 @@ impl Session {
                 Ok(Answer::Rows(outcome, "SELECT"))
             }
             (_, TxnState::Idle) => {
-                self.take_writer().await?;
+                self.take_writer(self.shared.writer.label(sql, kind, &params)).await?;
                 let outcome = match self.shared.writer.execute(self.id, sql, &analysis, params) {
                     Ok(outcome) => outcome,
                     Err(e) => {
@@ -386,9 +421,10 @@ impl Session {
         params: Vec<Value>,
     ) -> Result<Answer, SqlError> {
         if open.place.is_none() {
-            let leading = self.shared.node.status().role == Role::Leader;
-            open.place = Some(if leading && !open.read_only {
-                self.take_writer().await?;
+            let writes_here = self.shared.writer.every_node_writes() || self.shared.node.status().role == Role::Leader;
+            open.place = Some(if writes_here && !open.read_only {
+                self.take_writer(self.shared.writer.label(sql, analysis.kind, &params))
+                    .await?;
                 Place::Writer
             } else {
                 self.read_barrier().await?;
@@ -445,7 +481,7 @@ impl Session {
     async fn start_copy(&self, copy: CopyIn, state: &mut TxnState) -> Result<Answer, SqlError> {
         let autocommit = match state {
             TxnState::Idle => {
-                self.take_writer().await?;
+                self.take_writer(Label::global()).await?;
                 true
             }
             TxnState::Open(open) => {
@@ -455,7 +491,7 @@ impl Session {
                 match open.place {
                     Some(Place::Writer) => {}
                     None if !open.read_only => {
-                        self.take_writer().await?;
+                        self.take_writer(Label::global()).await?;
                         open.place = Some(Place::Writer);
                     }
                     _ => {
@@ -600,8 +636,12 @@ impl Session {
         }
     }
 
-    async fn take_writer(&self) -> Result<(), SqlError> {
+    /// Takes the write lock for a transaction whose first statement touches `first`.
+    async fn take_writer(&self, first: Label) -> Result<(), SqlError> {
         let writer = &self.shared.writer;
+        if writer.every_node_writes() {
+            return writer.begin(self.id, first).await;
+        }
         let deadline = std::time::Instant::now() + writer.lock_wait();
         loop {
             let status = self.shared.node.status();
@@ -609,7 +649,7 @@ impl Session {
                 return Err(SqlError::read_only(status.leader_id));
             }
             if writer.is_leading() || std::time::Instant::now() >= deadline {
-                return writer.begin(self.id).await;
+                return writer.begin(self.id, first).await;
             }
             // Elected a moment ago: it writes once it has applied what earlier leaders
             // committed, which a client had rather wait out than be refused for.

@@ -13,7 +13,11 @@
 //! extension; PostgreSQL's logical decoding) and replicas apply it instead of executing the
 //! statements; `auto` sends a transaction that way only when one of its statements cannot be
 //! made deterministic.
+//!
+//! Hybrid replication: every node executes its own clients' transactions and sends their
+//! write-sets; every node certifies them by conflict class in log order (`certify`).
 
+pub mod certify;
 pub mod checkpoint;
 pub mod classes;
 pub mod copy;
@@ -75,6 +79,20 @@ pub async fn start(
     codec: Box<dyn EntryCodec>,
     options: SqlOptions,
 ) -> Result<NodeHandle<SqlState>, StartError> {
+    if options.mode == ReplicationMode::Hybrid {
+        if options.conflict_classes.is_empty() {
+            return Err(StartError::Database(SqlError::new(
+                "22023",
+                "hybrid replication certifies by conflict class: give --sql-conflict-classes table.column,…",
+            )));
+        }
+        if matches!(database, Database::Postgres(_)) {
+            return Err(StartError::Database(SqlError::new(
+                "0A000",
+                "hybrid replication runs on the SQLite engine only (for now): use --sql-engine sqlite",
+            )));
+        }
+    }
     if let (Database::Postgres(server), false) = (&database, options.mode == ReplicationMode::Active) {
         postgres::require_logical_decoding(server).map_err(StartError::Database)?;
     }

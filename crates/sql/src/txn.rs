@@ -1,6 +1,8 @@
 //! A transaction as it travels through the log: what it changed — the statements the leader
 //! ran (already made deterministic) with their parameters and the seed of its random values
-//! (active replication), or its write-set (passive) — and the transaction it was executed after.
+//! (active replication), or its write-set (passive) — and the transaction it was executed after,
+//! or (hybrid replication) what its certification needs: the log position its snapshot
+//! reflects and the conflict classes it touches.
 
 /// A value bound to a statement's parameter or read from a row.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +37,20 @@ pub struct Txn {
     /// Seeds `random()`, `randomblob()` and `gen_random_uuid()`.
     pub seed: u64,
     pub body: Body,
+    /// Hybrid replication: certified against what the log ordered after its snapshot, instead
+    /// of by `after`.
+    pub certify: Option<Certify>,
+}
+
+/// What a hybrid transaction's certification needs (see `certify`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Certify {
+    /// The last log command (index, position in its entry) applied to the state it ran on.
+    pub snapshot: (u64, u32),
+    /// The conflict classes it touched (read or wrote).
+    pub classes: Vec<String>,
+    /// Its classes could not be told: it may have touched any.
+    pub global: bool,
 }
 
 /// What replicas do with a transaction.
@@ -65,6 +81,9 @@ pub enum DecodeError {
 
 const MAGIC_STATEMENTS: &[u8; 4] = b"SQT1";
 const MAGIC_WRITE_SET: &[u8; 4] = b"SQW1";
+/// The same bodies after a certification header.
+const MAGIC_CERTIFIED_STATEMENTS: &[u8; 4] = b"SQT2";
+const MAGIC_CERTIFIED_WRITE_SET: &[u8; 4] = b"SQW2";
 
 impl Txn {
     pub fn encode(&self) -> Vec<u8> {
@@ -73,9 +92,11 @@ impl Txn {
             Body::WriteSet(write_set) => write_set.len(),
         };
         let mut out = Vec::with_capacity(64 + body_len);
-        out.extend_from_slice(match self.body {
-            Body::Statements(_) => MAGIC_STATEMENTS,
-            Body::WriteSet(_) => MAGIC_WRITE_SET,
+        out.extend_from_slice(match (&self.body, &self.certify) {
+            (Body::Statements(_), None) => MAGIC_STATEMENTS,
+            (Body::WriteSet(_), None) => MAGIC_WRITE_SET,
+            (Body::Statements(_), Some(_)) => MAGIC_CERTIFIED_STATEMENTS,
+            (Body::WriteSet(_), Some(_)) => MAGIC_CERTIFIED_WRITE_SET,
         });
         for n in [
             self.id.incarnation,
@@ -85,6 +106,15 @@ impl Txn {
             self.seed,
         ] {
             out.extend_from_slice(&n.to_le_bytes());
+        }
+        if let Some(certify) = &self.certify {
+            out.extend_from_slice(&certify.snapshot.0.to_le_bytes());
+            out.extend_from_slice(&certify.snapshot.1.to_le_bytes());
+            out.push(u8::from(certify.global));
+            put_len(&mut out, certify.classes.len());
+            for class in &certify.classes {
+                put_bytes(&mut out, class.as_bytes());
+            }
         }
         let statements = match &self.body {
             Body::Statements(statements) => statements,
@@ -125,9 +155,13 @@ impl Txn {
     pub fn decode(bytes: &[u8]) -> Result<Txn, DecodeError> {
         let mut r = Reader { bytes, at: 0 };
         let magic = r.take(4)?;
-        if magic != MAGIC_STATEMENTS && magic != MAGIC_WRITE_SET {
-            return Err(DecodeError::Magic);
-        }
+        let (write_set, certified) = match magic.try_into().expect("4 bytes") {
+            MAGIC_STATEMENTS => (false, false),
+            MAGIC_WRITE_SET => (true, false),
+            MAGIC_CERTIFIED_STATEMENTS => (false, true),
+            MAGIC_CERTIFIED_WRITE_SET => (true, true),
+            _ => return Err(DecodeError::Magic),
+        };
         let id = TxnId {
             incarnation: r.u64()?,
             seq: r.u64()?,
@@ -137,7 +171,8 @@ impl Txn {
             seq: r.u64()?,
         };
         let seed = r.u64()?;
-        if magic == MAGIC_WRITE_SET {
+        let certify = certified.then(|| r.certify()).transpose()?;
+        if write_set {
             let write_set = r.bytes()?.to_vec();
             r.finished()?;
             return Ok(Txn {
@@ -145,6 +180,7 @@ impl Txn {
                 after,
                 seed,
                 body: Body::WriteSet(write_set),
+                certify,
             });
         }
         let count = r.len()?;
@@ -172,6 +208,7 @@ impl Txn {
             after,
             seed,
             body: Body::Statements(statements),
+            certify,
         })
     }
 }
@@ -235,6 +272,29 @@ impl<'a> Reader<'a> {
     pub(crate) fn text(&mut self) -> Result<String, DecodeError> {
         String::from_utf8(self.bytes()?.to_vec()).map_err(|_| DecodeError::Utf8)
     }
+
+    fn certify(&mut self) -> Result<Certify, DecodeError> {
+        let snapshot = (
+            self.u64()?,
+            u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")),
+        );
+        let global = match self.take(1)?[0] {
+            0 => false,
+            1 => true,
+            _ => return Err(DecodeError::Malformed("a global flag that is neither 0 nor 1")),
+        };
+        let count = self.len()?;
+        // Each class takes at least its 4-byte length.
+        let mut classes = Vec::with_capacity(count.min(self.bytes.len() / 4));
+        for _ in 0..count {
+            classes.push(self.text()?);
+        }
+        Ok(Certify {
+            snapshot,
+            classes,
+            global,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -262,6 +322,18 @@ mod tests {
                     params: vec![],
                 },
             ]),
+            certify: None,
+        }
+    }
+
+    fn certified(txn: Txn) -> Txn {
+        Txn {
+            certify: Some(Certify {
+                snapshot: (41, 2),
+                classes: vec!["1".into(), "é".into()],
+                global: false,
+            }),
+            ..txn
         }
     }
 
@@ -274,14 +346,24 @@ mod tests {
 
     #[test]
     fn a_decoded_transaction_equals_the_encoded_one() {
-        for txn in [sample(), write_set_sample()] {
+        for txn in [
+            sample(),
+            write_set_sample(),
+            certified(sample()),
+            certified(write_set_sample()),
+        ] {
             assert_eq!(Txn::decode(&txn.encode()).unwrap(), txn);
         }
     }
 
     #[test]
     fn every_truncation_and_a_trailing_byte_are_errors() {
-        for txn in [sample(), write_set_sample()] {
+        for txn in [
+            sample(),
+            write_set_sample(),
+            certified(sample()),
+            certified(write_set_sample()),
+        ] {
             let bytes = txn.encode();
             for cut in 0..bytes.len() {
                 assert!(Txn::decode(&bytes[..cut]).is_err(), "cut at {cut}");

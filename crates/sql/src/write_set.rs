@@ -65,8 +65,11 @@ impl Tables {
     }
 }
 
+/// The SQLSTATE of a change whose row does not stand as the write-set expects.
+pub(crate) const ROW_MISMATCH: &str = "XX001";
+
 fn diverged(message: String) -> SqlError {
-    SqlError::new("XX001", message)
+    SqlError::new(ROW_MISMATCH, message)
 }
 
 /// Walks a changeset; finalized on drop.

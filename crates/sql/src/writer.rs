@@ -12,8 +12,17 @@
 //! otherwise (see `Txn::after`), so a transaction never lands on a state its client did not see.
 //! A leader whose executed-ahead transactions did not reach the log that way has a database
 //! the log does not describe: it reports itself diverged and its node rebuilds from the log.
+//!
+//! Hybrid replication (issue 16) is different: every node executes its own clients'
+//! transactions, on its state at some log position, records the write-set and rolls the
+//! transaction back; the log orders the write-sets, and every node — the executing one too —
+//! certifies each in log order (`certify`) and applies those that pass. A client's transaction
+//! holds the write lock while it runs, so what the log orders meanwhile waits (`deferred`) and
+//! is applied when the lock is free. A node does not start a transaction on a class while one
+//! of its own on that class is still on its way through the log: it would run on a state
+//! without it, and be voided.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -22,11 +31,12 @@ use chorus_log::node::Pending;
 use chorus_log::NodeError;
 use tokio::sync::{mpsc as async_mpsc, oneshot, watch};
 
+use crate::certify::{Certifier, Position, Touched};
 use crate::classes::{Label, Labeller};
 use crate::engine::{AppliedMark, Engine, Outcome, Recorded};
 use crate::error::SqlError;
 use crate::text::{Analysis, FixedClock, StatementKind};
-use crate::txn::{Body, Statement, Txn, TxnId, Value};
+use crate::txn::{Body, Certify, Statement, Txn, TxnId, Value};
 
 /// How a leader's transactions travel through the log to the other replicas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +48,9 @@ pub enum ReplicationMode {
     Passive,
     /// As statements, unless one cannot be made deterministic: then as its write-set.
     Auto,
+    /// Every node executes its clients' transactions and sends their write-sets, certified by
+    /// conflict class in log order (needs `--sql-conflict-classes`).
+    Hybrid,
 }
 
 impl std::str::FromStr for ReplicationMode {
@@ -48,8 +61,9 @@ impl std::str::FromStr for ReplicationMode {
             "active" => Ok(ReplicationMode::Active),
             "passive" => Ok(ReplicationMode::Passive),
             "auto" => Ok(ReplicationMode::Auto),
+            "hybrid" => Ok(ReplicationMode::Hybrid),
             other => Err(format!(
-                "unknown SQL replication mode '{other}': say active, passive or auto"
+                "unknown SQL replication mode '{other}': say active, passive, auto or hybrid"
             )),
         }
     }
@@ -58,8 +72,10 @@ impl std::str::FromStr for ReplicationMode {
 /// What applying a transaction from the log did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
+    /// Applied (a hybrid transaction: in the log; its outcome comes from the writer).
     Committed,
-    /// It was executed on a state the log did not reach: it changed nothing anywhere.
+    /// It was executed on a state the log did not reach, or (hybrid) failed certification: it
+    /// changed nothing anywhere.
     Void,
 }
 
@@ -71,6 +87,42 @@ pub enum Committed {
     Nothing { rolled_back: bool },
     /// Committed locally and queued for the log (in commit order); resolves once proposed.
     Ahead(oneshot::Receiver<Result<Pending<Applied>, NodeError>>),
+    /// Hybrid: rolled back here and queued for the log, to be certified.
+    Certifying(Certifying),
+}
+
+/// A hybrid transaction on its way through the log.
+#[derive(Debug)]
+pub struct Certifying {
+    /// Resolves once proposed.
+    pub proposed: oneshot::Receiver<Result<Pending<Applied>, NodeError>>,
+    /// Its outcome, once certified and (if it passed) applied here.
+    pub outcome: oneshot::Receiver<Applied>,
+    /// Until dropped, or the outcome is known, this node starts no transaction on its classes.
+    _in_flight: InFlight,
+}
+
+/// Releases a hybrid transaction's classes if it is dropped before its outcome is known (the
+/// session gave up waiting).
+struct InFlight {
+    writer: Arc<Mutex<Writer>>,
+    id: TxnId,
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight").field("id", &self.id).finish()
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut writer = self.writer.lock().expect("the writer does not panic while locked");
+        if let Some((_, label)) = writer.outcomes.remove(&self.id) {
+            writer.release(&label);
+            writer.after_release();
+        }
+    }
 }
 
 /// How far the writer's local commits and the log's applies are, for reads that must not
@@ -81,6 +133,10 @@ pub struct Progress {
     executed: AtomicU64,
     /// Of those, how many the log has applied.
     confirmed: watch::Sender<u64>,
+    /// Hybrid: transactions the log handed to the writer, counted since start.
+    ordered: AtomicU64,
+    /// Of those, how many were certified and applied (or voided) in the database.
+    certified: watch::Sender<u64>,
 }
 
 impl Progress {
@@ -93,6 +149,15 @@ impl Progress {
         let mut rx = self.confirmed.subscribe();
         // The sender lives as long as `self`.
         let _ = rx.wait_for(|&confirmed| confirmed >= executed).await;
+    }
+
+    /// Waits until the database holds every hybrid transaction the log had handed to the
+    /// writer when called: one that waited for the write lock may not be applied yet.
+    pub async fn certified(&self) {
+        let ordered = self.ordered.load(Ordering::Acquire);
+        let mut rx = self.certified.subscribe();
+        // The sender lives as long as `self`.
+        let _ = rx.wait_for(|&certified| certified >= ordered).await;
     }
 }
 
@@ -113,6 +178,10 @@ impl WriterHandle {
     /// Whether this node leads with everything earlier leaders committed applied.
     pub fn leading(&self, leading: bool) {
         let mut writer = self.writer();
+        if writer.mode == ReplicationMode::Hybrid {
+            // Every node executes: leadership changes nothing here.
+            return;
+        }
         if writer.leading && !leading {
             writer.step_down();
         }
@@ -123,8 +192,25 @@ impl WriterHandle {
     /// A transaction executed ahead could not be proposed: the database holds what the log
     /// never will.
     pub fn proposal_lost(&self) {
-        self.writer()
-            .diverged("a transaction executed ahead could not be proposed");
+        let mut writer = self.writer();
+        // A hybrid transaction was rolled back here: its session hears it was not proposed.
+        if writer.mode != ReplicationMode::Hybrid {
+            writer.diverged("a transaction executed ahead could not be proposed");
+        }
+    }
+
+    /// Whether every node takes writes (hybrid replication), not only the leader.
+    pub fn every_node_writes(&self) -> bool {
+        self.writer().mode == ReplicationMode::Hybrid
+    }
+
+    /// The conflict classes a statement touches (none without rules).
+    pub fn label(&self, sql: &str, kind: StatementKind, params: &[Value]) -> Label {
+        let mut writer = self.writer();
+        writer
+            .labeller
+            .as_mut()
+            .map_or_else(Label::default, |labeller| labeller.label(sql, kind, params))
     }
 
     /// Whether this node leads with everything earlier leaders committed applied.
@@ -137,15 +223,17 @@ impl WriterHandle {
         self.lock_wait
     }
 
-    /// Waits for the write lock for `session`, as long as the options allow.
-    pub async fn begin(&self, session: u64) -> Result<(), SqlError> {
+    /// Waits for the write lock for `session`, whose first statement touches `first` (hybrid:
+    /// it waits too while a transaction of this node's on those classes is in the log), as
+    /// long as the options allow.
+    pub async fn begin(&self, session: u64, first: Label) -> Result<(), SqlError> {
         let granted = {
             let mut writer = self.writer();
-            if !writer.leading {
+            if !writer.leading && writer.mode != ReplicationMode::Hybrid {
                 return Err(SqlError::not_leading_yet());
             }
             let (reply, granted) = oneshot::channel();
-            writer.waiting.push_back((session, reply));
+            writer.waiting.push_back((session, first, reply));
             writer.after_release();
             granted
         };
@@ -172,7 +260,18 @@ impl WriterHandle {
         let mut writer = self.writer();
         let committed = writer.commit(session);
         writer.after_release();
-        committed
+        drop(writer);
+        Ok(match committed? {
+            Uncertified::Done(committed) => committed,
+            Uncertified::Proposed { id, proposed, outcome } => Committed::Certifying(Certifying {
+                proposed,
+                outcome,
+                _in_flight: InFlight {
+                    writer: self.writer.clone(),
+                    id,
+                },
+            }),
+        })
     }
 
     /// Ends `session`'s transaction without a trace (also when the session ends inside one).
@@ -200,7 +299,11 @@ impl WriterHandle {
         // A checkpoint copies what is committed: everything applied must be.
         writer.close_group();
         let quiescent = writer.engine.sequences_outside_transactions();
-        writer.wants_checkpoint = !writer.ahead.is_empty() || (quiescent && writer.active.is_some());
+        // Hybrid: the checkpoint's position is the log's last applied one, so nothing the log
+        // ordered may wait for the write lock.
+        let held_back =
+            !writer.deferred.is_empty() || writer.mode == ReplicationMode::Hybrid && writer.active.is_some();
+        writer.wants_checkpoint = !writer.ahead.is_empty() || held_back || (quiescent && writer.active.is_some());
         if writer.wants_checkpoint {
             return false;
         }
@@ -247,6 +350,10 @@ impl WriterHandle {
         writer.ahead.clear();
         writer.unrecorded = None;
         writer.confirmed_unrecorded.clear();
+        // What the log ordered before the checkpoint is in it; their sessions hear nothing
+        // (their outcome is unknown to them).
+        writer.deferred.clear();
+        writer.certifier = Certifier::from_rows(writer.engine.certified()?);
         Ok(())
     }
 
@@ -321,8 +428,19 @@ impl WriterMetrics {
     }
 }
 
-/// A session waiting for the write lock: its id, and where to say it has it.
-type Waiting = (u64, oneshot::Sender<Result<(), SqlError>>);
+/// A session waiting for the write lock: its id, its first statement's classes, and where to
+/// say it has it.
+type Waiting = (u64, Label, oneshot::Sender<Result<(), SqlError>>);
+
+/// How `Writer::commit` ended: a hybrid transaction's in-flight guard is made outside the lock.
+enum Uncertified {
+    Done(Committed),
+    Proposed {
+        id: TxnId,
+        proposed: oneshot::Receiver<Result<Pending<Applied>, NodeError>>,
+        outcome: oneshot::Receiver<Applied>,
+    },
+}
 
 struct Active {
     session: u64,
@@ -340,6 +458,8 @@ struct Active {
     changes_schema: bool,
     /// The conflict classes its statements touch (with rules to tell them).
     label: Label,
+    /// Hybrid: the last log command applied to the state it runs on.
+    snapshot: Position,
 }
 
 struct Writer {
@@ -376,6 +496,20 @@ struct Writer {
     /// `sync_sequences`).
     sequences_unsynced: bool,
     on_diverged: Option<Box<dyn FnOnce() + Send>>,
+    /// Hybrid: transactions the log ordered while a client's held the write lock, in order,
+    /// with their log index and place in the entry.
+    deferred: VecDeque<(u64, u32, Txn)>,
+    certifier: Certifier,
+    /// What certification remembers of the open group's transactions, recorded with it.
+    group_certified: Vec<(Touched, Position)>,
+    /// The open group's hybrid transactions' outcomes, told once it commits.
+    group_outcomes: Vec<(TxnId, Applied)>,
+    /// This node's hybrid transactions in the log whose outcome is not known yet: who waits
+    /// for it, and the classes it holds.
+    outcomes: HashMap<TxnId, (oneshot::Sender<Applied>, Label)>,
+    /// Of those, how many touch each class, and how many are global.
+    in_flight: HashMap<String, u32>,
+    in_flight_global: u32,
 }
 
 /// The writer over `engine`.
@@ -385,9 +519,12 @@ pub fn start(
     proposals: async_mpsc::UnboundedSender<Proposal>,
 ) -> Result<WriterHandle, SqlError> {
     let applied = engine.applied()?;
+    let certifier = Certifier::from_rows(engine.certified()?);
     let progress = Arc::new(Progress {
         executed: AtomicU64::new(0),
         confirmed: watch::Sender::new(0),
+        ordered: AtomicU64::new(0),
+        certified: watch::Sender::new(0),
     });
     let writer = Writer {
         engine,
@@ -414,6 +551,13 @@ pub fn start(
         sequences_unsynced: true,
         on_diverged: Some(options.on_diverged),
         labeller: options.labeller,
+        deferred: VecDeque::new(),
+        certifier,
+        group_certified: Vec::new(),
+        group_outcomes: Vec::new(),
+        outcomes: HashMap::new(),
+        in_flight: HashMap::new(),
+        in_flight_global: 0,
     };
     Ok(WriterHandle {
         writer: Arc::new(Mutex::new(writer)),
@@ -441,20 +585,60 @@ impl Writer {
     /// next waiting session.
     fn after_release(&mut self) {
         if self.active.is_none() && self.group.is_none() {
+            self.apply_deferred();
             self.record_applied();
             self.start_waiting();
         }
     }
 
-    /// Gives the write lock to the next waiting session.
-    fn start_waiting(&mut self) {
-        if self.wants_checkpoint && (!self.ahead.is_empty() || self.engine.sequences_outside_transactions()) {
+    /// Applies what the log ordered while a client's transaction held the write lock.
+    fn apply_deferred(&mut self) {
+        if self.deferred.is_empty() {
             return;
         }
-        while let Some((session, reply)) = self.waiting.pop_front() {
-            if reply.is_closed() {
-                continue;
+        while let Some((index, command, txn)) = self.deferred.pop_front() {
+            self.apply_now(index, command, txn);
+        }
+        self.close_group();
+    }
+
+    /// Whether a transaction touching `label` must wait for this node's own hybrid ones in the
+    /// log: it would run on a state without them, and be voided.
+    fn blocked(&self, label: &Label) -> bool {
+        self.in_flight_global > 0
+            || (label.global && !self.outcomes.is_empty())
+            || label.classes.iter().any(|class| self.in_flight.contains_key(class))
+    }
+
+    /// Hybrid: this node's transaction touching `label` has its outcome (or was given up on).
+    fn release(&mut self, label: &Label) {
+        if label.global {
+            self.in_flight_global -= 1;
+        }
+        for class in &label.classes {
+            let count = self.in_flight.get_mut(class).expect("a class in flight is counted");
+            *count -= 1;
+            if *count == 0 {
+                self.in_flight.remove(class);
             }
+        }
+    }
+
+    /// The next waiting session that may start (hybrid: whose first statement's classes are
+    /// not in flight; others keep their place), dropping those that left.
+    fn next_waiting(&mut self) -> Option<Waiting> {
+        self.waiting.retain(|(_, _, reply)| !reply.is_closed());
+        let next = self.waiting.iter().position(|(_, label, _)| !self.blocked(label))?;
+        self.waiting.remove(next)
+    }
+
+    /// Gives the write lock to the next waiting session.
+    fn start_waiting(&mut self) {
+        let hybrid = self.mode == ReplicationMode::Hybrid;
+        if self.wants_checkpoint && (hybrid || !self.ahead.is_empty() || self.engine.sequences_outside_transactions()) {
+            return;
+        }
+        while let Some((session, _, reply)) = self.next_waiting() {
             let mut started = self.sync_sequences().and_then(|()| self.engine.begin());
             if started.is_ok() && self.mode != ReplicationMode::Active {
                 started = self.engine.record_writes();
@@ -479,6 +663,7 @@ impl Writer {
                     nondeterministic: false,
                     changes_schema: false,
                     label: Label::default(),
+                    snapshot: (self.applied.log_index, self.applied.command),
                 });
             }
             if reply.send(started).is_err() {
@@ -556,7 +741,7 @@ impl Writer {
         result
     }
 
-    fn commit(&mut self, session: u64) -> Result<Committed, SqlError> {
+    fn commit(&mut self, session: u64) -> Result<Uncertified, SqlError> {
         let active = match self.active.take() {
             Some(active) if active.session == session => active,
             other => {
@@ -577,9 +762,12 @@ impl Writer {
         };
         if active.failed || active.statements.is_empty() {
             self.rolled_back(&active);
-            return Ok(Committed::Nothing {
+            return Ok(Uncertified::Done(Committed::Nothing {
                 rolled_back: active.failed,
-            });
+            }));
+        }
+        if self.mode == ReplicationMode::Hybrid {
+            return self.commit_hybrid(active);
         }
         let id = self.next_id();
         let body = if !write_set {
@@ -594,7 +782,7 @@ impl Writer {
                     self.rolled_back(&active);
                     return Err(e);
                 }
-                Ok(Recorded::Nothing) => return Ok(Committed::Nothing { rolled_back: false }),
+                Ok(Recorded::Nothing) => return Ok(Uncertified::Done(Committed::Nothing { rolled_back: false })),
                 Ok(Recorded::WriteSet(write_set)) => Body::WriteSet(write_set),
                 Ok(Recorded::Unrecordable(why)) if active.nondeterministic => {
                     // Committed here, and replicas could reach its state neither way: the node
@@ -619,7 +807,61 @@ impl Writer {
                 self.sequences_unsynced |= active.wrote;
             }
         }
-        Ok(Committed::Ahead(self.propose_ahead(id, active.seed, body)))
+        Ok(Uncertified::Done(Committed::Ahead(self.propose_ahead(
+            id,
+            active.seed,
+            body,
+        ))))
+    }
+
+    /// Hybrid: rolls `active` back here and proposes its write-set (its statements, if it
+    /// changed the schema) to be certified.
+    fn commit_hybrid(&mut self, active: Active) -> Result<Uncertified, SqlError> {
+        let body = if active.changes_schema {
+            self.engine.rollback();
+            Body::Statements(active.statements)
+        } else {
+            let write_set = self.engine.take_write_set()?;
+            if write_set.is_empty() {
+                return Ok(Uncertified::Done(Committed::Nothing { rolled_back: false }));
+            }
+            Body::WriteSet(write_set)
+        };
+        match body {
+            Body::Statements(_) => self.metrics.as_statements.inc(),
+            Body::WriteSet(_) => self.metrics.as_write_sets.inc(),
+        }
+        let id = self.next_id();
+        self.next_seq += 1;
+        // A schema change may touch any class.
+        let label = if active.changes_schema {
+            Label::global()
+        } else {
+            active.label
+        };
+        let txn = Txn {
+            id,
+            after: TxnId::default(),
+            seed: active.seed,
+            body,
+            certify: Some(Certify {
+                snapshot: active.snapshot,
+                classes: label.classes.iter().cloned().collect(),
+                global: label.global,
+            }),
+        };
+        if label.global {
+            self.in_flight_global += 1;
+        }
+        for class in &label.classes {
+            *self.in_flight.entry(class.clone()).or_default() += 1;
+        }
+        let (told, outcome) = oneshot::channel();
+        self.outcomes.insert(id, (told, label));
+        let (proposed_tx, proposed) = oneshot::channel();
+        // If the runtime is going away the session hears the proposal was dropped.
+        let _ = self.proposals.send((txn, proposed_tx));
+        Ok(Uncertified::Proposed { id, proposed, outcome })
     }
 
     fn next_id(&self) -> TxnId {
@@ -647,6 +889,7 @@ impl Writer {
             after: self.executed,
             seed,
             body,
+            certify: None,
         };
         self.executed = id;
         self.ahead.push_back(id);
@@ -673,7 +916,7 @@ impl Writer {
     /// re-executing `nextval` must draw what the leader drew. Write-sets carry the values drawn
     /// (passive mode catches sequences up when a node starts leading, `Engine::record_writes`).
     fn sync_sequences(&mut self) -> Result<(), SqlError> {
-        if self.mode == ReplicationMode::Passive || !self.sequences_unsynced {
+        if matches!(self.mode, ReplicationMode::Passive | ReplicationMode::Hybrid) || !self.sequences_unsynced {
             return Ok(());
         }
         let settings = self.engine.sequence_settings()?;
@@ -712,6 +955,22 @@ impl Writer {
         if self.applied.covers(index, command) {
             // Replayed after a restart: the database already holds it.
             return Applied::Committed;
+        }
+        if txn.certify.is_some() {
+            self.progress.ordered.fetch_add(1, Ordering::AcqRel);
+        }
+        if self.mode == ReplicationMode::Hybrid && (self.active.is_some() || !self.deferred.is_empty()) {
+            // A client's transaction holds the write lock: applied once it ends.
+            self.deferred.push_back((index, command, txn));
+            return Applied::Committed;
+        }
+        self.apply_now(index, command, txn)
+    }
+
+    /// Applies the transaction the log ordered at (`index`, `command`), after every earlier one.
+    fn apply_now(&mut self, index: u64, command: u32, txn: Txn) -> Applied {
+        if txn.certify.is_some() {
+            return self.certify(index, command, txn);
         }
         if txn.after != self.applied.last_txn {
             if self.ahead.contains(&txn.id) {
@@ -767,10 +1026,81 @@ impl Writer {
         Applied::Committed
     }
 
-    /// Executes (or applies) a transaction from the log in the entry's group (statements and
-    /// write-sets go to different connections: a change of kind closes the group).
-    fn replay(&mut self, txn: &Txn, mark: AppliedMark) -> Result<(), SqlError> {
-        let write_sets = matches!(txn.body, Body::WriteSet(_));
+    /// Certifies a hybrid transaction and, if it passes, applies it; its outcome is told once
+    /// the database holds it (`tell_outcomes`). A write-set that passes but does not fit the
+    /// rows (two classes' inserts drew one rowid, a unique value across classes) is void too:
+    /// every node holds the same rows at this point, so every node finds the same.
+    fn certify(&mut self, index: u64, command: u32, txn: Txn) -> Applied {
+        let certify = txn.certify.as_ref().expect("a hybrid transaction");
+        let at = (index, command);
+        if !self.ahead.is_empty() {
+            self.diverged("another node's transaction reached the log before its own");
+        }
+        if let Some(active) = self.active.take() {
+            // Only where every node does not execute: another node's transaction came first.
+            self.engine.rollback();
+            self.sequences_unsynced |= active.wrote;
+        }
+        let mut outcome = Applied::Void;
+        let mut mark = AppliedMark {
+            log_index: index,
+            command,
+            last_txn: self.applied.last_txn,
+        };
+        if self.certifier.admits(certify, at) {
+            let applied = match &txn.body {
+                Body::WriteSet(write_set) => self
+                    .open_group(mark, true)
+                    .and_then(|()| self.engine.apply_certified_write_set(write_set)),
+                Body::Statements(_) => self.replay(&txn, mark).map(Ok),
+            };
+            match applied {
+                Ok(Ok(())) => {
+                    outcome = Applied::Committed;
+                    mark.last_txn = txn.id;
+                    let remembered = self.certifier.commit(certify, at);
+                    self.group_certified.extend(remembered);
+                }
+                Ok(Err(conflict)) => {
+                    tracing::debug!(id = ?txn.id, error = %conflict, "a certified write-set does not fit the rows: void");
+                }
+                Err(e) => panic!(
+                    "cannot apply hybrid transaction {:?} at log index {index} ({e}); the node stops, \
+                     and recovers when restarted",
+                    txn.id
+                ),
+            }
+        }
+        // A void one moves the position too: a restart certifies it again, alike.
+        self.applied = mark;
+        if let Some(group) = &mut self.group {
+            group.mark = mark;
+        }
+        self.group_outcomes.push((txn.id, outcome));
+        if self.group.is_none() {
+            self.tell_outcomes();
+        }
+        Applied::Committed
+    }
+
+    /// Tells the sessions of the hybrid transactions certified since the last time their
+    /// outcome: the database holds what they did.
+    fn tell_outcomes(&mut self) {
+        let told = self.group_outcomes.len() as u64;
+        for (id, outcome) in std::mem::take(&mut self.group_outcomes) {
+            if let Some((session, label)) = self.outcomes.remove(&id) {
+                let _ = session.send(outcome);
+                self.release(&label);
+            }
+        }
+        if told > 0 {
+            self.progress.certified.send_modify(|certified| *certified += told);
+        }
+    }
+
+    /// Opens the entry's group for a transaction of this kind (statements and write-sets go to
+    /// different connections: a change of kind closes the group).
+    fn open_group(&mut self, mark: AppliedMark, write_sets: bool) -> Result<(), SqlError> {
         if self.group.is_some_and(|group| group.write_sets != write_sets) {
             self.close_group();
         }
@@ -779,6 +1109,12 @@ impl Writer {
         }
         // Set before anything runs: the group is open, whatever the transaction does.
         self.group = Some(Group { mark, write_sets });
+        Ok(())
+    }
+
+    /// Executes (or applies) a transaction from the log in the entry's group.
+    fn replay(&mut self, txn: &Txn, mark: AppliedMark) -> Result<(), SqlError> {
+        self.open_group(mark, matches!(txn.body, Body::WriteSet(_)))?;
         match &txn.body {
             Body::Statements(statements) => {
                 let seeded: Vec<(u64, &Statement)> = statements
@@ -797,6 +1133,12 @@ impl Writer {
         let Some(group) = self.group.take() else {
             return;
         };
+        let certified = std::mem::take(&mut self.group_certified);
+        if !certified.is_empty() {
+            if let Err(e) = self.engine.record_certified(&certified) {
+                panic!("cannot record what certification remembers up to {:?}: {e}", group.mark);
+            }
+        }
         let committed = if group.write_sets {
             self.engine.end_write_sets(Some(group.mark))
         } else {
@@ -808,6 +1150,7 @@ impl Writer {
                 group.mark
             );
         }
+        self.tell_outcomes();
     }
 
     /// Records the log position of this node's own applied transactions, and that they are no
@@ -832,7 +1175,7 @@ impl Writer {
     }
 
     fn step_down(&mut self) {
-        for (_, reply) in self.waiting.drain(..) {
+        for (_, _, reply) in self.waiting.drain(..) {
             let _ = reply.send(Err(SqlError::read_only(0)));
         }
         if self.active.take().is_some() {
@@ -854,6 +1197,9 @@ impl Writer {
         }
     }
 }
+
+#[cfg(test)]
+mod hybrid_tests;
 
 #[cfg(test)]
 mod tests {
@@ -899,7 +1245,7 @@ mod tests {
 
     /// Runs `statements` as one client transaction on a leading node; returns what it proposed.
     async fn transact(node: &mut Node, session: u64, statements: &[&str]) -> Txn {
-        node.writer.begin(session).await.unwrap();
+        node.writer.begin(session, Label::default()).await.unwrap();
         for sql in statements {
             let analysis = crate::text::analyse(sql).unwrap();
             node.writer.execute(session, sql, &analysis, Vec::new()).unwrap();
@@ -1178,7 +1524,7 @@ mod tests {
                 ][..],
             ),
         ] {
-            node.writer.begin(9).await.unwrap();
+            node.writer.begin(9, Label::default()).await.unwrap();
             let refused = statements.iter().try_for_each(|sql| {
                 let analysis = crate::text::analyse(sql).unwrap();
                 node.writer.execute(9, sql, &analysis, Vec::new()).map(drop)
@@ -1192,12 +1538,12 @@ mod tests {
     async fn a_session_waits_for_the_write_lock_and_gives_up_after_lock_wait() {
         let leader = node();
         leader.writer.leading(true);
-        leader.writer.begin(1).await.unwrap();
+        leader.writer.begin(1, Label::default()).await.unwrap();
         let started = std::time::Instant::now();
-        let error = leader.writer.begin(2).await.unwrap_err();
+        let error = leader.writer.begin(2, Label::default()).await.unwrap_err();
         assert_eq!(error.code, "55P03");
         assert!(started.elapsed() >= Duration::from_secs(1));
         leader.writer.rollback(1);
-        leader.writer.begin(2).await.unwrap();
+        leader.writer.begin(2, Label::default()).await.unwrap();
     }
 }

@@ -24,7 +24,7 @@ use chorus_log::storage::{write_snapshot_file, DiskStorage, StorageOptions};
 use chorus_log::{EntryCodec, StateMachine};
 use chorus_sql::engine::{Engine, Recorded, Sqlite};
 use chorus_sql::pg_write_set::{self, Change, Field, Table};
-use chorus_sql::txn::{Body as SqlBody, Statement as SqlStatement, Txn, TxnId, Value as SqlValue};
+use chorus_sql::txn::{Body as SqlBody, Certify, Statement as SqlStatement, Txn, TxnId, Value as SqlValue};
 use chorus_storage::{encode_segment, segment_file_name, Reducer, StoreOptions};
 use chorus_unicache::{
     absorb_command, encode_command, CsvPreprocessor, ItemCache, Preprocessor, SqlParams, SqlPreprocessor,
@@ -344,6 +344,7 @@ fn main() {
             sql: "UPDATE accounts SET balance = balance + ?1 WHERE id = ?2".into(),
             params: vec![SqlValue::Integer(-5), SqlValue::Text("3".into())],
         }]),
+        certify: None,
     };
     write(&out, "sql", "txn", &txn.encode());
     // A write-set over the `sql_write_set` target's table t, which holds (1, 'one'), (2, 'two').
@@ -374,6 +375,16 @@ fn main() {
         ..txn
     };
     write(&out, "sql", "write-set-txn", &txn.encode());
+    // A hybrid transaction: the write-set after its certification header.
+    let txn = Txn {
+        certify: Some(Certify {
+            snapshot: (40, 1),
+            classes: vec!["1".into(), "2".into()],
+            global: false,
+        }),
+        ..txn
+    };
+    write(&out, "sql", "certified-write-set-txn", &txn.encode());
     write(
         &out,
         "sql",

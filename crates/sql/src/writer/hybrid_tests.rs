@@ -1,0 +1,440 @@
+//! Hybrid replication on the writer: nodes executing concurrently, certification in log order,
+//! and a randomized check against a serial reference.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+
+use super::*;
+use crate::engine::Sqlite;
+
+struct Node {
+    writer: WriterHandle,
+    proposals: async_mpsc::UnboundedReceiver<Proposal>,
+    diverged: Arc<AtomicBool>,
+    _dir: tempfile::TempDir,
+}
+
+fn hybrid_node() -> Node {
+    hybrid_node_in(tempfile::tempdir().unwrap())
+}
+
+/// The node over `dir`'s database, as a restart opens it.
+fn hybrid_node_in(dir: tempfile::TempDir) -> Node {
+    let diverged = Arc::new(AtomicBool::new(false));
+    let flag = diverged.clone();
+    let (proposals_tx, proposals) = async_mpsc::unbounded_channel();
+    let writer = start(
+        Box::new(Sqlite::open(dir.path()).unwrap()),
+        WriterOptions {
+            lock_wait: Duration::from_millis(200),
+            labeller: Some(Labeller::new("acct.class,hist.class".parse().unwrap())),
+            on_diverged: Box::new(move || flag.store(true, Ordering::SeqCst)),
+            mode: ReplicationMode::Hybrid,
+        },
+        proposals_tx,
+    )
+    .unwrap();
+    Node {
+        writer,
+        proposals,
+        diverged,
+        _dir: dir,
+    }
+}
+
+type Reads = Vec<Vec<Vec<Value>>>;
+
+/// Starts a transaction on `node` whose first statement is `first` (waiting for the lock).
+async fn begin(node: &Node, session: u64, first: &(&str, Vec<Value>)) -> Result<(), SqlError> {
+    let analysis = crate::text::analyse(first.0).unwrap();
+    let label = node.writer.label(first.0, analysis.kind, &first.1);
+    node.writer.begin(session, label).await
+}
+
+/// Runs `statements` in `session`'s open transaction; returns the rows each gave.
+fn run(node: &Node, session: u64, statements: &[(&str, Vec<Value>)]) -> Reads {
+    statements
+        .iter()
+        .map(|(sql, params)| {
+            let analysis = crate::text::analyse(sql).unwrap();
+            node.writer
+                .execute(session, sql, &analysis, params.clone())
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
+                .rows
+        })
+        .collect()
+}
+
+/// Commits `session`'s transaction; returns what it proposed and how to hear its outcome.
+fn commit(node: &mut Node, session: u64) -> Option<(Txn, Certifying)> {
+    match node.writer.commit(session).unwrap() {
+        Committed::Certifying(certifying) => Some((node.proposals.try_recv().expect("a proposal").0, certifying)),
+        Committed::Nothing { .. } => None,
+        Committed::Ahead(_) => panic!("a hybrid node executes nothing ahead"),
+    }
+}
+
+/// Runs a whole transaction on `node`.
+async fn transact(node: &mut Node, session: u64, statements: &[(&str, Vec<Value>)]) -> (Reads, Txn, Certifying) {
+    begin(node, session, &statements[0]).await.unwrap();
+    let reads = run(node, session, statements);
+    let (txn, certifying) = commit(node, session).expect("the transaction wrote");
+    (reads, txn, certifying)
+}
+
+/// Every node applies the log's next entry (one transaction).
+fn deliver(nodes: &[Node], index: u64, txn: &Txn) {
+    for node in nodes {
+        assert_eq!(node.writer.apply(index, txn.clone()), Applied::Committed);
+        node.writer.entry_applied();
+    }
+}
+
+fn outcome(certifying: &mut Certifying) -> Option<Applied> {
+    certifying.outcome.try_recv().ok()
+}
+
+/// The accounts, in id order.
+fn accounts(node: &Node) -> Vec<Vec<Value>> {
+    let mut writer = node.writer.writer();
+    writer
+        .engine
+        .execute("SELECT id, class, bal FROM acct ORDER BY id", &[])
+        .unwrap()
+        .rows
+}
+
+const SCHEMA: &str = "CREATE TABLE acct (id INTEGER PRIMARY KEY, class INTEGER NOT NULL, bal INTEGER NOT NULL)";
+const DEPOSIT: &str = "UPDATE acct SET bal = bal + ?1 WHERE class = ?2 AND id = ?3";
+const SUM: &str = "SELECT coalesce(sum(bal), 0) FROM acct WHERE class = ?1";
+
+fn int(n: i64) -> Value {
+    Value::Integer(n)
+}
+
+/// Three nodes holding the schema and eight accounts (id 1–8, class id % 4, balance 100).
+async fn cluster() -> (Vec<Node>, u64) {
+    let mut nodes = vec![hybrid_node(), hybrid_node(), hybrid_node()];
+    let (_, schema, mut created) = transact(&mut nodes[0], 1, &[(SCHEMA, vec![])]).await;
+    assert!(
+        matches!(schema.body, Body::Statements(_)),
+        "a schema change travels as statements"
+    );
+    assert!(schema.certify.as_ref().unwrap().global);
+    deliver(&nodes, 1, &schema);
+    assert_eq!(outcome(&mut created), Some(Applied::Committed));
+    let rows: Vec<String> = (1..=8).map(|id| format!("({id}, {}, 100)", id % 4)).collect();
+    let insert = format!("INSERT INTO acct (id, class, bal) VALUES {}", rows.join(", "));
+    let (_, filled, mut inserted) = transact(&mut nodes[0], 1, &[(&insert, vec![])]).await;
+    deliver(&nodes, 2, &filled);
+    assert_eq!(outcome(&mut inserted), Some(Applied::Committed));
+    (nodes, 3)
+}
+
+#[tokio::test]
+async fn nodes_execute_different_classes_at_once_and_the_first_committer_of_a_class_wins() {
+    let (mut nodes, index) = cluster().await;
+    let (_, on_one, mut one) = transact(&mut nodes[0], 1, &[(DEPOSIT, vec![int(5), int(1), int(1)])]).await;
+    let (_, on_two, mut two) = transact(&mut nodes[1], 1, &[(DEPOSIT, vec![int(7), int(2), int(2)])]).await;
+    // Node 3 runs on class 1 before the log brought it node 1's deposit.
+    let (_, late, mut stale) = transact(
+        &mut nodes[2],
+        1,
+        &[(SUM, vec![int(1)]), (DEPOSIT, vec![int(1), int(1), int(5)])],
+    )
+    .await;
+    assert_eq!(outcome(&mut one), None, "nothing is told before the log orders it");
+    for (offset, txn) in [&on_one, &on_two, &late].into_iter().enumerate() {
+        deliver(&nodes, index + offset as u64, txn);
+    }
+    assert_eq!(outcome(&mut one), Some(Applied::Committed));
+    assert_eq!(
+        outcome(&mut two),
+        Some(Applied::Committed),
+        "another class commits alongside"
+    );
+    assert_eq!(
+        outcome(&mut stale),
+        Some(Applied::Void),
+        "its class was written after its snapshot"
+    );
+    let expected: Vec<Vec<Value>> = (1..=8)
+        .map(|id| {
+            vec![
+                int(id),
+                int(id % 4),
+                int(100 + [5, 7, 0, 0, 0, 0, 0, 0][id as usize - 1]),
+            ]
+        })
+        .collect();
+    for node in &nodes {
+        assert_eq!(accounts(node), expected);
+        assert!(!node.diverged.load(Ordering::SeqCst));
+    }
+    // Ran again on a state that has node 1's deposit, it commits.
+    let (_, again, mut retried) = transact(&mut nodes[2], 2, &[(DEPOSIT, vec![int(1), int(1), int(5)])]).await;
+    deliver(&nodes, index + 3, &again);
+    assert_eq!(outcome(&mut retried), Some(Applied::Committed));
+}
+
+#[tokio::test]
+async fn a_node_holds_a_class_back_while_its_own_transaction_on_it_is_in_the_log() {
+    let (mut nodes, index) = cluster().await;
+    let (_, first, mut told) = transact(&mut nodes[0], 1, &[(DEPOSIT, vec![int(5), int(1), int(1)])]).await;
+    // Another class starts at once; the same class waits for the log.
+    let (_, other, _other) = transact(&mut nodes[0], 2, &[(DEPOSIT, vec![int(5), int(2), int(2)])]).await;
+    let same = (DEPOSIT, vec![int(5), int(1), int(5)]);
+    let error = begin(&nodes[0], 3, &same).await.unwrap_err();
+    assert_eq!(error.code, "55P03", "it waited out the lock wait");
+    let waiting = {
+        let writer = nodes[0].writer.clone();
+        tokio::spawn(async move {
+            let analysis = crate::text::analyse(DEPOSIT).unwrap();
+            let label = writer.label(DEPOSIT, analysis.kind, &[int(5), int(1), int(5)]);
+            writer.begin(4, label).await
+        })
+    };
+    tokio::task::yield_now().await;
+    assert!(!waiting.is_finished());
+    deliver(&nodes, index, &first);
+    assert_eq!(outcome(&mut told), Some(Applied::Committed));
+    waiting.await.unwrap().unwrap();
+    run(&nodes[0], 4, std::slice::from_ref(&same));
+    let (second, _) = commit(&mut nodes[0], 4).unwrap();
+    assert_eq!(
+        second.certify.unwrap().snapshot,
+        (index, 0),
+        "it ran on a state holding the first"
+    );
+    drop(other);
+}
+
+#[tokio::test]
+async fn what_the_log_orders_while_a_client_holds_the_lock_waits_for_it_and_reads_wait_for_that() {
+    let (mut nodes, index) = cluster().await;
+    let (_, deposit, mut told) = transact(&mut nodes[0], 1, &[(DEPOSIT, vec![int(5), int(1), int(1)])]).await;
+    // Node 2's client holds the lock (on class 2) while the log orders node 1's deposit.
+    let holding = (DEPOSIT, vec![int(1), int(2), int(2)]);
+    begin(&nodes[1], 1, &holding).await.unwrap();
+    deliver(&nodes, index, &deposit);
+    assert_eq!(outcome(&mut told), Some(Applied::Committed), "node 1 applied it");
+    let balance_of_1 = |node: &Node| accounts(node)[0][2].clone();
+    assert_eq!(
+        balance_of_1(&nodes[1]),
+        int(100),
+        "deferred behind the client's transaction"
+    );
+    let progress = nodes[1].writer.progress.clone();
+    let read = tokio::spawn(async move { progress.certified().await });
+    tokio::task::yield_now().await;
+    assert!(
+        !read.is_finished(),
+        "a read waits until the database holds what the log ordered"
+    );
+    run(&nodes[1], 1, std::slice::from_ref(&holding));
+    let (mine, mut mine_told) = commit(&mut nodes[1], 1).unwrap();
+    read.await.unwrap();
+    assert_eq!(balance_of_1(&nodes[1]), int(105));
+    deliver(&nodes, index + 1, &mine);
+    assert_eq!(
+        outcome(&mut mine_told),
+        Some(Applied::Committed),
+        "another class: it commits though its snapshot is older"
+    );
+    assert_eq!(accounts(&nodes[0]), accounts(&nodes[1]));
+    assert_eq!(accounts(&nodes[1]), accounts(&nodes[2]));
+}
+
+#[tokio::test]
+async fn a_certified_write_set_that_does_not_fit_the_rows_is_void_on_every_node() {
+    let (mut nodes, index) = cluster().await;
+    let (_, schema, _) = transact(
+        &mut nodes[0],
+        1,
+        &[("CREATE TABLE hist (class INTEGER, n INTEGER)", vec![])],
+    )
+    .await;
+    deliver(&nodes, index, &schema);
+    // Two classes, so certification passes both; but each node drew rowid 1 for its row.
+    let insert = "INSERT INTO hist (class, n) VALUES (?1, ?2)";
+    let (_, first, mut first_told) = transact(&mut nodes[0], 2, &[(insert, vec![int(1), int(10)])]).await;
+    let (_, second, mut second_told) = transact(&mut nodes[1], 2, &[(insert, vec![int(2), int(20)])]).await;
+    deliver(&nodes, index + 1, &first);
+    deliver(&nodes, index + 2, &second);
+    assert_eq!(outcome(&mut first_told), Some(Applied::Committed));
+    assert_eq!(outcome(&mut second_told), Some(Applied::Void));
+    for node in &nodes {
+        let mut writer = node.writer.writer();
+        let rows = writer
+            .engine
+            .execute("SELECT rowid, class, n FROM hist", &[])
+            .unwrap()
+            .rows;
+        assert_eq!(rows, vec![vec![int(1), int(1), int(10)]]);
+    }
+    // The void one left nothing behind: the next one on its class commits.
+    let (_, third, mut third_told) = transact(&mut nodes[1], 3, &[(insert, vec![int(2), int(20)])]).await;
+    deliver(&nodes, index + 3, &third);
+    assert_eq!(outcome(&mut third_told), Some(Applied::Committed));
+}
+
+#[tokio::test]
+async fn a_restarted_node_certifies_as_the_others_do() {
+    let (mut nodes, index) = cluster().await;
+    let (_, deposit, _) = transact(&mut nodes[0], 1, &[(DEPOSIT, vec![int(5), int(1), int(1)])]).await;
+    let (_, stale, mut stale_told) = transact(&mut nodes[1], 1, &[(DEPOSIT, vec![int(5), int(1), int(5)])]).await;
+    deliver(&nodes, index, &deposit);
+    // Node 3 restarts between the two: what certification remembers is in its database.
+    let restarted = nodes.pop().unwrap();
+    let Node { writer, _dir: dir, .. } = restarted;
+    drop(writer);
+    nodes.push(hybrid_node_in(dir));
+    deliver(&nodes, index + 1, &stale);
+    assert_eq!(outcome(&mut stale_told), Some(Applied::Void));
+    assert_eq!(accounts(&nodes[2]), accounts(&nodes[0]));
+}
+
+/// The log of the randomized test: proposals not yet ordered, per node in order (a node's
+/// proposals keep their order), and what it ordered.
+struct Log {
+    queues: Vec<VecDeque<Txn>>,
+    next_index: u64,
+    ordered: Vec<TxnId>,
+}
+
+impl Log {
+    /// Every node applies node `from`'s next proposal, if it has one.
+    fn order_next(&mut self, nodes: &[Node], from: usize) {
+        if let Some(txn) = self.queues[from].pop_front() {
+            deliver(nodes, self.next_index, &txn);
+            self.ordered.push(txn.id);
+            self.next_index += 1;
+        }
+    }
+}
+
+/// A statement as the randomized test keeps it.
+type Owned = (String, Vec<Value>);
+
+/// A small deterministic generator (the test must repeat).
+struct Draw(u64);
+
+impl Draw {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Random transactions on overlapping accounts, executed on random nodes on states the log has
+/// reached to random depths (some holding the lock while the log orders others), delivered in
+/// a random order: the committed ones, replayed one after another in log order on a reference
+/// database, read what they read when they ran, and every node ends with the reference's rows.
+#[tokio::test]
+async fn certified_histories_equal_a_serial_one_in_log_order() {
+    for seed in 1..=6u64 {
+        let (mut nodes, index) = cluster().await;
+        let reference = tempfile::tempdir().unwrap();
+        let mut serial = Sqlite::open(reference.path()).unwrap();
+        serial.execute(SCHEMA, &[]).unwrap();
+        for id in 1..=8 {
+            serial
+                .execute("INSERT INTO acct VALUES (?1, ?2, 100)", &[int(id), int(id % 4)])
+                .unwrap();
+        }
+        let mut draw = Draw(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let mut log = Log {
+            queues: vec![VecDeque::new(); 3],
+            next_index: index,
+            ordered: Vec::new(),
+        };
+        let mut ran: HashMap<TxnId, (Vec<Owned>, Reads, Certifying)> = HashMap::new();
+        let mut session = 10;
+        for _ in 0..120 {
+            let action = draw.below(10);
+            if action < 4 {
+                // Order the next proposal of a random node.
+                log.order_next(&nodes, draw.below(3) as usize);
+                continue;
+            }
+            let on = draw.below(3) as usize;
+            // Read two classes' totals, move money between them, write one total down.
+            let (a, b) = (draw.below(4) as i64, draw.below(4) as i64);
+            let (from_id, to_id) = (if a == 0 { 4 } else { a }, if b == 0 { 8 } else { b + 4 });
+            let amount = draw.below(20) as i64 + 1;
+            let statements: Vec<Owned> = vec![
+                (SUM.into(), vec![int(a)]),
+                (SUM.into(), vec![int(b)]),
+                (DEPOSIT.into(), vec![int(-amount), int(a), int(from_id)]),
+                (DEPOSIT.into(), vec![int(amount), int(b), int(to_id)]),
+                (
+                    "UPDATE acct SET bal = bal + (SELECT coalesce(sum(bal), 0) FROM acct WHERE class = ?1) % 7 \
+                     WHERE class = ?1 AND id = ?2"
+                        .into(),
+                    vec![int(a), int(from_id)],
+                ),
+            ];
+            let borrowed: Vec<(&str, Vec<Value>)> = statements.iter().map(|(s, p)| (s.as_str(), p.clone())).collect();
+            session += 1;
+            // A class of this node's own in the log holds it back: deliver those first.
+            let first = nodes[on].writer.label(SUM, StatementKind::Read, &[int(a)]);
+            while log.queues[on].iter().any(|txn| {
+                let certify = txn.certify.as_ref().unwrap();
+                certify.global || certify.classes.iter().any(|class| first.classes.contains(class))
+            }) {
+                log.order_next(&nodes, on);
+            }
+            begin(&nodes[on], session, &borrowed[0]).await.unwrap();
+            let mut reads = run(&nodes[on], session, &borrowed[..2]);
+            if action == 9 {
+                // The log orders others while this one holds the lock.
+                for other in (0..3).filter(|&other| other != on) {
+                    log.order_next(&nodes, other);
+                }
+            }
+            reads.extend(run(&nodes[on], session, &borrowed[2..]));
+            let (txn, certifying) = commit(&mut nodes[on], session).unwrap();
+            ran.insert(txn.id, (statements, reads, certifying));
+            log.queues[on].push_back(txn);
+        }
+        for from in 0..3 {
+            while !log.queues[from].is_empty() {
+                log.order_next(&nodes, from);
+            }
+        }
+        let mut committed = 0;
+        for id in &log.ordered {
+            let (statements, reads, certifying) = ran.get_mut(id).unwrap();
+            match outcome(certifying).expect("every outcome is told") {
+                Applied::Void => continue,
+                Applied::Committed => committed += 1,
+            }
+            serial.begin().unwrap();
+            let replayed: Reads = statements
+                .iter()
+                .map(|(sql, params)| serial.execute(sql, params).unwrap().rows)
+                .collect();
+            serial.commit().unwrap();
+            assert_eq!(
+                &replayed[..2],
+                &reads[..2],
+                "seed {seed}: {id:?} read what the serial order gives"
+            );
+        }
+        assert!(
+            committed > 20 && committed < ran.len(),
+            "seed {seed}: {committed} of {} committed",
+            ran.len()
+        );
+        let expected = serial
+            .execute("SELECT id, class, bal FROM acct ORDER BY id", &[])
+            .unwrap()
+            .rows;
+        for node in &nodes {
+            assert_eq!(accounts(node), expected, "seed {seed}");
+            assert!(!node.diverged.load(Ordering::SeqCst));
+        }
+    }
+}
