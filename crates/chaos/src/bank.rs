@@ -5,6 +5,10 @@
 //! - At the end, on every node, the balances are what the ledger of transfers says (none lost
 //!   or applied twice), every acknowledged transfer is in the ledger, none that was refused is,
 //!   and every node holds the same rows.
+//!
+//! Accounts belong to branches, and every statement names its rows' branch, so a cluster in
+//! hybrid mode certifies transfers by branch (`--sql-conflict-classes` `BRANCH_CLASSES`); most
+//! transfers cross branches.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -18,6 +22,9 @@ use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 use crate::workload::{Recorder, Rng};
 
 const ACCOUNTS: u64 = 8;
+const BRANCHES: u64 = 4;
+/// The conflict classes of the bank's tables, for a cluster in hybrid mode.
+pub const BRANCH_CLASSES: &str = "accounts.branch,transfers.branch";
 const INITIAL_BALANCE: i64 = 1_000;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
@@ -78,11 +85,14 @@ fn rows(messages: Vec<SimpleQueryMessage>) -> Rows {
 
 /// Creates the accounts through whichever node leads.
 pub async fn setup(nodes: &[(u64, SocketAddr)]) -> anyhow::Result<()> {
-    let values: Vec<String> = (1..=ACCOUNTS).map(|id| format!("({id}, {INITIAL_BALANCE})")).collect();
+    let values: Vec<String> = (1..=ACCOUNTS)
+        .map(|id| format!("({id}, {}, {INITIAL_BALANCE})", id % BRANCHES))
+        .collect();
     let schema = format!(
-        "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL);
-         CREATE TABLE transfers (id INTEGER PRIMARY KEY, src INTEGER NOT NULL, dst INTEGER NOT NULL, amount INTEGER NOT NULL);
-         INSERT INTO accounts VALUES {};",
+        "CREATE TABLE accounts (id INTEGER PRIMARY KEY, branch INTEGER NOT NULL, balance INTEGER NOT NULL);
+         CREATE TABLE transfers (id INTEGER PRIMARY KEY, branch INTEGER NOT NULL, src INTEGER NOT NULL, \
+             dst INTEGER NOT NULL, amount INTEGER NOT NULL);
+         INSERT INTO accounts (id, branch, balance) VALUES {};",
         values.join(", ")
     );
     for _ in 0..100 {
@@ -161,11 +171,12 @@ pub async fn client_loop(
         let from = 1 + rng.below(ACCOUNTS);
         let to = 1 + (from + rng.below(ACCOUNTS - 1)) % ACCOUNTS;
         let amount = 1 + rng.below(50);
+        let (from_branch, to_branch) = (from % BRANCHES, to % BRANCHES);
         let transfer = format!(
             "BEGIN;
-             UPDATE accounts SET balance = balance - {amount} WHERE id = {from};
-             UPDATE accounts SET balance = balance + {amount} WHERE id = {to};
-             INSERT INTO transfers VALUES ({id}, {from}, {to}, {amount});
+             UPDATE accounts SET balance = balance - {amount} WHERE branch = {from_branch} AND id = {from};
+             UPDATE accounts SET balance = balance + {amount} WHERE branch = {to_branch} AND id = {to};
+             INSERT INTO transfers (id, branch, src, dst, amount) VALUES ({id}, {from_branch}, {from}, {to}, {amount});
              COMMIT;"
         );
         let ended = match tokio::time::timeout(REQUEST_TIMEOUT, connected.batch_execute(&transfer)).await {

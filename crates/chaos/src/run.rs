@@ -66,7 +66,8 @@ pub struct RunArgs {
     #[arg(long, default_value = "chaos-results")]
     pub out: PathBuf,
     /// Extra `chorus server` flags for every node, e.g. "--read-consistency stale" to check that
-    /// the checker catches a broken build.
+    /// the checker catches a broken build. With the bank workload, "--sql-mode hybrid" certifies
+    /// by the bank's branches unless --sql-conflict-classes says otherwise.
     #[arg(long, default_value = "", allow_hyphen_values = true)]
     pub server_flags: String,
     /// Give up checking after this many seconds (the run then counts as failed).
@@ -167,7 +168,14 @@ async fn final_reads(recorder: &Recorder, file: &chorus_cluster::ClusterFile, ke
 /// run, not an error: it may be the very bug the run is looking for, so its history so far and
 /// the cluster's data are kept like those of a violation.
 pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
-    let server_args: Vec<String> = args.server_flags.split_whitespace().map(str::to_string).collect();
+    let mut server_args: Vec<String> = args.server_flags.split_whitespace().map(str::to_string).collect();
+    let hybrid = server_args
+        .windows(2)
+        .any(|flag| flag[0] == "--sql-mode" && flag[1] == "hybrid");
+    if args.workload == Workload::Bank && hybrid && !server_args.iter().any(|a| a == "--sql-conflict-classes") {
+        // Hybrid mode certifies by class: the bank's are its branches.
+        server_args.extend(["--sql-conflict-classes".to_string(), bank::BRANCH_CLASSES.to_string()]);
+    }
     let on_postgres = args.workload == Workload::Bank && chorus_cluster::postgres::engine_chosen(&server_args);
     let kinds = if args.faults.is_empty() {
         FaultKind::defaults(on_postgres)
