@@ -1118,7 +1118,7 @@ async fn sigkill_mid_passive_tpcc(engine: Engine) {
         out: PathBuf::new(),
         net: Default::default(),
     };
-    let run = tokio::spawn(async move { tpcc::run_once("chorus-passive", addr, &[], &args, 1, false).await });
+    let run = tokio::spawn(async move { tpcc::run_once("chorus-passive", &[addr], &[], &args, 1, false).await });
     tokio::time::sleep(Duration::from_secs(3)).await;
     cluster.kill(leader);
     let result = run.await.unwrap().unwrap();

@@ -672,7 +672,7 @@ impl Engine for Sqlite {
         self.open_write_sets()?;
         let applier = self.applier.as_ref().expect("opened above");
         bookkeep(applier, "SAVEPOINT certified", [])?;
-        let applied = crate::write_set::apply(applier, &mut self.tables, write_set);
+        let applied = crate::write_set::apply(applier, &mut self.tables, write_set, true);
         if let Err(e) = &applied {
             if !e.is_conflict() {
                 return Err(applied.unwrap_err());
@@ -727,7 +727,7 @@ impl Engine for Sqlite {
     fn apply_write_set(&mut self, write_set: &[u8]) -> Result<(), SqlError> {
         self.open_write_sets()?;
         let applier = self.applier.as_ref().expect("opened above");
-        crate::write_set::apply(applier, &mut self.tables, write_set)
+        crate::write_set::apply(applier, &mut self.tables, write_set, false)
     }
 
     fn end_write_sets(&mut self, mark: Option<AppliedMark>) -> Result<(), SqlError> {

@@ -110,8 +110,11 @@ fn quoted(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-/// Applies `write_set` on `conn`, inside its open transaction.
-pub fn apply(conn: &Connection, tables: &mut Tables, write_set: &[u8]) -> Result<(), SqlError> {
+/// Applies `write_set` on `conn`, inside its open transaction. With `fresh_rowids`, a row
+/// inserted into a table without a primary key takes the next rowid here rather than the one
+/// it was recorded with (hybrid replication: nodes executing at once draw the same rowids, and
+/// every node applying the write-sets in log order draws alike).
+pub fn apply(conn: &Connection, tables: &mut Tables, write_set: &[u8], fresh_rowids: bool) -> Result<(), SqlError> {
     tables.refresh(conn)?;
     let len = c_int::try_from(write_set.len()).map_err(|_| SqlError::new("54000", "a write-set over 2 GiB"))?;
     let mut iter = std::ptr::null_mut();
@@ -167,10 +170,15 @@ pub fn apply(conn: &Connection, tables: &mut Tables, write_set: &[u8]) -> Result
         let names = tables.columns(conn, &table, count)?;
         let (sql, params) = match op {
             ffi::SQLITE_INSERT => {
+                let skipped = usize::from(fresh_rowids && names[0] == "_rowid_");
                 let new = values(ffi::sqlite3changeset_new);
-                let params: Vec<Value> = new.into_iter().map(|v| v.unwrap_or(Value::Null)).collect();
-                let columns: Vec<String> = names.iter().map(|n| quoted(n)).collect();
-                let slots: Vec<String> = (1..=count).map(|i| format!("?{i}")).collect();
+                let params: Vec<Value> = new
+                    .into_iter()
+                    .skip(skipped)
+                    .map(|v| v.unwrap_or(Value::Null))
+                    .collect();
+                let columns: Vec<String> = names[skipped..].iter().map(|n| quoted(n)).collect();
+                let slots: Vec<String> = (1..=params.len()).map(|i| format!("?{i}")).collect();
                 (
                     format!(
                         "INSERT INTO {} ({}) VALUES ({})",

@@ -41,6 +41,9 @@ pub enum SqlSystem {
     ChorusSqlite,
     /// The same with passive replication (`-- --sql-mode passive`): replicas apply write-sets.
     ChorusSqlitePassive,
+    /// The same with hybrid replication (`-- --sql-mode hybrid`, classes by warehouse): every
+    /// node executes; each terminal works on the node its home warehouse maps to.
+    ChorusSqliteHybrid,
     /// A 3-node Chorus SQL cluster on the PostgreSQL engine (`-- --sql-engine postgres`): each
     /// node replicates the statements into a PostgreSQL server of its own.
     ChorusPostgres,
@@ -58,6 +61,7 @@ impl SqlSystem {
         match self {
             SqlSystem::ChorusSqlite => "chorus-sqlite",
             SqlSystem::ChorusSqlitePassive => "chorus-sqlite-passive",
+            SqlSystem::ChorusSqliteHybrid => "chorus-sqlite-hybrid",
             SqlSystem::ChorusPostgres => "chorus-postgres",
             SqlSystem::ChorusPostgresPassive => "chorus-postgres-passive",
             SqlSystem::PostgresAlone => "postgres-alone",
@@ -137,6 +141,10 @@ pub struct TpccResult {
     pub transactions_per_sec: f64,
     /// Retried and failed tries over all tries.
     pub abort_rate: f64,
+    /// The same, of transactions within their home warehouse, and of those reaching another
+    /// (a remote supplier or customer).
+    pub abort_rate_home_only: f64,
+    pub abort_rate_cross_warehouse: f64,
     pub kinds: Vec<KindResult>,
     pub server_cpu: Option<ServerCpu>,
     /// The servers' CPU per committed transaction (any kind), in µs.
@@ -153,6 +161,10 @@ struct Tally {
     rolled_back: [u64; 5],
     retried: [u64; 5],
     failed: [u64; 5],
+    /// Tries, and those that failed, of transactions within their home warehouse [0] and of
+    /// those reaching another [1] (where hybrid replication's classes meet).
+    tries_by_reach: [u64; 2],
+    aborted_by_reach: [u64; 2],
     latency_us: Vec<Histogram<u64>>,
     error_samples: Vec<String>,
 }
@@ -164,6 +176,8 @@ impl Tally {
             rolled_back: [0; 5],
             retried: [0; 5],
             failed: [0; 5],
+            tries_by_reach: [0; 2],
+            aborted_by_reach: [0; 2],
             latency_us: (0..5)
                 .map(|_| Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid bounds"))
                 .collect(),
@@ -178,6 +192,10 @@ impl Tally {
             self.retried[k] += other.retried[k];
             self.failed[k] += other.failed[k];
             self.latency_us[k].add(&other.latency_us[k]).expect("same bounds");
+        }
+        for reach in 0..2 {
+            self.tries_by_reach[reach] += other.tries_by_reach[reach];
+            self.aborted_by_reach[reach] += other.aborted_by_reach[reach];
         }
         for sample in other.error_samples {
             if self.error_samples.len() < 10 {
@@ -204,8 +222,11 @@ async fn drive(mut terminal: Terminal, deadline: Instant, seed: u64, new_orders:
         let kind = Kind::draw(&mut mix);
         let k = Kind::ALL.iter().position(|&x| x == kind).expect("listed");
         let started = Instant::now();
-        let (outcome, tries) = terminal.run(kind).await;
+        let (outcome, tries, crosses) = terminal.run(kind).await;
         tally.retried[k] += u64::from(tries - 1);
+        let reach = usize::from(crosses);
+        tally.tries_by_reach[reach] += u64::from(tries);
+        tally.aborted_by_reach[reach] += u64::from(tries - 1);
         match outcome {
             Outcome::Committed => {
                 tally.committed[k] += 1;
@@ -217,6 +238,7 @@ async fn drive(mut terminal: Terminal, deadline: Instant, seed: u64, new_orders:
             Outcome::RolledBackByDesign => tally.rolled_back[k] += 1,
             Outcome::Retry(e) | Outcome::Failed(e) => {
                 tally.failed[k] += 1;
+                tally.aborted_by_reach[reach] += 1;
                 if tally.error_samples.len() < 3 {
                     tally.error_samples.push(format!("{}: {e}", kind.name()));
                 }
@@ -234,10 +256,11 @@ async fn drive(mut terminal: Terminal, deadline: Instant, seed: u64, new_orders:
 pub const CONSISTENT: &str = "conditions 1-4 hold";
 
 /// Loads (unless `load` is false), runs `terminals` terminals for `duration_secs`, checks
-/// consistency.
+/// consistency. Loads and checks through `addrs[0]`; a terminal whose home warehouse is `w`
+/// works through `addrs[(w - 1) % addrs.len()]`.
 pub async fn run_once(
     system: &str,
-    addr: SocketAddr,
+    addrs: &[SocketAddr],
     server_pids: &[u32],
     args: &TpccArgs,
     warehouses: u64,
@@ -247,6 +270,7 @@ pub async fn run_once(
     if warehouses == 0 || terminals == 0 {
         bail!("--warehouses and --terminals must be positive");
     }
+    let addr = *addrs.first().context("no address to reach the system at")?;
     let mut load_secs = None;
     if load {
         println!("{system}: loading {warehouses} warehouse(s)");
@@ -262,7 +286,8 @@ pub async fn run_once(
     for t in 0..terminals {
         let home = t as u64 % warehouses + 1;
         let seed = args.seed.wrapping_mul(1_000_003).wrapping_add(t as u64);
-        let terminal = Terminal::new(connect(addr).await?, warehouses, home, seed)
+        let node = addrs[(home as usize - 1) % addrs.len()];
+        let terminal = Terminal::new(connect(node).await?, warehouses, home, seed)
             .await
             .with_context(|| format!("{system}: cannot prepare the TPC-C statements"))?;
         connected.push((terminal, seed));
@@ -315,6 +340,7 @@ pub async fn run_once(
         + tally.retried.iter().sum::<u64>()
         + tally.failed.iter().sum::<u64>();
     let aborted = tally.retried.iter().sum::<u64>() + tally.failed.iter().sum::<u64>();
+    let rate = |reach: usize| tally.aborted_by_reach[reach] as f64 / tally.tries_by_reach[reach].max(1) as f64;
     let kinds = Kind::ALL
         .iter()
         .enumerate()
@@ -335,6 +361,8 @@ pub async fn run_once(
         tpmc: tally.committed[0] as f64 * 60.0 / elapsed,
         transactions_per_sec: committed as f64 / elapsed,
         abort_rate: aborted as f64 / tries.max(1) as f64,
+        abort_rate_home_only: rate(0),
+        abort_rate_cross_warehouse: rate(1),
         kinds,
         server_cpu_us_per_txn: server_cpu.as_ref().map(|c| c.us_per_op),
         server_cpu,
@@ -348,13 +376,16 @@ pub async fn run_once(
 impl TpccResult {
     fn print(&self) {
         println!(
-            "{}, {} warehouse(s), {} terminals: {:.0} tpmC, {:.0} txn/s, aborts {:.2}%, server CPU {} per txn; {}",
+            "{}, {} warehouse(s), {} terminals: {:.0} tpmC, {:.0} txn/s, aborts {:.2}% (home warehouse only {:.2}%, \
+             reaching another {:.2}%), server CPU {} per txn; {}",
             self.system,
             self.warehouses,
             self.terminals,
             self.tpmc,
             self.transactions_per_sec,
             self.abort_rate * 100.0,
+            self.abort_rate_home_only * 100.0,
+            self.abort_rate_cross_warehouse * 100.0,
             self.server_cpu_us_per_txn
                 .map(|us| format!("{us:.0} µs"))
                 .unwrap_or_else(|| "unmeasured".into()),
@@ -374,7 +405,8 @@ impl TpccResult {
 
 /// A system started for one run, and how to stop it.
 struct StartedSystem {
-    addr: SocketAddr,
+    /// Where clients reach it (the leader or primary; with hybrid replication, every node).
+    addrs: Vec<SocketAddr>,
     server_pids: Vec<u32>,
     dir: PathBuf,
     peers: Option<PeerCluster>,
@@ -391,9 +423,10 @@ impl StartedSystem {
     }
 }
 
-/// The leader's client address and the server processes of a Chorus SQL cluster in `dir`: the
-/// nodes, and their PostgreSQL servers on that engine.
-async fn chorus_sql_target(dir: &Path) -> anyhow::Result<(SocketAddr, Vec<u32>)> {
+/// Where clients write to a Chorus SQL cluster in `dir` (the leader; with hybrid replication,
+/// every node in id order), and its server processes: the nodes, and their PostgreSQL servers
+/// on that engine.
+async fn chorus_sql_target(dir: &Path) -> anyhow::Result<(Vec<SocketAddr>, Vec<u32>)> {
     let file = chorus_cluster::load(dir)?;
     if !file.sql {
         bail!(
@@ -413,10 +446,16 @@ async fn chorus_sql_target(dir: &Path) -> anyhow::Result<(SocketAddr, Vec<u32>)>
         .nodes
         .iter()
         .filter_map(|n| chorus_cluster::postgres::pid(&chorus_cluster::node_dir(dir, n.id)));
-    Ok((
-        leader.entry.client_addr,
-        states.iter().filter_map(|s| s.pid).chain(engines).collect(),
-    ))
+    let hybrid = file
+        .server_args
+        .windows(2)
+        .any(|flag| flag[0] == "--sql-mode" && flag[1] == "hybrid");
+    let addrs = if hybrid {
+        states.iter().map(|s| s.entry.client_addr).collect()
+    } else {
+        vec![leader.entry.client_addr]
+    };
+    Ok((addrs, states.iter().filter_map(|s| s.pid).chain(engines).collect()))
 }
 
 async fn start_system(system: SqlSystem, dir: &Path, net: &NetArgs) -> anyhow::Result<StartedSystem> {
@@ -426,10 +465,19 @@ async fn start_system(system: SqlSystem, dir: &Path, net: &NetArgs) -> anyhow::R
     let peer_system = match system {
         SqlSystem::ChorusSqlite
         | SqlSystem::ChorusSqlitePassive
+        | SqlSystem::ChorusSqliteHybrid
         | SqlSystem::ChorusPostgres
         | SqlSystem::ChorusPostgresPassive => {
             let server_args: Vec<String> = match system {
                 SqlSystem::ChorusSqlitePassive => vec!["--sql-mode".into(), "passive".into()],
+                SqlSystem::ChorusSqliteHybrid => [
+                    "--sql-mode",
+                    "hybrid",
+                    "--sql-conflict-classes",
+                    schema::CONFLICT_CLASSES,
+                ]
+                .map(String::from)
+                .to_vec(),
                 SqlSystem::ChorusPostgres => vec!["--sql-engine".into(), "postgres".into()],
                 SqlSystem::ChorusPostgresPassive => ["--sql-engine", "postgres", "--sql-mode", "passive"]
                     .map(String::from)
@@ -439,11 +487,11 @@ async fn start_system(system: SqlSystem, dir: &Path, net: &NetArgs) -> anyhow::R
             // A start that fails stops what it started; a cluster whose leader cannot be found
             // is stopped here.
             chorus_cluster::start_sql(dir, 3, server_args, &net.options()).await?;
-            let (addr, server_pids) = chorus_sql_target(dir).await.inspect_err(|_| {
+            let (addrs, server_pids) = chorus_sql_target(dir).await.inspect_err(|_| {
                 let _ = chorus_cluster::stop(dir);
             })?;
             return Ok(StartedSystem {
-                addr,
+                addrs,
                 server_pids,
                 dir: dir.to_path_buf(),
                 peers: None,
@@ -456,7 +504,7 @@ async fn start_system(system: SqlSystem, dir: &Path, net: &NetArgs) -> anyhow::R
     let profile = Some(net.profile()?).filter(|p| !p.is_passthrough());
     let peers = PeerCluster::start(peer_system, dir, profile.as_ref()).await?;
     Ok(StartedSystem {
-        addr: peers.client_addr,
+        addrs: vec![peers.client_addr],
         server_pids: peers.pids.clone(),
         dir: dir.to_path_buf(),
         peers: Some(peers),
@@ -474,15 +522,17 @@ struct Comparison<'a> {
 
 pub async fn run(args: TpccArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.cluster {
-        let (system, addr, server_pids) = if dir.join("cluster.toml").exists() {
-            let (addr, pids) = chorus_sql_target(dir).await?;
+        let (system, addrs, server_pids) = if dir.join("cluster.toml").exists() {
+            let (addrs, pids) = chorus_sql_target(dir).await?;
             let file = chorus_cluster::load(dir)?;
             let system = if file.nodes.iter().any(|n| n.postgres_addr.is_some()) {
                 SqlSystem::ChorusPostgres
+            } else if addrs.len() > 1 {
+                SqlSystem::ChorusSqliteHybrid
             } else {
                 SqlSystem::ChorusSqlite
             };
-            (system, addr, pids)
+            (system, addrs, pids)
         } else {
             let peers = PeerCluster::load(dir)?;
             let system = match peers.system {
@@ -491,13 +541,13 @@ pub async fn run(args: TpccArgs) -> anyhow::Result<()> {
                 System::PostgresAsync => SqlSystem::PostgresAsync,
                 other => bail!("{} holds {other:?}, not a SQL system", dir.display()),
             };
-            (system, peers.client_addr, peers.pids)
+            (system, vec![peers.client_addr], peers.pids)
         };
         let system = system.name();
         let [warehouses] = args.warehouses[..] else {
             bail!("with --cluster, give one --warehouses count");
         };
-        let result = run_once(system, addr, &server_pids, &args, warehouses, !args.no_load).await?;
+        let result = run_once(system, &addrs, &server_pids, &args, warehouses, !args.no_load).await?;
         result.print();
         let json = report::output_path(&args.out, &format!("tpcc-{system}-w{warehouses}"), "json")?;
         report::write_json(&json, &result)?;
@@ -505,7 +555,7 @@ pub async fn run(args: TpccArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if args.systems.is_empty() {
-        bail!("say what to benchmark: --cluster DIR, or --systems chorus-sqlite,chorus-sqlite-passive,chorus-postgres,chorus-postgres-passive,postgres-alone,postgres-sync,postgres-async");
+        bail!("say what to benchmark: --cluster DIR, or --systems chorus-sqlite,chorus-sqlite-passive,chorus-sqlite-hybrid,chorus-postgres,chorus-postgres-passive,postgres-alone,postgres-sync,postgres-async");
     }
     let mut runs = Vec::new();
     for &warehouses in &args.warehouses {
@@ -519,7 +569,7 @@ pub async fn run(args: TpccArgs) -> anyhow::Result<()> {
             let started = start_system(system, &dir, &args.net).await?;
             let outcome = run_once(
                 system.name(),
-                started.addr,
+                &started.addrs,
                 &started.server_pids,
                 &args,
                 warehouses,

@@ -370,16 +370,18 @@ impl Terminal {
     }
 
     /// Runs one transaction of `kind`, retrying the same input after a retryable failure;
-    /// returns its outcome and how many tries it took.
-    pub async fn run(&mut self, kind: Kind) -> (Outcome, u32) {
+    /// returns its outcome, how many tries it took, and whether it reached a warehouse other
+    /// than its home one.
+    pub async fn run(&mut self, kind: Kind) -> (Outcome, u32, bool) {
         let input = self.input(kind);
+        let crosses = input.crosses_warehouses(self.home);
         let mut tries = 0;
         loop {
             tries += 1;
             let outcome = self.execute(&input).await;
             match outcome {
                 Outcome::Retry(_) if tries < 10 => continue,
-                other => return (other, tries),
+                other => return (other, tries, crosses),
             }
         }
     }
@@ -669,4 +671,15 @@ enum Input {
         d: u64,
         threshold: u64,
     },
+}
+
+impl Input {
+    /// Whether it reaches a warehouse other than `home` (a remote supplier or customer).
+    fn crosses_warehouses(&self, home: u64) -> bool {
+        match self {
+            Input::NewOrder { lines, .. } => lines.iter().any(|line| line.supply_warehouse != home),
+            Input::Payment { customer_warehouse, .. } => *customer_warehouse != home,
+            Input::OrderStatus { .. } | Input::Delivery { .. } | Input::StockLevel { .. } => false,
+        }
+    }
 }

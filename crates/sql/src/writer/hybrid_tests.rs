@@ -246,35 +246,40 @@ async fn what_the_log_orders_while_a_client_holds_the_lock_waits_for_it_and_read
 }
 
 #[tokio::test]
-async fn a_certified_write_set_that_does_not_fit_the_rows_is_void_on_every_node() {
+async fn rows_without_a_key_take_rowids_in_log_order_and_a_write_set_that_does_not_fit_is_void() {
     let (mut nodes, index) = cluster().await;
     let (_, schema, _) = transact(
         &mut nodes[0],
         1,
-        &[("CREATE TABLE hist (class INTEGER, n INTEGER)", vec![])],
+        &[("CREATE TABLE hist (class INTEGER, n INTEGER UNIQUE)", vec![])],
     )
     .await;
     deliver(&nodes, index, &schema);
-    // Two classes, so certification passes both; but each node drew rowid 1 for its row.
+    // Two classes, so certification passes both, and each node drew rowid 1 for its row: the
+    // log gives them 1 and 2.
     let insert = "INSERT INTO hist (class, n) VALUES (?1, ?2)";
     let (_, first, mut first_told) = transact(&mut nodes[0], 2, &[(insert, vec![int(1), int(10)])]).await;
     let (_, second, mut second_told) = transact(&mut nodes[1], 2, &[(insert, vec![int(2), int(20)])]).await;
-    deliver(&nodes, index + 1, &first);
-    deliver(&nodes, index + 2, &second);
+    // A unique value across classes: it passes certification but does not fit the rows.
+    let (_, clash, mut clash_told) = transact(&mut nodes[2], 2, &[(insert, vec![int(3), int(10)])]).await;
+    for (offset, txn) in [&first, &second, &clash].into_iter().enumerate() {
+        deliver(&nodes, index + 1 + offset as u64, txn);
+    }
     assert_eq!(outcome(&mut first_told), Some(Applied::Committed));
-    assert_eq!(outcome(&mut second_told), Some(Applied::Void));
+    assert_eq!(outcome(&mut second_told), Some(Applied::Committed));
+    assert_eq!(outcome(&mut clash_told), Some(Applied::Void));
     for node in &nodes {
         let mut writer = node.writer.writer();
         let rows = writer
             .engine
-            .execute("SELECT rowid, class, n FROM hist", &[])
+            .execute("SELECT rowid, class, n FROM hist ORDER BY rowid", &[])
             .unwrap()
             .rows;
-        assert_eq!(rows, vec![vec![int(1), int(1), int(10)]]);
+        assert_eq!(rows, vec![vec![int(1), int(1), int(10)], vec![int(2), int(2), int(20)]]);
     }
     // The void one left nothing behind: the next one on its class commits.
-    let (_, third, mut third_told) = transact(&mut nodes[1], 3, &[(insert, vec![int(2), int(20)])]).await;
-    deliver(&nodes, index + 3, &third);
+    let (_, third, mut third_told) = transact(&mut nodes[2], 3, &[(insert, vec![int(3), int(30)])]).await;
+    deliver(&nodes, index + 4, &third);
     assert_eq!(outcome(&mut third_told), Some(Applied::Committed));
 }
 
