@@ -18,7 +18,7 @@ use rusqlite::functions::FunctionFlags;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OpenFlags};
 
-use crate::certify::{Position, Touched};
+use crate::certify::{Chain, Remembered, Touch};
 use crate::error::SqlError;
 use crate::text::Dialect;
 use crate::txn::{Statement, TxnId, Value};
@@ -144,13 +144,23 @@ pub trait Engine: Send {
         Err(hybrid_unsupported())
     }
     /// Hybrid replication: what certification remembers (see `certify`), as recorded.
-    fn certified(&mut self) -> Result<Vec<(Touched, Position)>, SqlError> {
+    fn certified(&mut self) -> Result<Vec<Remembered>, SqlError> {
         Ok(Vec::new())
     }
     /// Hybrid replication, inside the open transaction (or write-set transaction): records
     /// what certification remembers now.
-    fn record_certified(&mut self, _rows: &[(Touched, Position)]) -> Result<(), SqlError> {
+    fn record_certified(&mut self, _rows: &[Remembered]) -> Result<(), SqlError> {
         Err(hybrid_unsupported())
+    }
+    /// Hybrid replication, inside the open client transaction, before it runs: applies a
+    /// write-set of this node's still in the log, as it was recorded.
+    fn apply_in_transaction(&mut self, _write_set: &[u8]) -> Result<(), SqlError> {
+        Err(hybrid_unsupported())
+    }
+    /// Whether `apply_in_transaction` is right for this schema: applying a write-set on the
+    /// connection that executes would fire triggers and foreign-key actions again.
+    fn applies_in_transaction(&mut self) -> bool {
+        false
     }
 }
 
@@ -172,6 +182,13 @@ pub struct Sqlite {
     applier: Option<Connection>,
     /// The applier's knowledge of the tables' columns.
     tables: crate::write_set::Tables,
+    /// Whether write-sets may be applied on `conn` (`applies_in_transaction`), as of a schema
+    /// version.
+    applies_in_transaction: Option<(i64, bool)>,
+    /// Certified write-sets are being applied in a transaction on `conn` (not the applier):
+    /// where that is right, one connection both executes and applies, so neither finds its
+    /// page cache stale after the other's commit.
+    write_sets_on_conn: bool,
     random: Arc<AtomicU64>,
 }
 
@@ -239,6 +256,7 @@ impl Sqlite {
              PRAGMA wal_autocheckpoint = 10000;
              PRAGMA cache_size = -65536;
              PRAGMA mmap_size = 4294967296;
+             PRAGMA temp_store = MEMORY;
              CREATE TABLE IF NOT EXISTS _chorus_applied (
                  only INTEGER PRIMARY KEY CHECK (only = 0),
                  log_index INTEGER NOT NULL,
@@ -252,10 +270,13 @@ impl Sqlite {
                  PRIMARY KEY (incarnation, seq));
              CREATE TABLE IF NOT EXISTS _chorus_certified (
                  kind INTEGER NOT NULL,
-                 class TEXT NOT NULL,
-                 log_index INTEGER NOT NULL,
-                 command INTEGER NOT NULL,
-                 PRIMARY KEY (kind, class));",
+                 name TEXT NOT NULL,
+                 a INTEGER NOT NULL,
+                 b INTEGER NOT NULL,
+                 c INTEGER NOT NULL,
+                 d INTEGER NOT NULL,
+                 e INTEGER NOT NULL,
+                 PRIMARY KEY (kind, name));",
         )
         .map_err(|e| SqlError::from_sqlite(&e))?;
         let random = Arc::new(AtomicU64::new(0));
@@ -266,6 +287,8 @@ impl Sqlite {
             conn,
             applier: None,
             tables: Default::default(),
+            applies_in_transaction: None,
+            write_sets_on_conn: false,
             random,
         })
     }
@@ -279,7 +302,8 @@ impl Sqlite {
                      PRAGMA foreign_keys = OFF;
                      PRAGMA wal_autocheckpoint = 10000;
                      PRAGMA cache_size = -65536;
-                     PRAGMA mmap_size = 4294967296;",
+                     PRAGMA mmap_size = 4294967296;
+                     PRAGMA temp_store = MEMORY;",
                 )
                 .and_then(|()| applier.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER, false))
                 .map_err(|e| SqlError::from_sqlite(&e))?;
@@ -287,6 +311,11 @@ impl Sqlite {
             self.applier = Some(applier);
         }
         Ok(())
+    }
+
+    /// Whether the applier has no transaction open.
+    fn applier_idle(&self) -> bool {
+        self.applier.as_ref().is_none_or(Connection::is_autocommit)
     }
 
     /// Opens the write-set transaction on the applier, if none is open.
@@ -533,6 +562,7 @@ impl Engine for Sqlite {
 
     fn rollback(&mut self) {
         self.recording = None;
+        self.write_sets_on_conn = false;
         if !self.conn.is_autocommit() {
             self.conn
                 .execute_batch("ROLLBACK")
@@ -669,8 +699,17 @@ impl Engine for Sqlite {
     }
 
     fn apply_certified_write_set(&mut self, write_set: &[u8]) -> Result<Result<(), SqlError>, SqlError> {
-        self.open_write_sets()?;
-        let applier = self.applier.as_ref().expect("opened above");
+        let on_conn = self.write_sets_on_conn || (self.applier_idle() && self.applies_in_transaction());
+        let applier = if on_conn {
+            if self.conn.is_autocommit() {
+                self.bookkeep("BEGIN IMMEDIATE", [])?;
+                self.write_sets_on_conn = true;
+            }
+            &self.conn
+        } else {
+            self.open_write_sets()?;
+            self.applier.as_ref().expect("opened above")
+        };
         bookkeep(applier, "SAVEPOINT certified", [])?;
         let applied = crate::write_set::apply(applier, &mut self.tables, write_set, true);
         if let Err(e) = &applied {
@@ -683,45 +722,108 @@ impl Engine for Sqlite {
         Ok(applied)
     }
 
-    fn certified(&mut self) -> Result<Vec<(Touched, Position)>, SqlError> {
+    fn certified(&mut self) -> Result<Vec<Remembered>, SqlError> {
         let mut statement = self
             .conn
-            .prepare("SELECT kind, class, log_index, command FROM _chorus_certified")
+            .prepare("SELECT kind, name, a, b, c, d, e FROM _chorus_certified")
             .map_err(|e| SqlError::from_sqlite(&e))?;
         let rows = statement
             .query_map((), |row| {
-                let touched = match row.get::<_, i64>(0)? {
-                    0 => Touched::Class(row.get(1)?),
-                    1 => Touched::Global,
-                    _ => Touched::Any,
+                let n = |i: usize| row.get::<_, i64>(i);
+                let position = |i: usize| Ok::<_, rusqlite::Error>((n(i)? as u64, n(i + 1)? as u32));
+                let touch = || {
+                    Ok::<_, rusqlite::Error>(Touch {
+                        last: position(2)?,
+                        by: n(4)? as u64,
+                        before: (n(5)? as u64, n(6)? as u32),
+                    })
                 };
-                Ok((touched, (row.get::<_, i64>(2)? as u64, row.get::<_, u32>(3)?)))
+                Ok(match n(0)? {
+                    0 => Remembered::Class(row.get(1)?, touch()?),
+                    1 => Remembered::Global(position(2)?),
+                    2 => Remembered::Any(touch()?),
+                    _ => Remembered::Chain(
+                        row.get::<_, String>(1)?.parse().unwrap_or_default(),
+                        Chain {
+                            last_seq: n(2)? as u64,
+                            committed: n(3)? as u64,
+                        },
+                    ),
+                })
             })
             .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
             .map_err(|e| SqlError::from_sqlite(&e))?;
         Ok(rows)
     }
 
-    fn record_certified(&mut self, rows: &[(Touched, Position)]) -> Result<(), SqlError> {
-        // The write-set transaction, if one is open, else the statements' one.
+    fn record_certified(&mut self, rows: &[Remembered]) -> Result<(), SqlError> {
+        // The applier's write-set transaction, if one is open, else `conn`'s.
         let conn = self
             .applier
             .as_ref()
             .filter(|applier| !applier.is_autocommit())
             .unwrap_or(&self.conn);
-        for (touched, (log_index, command)) in rows {
-            let (kind, class) = match touched {
-                Touched::Class(class) => (0, class.as_str()),
-                Touched::Global => (1, ""),
-                Touched::Any => (2, ""),
+        let touch = |t: &Touch| {
+            [
+                t.last.0 as i64,
+                i64::from(t.last.1),
+                t.by as i64,
+                t.before.0 as i64,
+                i64::from(t.before.1),
+            ]
+        };
+        for row in rows {
+            let (kind, name, values) = match row {
+                Remembered::Class(class, t) => (0, class.clone(), touch(t)),
+                Remembered::Global(at) => (1, String::new(), [at.0 as i64, i64::from(at.1), 0, 0, 0]),
+                Remembered::Any(t) => (2, String::new(), touch(t)),
+                Remembered::Chain(incarnation, chain) => (
+                    3,
+                    incarnation.to_string(),
+                    [chain.last_seq as i64, chain.committed as i64, 0, 0, 0],
+                ),
             };
+            let [a, b, c, d, e] = values;
             bookkeep(
                 conn,
-                "INSERT OR REPLACE INTO _chorus_certified VALUES (?1, ?2, ?3, ?4)",
-                (kind, class, *log_index as i64, command),
+                "INSERT OR REPLACE INTO _chorus_certified VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                (kind, name, a, b, c, d, e),
             )?;
         }
         Ok(())
+    }
+
+    fn apply_in_transaction(&mut self, write_set: &[u8]) -> Result<(), SqlError> {
+        assert!(!self.conn.is_autocommit(), "applied inside the open transaction");
+        crate::write_set::apply(&self.conn, &mut self.tables, write_set, false)
+    }
+
+    fn applies_in_transaction(&mut self) -> bool {
+        let version = self
+            .conn
+            .prepare_cached("PRAGMA schema_version")
+            .and_then(|mut statement| statement.query_row([], |row| row.get::<_, i64>(0)));
+        let Ok(version) = version else {
+            return false;
+        };
+        if let Some((known, applies)) = self.applies_in_transaction {
+            if known == version {
+                return applies;
+            }
+        }
+        // No trigger, and no foreign key that acts on a change.
+        let applies = self
+            .conn
+            .query_row(
+                "SELECT NOT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'trigger') \
+                 AND NOT EXISTS (SELECT 1 FROM sqlite_master AS t, pragma_foreign_key_list(t.name) AS f \
+                                 WHERE t.type = 'table' AND (f.on_update <> 'NO ACTION' OR f.on_delete <> 'NO ACTION'))",
+                [],
+                |row| row.get::<_, bool>(0),
+            )
+            .unwrap_or(false);
+        self.applies_in_transaction = Some((version, applies));
+        applies
     }
 
     fn apply_write_set(&mut self, write_set: &[u8]) -> Result<(), SqlError> {
@@ -731,6 +833,16 @@ impl Engine for Sqlite {
     }
 
     fn end_write_sets(&mut self, mark: Option<AppliedMark>) -> Result<(), SqlError> {
+        if self.write_sets_on_conn {
+            self.write_sets_on_conn = false;
+            return match mark {
+                Some(mark) => self.mark_applied(mark).and_then(|()| self.commit()),
+                None => {
+                    self.rollback();
+                    Ok(())
+                }
+            };
+        }
         let Some(applier) = self.applier.as_ref().filter(|applier| !applier.is_autocommit()) else {
             return Ok(());
         };

@@ -51,6 +51,11 @@ pub struct Certify {
     pub classes: Vec<String>,
     /// Its classes could not be told: it may have touched any.
     pub global: bool,
+    /// None: it ran on its snapshot alone. Some: it ran on its snapshot with the write-sets of
+    /// every transaction of its node's still in the log applied first, and depends on those
+    /// of them that touched its classes: bit i stands for the one numbered `seq - 1 - i` (see
+    /// `certify`).
+    pub chain: Option<u64>,
 }
 
 /// What replicas do with a transaction.
@@ -111,6 +116,8 @@ impl Txn {
             out.extend_from_slice(&certify.snapshot.0.to_le_bytes());
             out.extend_from_slice(&certify.snapshot.1.to_le_bytes());
             out.push(u8::from(certify.global));
+            out.push(u8::from(certify.chain.is_some()));
+            out.extend_from_slice(&certify.chain.unwrap_or(0).to_le_bytes());
             put_len(&mut out, certify.classes.len());
             for class in &certify.classes {
                 put_bytes(&mut out, class.as_bytes());
@@ -283,6 +290,16 @@ impl<'a> Reader<'a> {
             1 => true,
             _ => return Err(DecodeError::Malformed("a global flag that is neither 0 nor 1")),
         };
+        let chained = match self.take(1)?[0] {
+            0 => false,
+            1 => true,
+            _ => return Err(DecodeError::Malformed("a chain flag that is neither 0 nor 1")),
+        };
+        let chain = self.u64()?;
+        if !chained && chain != 0 {
+            return Err(DecodeError::Malformed("a chain without its flag"));
+        }
+        let chain = chained.then_some(chain);
         let count = self.len()?;
         // Each class takes at least its 4-byte length.
         let mut classes = Vec::with_capacity(count.min(self.bytes.len() / 4));
@@ -293,6 +310,7 @@ impl<'a> Reader<'a> {
             snapshot,
             classes,
             global,
+            chain,
         })
     }
 }
@@ -332,6 +350,7 @@ mod tests {
                 snapshot: (41, 2),
                 classes: vec!["1".into(), "é".into()],
                 global: false,
+                chain: Some(0b101),
             }),
             ..txn
         }

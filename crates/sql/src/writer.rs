@@ -18,9 +18,11 @@
 //! transaction back; the log orders the write-sets, and every node — the executing one too —
 //! certifies each in log order (`certify`) and applies those that pass. A client's transaction
 //! holds the write lock while it runs, so what the log orders meanwhile waits (`deferred`) and
-//! is applied when the lock is free. A node does not start a transaction on a class while one
-//! of its own on that class is still on its way through the log: it would run on a state
-//! without it, and be voided.
+//! is applied when the lock is free. A transaction starts on the node's state with the
+//! write-sets of the node's own transactions still in the log applied first (its chain), so a
+//! node need not wait for the log between two transactions on one class. Where applying them
+//! there would be wrong (triggers, foreign-key actions), a node does not start a transaction on
+//! a class while one of its own on that class is still in the log instead.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,7 +33,7 @@ use chorus_log::node::Pending;
 use chorus_log::NodeError;
 use tokio::sync::{mpsc as async_mpsc, oneshot, watch};
 
-use crate::certify::{Certifier, Position, Touched};
+use crate::certify::{Certifier, Position, Remembered, CHAIN_SPAN};
 use crate::classes::{Label, Labeller};
 use crate::engine::{AppliedMark, Engine, Outcome, Recorded};
 use crate::error::SqlError;
@@ -98,31 +100,6 @@ pub struct Certifying {
     pub proposed: oneshot::Receiver<Result<Pending<Applied>, NodeError>>,
     /// Its outcome, once certified and (if it passed) applied here.
     pub outcome: oneshot::Receiver<Applied>,
-    /// Until dropped, or the outcome is known, this node starts no transaction on its classes.
-    _in_flight: InFlight,
-}
-
-/// Releases a hybrid transaction's classes if it is dropped before its outcome is known (the
-/// session gave up waiting).
-struct InFlight {
-    writer: Arc<Mutex<Writer>>,
-    id: TxnId,
-}
-
-impl std::fmt::Debug for InFlight {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InFlight").field("id", &self.id).finish()
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let mut writer = self.writer.lock().expect("the writer does not panic while locked");
-        if let Some((_, label)) = writer.outcomes.remove(&self.id) {
-            writer.release(&label);
-            writer.after_release();
-        }
-    }
 }
 
 /// How far the writer's local commits and the log's applies are, for reads that must not
@@ -260,18 +237,7 @@ impl WriterHandle {
         let mut writer = self.writer();
         let committed = writer.commit(session);
         writer.after_release();
-        drop(writer);
-        Ok(match committed? {
-            Uncertified::Done(committed) => committed,
-            Uncertified::Proposed { id, proposed, outcome } => Committed::Certifying(Certifying {
-                proposed,
-                outcome,
-                _in_flight: InFlight {
-                    writer: self.writer.clone(),
-                    id,
-                },
-            }),
-        })
+        committed
     }
 
     /// Ends `session`'s transaction without a trace (also when the session ends inside one).
@@ -350,10 +316,18 @@ impl WriterHandle {
         writer.ahead.clear();
         writer.unrecorded = None;
         writer.confirmed_unrecorded.clear();
-        // What the log ordered before the checkpoint is in it; their sessions hear nothing
-        // (their outcome is unknown to them).
+        // What the log ordered before the checkpoint is in it, and what it certified. This
+        // node's transactions in the log may be in it or not: their sessions hear their outcome
+        // is unknown, and the node goes on as a new incarnation, whose transactions are
+        // certified against them as against any other node's.
         writer.deferred.clear();
+        writer.group_certified.clear();
+        writer.group_outcomes.clear();
         writer.certifier = Certifier::from_rows(writer.engine.certified()?);
+        writer.outcomes.clear();
+        writer.own_in_flight.clear();
+        writer.incarnation = new_incarnation();
+        writer.next_seq = 1;
         Ok(())
     }
 
@@ -432,16 +406,6 @@ impl WriterMetrics {
 /// say it has it.
 type Waiting = (u64, Label, oneshot::Sender<Result<(), SqlError>>);
 
-/// How `Writer::commit` ended: a hybrid transaction's in-flight guard is made outside the lock.
-enum Uncertified {
-    Done(Committed),
-    Proposed {
-        id: TxnId,
-        proposed: oneshot::Receiver<Result<Pending<Applied>, NodeError>>,
-        outcome: oneshot::Receiver<Applied>,
-    },
-}
-
 struct Active {
     session: u64,
     granted_at: std::time::Instant,
@@ -460,6 +424,17 @@ struct Active {
     label: Label,
     /// Hybrid: the last log command applied to the state it runs on.
     snapshot: Position,
+    /// Hybrid: it runs on its snapshot with the write-sets of every transaction of this
+    /// node's still in the log applied first (`own_in_flight`), not on its snapshot alone.
+    chained: bool,
+}
+
+/// One of this node's hybrid transactions in the log, not yet applied here.
+struct OwnInFlight {
+    id: TxnId,
+    /// Its write-set; None for statements (a schema change).
+    write_set: Option<Vec<u8>>,
+    label: Label,
 }
 
 struct Writer {
@@ -500,16 +475,20 @@ struct Writer {
     /// with their log index and place in the entry.
     deferred: VecDeque<(u64, u32, Txn)>,
     certifier: Certifier,
-    /// What certification remembers of the open group's transactions, recorded with it.
-    group_certified: Vec<(Touched, Position)>,
+    /// What certification remembers of the transactions certified since the last group
+    /// committed, recorded with the next.
+    group_certified: Vec<Remembered>,
     /// The open group's hybrid transactions' outcomes, told once it commits.
     group_outcomes: Vec<(TxnId, Applied)>,
     /// This node's hybrid transactions in the log whose outcome is not known yet: who waits
-    /// for it, and the classes it holds.
-    outcomes: HashMap<TxnId, (oneshot::Sender<Applied>, Label)>,
-    /// Of those, how many touch each class, and how many are global.
-    in_flight: HashMap<String, u32>,
-    in_flight_global: u32,
+    /// for it.
+    outcomes: HashMap<TxnId, oneshot::Sender<Applied>>,
+    /// This node's hybrid transactions in the log, in the order proposed, until applied or
+    /// void here (also those whose sessions gave up on them).
+    own_in_flight: VecDeque<OwnInFlight>,
+    /// One of those no longer fits the rows: no transaction starts until they are all out of
+    /// the log (they are void).
+    chain_broken: bool,
 }
 
 /// The writer over `engine`.
@@ -529,10 +508,7 @@ pub fn start(
     let writer = Writer {
         engine,
         mode: options.mode,
-        incarnation: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1),
+        incarnation: new_incarnation(),
         next_seq: 1,
         leading: false,
         active: None,
@@ -556,14 +532,23 @@ pub fn start(
         group_certified: Vec::new(),
         group_outcomes: Vec::new(),
         outcomes: HashMap::new(),
-        in_flight: HashMap::new(),
-        in_flight_global: 0,
+        own_in_flight: VecDeque::new(),
+        chain_broken: false,
     };
     Ok(WriterHandle {
         writer: Arc::new(Mutex::new(writer)),
         progress,
         lock_wait: options.lock_wait,
     })
+}
+
+/// A name for this process's transactions (or, after a checkpoint replaced the database, the
+/// next ones'): its start time in ns.
+fn new_incarnation() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1)
 }
 
 /// Transactions replayed from the log, not yet committed.
@@ -603,32 +588,73 @@ impl Writer {
     }
 
     /// Whether a transaction touching `label` must wait for this node's own hybrid ones in the
-    /// log: it would run on a state without them, and be voided.
-    fn blocked(&self, label: &Label) -> bool {
-        self.in_flight_global > 0
-            || (label.global && !self.outcomes.is_empty())
-            || label.classes.iter().any(|class| self.in_flight.contains_key(class))
+    /// log: a schema change or a global one is not chained, nor anything after it; and where
+    /// write-sets cannot be applied under a client's transaction, one on the same classes
+    /// would run on a state without them, and be voided.
+    fn blocked(&mut self, label: &Label) -> bool {
+        if self.chain_broken && self.own_in_flight.is_empty() {
+            self.chain_broken = false;
+        }
+        // A chain reaches back CHAIN_SPAN transactions at most: the next may need them all.
+        if self.chain_broken
+            || self.own_in_flight.len() as u64 >= CHAIN_SPAN - 1
+            || self
+                .own_in_flight
+                .iter()
+                .any(|own| own.label.global || own.write_set.is_none())
+            || (label.global && !self.own_in_flight.is_empty())
+        {
+            return true;
+        }
+        !self.own_in_flight.is_empty()
+            && !self.engine.applies_in_transaction()
+            && self
+                .own_in_flight
+                .iter()
+                .any(|own| own.label.classes.iter().any(|class| label.classes.contains(class)))
     }
 
-    /// Hybrid: this node's transaction touching `label` has its outcome (or was given up on).
-    fn release(&mut self, label: &Label) {
-        if label.global {
-            self.in_flight_global -= 1;
+    /// Hybrid, at the start of a client's transaction: applies the write-sets of this node's
+    /// transactions still in the log, if it may; whether it did. An error is one of them that
+    /// no longer fits the rows (it will be void).
+    fn apply_chain(&mut self) -> Result<bool, SqlError> {
+        if self.own_in_flight.is_empty() {
+            return Ok(true);
         }
-        for class in &label.classes {
-            let count = self.in_flight.get_mut(class).expect("a class in flight is counted");
-            *count -= 1;
-            if *count == 0 {
-                self.in_flight.remove(class);
-            }
+        if !self.engine.applies_in_transaction() {
+            return Ok(false);
         }
+        for own in &self.own_in_flight {
+            let write_set = own.write_set.as_ref().expect("a chain holds write-sets only");
+            self.engine.apply_in_transaction(write_set)?;
+        }
+        Ok(true)
+    }
+
+    /// Hybrid: which of this node's transactions in the log a transaction to be numbered
+    /// `seq`, touching `label`, depends on (see `Certify::chain`).
+    fn chain_of(&self, seq: u64, label: &Label) -> u64 {
+        self.own_in_flight
+            .iter()
+            .filter(|own| {
+                label.global || own.label.global || own.label.classes.iter().any(|class| label.classes.contains(class))
+            })
+            .fold(0, |chain, own| {
+                let back = seq - 1 - own.id.seq;
+                assert!(
+                    back < CHAIN_SPAN,
+                    "a chain reaches back at most CHAIN_SPAN transactions"
+                );
+                chain | (1 << back)
+            })
     }
 
     /// The next waiting session that may start (hybrid: whose first statement's classes are
     /// not in flight; others keep their place), dropping those that left.
     fn next_waiting(&mut self) -> Option<Waiting> {
         self.waiting.retain(|(_, _, reply)| !reply.is_closed());
-        let next = self.waiting.iter().position(|(_, label, _)| !self.blocked(label))?;
+        let labels: Vec<Label> = self.waiting.iter().map(|(_, label, _)| label.clone()).collect();
+        let next = labels.iter().position(|label| !self.blocked(label))?;
         self.waiting.remove(next)
     }
 
@@ -638,8 +664,22 @@ impl Writer {
         if self.wants_checkpoint && (hybrid || !self.ahead.is_empty() || self.engine.sequences_outside_transactions()) {
             return;
         }
-        while let Some((session, _, reply)) = self.next_waiting() {
+        while let Some((session, first, reply)) = self.next_waiting() {
             let mut started = self.sync_sequences().and_then(|()| self.engine.begin());
+            let mut chained = false;
+            if started.is_ok() && hybrid {
+                match self.apply_chain() {
+                    Ok(applied) => chained = applied,
+                    Err(e) => {
+                        // It waits until this node's transactions are out of the log.
+                        tracing::debug!(error = %e, "a transaction of this node's in the log no longer fits the rows");
+                        self.engine.rollback();
+                        self.chain_broken = true;
+                        self.waiting.push_front((session, first, reply));
+                        continue;
+                    }
+                }
+            }
             if started.is_ok() && self.mode != ReplicationMode::Active {
                 started = self.engine.record_writes();
                 if started.is_err() {
@@ -664,6 +704,7 @@ impl Writer {
                     changes_schema: false,
                     label: Label::default(),
                     snapshot: (self.applied.log_index, self.applied.command),
+                    chained,
                 });
             }
             if reply.send(started).is_err() {
@@ -741,7 +782,7 @@ impl Writer {
         result
     }
 
-    fn commit(&mut self, session: u64) -> Result<Uncertified, SqlError> {
+    fn commit(&mut self, session: u64) -> Result<Committed, SqlError> {
         let active = match self.active.take() {
             Some(active) if active.session == session => active,
             other => {
@@ -760,14 +801,15 @@ impl Writer {
             ReplicationMode::Auto => active.nondeterministic,
             _ => false,
         };
-        if active.failed || active.statements.is_empty() {
+        let chain = active.chained.then(|| self.chain_of(self.next_seq, &active.label));
+        if active.failed || (active.statements.is_empty() && chain.unwrap_or(0) == 0) {
             self.rolled_back(&active);
-            return Ok(Uncertified::Done(Committed::Nothing {
+            return Ok(Committed::Nothing {
                 rolled_back: active.failed,
-            }));
+            });
         }
         if self.mode == ReplicationMode::Hybrid {
-            return self.commit_hybrid(active);
+            return self.commit_hybrid(active, chain);
         }
         let id = self.next_id();
         let body = if !write_set {
@@ -782,7 +824,7 @@ impl Writer {
                     self.rolled_back(&active);
                     return Err(e);
                 }
-                Ok(Recorded::Nothing) => return Ok(Uncertified::Done(Committed::Nothing { rolled_back: false })),
+                Ok(Recorded::Nothing) => return Ok(Committed::Nothing { rolled_back: false }),
                 Ok(Recorded::WriteSet(write_set)) => Body::WriteSet(write_set),
                 Ok(Recorded::Unrecordable(why)) if active.nondeterministic => {
                     // Committed here, and replicas could reach its state neither way: the node
@@ -807,23 +849,21 @@ impl Writer {
                 self.sequences_unsynced |= active.wrote;
             }
         }
-        Ok(Uncertified::Done(Committed::Ahead(self.propose_ahead(
-            id,
-            active.seed,
-            body,
-        ))))
+        Ok(Committed::Ahead(self.propose_ahead(id, active.seed, body)))
     }
 
     /// Hybrid: rolls `active` back here and proposes its write-set (its statements, if it
     /// changed the schema) to be certified.
-    fn commit_hybrid(&mut self, active: Active) -> Result<Uncertified, SqlError> {
+    fn commit_hybrid(&mut self, active: Active, chain: Option<u64>) -> Result<Committed, SqlError> {
         let body = if active.changes_schema {
             self.engine.rollback();
             Body::Statements(active.statements)
         } else {
             let write_set = self.engine.take_write_set()?;
-            if write_set.is_empty() {
-                return Ok(Uncertified::Done(Committed::Nothing { rolled_back: false }));
+            // One that changed nothing but read what its chain wrote is certified too: its
+            // client may hear success only if its chain committed.
+            if write_set.is_empty() && chain.unwrap_or(0) == 0 {
+                return Ok(Committed::Nothing { rolled_back: false });
             }
             Body::WriteSet(write_set)
         };
@@ -848,20 +888,23 @@ impl Writer {
                 snapshot: active.snapshot,
                 classes: label.classes.iter().cloned().collect(),
                 global: label.global,
+                chain,
             }),
         };
-        if label.global {
-            self.in_flight_global += 1;
-        }
-        for class in &label.classes {
-            *self.in_flight.entry(class.clone()).or_default() += 1;
-        }
+        self.own_in_flight.push_back(OwnInFlight {
+            id,
+            write_set: match &txn.body {
+                Body::WriteSet(write_set) => Some(write_set.clone()),
+                Body::Statements(_) => None,
+            },
+            label,
+        });
         let (told, outcome) = oneshot::channel();
-        self.outcomes.insert(id, (told, label));
+        self.outcomes.insert(id, told);
         let (proposed_tx, proposed) = oneshot::channel();
         // If the runtime is going away the session hears the proposal was dropped.
         let _ = self.proposals.send((txn, proposed_tx));
-        Ok(Uncertified::Proposed { id, proposed, outcome })
+        Ok(Committed::Certifying(Certifying { proposed, outcome }))
     }
 
     fn next_id(&self) -> TxnId {
@@ -1047,7 +1090,16 @@ impl Writer {
             command,
             last_txn: self.applied.last_txn,
         };
-        if self.certifier.admits(certify, at) {
+        if txn.id.incarnation == self.incarnation {
+            // Its own transactions proposed before it and not ordered by now never will be
+            // (the log voids one ordered after it): their sessions hear so.
+            while let Some(own) = self.own_in_flight.front().filter(|own| own.id.seq < txn.id.seq) {
+                let lost = own.id;
+                self.own_in_flight.pop_front();
+                self.group_outcomes.push((lost, Applied::Void));
+            }
+        }
+        if self.certifier.admits(txn.id, certify, at) {
             let applied = match &txn.body {
                 Body::WriteSet(write_set) => self
                     .open_group(mark, true)
@@ -1058,7 +1110,7 @@ impl Writer {
                 Ok(Ok(())) => {
                     outcome = Applied::Committed;
                     mark.last_txn = txn.id;
-                    let remembered = self.certifier.commit(certify, at);
+                    let remembered = self.certifier.commit(txn.id, certify, at);
                     self.group_certified.extend(remembered);
                 }
                 Ok(Err(conflict)) => {
@@ -1070,6 +1122,13 @@ impl Writer {
                     txn.id
                 ),
             }
+        }
+        if outcome == Applied::Void {
+            let remembered = self.certifier.void(txn.id);
+            self.group_certified.extend(remembered);
+        }
+        if txn.id.incarnation == self.incarnation {
+            self.own_in_flight.retain(|own| own.id != txn.id);
         }
         // A void one moves the position too: a restart certifies it again, alike.
         self.applied = mark;
@@ -1088,9 +1147,8 @@ impl Writer {
     fn tell_outcomes(&mut self) {
         let told = self.group_outcomes.len() as u64;
         for (id, outcome) in std::mem::take(&mut self.group_outcomes) {
-            if let Some((session, label)) = self.outcomes.remove(&id) {
+            if let Some(session) = self.outcomes.remove(&id) {
                 let _ = session.send(outcome);
-                self.release(&label);
             }
         }
         if told > 0 {

@@ -381,6 +381,7 @@ fn main() {
             snapshot: (40, 1),
             classes: vec!["1".into(), "2".into()],
             global: false,
+            chain: Some(1),
         }),
         ..txn
     };

@@ -178,11 +178,87 @@ async fn nodes_execute_different_classes_at_once_and_the_first_committer_of_a_cl
 }
 
 #[tokio::test]
-async fn a_node_holds_a_class_back_while_its_own_transaction_on_it_is_in_the_log() {
+async fn a_node_runs_its_next_transaction_on_a_class_on_its_own_still_in_the_log() {
     let (mut nodes, index) = cluster().await;
+    let (_, first, mut first_told) = transact(&mut nodes[0], 1, &[(DEPOSIT, vec![int(5), int(1), int(1)])]).await;
+    // The next, on the same class, sees the first's deposit before the log has it.
+    let (reads, second, mut second_told) = transact(
+        &mut nodes[0],
+        2,
+        &[(SUM, vec![int(1)]), (DEPOSIT, vec![int(1), int(1), int(5)])],
+    )
+    .await;
+    assert_eq!(reads[0], vec![vec![int(205)]]);
+    assert_eq!(
+        second.certify.as_ref().unwrap().chain,
+        Some(0b1),
+        "it depends on the first"
+    );
+    // A read-only one on the chain is certified too: it saw what the log may void.
+    let (reads, read_only, mut read_told) = transact(&mut nodes[0], 3, &[(SUM, vec![int(1)])]).await;
+    assert_eq!(reads[0], vec![vec![int(206)]]);
+    for (offset, txn) in [&first, &second, &read_only].into_iter().enumerate() {
+        deliver(&nodes, index + offset as u64, txn);
+    }
+    for told in [&mut first_told, &mut second_told, &mut read_told] {
+        assert_eq!(outcome(told), Some(Applied::Committed));
+    }
+    assert_eq!(accounts(&nodes[1])[0][2], int(105));
+    assert_eq!(accounts(&nodes[2])[4][2], int(101));
+
+    // Node 2 writes class 1 first: node 1's next is void, and the one chained on it too; one
+    // on another class, run on the same state, depends on neither and commits.
+    let (_, theirs, _) = transact(&mut nodes[1], 1, &[(DEPOSIT, vec![int(7), int(1), int(1)])]).await;
+    let (_, mine, mut mine_told) = transact(&mut nodes[0], 4, &[(DEPOSIT, vec![int(5), int(1), int(1)])]).await;
+    let (_, other, mut other_told) = transact(&mut nodes[0], 5, &[(DEPOSIT, vec![int(5), int(2), int(2)])]).await;
+    let (_, chained, mut chained_told) = transact(&mut nodes[0], 6, &[(DEPOSIT, vec![int(5), int(1), int(5)])]).await;
+    assert_eq!(
+        other.certify.as_ref().unwrap().chain,
+        Some(0),
+        "another class: it depends on nothing"
+    );
+    assert_eq!(
+        chained.certify.as_ref().unwrap().chain,
+        Some(0b10),
+        "it depends on the one before the last"
+    );
+    for (offset, txn) in [&theirs, &mine, &other, &chained].into_iter().enumerate() {
+        deliver(&nodes, index + 3 + offset as u64, txn);
+    }
+    assert_eq!(outcome(&mut mine_told), Some(Applied::Void));
+    assert_eq!(outcome(&mut other_told), Some(Applied::Committed));
+    assert_eq!(
+        outcome(&mut chained_told),
+        Some(Applied::Void),
+        "it saw a write the log voided"
+    );
+    for node in &nodes {
+        assert_eq!(accounts(node)[0][2], int(112));
+        assert_eq!(accounts(node)[1][2], int(105));
+        assert_eq!(accounts(node)[4][2], int(101));
+    }
+}
+
+#[tokio::test]
+async fn with_triggers_a_node_holds_a_class_back_while_its_own_transaction_on_it_is_in_the_log() {
+    let (mut nodes, index) = cluster().await;
+    let (_, audit, _) = transact(
+        &mut nodes[0],
+        1,
+        &[
+            ("CREATE TABLE audit (n INTEGER)", vec![]),
+            (
+                "CREATE TRIGGER audited AFTER UPDATE ON acct BEGIN INSERT INTO audit VALUES (new.bal); END",
+                vec![],
+            ),
+        ],
+    )
+    .await;
+    deliver(&nodes, index, &audit);
     let (_, first, mut told) = transact(&mut nodes[0], 1, &[(DEPOSIT, vec![int(5), int(1), int(1)])]).await;
     // Another class starts at once; the same class waits for the log.
-    let (_, other, _other) = transact(&mut nodes[0], 2, &[(DEPOSIT, vec![int(5), int(2), int(2)])]).await;
+    let (_, other, _) = transact(&mut nodes[0], 2, &[(DEPOSIT, vec![int(5), int(2), int(2)])]).await;
+    assert_eq!(other.certify.as_ref().unwrap().chain, None, "not chained");
     let same = (DEPOSIT, vec![int(5), int(1), int(5)]);
     let error = begin(&nodes[0], 3, &same).await.unwrap_err();
     assert_eq!(error.code, "55P03", "it waited out the lock wait");
@@ -196,17 +272,16 @@ async fn a_node_holds_a_class_back_while_its_own_transaction_on_it_is_in_the_log
     };
     tokio::task::yield_now().await;
     assert!(!waiting.is_finished());
-    deliver(&nodes, index, &first);
+    deliver(&nodes, index + 1, &first);
     assert_eq!(outcome(&mut told), Some(Applied::Committed));
     waiting.await.unwrap().unwrap();
     run(&nodes[0], 4, std::slice::from_ref(&same));
     let (second, _) = commit(&mut nodes[0], 4).unwrap();
     assert_eq!(
         second.certify.unwrap().snapshot,
-        (index, 0),
+        (index + 1, 0),
         "it ran on a state holding the first"
     );
-    drop(other);
 }
 
 #[tokio::test]
@@ -357,6 +432,7 @@ async fn certified_histories_equal_a_serial_one_in_log_order() {
         };
         let mut ran: HashMap<TxnId, (Vec<Owned>, Reads, Certifying)> = HashMap::new();
         let mut session = 10;
+        let (mut held_back, mut chained) = (0, 0);
         for _ in 0..120 {
             let action = draw.below(10);
             if action < 4 {
@@ -383,15 +459,21 @@ async fn certified_histories_equal_a_serial_one_in_log_order() {
             ];
             let borrowed: Vec<(&str, Vec<Value>)> = statements.iter().map(|(s, p)| (s.as_str(), p.clone())).collect();
             session += 1;
-            // A class of this node's own in the log holds it back: deliver those first.
-            let first = nodes[on].writer.label(SUM, StatementKind::Read, &[int(a)]);
-            while log.queues[on].iter().any(|txn| {
-                let certify = txn.certify.as_ref().unwrap();
-                certify.global || certify.classes.iter().any(|class| first.classes.contains(class))
-            }) {
-                log.order_next(&nodes, on);
+            // A transaction of this node's in the log that no longer fits holds it back
+            // until the log has them all.
+            let granted = {
+                let writer = nodes[on].writer.clone();
+                let label = writer.label(SUM, StatementKind::Read, &[int(a)]);
+                tokio::spawn(async move { writer.begin(session, label).await })
+            };
+            tokio::task::yield_now().await;
+            if !granted.is_finished() {
+                held_back += 1;
+                while !log.queues[on].is_empty() {
+                    log.order_next(&nodes, on);
+                }
             }
-            begin(&nodes[on], session, &borrowed[0]).await.unwrap();
+            granted.await.unwrap().unwrap();
             let mut reads = run(&nodes[on], session, &borrowed[..2]);
             if action == 9 {
                 // The log orders others while this one holds the lock.
@@ -401,6 +483,7 @@ async fn certified_histories_equal_a_serial_one_in_log_order() {
             }
             reads.extend(run(&nodes[on], session, &borrowed[2..]));
             let (txn, certifying) = commit(&mut nodes[on], session).unwrap();
+            chained += usize::from(txn.certify.as_ref().unwrap().chain.unwrap_or(0) != 0);
             ran.insert(txn.id, (statements, reads, certifying));
             log.queues[on].push_back(txn);
         }
@@ -432,6 +515,10 @@ async fn certified_histories_equal_a_serial_one_in_log_order() {
             committed > 20 && committed < ran.len(),
             "seed {seed}: {committed} of {} committed",
             ran.len()
+        );
+        assert!(
+            chained > 10 && held_back > 0,
+            "seed {seed}: {chained} ran on a chain, {held_back} waited for a chain that no longer fit"
         );
         let expected = serial
             .execute("SELECT id, class, bal FROM acct ORDER BY id", &[])
