@@ -152,8 +152,8 @@ pub trait Engine: Send {
     fn record_certified(&mut self, _rows: &[Remembered]) -> Result<(), SqlError> {
         Err(hybrid_unsupported())
     }
-    /// Hybrid replication, inside the open client transaction, before it runs: applies a
-    /// write-set of this node's still in the log, as it was recorded.
+    /// Hybrid replication, inside the open client transaction: applies a write-set of this
+    /// node's still in the log, as it was recorded (not recorded as the transaction's own).
     fn apply_in_transaction(&mut self, _write_set: &[u8]) -> Result<(), SqlError> {
         Err(hybrid_unsupported())
     }
@@ -795,7 +795,18 @@ impl Engine for Sqlite {
 
     fn apply_in_transaction(&mut self, write_set: &[u8]) -> Result<(), SqlError> {
         assert!(!self.conn.is_autocommit(), "applied inside the open transaction");
-        crate::write_set::apply(&self.conn, &mut self.tables, write_set, false)
+        // Not the transaction's own writes: the recording, if one runs, skips them.
+        let recording = self.recording.as_ref().map(|recording| recording.0);
+        if let Some(session) = recording {
+            // SAFETY: the session is live (kept in `recording`); enabling takes a flag.
+            unsafe { ffi::sqlite3session_enable(session, 0) };
+        }
+        let applied = crate::write_set::apply(&self.conn, &mut self.tables, write_set, false);
+        if let Some(session) = recording {
+            // SAFETY: as above.
+            unsafe { ffi::sqlite3session_enable(session, 1) };
+        }
+        applied
     }
 
     fn applies_in_transaction(&mut self) -> bool {

@@ -424,9 +424,13 @@ struct Active {
     label: Label,
     /// Hybrid: the last log command applied to the state it runs on.
     snapshot: Position,
-    /// Hybrid: it runs on its snapshot with the write-sets of every transaction of this
-    /// node's still in the log applied first (`own_in_flight`), not on its snapshot alone.
+    /// Hybrid: it runs on its snapshot with write-sets of this node's transactions still in
+    /// the log applied (`own_in_flight`), not on its snapshot alone: those of every one that
+    /// touched a class it touched (and of every one that touched theirs), applied before it
+    /// first touched the class.
     chained: bool,
+    /// Which of them are applied, by sequence number.
+    chain_applied: Vec<u64>,
 }
 
 /// One of this node's hybrid transactions in the log, not yet applied here.
@@ -614,32 +618,52 @@ impl Writer {
                 .any(|own| own.label.classes.iter().any(|class| label.classes.contains(class)))
     }
 
-    /// Hybrid, at the start of a client's transaction: applies the write-sets of this node's
-    /// transactions still in the log, if it may; whether it did. An error is one of them that
-    /// no longer fits the rows (it will be void).
-    fn apply_chain(&mut self) -> Result<bool, SqlError> {
-        if self.own_in_flight.is_empty() {
-            return Ok(true);
+    /// Hybrid: applies, in the open transaction, the write-sets of this node's transactions
+    /// still in the log (not applied yet: `applied`) that touched a class of `label`, and of
+    /// those that touched theirs, in order; adds them to `applied`. For a global label, all.
+    /// An error is one that no longer fits the rows (it will be void).
+    fn apply_chain(&mut self, label: &Label, applied: &mut Vec<u64>) -> Result<(), SqlError> {
+        let mut classes = label.classes.clone();
+        let mut picked = vec![false; self.own_in_flight.len()];
+        loop {
+            let mut grew = false;
+            for (own, picked) in self.own_in_flight.iter().zip(picked.iter_mut()) {
+                if !*picked
+                    && !applied.contains(&own.id.seq)
+                    && (label.global || own.label.classes.iter().any(|class| classes.contains(class)))
+                {
+                    *picked = true;
+                    classes.extend(own.label.classes.iter().cloned());
+                    grew = true;
+                }
+            }
+            if !grew {
+                break;
+            }
         }
-        if !self.engine.applies_in_transaction() {
-            return Ok(false);
+        for (own, picked) in self.own_in_flight.iter().zip(picked) {
+            if picked {
+                let write_set = own.write_set.as_ref().expect("a chain holds write-sets only");
+                self.engine.apply_in_transaction(write_set)?;
+                applied.push(own.id.seq);
+            }
         }
-        for own in &self.own_in_flight {
-            let write_set = own.write_set.as_ref().expect("a chain holds write-sets only");
-            self.engine.apply_in_transaction(write_set)?;
-        }
-        Ok(true)
+        Ok(())
     }
 
     /// Hybrid: which of this node's transactions in the log a transaction to be numbered
-    /// `seq`, touching `label`, depends on (see `Certify::chain`).
-    fn chain_of(&self, seq: u64, label: &Label) -> u64 {
+    /// `seq`, touching `label`, with `applied` under it, depends on (see `Certify::chain`).
+    fn chain_of(&self, seq: u64, label: &Label, applied: &[u64]) -> u64 {
         self.own_in_flight
             .iter()
             .filter(|own| {
                 label.global || own.label.global || own.label.classes.iter().any(|class| label.classes.contains(class))
             })
             .fold(0, |chain, own| {
+                assert!(
+                    applied.contains(&own.id.seq),
+                    "a transaction ran on every write-set of its classes still in the log"
+                );
                 let back = seq - 1 - own.id.seq;
                 assert!(
                     back < CHAIN_SPAN,
@@ -666,10 +690,13 @@ impl Writer {
         }
         while let Some((session, first, reply)) = self.next_waiting() {
             let mut started = self.sync_sequences().and_then(|()| self.engine.begin());
-            let mut chained = false;
-            if started.is_ok() && hybrid {
-                match self.apply_chain() {
-                    Ok(applied) => chained = applied,
+            // Where write-sets cannot be applied under a client's transaction, it runs on its
+            // snapshot alone (and `blocked` kept it off classes in the log).
+            let chained = hybrid && (self.own_in_flight.is_empty() || self.engine.applies_in_transaction());
+            let mut chain_applied = Vec::new();
+            if started.is_ok() && chained {
+                match self.apply_chain(&first, &mut chain_applied) {
+                    Ok(()) => {}
                     Err(e) => {
                         // It waits until this node's transactions are out of the log.
                         tracing::debug!(error = %e, "a transaction of this node's in the log no longer fits the rows");
@@ -705,6 +732,7 @@ impl Writer {
                     label: Label::default(),
                     snapshot: (self.applied.log_index, self.applied.command),
                     chained,
+                    chain_applied,
                 });
             }
             if reply.send(started).is_err() {
@@ -736,8 +764,30 @@ impl Writer {
             return Err(SqlError::in_failed_transaction());
         }
         if let Some(labeller) = &mut self.labeller {
-            active.label.join(labeller.label(sql, analysis.kind, &params));
+            let touched = labeller.label(sql, analysis.kind, &params);
+            let new = touched.global && !active.label.global
+                || touched
+                    .classes
+                    .iter()
+                    .any(|class| !active.label.classes.contains(class));
+            active.label.join(touched.clone());
+            if active.chained && new {
+                // A class it had not touched: this node's transactions on it in the log come
+                // first. None of them touched a class it had (those are applied already).
+                let mut applied = std::mem::take(&mut active.chain_applied);
+                let chained = self.apply_chain(&touched, &mut applied);
+                let active = self.active.as_mut().expect("checked above");
+                active.chain_applied = applied;
+                if let Err(e) = chained {
+                    self.chain_broken = true;
+                    active.failed = true;
+                    return Err(SqlError::serialization(&format!(
+                        "an earlier transaction of this node's on a class this one touches no longer fits the rows ({e}); retry"
+                    )));
+                }
+            }
         }
+        let active = self.active.as_mut().expect("checked above");
         let mode = self.mode;
         let dialect = self.engine.dialect();
         // The rewrite only replaces clock reads and parameter names: the analysis stays.
@@ -801,7 +851,9 @@ impl Writer {
             ReplicationMode::Auto => active.nondeterministic,
             _ => false,
         };
-        let chain = active.chained.then(|| self.chain_of(self.next_seq, &active.label));
+        let chain = active
+            .chained
+            .then(|| self.chain_of(self.next_seq, &active.label, &active.chain_applied));
         if active.failed || (active.statements.is_empty() && chain.unwrap_or(0) == 0) {
             self.rolled_back(&active);
             return Ok(Committed::Nothing {
