@@ -328,6 +328,12 @@ impl WriterHandle {
         writer.own_in_flight.clear();
         writer.incarnation = new_incarnation();
         writer.next_seq = 1;
+        // Reads wait for nothing the checkpoint already holds.
+        let ordered = writer.progress.ordered.load(Ordering::Acquire);
+        writer
+            .progress
+            .certified
+            .send_modify(|certified| *certified = (*certified).max(ordered));
         Ok(())
     }
 

@@ -392,6 +392,31 @@ async fn a_restarted_node_certifies_as_the_others_do() {
     assert_eq!(accounts(&nodes[2]), accounts(&nodes[0]));
 }
 
+#[tokio::test]
+async fn a_checkpoint_installed_over_deferred_transactions_leaves_no_read_waiting() {
+    let (mut nodes, index) = cluster().await;
+    let (_, deposit, _) = transact(&mut nodes[0], 1, &[(DEPOSIT, vec![int(5), int(1), int(1)])]).await;
+    begin(&nodes[1], 1, &(DEPOSIT, vec![int(1), int(2), int(2)]))
+        .await
+        .unwrap();
+    deliver(&nodes, index, &deposit);
+    // Node 2 holds the deposit back behind its client; then a checkpoint replaces its database.
+    let checkpoint = tempfile::tempdir().unwrap();
+    let copy = checkpoint.path().join("db");
+    {
+        let mut writer = nodes[0].writer.writer();
+        writer
+            .engine
+            .execute("VACUUM INTO ?1", &[Value::Text(copy.display().to_string())])
+            .unwrap();
+    }
+    nodes[1].writer.restore(Some(&copy), nodes[0].writer.applied()).unwrap();
+    tokio::time::timeout(Duration::from_secs(1), nodes[1].writer.progress.certified())
+        .await
+        .expect("nothing left to wait for");
+    assert_eq!(accounts(&nodes[1]), accounts(&nodes[0]));
+}
+
 /// The log of the randomized test: proposals not yet ordered, per node in order (a node's
 /// proposals keep their order), and what it ordered.
 struct Log {
