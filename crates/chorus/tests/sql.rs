@@ -1309,6 +1309,22 @@ async fn in_hybrid_mode_every_node_takes_writes_and_a_class_written_since_a_snap
         digests.push(table_digest(client, "accounts", "branch, id").await);
     }
     assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:?}");
+    // Every node certified every transaction alike.
+    let certified = |id: u64, outcome: &str| {
+        cluster.gauge(
+            id,
+            &format!("chorus_sql_transactions_certified_total{{outcome=\"{outcome}\"}}"),
+        )
+    };
+    let void = certified(1, "void").unwrap_or(0);
+    assert!(void >= 1, "node 2's first transfer at least");
+    assert!(certified(1, "committed").unwrap_or(0) >= 123);
+    for id in [2, 3] {
+        assert_eq!(
+            (certified(id, "committed"), certified(id, "void")),
+            (certified(1, "committed"), certified(1, "void"))
+        );
+    }
     let branch_1 = rows(&clients[1], "SELECT balance FROM accounts WHERE branch = 1 ORDER BY id").await;
     assert_eq!(
         branch_1[0],

@@ -187,7 +187,7 @@ pub async fn propose_in_order(
     while let Some((txn, reply)) = queue.recv().await {
         let proposed = node.submit_write(txn.encode().into()).await;
         if proposed.is_err() {
-            writer.proposal_lost();
+            writer.proposal_lost(txn.id);
         }
         let _ = reply.send(proposed);
     }

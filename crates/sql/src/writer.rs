@@ -166,12 +166,16 @@ impl WriterHandle {
         writer.after_release();
     }
 
-    /// A transaction executed ahead could not be proposed: the database holds what the log
-    /// never will.
-    pub fn proposal_lost(&self) {
+    /// Transaction `id` could not be proposed: executed ahead, the database holds what the
+    /// log never will; a hybrid one was rolled back, and the log will never order it, so no
+    /// later transaction runs on it (its session hears it was not proposed).
+    pub fn proposal_lost(&self, id: TxnId) {
         let mut writer = self.writer();
-        // A hybrid transaction was rolled back here: its session hears it was not proposed.
-        if writer.mode != ReplicationMode::Hybrid {
+        if writer.mode == ReplicationMode::Hybrid {
+            writer.own_in_flight.retain(|own| own.id != id);
+            writer.outcomes.remove(&id);
+            writer.after_release();
+        } else {
             writer.diverged("a transaction executed ahead could not be proposed");
         }
     }
@@ -377,6 +381,9 @@ struct WriterMetrics {
     /// Transactions reaching COMMIT, by the conflict classes they touch: how well the rules
     /// cover the workload.
     labelled: [Arc<chorus_metrics::Counter>; 4],
+    /// Hybrid transactions this node certified (every node certifies every one), by outcome.
+    certified_committed: Arc<chorus_metrics::Counter>,
+    certified_void: Arc<chorus_metrics::Counter>,
 }
 
 impl WriterMetrics {
@@ -387,6 +394,15 @@ impl WriterMetrics {
                 "Client transactions this node proposed, by what replicas do with them (re-execute \
                  the statements, or apply the write-set)",
                 Some(("body", body)),
+            )
+        };
+        let certified = |outcome| {
+            chorus_metrics::labeled_counter(
+                "chorus_sql_transactions_certified_total",
+                "Hybrid transactions this node certified in log order (every node certifies every \
+                 one), by outcome: committed, or void (a class it touched was written after its \
+                 snapshot, its chain was voided, or its write-set did not fit the rows)",
+                Some(("outcome", outcome)),
             )
         };
         WriterMetrics {
@@ -404,6 +420,8 @@ impl WriterMetrics {
                     Some(("classes", kind)),
                 )
             }),
+            certified_committed: certified("committed"),
+            certified_void: certified("void"),
         }
     }
 }
@@ -1184,6 +1202,9 @@ impl Writer {
         if outcome == Applied::Void {
             let remembered = self.certifier.void(txn.id);
             self.group_certified.extend(remembered);
+            self.metrics.certified_void.inc();
+        } else {
+            self.metrics.certified_committed.inc();
         }
         if txn.id.incarnation == self.incarnation {
             self.own_in_flight.retain(|own| own.id != txn.id);
