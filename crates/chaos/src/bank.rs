@@ -179,9 +179,13 @@ pub async fn client_loop(
              INSERT INTO transfers (id, branch, src, dst, amount) VALUES ({id}, {from_branch}, {from}, {to}, {amount});
              COMMIT;"
         );
+        let mut conflicted = false;
         let ended = match tokio::time::timeout(REQUEST_TIMEOUT, connected.batch_execute(&transfer)).await {
             Ok(Ok(())) => Ended::Committed,
-            Ok(Err(e)) if refused(&e) => Ended::Refused,
+            Ok(Err(e)) if refused(&e) => {
+                conflicted = e.as_db_error().is_some_and(|e| e.code().code() == "40001");
+                Ended::Refused
+            }
             _ => Ended::Unknown,
         };
         log.transfers.lock().expect("bank log").insert(id, ended);
@@ -189,6 +193,9 @@ pub async fn client_loop(
             Ended::Committed => {
                 recorder.completed.fetch_add(1, Ordering::Relaxed);
             }
+            // A conflict with another transaction (hybrid mode: with one another node ran):
+            // the node is fine, and the client stays, so that nodes keep writing at once.
+            Ended::Refused if conflicted && connected.batch_execute("ROLLBACK").await.is_ok() => {}
             Ended::Refused | Ended::Unknown => {
                 if ended == Ended::Unknown {
                     recorder.unknown.fetch_add(1, Ordering::Relaxed);
