@@ -875,8 +875,8 @@ impl Writer {
             ReplicationMode::Auto => active.nondeterministic,
             _ => false,
         };
-        let chain = active
-            .chained
+        // A failed one may have met a chain it could not apply in full: it commits nothing.
+        let chain = (active.chained && !active.failed)
             .then(|| self.chain_of(self.next_seq, &active.label, &active.chain_applied));
         if active.failed || (active.statements.is_empty() && chain.unwrap_or(0) == 0) {
             self.rolled_back(&active);
