@@ -100,7 +100,8 @@ pub struct TpccArgs {
     #[arg(long)]
     pub no_load: bool,
     /// With --systems: keep each system's data directory after its run (by default it is
-    /// removed once the system stops: 16 warehouses take 5-16 GB per system).
+    /// removed once the system stops, unless the run failed: 16 warehouses take 5-16 GB per
+    /// system).
     #[arg(long)]
     pub keep_data: bool,
     #[arg(long, default_value_t = 1)]
@@ -577,7 +578,9 @@ pub async fn run(args: TpccArgs) -> anyhow::Result<()> {
             )
             .await;
             started.stop();
-            if !args.keep_data {
+            // A run that failed keeps its data (the nodes' logs say why).
+            let passed = outcome.as_ref().is_ok_and(|result| result.consistency == CONSISTENT);
+            if !args.keep_data && passed {
                 std::fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
             }
             let result = outcome.with_context(|| format!("{} with {warehouses} warehouse(s)", system.name()))?;
