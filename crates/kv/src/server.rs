@@ -1435,7 +1435,19 @@ impl Connection {
             }
             "info" => Value::bulk(self.info(&sub).await),
             "config" => match (sub.as_str(), rest.len()) {
-                ("get", n) if n >= 2 => config_get(&rest[1..], self.shared.listeners.keyspace_flags()),
+                ("get", n) if n >= 2 => {
+                    // The setting is replicated: read it as this session reads keys (a
+                    // linearizable session sees a CONFIG SET acknowledged on any node).
+                    match self
+                        .shared
+                        .node
+                        .read(crate::command::Read::DbSize, self.consistency)
+                        .await
+                    {
+                        Ok(_) => config_get(&rest[1..], self.shared.listeners.keyspace_flags()),
+                        Err(e) => node_error(e),
+                    }
+                }
                 ("get", _) => Value::error("ERR wrong number of arguments for 'config|get' command"),
                 ("set", _) | ("rewrite", _) | ("resetstat", _) => Value::error(
                     "ERR CONFIG SET takes only notify-keyspace-events; REWRITE and RESETSTAT are not supported: \

@@ -268,6 +268,10 @@ impl Sqlite {
                  incarnation INTEGER NOT NULL,
                  seq INTEGER NOT NULL,
                  PRIMARY KEY (incarnation, seq));
+             -- What hybrid certification remembers (`certify::Remembered`), by kind: 0 a class
+             -- (name) and its Touch (a, b: last position; c: by; d, e: before); 1 the last
+             -- global commit (a, b); 2 the last commit of any kind, as a Touch; 3 an executing
+             -- node's Chain (name: its incarnation; a: last_seq; b: committed).
              CREATE TABLE IF NOT EXISTS _chorus_certified (
                  kind INTEGER NOT NULL,
                  name TEXT NOT NULL,
@@ -743,7 +747,9 @@ impl Engine for Sqlite {
                     1 => Remembered::Global(position(2)?),
                     2 => Remembered::Any(touch()?),
                     _ => Remembered::Chain(
-                        row.get::<_, String>(1)?.parse().unwrap_or_default(),
+                        row.get::<_, String>(1)?.parse().map_err(|e| {
+                            rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, Box::new(e))
+                        })?,
                         Chain {
                             last_seq: n(2)? as u64,
                             committed: n(3)? as u64,

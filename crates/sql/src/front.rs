@@ -123,31 +123,19 @@ impl Shared {
 
     /// Waits until a hybrid transaction is certified and, if it passed, in this node's database.
     async fn certify(&self, certifying: Certifying) -> Result<(), SqlError> {
-        let Certifying { proposed, outcome, .. } = certifying;
+        let Certifying { proposed, outcome } = certifying;
         let certified = async {
-            let pending = proposed
-                .await
-                .map_err(|_| SqlError::outcome_unknown("the node stopped proposing"))?
-                .map_err(|e| SqlError::outcome_unknown(&format!("the transaction was not proposed: {e}")))?;
-            pending
-                .await
-                .map_err(|_| SqlError::outcome_unknown("the node stopped before the transaction was ordered"))?
-                .map_err(|e| SqlError::outcome_unknown(&format!("the log did not order the transaction: {e}")))?;
+            applied_in_log(proposed).await?;
             outcome
                 .await
                 .map_err(|_| SqlError::outcome_unknown("the node stopped before it certified the transaction"))
         };
-        match tokio::time::timeout(self.commit_timeout, certified).await {
-            Err(_) => Err(SqlError::outcome_unknown(
-                "the log did not commit the transaction in time",
-            )),
-            Ok(Err(e)) => Err(e),
-            Ok(Ok(Applied::Committed)) => Ok(()),
-            Ok(Ok(Applied::Void)) => Err(SqlError::serialization(
-                "could not serialize access: a transaction the log ordered after this one's \
-                 snapshot touched a conflict class it touched (or one of its rows); retry it",
-            )),
-        }
+        self.commit_ends(
+            certified,
+            "could not serialize access: a transaction the log ordered after this one's snapshot \
+             touched a conflict class it touched (or one of its rows); retry it",
+        )
+        .await
     }
 
     /// Waits until the log has applied a transaction committed ahead.
@@ -155,27 +143,41 @@ impl Shared {
         &self,
         proposed: oneshot::Receiver<Result<Pending<Applied>, NodeError>>,
     ) -> Result<(), SqlError> {
-        let applied = async {
-            let pending = proposed
-                .await
-                .map_err(|_| SqlError::outcome_unknown("the node stopped proposing"))?
-                .map_err(|e| SqlError::outcome_unknown(&format!("the transaction was not proposed: {e}")))?;
-            pending
-                .await
-                .map_err(|_| SqlError::outcome_unknown("the node stopped before the transaction applied"))?
-                .map_err(|e| SqlError::outcome_unknown(&format!("the log did not confirm the transaction: {e}")))
-        };
+        self.commit_ends(
+            applied_in_log(proposed),
+            "the transaction ran on a leader that lost its place in the log; retry it",
+        )
+        .await
+    }
+
+    /// What a COMMIT answers once `applied` says what became of its transaction (`void`: why it
+    /// changed nothing), or the commit timeout passed.
+    async fn commit_ends(
+        &self,
+        applied: impl std::future::Future<Output = Result<Applied, SqlError>>,
+        void: &str,
+    ) -> Result<(), SqlError> {
         match tokio::time::timeout(self.commit_timeout, applied).await {
             Err(_) => Err(SqlError::outcome_unknown(
                 "the log did not commit the transaction in time",
             )),
             Ok(Err(e)) => Err(e),
             Ok(Ok(Applied::Committed)) => Ok(()),
-            Ok(Ok(Applied::Void)) => Err(SqlError::serialization(
-                "the transaction ran on a leader that lost its place in the log; retry it",
-            )),
+            Ok(Ok(Applied::Void)) => Err(SqlError::serialization(void)),
         }
     }
+}
+
+/// Waits until the log has applied a proposed transaction; what applying it did.
+async fn applied_in_log(proposed: oneshot::Receiver<Result<Pending<Applied>, NodeError>>) -> Result<Applied, SqlError> {
+    let pending = proposed
+        .await
+        .map_err(|_| SqlError::outcome_unknown("the node stopped proposing"))?
+        .map_err(|e| SqlError::outcome_unknown(&format!("the transaction was not proposed: {e}")))?;
+    pending
+        .await
+        .map_err(|_| SqlError::outcome_unknown("the node stopped before the transaction applied"))?
+        .map_err(|e| SqlError::outcome_unknown(&format!("the log did not confirm the transaction: {e}")))
 }
 
 /// Proposes transactions in the order the writer committed them.
