@@ -1049,6 +1049,21 @@ async fn replica_catches_up_from_a_checkpoint(engine: Engine) {
 
 /// Every row of `table` on node `id`, ordered by its key, hashed (the TPC-C tables hold
 /// hundreds of thousands of rows: the nodes are compared row by row through the hash).
+/// Starts a lone `chorus sql` node with `flags`, which must refuse to start; what it said.
+fn refused_start(flags: &[&str]) -> String {
+    let mut refused = Command::new(CHORUS)
+        .args(["sql", "--id", "1", "--peers", "1=127.0.0.1:1"])
+        .args(flags)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stderr = String::new();
+    refused.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(!refused.wait().unwrap().success(), "it started: {stderr}");
+    stderr
+}
+
 async fn table_digest(client: &Client, table: &str, order_by: &str) -> (usize, u64) {
     use std::hash::{Hash, Hasher};
     let rows = rows(client, &format!("SELECT * FROM {table} ORDER BY {order_by}")).await;
@@ -1212,16 +1227,7 @@ async fn transactions_are_labelled_with_the_conflict_classes_they_touch() {
     assert_eq!(count("global"), global + 1);
     assert_eq!(count("none"), 0);
 
-    let mut refused = Command::new(CHORUS)
-        .args(["sql", "--id", "1", "--peers", "1=127.0.0.1:1"])
-        .args(["--sql-conflict-classes", "accounts"])
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stderr = String::new();
-    refused.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
-    assert!(!refused.wait().unwrap().success());
+    let stderr = refused_start(&["--sql-conflict-classes", "accounts"]);
     assert!(
         stderr.contains("--sql-conflict-classes: 'accounts' is not table.column"),
         "{stderr}"
@@ -1332,14 +1338,6 @@ async fn in_hybrid_mode_every_node_takes_writes_and_a_class_written_since_a_snap
         "node 1's first transfer and its 40 later ones took 45 from account 1"
     );
 
-    let mut refused = Command::new(CHORUS)
-        .args(["sql", "--id", "1", "--peers", "1=127.0.0.1:1", "--sql-mode", "hybrid"])
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stderr = String::new();
-    refused.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
-    assert!(!refused.wait().unwrap().success());
+    let stderr = refused_start(&["--sql-mode", "hybrid"]);
     assert!(stderr.contains("give --sql-conflict-classes"), "{stderr}");
 }

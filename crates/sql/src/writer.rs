@@ -1339,17 +1339,18 @@ impl Writer {
 mod hybrid_tests;
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::atomic::AtomicBool;
 
     use super::*;
     use crate::engine::Sqlite;
 
-    struct Node {
-        writer: WriterHandle,
-        proposals: async_mpsc::UnboundedReceiver<Proposal>,
-        diverged: Arc<AtomicBool>,
-        _dir: tempfile::TempDir,
+    /// A writer over its own database, as a node's (`hybrid_tests` uses it too).
+    pub(super) struct Node {
+        pub(super) writer: WriterHandle,
+        pub(super) proposals: async_mpsc::UnboundedReceiver<Proposal>,
+        pub(super) diverged: Arc<AtomicBool>,
+        pub(super) _dir: tempfile::TempDir,
     }
 
     fn node() -> Node {
@@ -1357,15 +1358,24 @@ mod tests {
     }
 
     fn node_in(mode: ReplicationMode) -> Node {
-        let dir = tempfile::tempdir().unwrap();
+        node_over(tempfile::tempdir().unwrap(), mode, None, Duration::from_secs(1))
+    }
+
+    /// The writer over `dir`'s database (as a restart opens it).
+    pub(super) fn node_over(
+        dir: tempfile::TempDir,
+        mode: ReplicationMode,
+        labeller: Option<Labeller>,
+        lock_wait: Duration,
+    ) -> Node {
         let diverged = Arc::new(AtomicBool::new(false));
         let flag = diverged.clone();
         let (proposals_tx, proposals) = async_mpsc::unbounded_channel();
         let writer = start(
             Box::new(Sqlite::open(dir.path()).unwrap()),
             WriterOptions {
-                lock_wait: Duration::from_secs(1),
-                labeller: None,
+                lock_wait,
+                labeller,
                 on_diverged: Box::new(move || flag.store(true, Ordering::SeqCst)),
                 mode,
             },

@@ -2,17 +2,10 @@
 //! and a randomized check against a serial reference.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
 
+use super::tests::{node_over, Node};
 use super::*;
 use crate::engine::Sqlite;
-
-struct Node {
-    writer: WriterHandle,
-    proposals: async_mpsc::UnboundedReceiver<Proposal>,
-    diverged: Arc<AtomicBool>,
-    _dir: tempfile::TempDir,
-}
 
 fn hybrid_node() -> Node {
     hybrid_node_in(tempfile::tempdir().unwrap())
@@ -20,26 +13,8 @@ fn hybrid_node() -> Node {
 
 /// The node over `dir`'s database, as a restart opens it.
 fn hybrid_node_in(dir: tempfile::TempDir) -> Node {
-    let diverged = Arc::new(AtomicBool::new(false));
-    let flag = diverged.clone();
-    let (proposals_tx, proposals) = async_mpsc::unbounded_channel();
-    let writer = start(
-        Box::new(Sqlite::open(dir.path()).unwrap()),
-        WriterOptions {
-            lock_wait: Duration::from_millis(200),
-            labeller: Some(Labeller::new("acct.class,hist.class".parse().unwrap())),
-            on_diverged: Box::new(move || flag.store(true, Ordering::SeqCst)),
-            mode: ReplicationMode::Hybrid,
-        },
-        proposals_tx,
-    )
-    .unwrap();
-    Node {
-        writer,
-        proposals,
-        diverged,
-        _dir: dir,
-    }
+    let labeller = Labeller::new("acct.class,hist.class".parse().unwrap());
+    node_over(dir, ReplicationMode::Hybrid, Some(labeller), Duration::from_millis(200))
 }
 
 type Reads = Vec<Vec<Vec<Value>>>;
