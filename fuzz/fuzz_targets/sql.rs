@@ -1,6 +1,6 @@
-//! The SQL middleware's untrusted inputs: a transaction's bytes from the log, statement text
-//! from clients (splitting, classifying, the determinism rewrite, conflict-class labels, COPY
-//! statements) and COPY data.
+//! The SQL middleware's untrusted inputs: a command's bytes from the log (a transaction or a
+//! class hand-over), statement text from clients (splitting, classifying, the determinism
+//! rewrite, conflict-class labels, COPY statements) and COPY data.
 #![no_main]
 
 use chorus_sql::classes::Labeller;
@@ -8,15 +8,15 @@ use chorus_sql::copy::{parse_copy, CopyFormat, RowReader};
 use chorus_sql::text::{
     classify, command_verb, fix_writes, parameter_count, split_statements, Dialect, FixedClock, StatementKind,
 };
-use chorus_sql::txn::{Txn, Value};
+use chorus_sql::txn::{Command, Value};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(txn) = Txn::decode(data) {
+    if let Ok(command) = Command::decode(data) {
         assert_eq!(
-            Txn::decode(&txn.encode()).unwrap(),
-            txn,
-            "a transaction decodes as it was encoded"
+            Command::decode(&command.encode()).unwrap(),
+            command,
+            "a command decodes as it was encoded"
         );
     }
     // COPY data from a client, in both formats, in two pieces: rows come out or an error does.

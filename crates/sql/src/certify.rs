@@ -155,6 +155,29 @@ impl Certifier {
                 .all(|class| self.classes.get(class).is_none_or(|touch| !later(others(touch))))
     }
 
+    /// Whether no transaction of a node other than `incarnation` committed on `classes` (nor a
+    /// global one) after `snapshot`: a transaction of `incarnation`'s that saw them there still
+    /// sees them as they are.
+    pub fn untouched_since<'a>(
+        &self,
+        classes: impl IntoIterator<Item = &'a String>,
+        snapshot: Position,
+        incarnation: u64,
+    ) -> bool {
+        self.global <= snapshot
+            && classes.into_iter().all(|class| {
+                self.classes
+                    .get(class)
+                    .is_none_or(|touch| touch.latest_not_by(incarnation) <= snapshot)
+            })
+    }
+
+    /// Whether transaction `seq` of `incarnation`, ordered already, committed (one further back
+    /// than `CHAIN_SPAN` counts as not).
+    pub fn committed(&self, incarnation: u64, seq: u64) -> bool {
+        self.chains.get(&incarnation).is_some_and(|chain| chain.committed(seq))
+    }
+
     /// Remembers transaction `id`, committed at `at`; returns what changed, for the database.
     pub fn commit(&mut self, id: TxnId, certify: &Certify, at: Position) -> Vec<Remembered> {
         assert!(

@@ -60,6 +60,23 @@ impl FromStr for ClassRules {
     }
 }
 
+/// Which of `nodes` nodes (in id order) owns `class` and executes its transactions: an integer
+/// class by its value modulo the count (consecutive warehouses spread evenly), any other by a
+/// hash of its text (FNV-1a: the same on every node and in every build).
+pub fn owner_index(class: &str, nodes: usize) -> usize {
+    assert!(nodes > 0, "a cluster has a node");
+    let n = nodes as u64;
+    match class.parse::<i64>() {
+        Ok(value) => value.rem_euclid(nodes as i64) as usize,
+        Err(_) => {
+            let hash = class.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+                (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3)
+            });
+            (hash % n) as usize
+        }
+    }
+}
+
 /// The classes a transaction touches.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Label {
@@ -563,6 +580,18 @@ fn inserted(tokens: &[Token], params: &[Option<usize>], column: &str, rules: &Cl
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn owners_spread_integer_classes_evenly_and_hash_the_others_alike_everywhere() {
+        let per_node = (1..=12).fold([0; 3], |mut counts, w| {
+            counts[super::owner_index(&w.to_string(), 3)] += 1;
+            counts
+        });
+        assert_eq!(per_node, [4, 4, 4]);
+        assert_eq!(super::owner_index("-1", 3), 2);
+        assert_eq!(super::owner_index("north", 3), super::owner_index("north", 3));
+        assert!(super::owner_index("north", 5) < 5);
+    }
+
     use super::*;
 
     const TPCC_RULES: &str = "warehouse.w_id, district.d_w_id, customer.c_w_id, history.h_w_id, \

@@ -37,7 +37,7 @@ use crate::error::SqlError;
 use crate::machine::{Barrier, SqlState};
 use crate::readers::{Reader, Readers};
 use crate::text::{analyse, chorus_setting, parameter_count, split_statements, Analysis, ChorusSetting, StatementKind};
-use crate::txn::Value;
+use crate::txn::{Command, Value};
 use crate::writer::{Applied, Certifying, Committed, Proposal, WriterHandle};
 
 /// What every session of a node shares.
@@ -186,9 +186,9 @@ pub async fn propose_in_order(
     writer: WriterHandle,
     mut queue: mpsc::UnboundedReceiver<Proposal>,
 ) {
-    while let Some((txn, reply)) = queue.recv().await {
-        let proposed = node.submit_write(txn.encode().into()).await;
-        if proposed.is_err() {
+    while let Some((command, reply)) = queue.recv().await {
+        let proposed = node.submit_write(command.encode().into()).await;
+        if let (Err(_), Command::Txn(txn)) = (&proposed, &command) {
             writer.proposal_lost(txn.id);
         }
         let _ = reply.send(proposed);
@@ -402,7 +402,8 @@ impl Session {
             }
             (_, TxnState::Idle) => {
                 self.take_writer(self.shared.writer.label(sql, kind, &params)).await?;
-                let outcome = match self.shared.writer.execute(self.id, sql, &analysis, params) {
+                let reached = self.shared.writer.reach(self.id, sql, kind, &params).await;
+                let outcome = match reached.and_then(|()| self.shared.writer.execute(self.id, sql, &analysis, params)) {
                     Ok(outcome) => outcome,
                     Err(e) => {
                         self.shared.writer.rollback(self.id);
@@ -436,11 +437,14 @@ impl Session {
             });
         }
         match open.place.as_mut().expect("chosen above") {
-            Place::Writer => Ok(statement_answer(
-                sql,
-                &analysis.verb,
-                self.shared.writer.execute(self.id, sql, analysis, params)?,
-            )),
+            Place::Writer => {
+                self.shared.writer.reach(self.id, sql, analysis.kind, &params).await?;
+                Ok(statement_answer(
+                    sql,
+                    &analysis.verb,
+                    self.shared.writer.execute(self.id, sql, analysis, params)?,
+                ))
+            }
             Place::Reader(conn, executed) => {
                 if analysis.kind != StatementKind::Read {
                     return Err(if open.read_only {

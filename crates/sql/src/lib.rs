@@ -111,6 +111,7 @@ pub async fn start(
             on_diverged: options.on_diverged,
             mode: options.mode,
             labeller: (!options.conflict_classes.is_empty()).then(|| classes::Labeller::new(options.conflict_classes)),
+            ownership: (options.mode == ReplicationMode::Hybrid).then(|| ownership(&node_config)),
         },
         proposals,
     )
@@ -135,6 +136,24 @@ pub async fn start(
     );
     tokio::spawn(serve(listener, Arc::clone(&shared)));
     Ok(node)
+}
+
+/// Hybrid replication's class owners over the cluster's nodes in id order. A transaction waits
+/// for a class it borrows about as long as a few log round trips on a slow link; an owner lends
+/// one for longer than a transaction on it takes.
+fn ownership(node_config: &NodeConfig) -> writer::Ownership {
+    let mut ids: Vec<u64> = node_config.peers.iter().map(|(id, _)| *id).collect();
+    ids.sort_unstable();
+    writer::Ownership {
+        me: ids
+            .iter()
+            .position(|&id| id == node_config.id)
+            .expect("a node is among its peers"),
+        nodes: ids.len(),
+        borrow_wait: Duration::from_millis(500),
+        silent_for: Duration::from_secs(5),
+        lend_for: Duration::from_secs(2),
+    }
 }
 
 /// Why a SQL node could not start.

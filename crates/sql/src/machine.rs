@@ -1,5 +1,5 @@
-//! The log's state machine for SQL: each committed command is a transaction (`Txn`), handed to
-//! the writer in log order; a raft snapshot is a checkpoint of the database (see `checkpoint`).
+//! The log's state machine for SQL: each committed command is a transaction (`Txn`) or a class
+//! hand-over message (hybrid replication), handed to the writer in log order; a raft snapshot is a checkpoint of the database (see `checkpoint`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use chorus_log::{SnapshotFiles, StateMachine};
 use crate::checkpoint::{self, Checkpoints};
 use crate::database::Database;
 use crate::readers::Readers;
-use crate::txn::Txn;
+use crate::txn::Command;
 use crate::writer::{Applied, WriterHandle};
 
 pub struct SqlState {
@@ -72,9 +72,9 @@ impl StateMachine for SqlState {
     fn apply(&mut self, index: u64, command: &[u8]) -> Applied {
         // Only this node's front ends write commands, and the raft log checksums them: a command
         // that does not decode is corruption.
-        let txn = Txn::decode(command)
-            .unwrap_or_else(|e| panic!("the SQL transaction at log index {index} does not decode: {e}"));
-        self.writer.apply(index, txn)
+        let command = Command::decode(command)
+            .unwrap_or_else(|e| panic!("the SQL command at log index {index} does not decode: {e}"));
+        self.writer.apply(index, command)
     }
 
     fn entry_applied(&mut self, _index: u64) {

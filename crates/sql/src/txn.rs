@@ -58,6 +58,49 @@ pub struct Certify {
     pub chain: Option<u64>,
 }
 
+/// A command of the SQL log: a transaction, or (hybrid replication) a message that hands a
+/// conflict class between nodes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    Txn(Txn),
+    Class(ClassMessage),
+}
+
+impl From<Txn> for Command {
+    fn from(txn: Txn) -> Command {
+        Command::Txn(txn)
+    }
+}
+
+/// Names one transaction's request for classes it does not own: the requesting node's
+/// incarnation and a count within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Ticket {
+    pub incarnation: u64,
+    pub number: u64,
+}
+
+/// Hybrid replication's class hand-over (see `writer`): ordered through the log so that a
+/// transaction reaching a class another node owns runs after the owner's transactions on it
+/// and before its next ones. Advisory: no row depends on it, certification still decides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClassMessage {
+    /// A transaction asks for `classes` (their owners lend them) and holds `holding` (an owner
+    /// whose own waiting transaction the asker waits for, in turn, knows they wait on each
+    /// other); sent at `sent_at_ms` (Unix time), so that one read again long after (a restart
+    /// replaying the log) is ignored.
+    Borrow {
+        ticket: Ticket,
+        classes: Vec<String>,
+        holding: Vec<String>,
+        sent_at_ms: u64,
+    },
+    /// The owner lends `class`: its own transactions on it are ordered before this.
+    Lend { ticket: Ticket, class: String },
+    /// The transaction is done with what it asked for (its write-set is ordered before this).
+    Release { ticket: Ticket },
+}
+
 /// What replicas do with a transaction.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Body {
@@ -89,6 +132,86 @@ const MAGIC_WRITE_SET: &[u8; 4] = b"SQW1";
 /// The same bodies after a certification header.
 const MAGIC_CERTIFIED_STATEMENTS: &[u8; 4] = b"SQT2";
 const MAGIC_CERTIFIED_WRITE_SET: &[u8; 4] = b"SQW2";
+const MAGIC_CLASS: &[u8; 4] = b"SQC1";
+
+impl Command {
+    pub fn encode(&self) -> Vec<u8> {
+        let message = match self {
+            Command::Txn(txn) => return txn.encode(),
+            Command::Class(message) => message,
+        };
+        let mut out = Vec::with_capacity(64);
+        out.extend_from_slice(MAGIC_CLASS);
+        let (kind, ticket) = match message {
+            ClassMessage::Borrow { ticket, .. } => (0, ticket),
+            ClassMessage::Lend { ticket, .. } => (1, ticket),
+            ClassMessage::Release { ticket } => (2, ticket),
+        };
+        out.push(kind);
+        out.extend_from_slice(&ticket.incarnation.to_le_bytes());
+        out.extend_from_slice(&ticket.number.to_le_bytes());
+        match message {
+            ClassMessage::Borrow {
+                classes,
+                holding,
+                sent_at_ms,
+                ..
+            } => {
+                out.extend_from_slice(&sent_at_ms.to_le_bytes());
+                for list in [classes, holding] {
+                    put_len(&mut out, list.len());
+                    for class in list {
+                        put_bytes(&mut out, class.as_bytes());
+                    }
+                }
+            }
+            ClassMessage::Lend { class, .. } => put_bytes(&mut out, class.as_bytes()),
+            ClassMessage::Release { .. } => {}
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Command, DecodeError> {
+        if bytes.get(..4) != Some(MAGIC_CLASS.as_slice()) {
+            return Txn::decode(bytes).map(Command::Txn);
+        }
+        let mut r = Reader::new(&bytes[4..]);
+        let kind = r.take(1)?[0];
+        let ticket = Ticket {
+            incarnation: r.u64()?,
+            number: r.u64()?,
+        };
+        let message = match kind {
+            0 => {
+                let sent_at_ms = r.u64()?;
+                let mut lists = [Vec::new(), Vec::new()];
+                for list in &mut lists {
+                    let count = r.len()?;
+                    // Each class takes at least its 4-byte length.
+                    list.reserve(count.min(bytes.len() / 4));
+                    for _ in 0..count {
+                        list.push(r.text()?);
+                    }
+                }
+                let [classes, holding] = lists;
+                ClassMessage::Borrow {
+                    ticket,
+                    classes,
+                    holding,
+                    sent_at_ms,
+                }
+            }
+            1 => ClassMessage::Lend {
+                ticket,
+                class: r.text()?,
+            },
+            2 => ClassMessage::Release { ticket },
+            tag => return Err(DecodeError::Tag(tag)),
+        };
+        r.finished()?;
+        Ok(Command::Class(message))
+    }
+}
 
 impl Txn {
     pub fn encode(&self) -> Vec<u8> {
@@ -372,6 +495,42 @@ mod tests {
             certified(write_set_sample()),
         ] {
             assert_eq!(Txn::decode(&txn.encode()).unwrap(), txn);
+        }
+    }
+
+    fn class_messages() -> Vec<Command> {
+        let ticket = Ticket {
+            incarnation: 11,
+            number: 4,
+        };
+        vec![
+            Command::Class(ClassMessage::Borrow {
+                ticket,
+                classes: vec!["3".into(), "é".into()],
+                holding: vec!["1".into()],
+                sent_at_ms: 1_764_000_000_000,
+            }),
+            Command::Class(ClassMessage::Lend {
+                ticket,
+                class: "3".into(),
+            }),
+            Command::Class(ClassMessage::Release { ticket }),
+        ]
+    }
+
+    #[test]
+    fn a_decoded_command_equals_the_encoded_one_and_every_truncation_is_an_error() {
+        let mut commands = class_messages();
+        commands.push(Command::Txn(certified(sample())));
+        for command in commands {
+            let bytes = command.encode();
+            assert_eq!(Command::decode(&bytes).unwrap(), command);
+            for cut in 0..bytes.len() {
+                assert!(Command::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            }
+            let mut longer = bytes.clone();
+            longer.push(0);
+            assert_eq!(Command::decode(&longer), Err(DecodeError::Trailing(1)));
         }
     }
 

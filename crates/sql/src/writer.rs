@@ -24,21 +24,21 @@
 //! there would be wrong (triggers, foreign-key actions), a node does not start a transaction on
 //! a class while one of its own on that class is still in the log instead.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use chorus_log::node::Pending;
 use chorus_log::NodeError;
 use tokio::sync::{mpsc as async_mpsc, oneshot, watch};
 
 use crate::certify::{Certifier, Position, Remembered, CHAIN_SPAN};
-use crate::classes::{Label, Labeller};
+use crate::classes::{owner_index, Label, Labeller};
 use crate::engine::{AppliedMark, Engine, Outcome, Recorded};
 use crate::error::SqlError;
 use crate::text::{Analysis, FixedClock, StatementKind};
-use crate::txn::{Body, Certify, Statement, Txn, TxnId, Value};
+use crate::txn::{Body, Certify, ClassMessage, Command, Statement, Ticket, Txn, TxnId, Value};
 
 /// How a leader's transactions travel through the log to the other replicas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,6 +145,8 @@ pub struct WriterHandle {
     writer: Arc<Mutex<Writer>>,
     pub progress: Arc<Progress>,
     lock_wait: Duration,
+    /// Hybrid with owners: how long a transaction waits for classes it asked for.
+    borrow_wait: Option<Duration>,
 }
 
 impl WriterHandle {
@@ -251,7 +253,39 @@ impl WriterHandle {
             writer.metrics.lock_held.observe(active.granted_at.elapsed());
             writer.rolled_back(&active);
         }
+        if let Some(suspended) = writer.suspended.remove(&session) {
+            writer.resuming.retain(|&s| s != session);
+            writer.release(suspended.active.ticket);
+        }
         writer.after_release();
+    }
+
+    /// Hybrid with owners: before `session` runs statement `sql`, makes sure its transaction
+    /// holds the classes the statement touches. One another node owns is asked for through
+    /// the log; one this node lent out is waited for. Meanwhile the transaction is rolled back
+    /// (the write lock is free for others), then re-executed on the state the log reached —
+    /// and fails (40001) if what it had read changed. After `borrow_wait` it goes on without
+    /// them: certification decides then.
+    pub async fn reach(&self, session: u64, sql: &str, kind: StatementKind, params: &[Value]) -> Result<(), SqlError> {
+        let Some(borrow_wait) = self.borrow_wait else {
+            return Ok(());
+        };
+        let label = self.label(sql, kind, params);
+        let Some(mut resumed) = self.writer().reach(session, label)? else {
+            return Ok(());
+        };
+        let stopped = |_| Err(SqlError::unavailable("the database writer stopped"));
+        if let Ok(told) = tokio::time::timeout(borrow_wait, &mut resumed).await {
+            return told.unwrap_or_else(stopped);
+        }
+        self.writer().go_on_without(session);
+        match tokio::time::timeout(self.lock_wait, resumed).await {
+            Ok(told) => told.unwrap_or_else(stopped),
+            Err(_) => {
+                self.rollback(session);
+                Err(SqlError::lock_timeout(self.lock_wait.as_millis() as u64))
+            }
+        }
     }
 
     /// Where the database stands in the log.
@@ -330,6 +364,19 @@ impl WriterHandle {
         writer.certifier = Certifier::from_rows(writer.engine.certified()?);
         writer.outcomes.clear();
         writer.own_in_flight.clear();
+        // What was lent and asked for stands on the old state: owners take back what they lent
+        // in time, and suspended transactions fail.
+        writer.lent.clear();
+        writer.to_lend.clear();
+        writer.asked.clear();
+        writer.resuming.clear();
+        for (_, mut suspended) in writer.suspended.drain() {
+            if let Some(told) = suspended.resumed.take() {
+                let _ = told.send(Err(SqlError::serialization(
+                    "the database was replaced by a checkpoint while the transaction waited; retry",
+                )));
+            }
+        }
         writer.incarnation = new_incarnation();
         writer.next_seq = 1;
         // Reads wait for nothing the checkpoint already holds.
@@ -341,10 +388,10 @@ impl WriterHandle {
         Ok(())
     }
 
-    /// Applies a transaction from the log (the raft loop applies in order).
-    pub fn apply(&self, index: u64, txn: Txn) -> Applied {
+    /// Applies a command from the log (the raft loop applies in order).
+    pub fn apply(&self, index: u64, logged: impl Into<Command>) -> Applied {
         let mut writer = self.writer();
-        let applied = writer.apply(index, txn);
+        let applied = writer.apply(index, logged.into());
         writer.after_release();
         applied
     }
@@ -357,8 +404,9 @@ impl WriterHandle {
     }
 }
 
-/// A transaction committed ahead, for the proposer, and where to say it was proposed.
-pub type Proposal = (Txn, oneshot::Sender<Result<Pending<Applied>, NodeError>>);
+/// A transaction committed ahead (or a class hand-over), for the proposer, and where to say it
+/// was proposed.
+pub type Proposal = (Command, oneshot::Sender<Result<Pending<Applied>, NodeError>>);
 
 /// Settings of the writer.
 pub struct WriterOptions {
@@ -369,6 +417,27 @@ pub struct WriterOptions {
     pub mode: ReplicationMode,
     /// Labels transactions with the conflict classes they touch, where rules are given.
     pub labeller: Option<Labeller>,
+    /// Hybrid: which classes this node owns. None: every node runs any class optimistically.
+    pub ownership: Option<Ownership>,
+}
+
+/// Hybrid replication's class owners: each class is owned by one node (`owner_index` over the
+/// cluster's nodes in id order). A transaction reaching a class another node owns borrows it
+/// through the log first, so it runs after the owner's transactions on it and before its next
+/// ones instead of racing them to certification.
+#[derive(Debug, Clone)]
+pub struct Ownership {
+    /// This node's place among the nodes in id order.
+    pub me: usize,
+    pub nodes: usize,
+    /// How long a transaction waits for a class it asked for before it goes on without it
+    /// (optimistically: certification still decides). An owner that let one wait so long and
+    /// lent nothing to anyone meanwhile is not asked again for `silent_for`.
+    pub borrow_wait: Duration,
+    pub silent_for: Duration,
+    /// How long an owner lends a class before it takes it back unreleased (its borrower may be
+    /// gone).
+    pub lend_for: Duration,
 }
 
 struct WriterMetrics {
@@ -381,6 +450,10 @@ struct WriterMetrics {
     /// Transactions reaching COMMIT, by the conflict classes they touch: how well the rules
     /// cover the workload.
     labelled: [Arc<chorus_metrics::Counter>; 4],
+    /// Classes this node's transactions asked other nodes for, by how the wait ended (see
+    /// `Borrowed`), and classes this node lent.
+    borrowed: [Arc<chorus_metrics::Counter>; 4],
+    lent: Arc<chorus_metrics::Counter>,
     /// Hybrid transactions this node certified (every node certifies every one), by outcome.
     certified_committed: Arc<chorus_metrics::Counter>,
     certified_void: Arc<chorus_metrics::Counter>,
@@ -422,8 +495,85 @@ impl WriterMetrics {
             }),
             certified_committed: certified("committed"),
             certified_void: certified("void"),
+            borrowed: Borrowed::ALL.map(|outcome| {
+                chorus_metrics::labeled_counter(
+                    "chorus_sql_class_waits_total",
+                    "Hybrid transactions that waited for classes (another node's, or this node's \
+                     lent out), by how the wait ended: resumed, timed_out (went on without them), \
+                     gave_way (an older transaction needed a class it held: 40001), or failed \
+                     (what it had read changed meanwhile: 40001)",
+                    Some(("outcome", outcome.name())),
+                )
+            }),
+            lent: chorus_metrics::counter(
+                "chorus_sql_classes_lent_total",
+                "Classes this node owns that it lent to another node's transaction",
+            ),
         }
     }
+}
+
+/// How a transaction's wait for classes ended.
+#[derive(Debug, Clone, Copy)]
+enum Borrowed {
+    Resumed,
+    TimedOut,
+    GaveWay,
+    Failed,
+}
+
+impl Suspended {
+    /// Whether it may run again.
+    fn ready(&self) -> bool {
+        self.awaiting.is_empty() && self.held_locally.is_empty()
+    }
+}
+
+/// Whether `active` touched or borrowed `class`.
+fn holds(active: &Active, class: &str) -> bool {
+    active.label.classes.contains(class) || active.borrowed.contains(class)
+}
+
+impl Borrowed {
+    const ALL: [Borrowed; 4] = [
+        Borrowed::Resumed,
+        Borrowed::TimedOut,
+        Borrowed::GaveWay,
+        Borrowed::Failed,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Borrowed::Resumed => "resumed",
+            Borrowed::TimedOut => "timed_out",
+            Borrowed::GaveWay => "gave_way",
+            Borrowed::Failed => "failed",
+        }
+    }
+}
+
+/// A request for classes, as the log ordered it.
+struct Asked {
+    at: Position,
+    /// What the asking transaction holds.
+    holding: BTreeSet<String>,
+}
+
+/// How long a request for a class waits on a younger waiting holder that does not wait for
+/// what the asker holds before that one gives way (it may be part of a longer cycle).
+const GIVE_WAY_AFTER: Duration = Duration::from_millis(30);
+
+/// A client transaction waiting for classes, rolled back meanwhile.
+struct Suspended {
+    active: Active,
+    /// Classes it waits for: lent to it by their owners, or given back to this node.
+    awaiting: BTreeSet<String>,
+    /// Classes another suspended transaction of this node's holds: it waits until that one is
+    /// done, then asks for them as for any other.
+    held_locally: BTreeSet<String>,
+    /// Told once it holds the write lock again with its statements re-executed, or why it
+    /// cannot go on.
+    resumed: Option<oneshot::Sender<Result<(), SqlError>>>,
 }
 
 /// A session waiting for the write lock: its id, its first statement's classes, and where to
@@ -455,6 +605,12 @@ struct Active {
     chained: bool,
     /// Which of them are applied, by sequence number.
     chain_applied: Vec<u64>,
+    /// Hybrid with owners: its request for classes (see `Ownership`), and the classes lent to
+    /// it.
+    ticket: Option<Ticket>,
+    borrowed: BTreeSet<String>,
+    /// It waited for classes in vain once: it asks for none again.
+    went_on_without: bool,
 }
 
 /// One of this node's hybrid transactions in the log, not yet applied here.
@@ -517,6 +673,25 @@ struct Writer {
     /// One of those no longer fits the rows: no transaction starts until they are all out of
     /// the log (they are void).
     chain_broken: bool,
+    ownership: Option<Ownership>,
+    /// Tickets this node issued.
+    tickets: u64,
+    /// This node's classes lent out: to which ticket, since when.
+    lent: HashMap<String, (Ticket, Instant)>,
+    /// Requests for this node's classes not lent yet, in log order: the ticket, the class,
+    /// where the request stands in the log (its age: the older of two wins), and since when it
+    /// waits here.
+    to_lend: VecDeque<(Ticket, String, Position, Instant)>,
+    /// Each live ticket's request as the log ordered it.
+    asked: HashMap<Ticket, Asked>,
+    /// Client transactions waiting for classes, by session.
+    suspended: HashMap<u64, Suspended>,
+    /// Suspended ones that may go on, in order: they take the write lock before new ones.
+    resuming: VecDeque<u64>,
+    /// Per owner, until when it is not asked for classes (it let a transaction wait in vain
+    /// and lent nothing to anyone meanwhile: it may be down), and when it last lent one.
+    silent_until: Vec<Option<Instant>>,
+    last_lent: Vec<Option<Instant>>,
 }
 
 /// The writer over `engine`.
@@ -533,6 +708,7 @@ pub fn start(
         ordered: AtomicU64::new(0),
         certified: watch::Sender::new(0),
     });
+    let borrow_wait = options.ownership.as_ref().map(|o| o.borrow_wait);
     let writer = Writer {
         engine,
         mode: options.mode,
@@ -562,11 +738,21 @@ pub fn start(
         outcomes: HashMap::new(),
         own_in_flight: VecDeque::new(),
         chain_broken: false,
+        silent_until: vec![None; options.ownership.as_ref().map_or(0, |o| o.nodes)],
+        last_lent: vec![None; options.ownership.as_ref().map_or(0, |o| o.nodes)],
+        ownership: options.ownership,
+        tickets: 0,
+        lent: HashMap::new(),
+        to_lend: VecDeque::new(),
+        asked: HashMap::new(),
+        suspended: HashMap::new(),
+        resuming: VecDeque::new(),
     };
     Ok(WriterHandle {
         writer: Arc::new(Mutex::new(writer)),
         progress,
         lock_wait: options.lock_wait,
+        borrow_wait,
     })
 }
 
@@ -577,6 +763,14 @@ fn new_incarnation() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(1)
+}
+
+/// The wall clock in ms since the Unix epoch.
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// Transactions replayed from the log, not yet committed.
@@ -597,6 +791,8 @@ impl Writer {
     /// Once no transaction is open: records what was applied and gives the write lock to the
     /// next waiting session.
     fn after_release(&mut self) {
+        self.try_lend();
+        self.recheck_local_waits();
         if self.active.is_none() && self.group.is_none() {
             self.apply_deferred();
             self.record_applied();
@@ -618,8 +814,13 @@ impl Writer {
     /// Whether a transaction touching `label` must wait for this node's own hybrid ones in the
     /// log: a schema change or a global one is not chained, nor anything after it; and where
     /// write-sets cannot be applied under a client's transaction, one on the same classes
-    /// would run on a state without them, and be voided.
+    /// would run on a state without them, and be voided. With owners, too, one on a class this
+    /// node lent, was asked for, or a suspended transaction holds (see `blocked_by_owners`).
     fn blocked(&mut self, label: &Label) -> bool {
+        self.blocked_by_own_in_flight(label) || self.blocked_by_owners(label)
+    }
+
+    fn blocked_by_own_in_flight(&mut self, label: &Label) -> bool {
         if self.chain_broken && self.own_in_flight.is_empty() {
             self.chain_broken = false;
         }
@@ -640,6 +841,505 @@ impl Writer {
                 .own_in_flight
                 .iter()
                 .any(|own| own.label.classes.iter().any(|class| label.classes.contains(class)))
+    }
+
+    /// Hybrid with owners: a class lent out or asked for is not started on here until it is
+    /// back (or lent), nor one a suspended transaction holds; a global transaction waits until
+    /// none is suspended (it may touch their classes).
+    fn blocked_by_owners(&self, label: &Label) -> bool {
+        if self.ownership.is_none() {
+            return false;
+        }
+        if label.global {
+            return !self.suspended.is_empty();
+        }
+        label.classes.iter().any(|class| {
+            self.lent.contains_key(class)
+                || self.to_lend.iter().any(|(_, asked, _, _)| asked == class)
+                || self.held_by_suspended(class)
+        })
+    }
+
+    /// Whether a suspended transaction of this node's touched or borrowed `class`.
+    fn held_by_suspended(&self, class: &str) -> bool {
+        self.suspended.values().any(|s| holds(&s.active, class))
+    }
+
+    /// See `WriterHandle::reach`: None if `session`'s transaction may run a statement touching
+    /// `label` now; else it is suspended, and the receiver hears when it runs again.
+    fn reach(
+        &mut self,
+        session: u64,
+        label: Label,
+    ) -> Result<Option<oneshot::Receiver<Result<(), SqlError>>>, SqlError> {
+        let Some(ownership) = self.ownership.clone() else {
+            return Ok(None);
+        };
+        let Some(active) = self
+            .active
+            .as_ref()
+            .filter(|a| a.session == session && !a.failed && !a.went_on_without && !a.label.global)
+        else {
+            return Ok(None);
+        };
+        if label.global {
+            // It may touch anything: certification decides.
+            return Ok(None);
+        }
+        let mine: BTreeSet<String> = active.label.classes.union(&active.borrowed).cloned().collect();
+        let mut held_locally = BTreeSet::new();
+        let mut reached = BTreeSet::new();
+        for class in &label.classes {
+            if mine.contains(class) {
+                continue;
+            }
+            if self.held_by_suspended(class) {
+                held_locally.insert(class.clone());
+            } else {
+                reached.insert(class.clone());
+            }
+        }
+        if held_locally
+            .iter()
+            .any(|class| self.waits_for_any(class, &mine, &mut Vec::new()))
+        {
+            // The one holding it waits (through others, maybe) for a class this one holds.
+            if let Some(active) = &mut self.active {
+                active.failed = true;
+            }
+            self.metrics.borrowed[Borrowed::GaveWay as usize].inc();
+            return Err(SqlError::serialization(
+                "another transaction of this node's holds a class this one reaches, and waits for one this one holds; retry",
+            ));
+        }
+        let (ask, awaiting) = self.to_ask(&ownership, reached);
+        if awaiting.is_empty() && held_locally.is_empty() {
+            return Ok(None);
+        }
+        let mut active = self.active.take().expect("checked above");
+        self.metrics.lock_held.observe(active.granted_at.elapsed());
+        // Rolled back, not ended: its statements run again when it resumes.
+        self.engine.rollback();
+        self.ask(&mut active, ask);
+        let (told, resumed) = oneshot::channel();
+        self.suspended.insert(
+            session,
+            Suspended {
+                active,
+                awaiting,
+                held_locally,
+                resumed: Some(told),
+            },
+        );
+        self.after_release();
+        Ok(Some(resumed))
+    }
+
+    /// Of classes no transaction of this node's holds, those a transaction must wait for: those
+    /// other nodes own (to ask them for; not an owner that let one wait in vain lately), and
+    /// this node's lent out.
+    fn to_ask(&self, ownership: &Ownership, classes: BTreeSet<String>) -> (Vec<String>, BTreeSet<String>) {
+        let now = Instant::now();
+        let mut ask = Vec::new();
+        let mut awaiting = BTreeSet::new();
+        for class in classes {
+            let owner = owner_index(&class, ownership.nodes);
+            if owner == ownership.me {
+                if self.lent.contains_key(&class) {
+                    awaiting.insert(class);
+                }
+            } else if self.silent_until[owner].is_none_or(|until| until <= now) {
+                ask.push(class.clone());
+                awaiting.insert(class);
+            }
+        }
+        (ask, awaiting)
+    }
+
+    /// Asks the owners for `classes` for `active` (under its ticket, issued now if it has none).
+    fn ask(&mut self, active: &mut Active, classes: Vec<String>) {
+        if classes.is_empty() {
+            return;
+        }
+        let ticket = match active.ticket {
+            Some(ticket) => ticket,
+            None => {
+                self.tickets += 1;
+                let ticket = Ticket {
+                    incarnation: self.incarnation,
+                    number: self.tickets,
+                };
+                active.ticket = Some(ticket);
+                ticket
+            }
+        };
+        self.propose_class(ClassMessage::Borrow {
+            ticket,
+            classes,
+            holding: active.label.classes.union(&active.borrowed).cloned().collect(),
+            sent_at_ms: unix_ms(),
+        });
+    }
+
+    /// Whether the suspended transactions holding `class` wait, themselves or through others of
+    /// this node's, for one of `classes`.
+    fn waits_for_any(&self, class: &str, classes: &BTreeSet<String>, seen: &mut Vec<u64>) -> bool {
+        let holders: Vec<u64> = self
+            .suspended
+            .iter()
+            .filter(|(session, s)| !seen.contains(session) && holds(&s.active, class))
+            .map(|(&session, _)| session)
+            .collect();
+        seen.extend(&holders);
+        holders.into_iter().any(|holder| {
+            let waiting = &self.suspended[&holder].held_locally;
+            waiting.iter().any(|c| classes.contains(c)) || waiting.iter().any(|c| self.waits_for_any(c, classes, seen))
+        })
+    }
+
+    /// Suspended transactions waiting for classes others of this node's held: those now free
+    /// are asked for (or, this node's, taken if not lent out).
+    fn recheck_local_waits(&mut self) {
+        let Some(ownership) = self.ownership.clone() else {
+            return;
+        };
+        let waiting: Vec<u64> = self
+            .suspended
+            .iter()
+            .filter(|(_, s)| !s.held_locally.is_empty())
+            .map(|(&session, _)| session)
+            .collect();
+        for session in waiting {
+            let held = self.suspended[&session].held_locally.clone();
+            let freed: BTreeSet<String> = held
+                .into_iter()
+                .filter(|class| {
+                    !self.active.as_ref().is_some_and(|a| holds(a, class))
+                        && !self
+                            .suspended
+                            .iter()
+                            .any(|(&other, s)| other != session && holds(&s.active, class))
+                })
+                .collect();
+            if freed.is_empty() {
+                continue;
+            }
+            let (ask, awaiting) = self.to_ask(&ownership, freed.clone());
+            let mut suspended = self.suspended.remove(&session).expect("listed above");
+            suspended.held_locally.retain(|class| !freed.contains(class));
+            suspended.awaiting.extend(awaiting);
+            self.ask(&mut suspended.active, ask);
+            if suspended.ready() {
+                self.resuming.push_back(session);
+            }
+            self.suspended.insert(session, suspended);
+        }
+    }
+
+    /// `session`'s suspended transaction waited long enough: it goes on without the classes it
+    /// waited for (what was lent to it goes back), and their owners are not asked for a while.
+    /// One still waiting for a class another of this node's holds fails instead: it cannot
+    /// run beside that one on the class.
+    fn go_on_without(&mut self, session: u64) {
+        let Some(suspended) = self.suspended.get_mut(&session) else {
+            return;
+        };
+        if !suspended.held_locally.is_empty() {
+            let mut suspended = self.suspended.remove(&session).expect("looked up above");
+            self.resuming.retain(|&s| s != session);
+            self.metrics.borrowed[Borrowed::Failed as usize].inc();
+            self.release(suspended.active.ticket);
+            if let Some(told) = suspended.resumed.take() {
+                let _ = told.send(Err(SqlError::serialization(
+                    "another transaction of this node's held a class this one reaches for too long; retry",
+                )));
+            }
+            self.after_release();
+            return;
+        }
+        if suspended.awaiting.is_empty() {
+            // Its classes came meanwhile.
+            return;
+        }
+        let awaited = std::mem::take(&mut suspended.awaiting);
+        suspended.active.went_on_without = true;
+        suspended.active.borrowed.clear();
+        let ticket = suspended.active.ticket.take();
+        self.metrics.borrowed[Borrowed::TimedOut as usize].inc();
+        if let Some(ownership) = &self.ownership {
+            let now = Instant::now();
+            for class in &awaited {
+                let owner = owner_index(class, ownership.nodes);
+                let lent_lately =
+                    self.last_lent[owner].is_some_and(|at| now.duration_since(at) < ownership.borrow_wait);
+                if owner != ownership.me && !lent_lately {
+                    self.silent_until[owner] = Some(now + ownership.silent_for);
+                }
+            }
+        }
+        self.release(ticket);
+        self.resuming.push_back(session);
+        self.after_release();
+    }
+
+    /// A class hand-over the log ordered at `at` (see `Ownership`).
+    fn hand_over(&mut self, at: Position, message: ClassMessage) {
+        let Some(ownership) = self.ownership.clone() else {
+            return;
+        };
+        match message {
+            ClassMessage::Borrow {
+                ticket,
+                classes,
+                holding,
+                sent_at_ms,
+            } => {
+                // One read again long after (a restart replaying the log): its asker is gone.
+                let age = Duration::from_millis(unix_ms().saturating_sub(sent_at_ms));
+                if age > ownership.borrow_wait + ownership.lend_for {
+                    return;
+                }
+                self.asked.insert(
+                    ticket,
+                    Asked {
+                        at,
+                        holding: holding.into_iter().collect(),
+                    },
+                );
+                let now = Instant::now();
+                for class in classes {
+                    if owner_index(&class, ownership.nodes) == ownership.me {
+                        self.to_lend.push_back((ticket, class, at, now));
+                    }
+                }
+            }
+            ClassMessage::Lend { ticket, class } => {
+                self.last_lent[owner_index(&class, ownership.nodes)] = Some(Instant::now());
+                let waiter = self.suspended.iter_mut().find(|(_, s)| s.active.ticket == Some(ticket));
+                if let Some((&session, suspended)) = waiter {
+                    if suspended.awaiting.remove(&class) {
+                        suspended.active.borrowed.insert(class);
+                        if suspended.ready() {
+                            self.resuming.push_back(session);
+                        }
+                    }
+                }
+            }
+            ClassMessage::Release { ticket } => {
+                self.asked.remove(&ticket);
+                self.to_lend.retain(|(asker, _, _, _)| *asker != ticket);
+                let returned: Vec<String> = self
+                    .lent
+                    .iter()
+                    .filter(|(_, (borrower, _))| *borrower == ticket)
+                    .map(|(class, _)| class.clone())
+                    .collect();
+                self.take_back(&returned);
+            }
+        }
+        self.try_lend();
+    }
+
+    /// This node's `classes` lent out are back: its transactions waiting for them may go on.
+    fn take_back(&mut self, classes: &[String]) {
+        for class in classes {
+            self.lent.remove(class);
+            for (&session, suspended) in &mut self.suspended {
+                if suspended.awaiting.remove(class) && suspended.ready() {
+                    self.resuming.push_back(session);
+                }
+            }
+        }
+    }
+
+    /// Lends what was asked for, in log order per class, once this node's transactions are
+    /// done with it (their write-sets go to the log before the loan); takes back what was lent
+    /// too long.
+    fn try_lend(&mut self) {
+        let Some(ownership) = self.ownership.clone() else {
+            return;
+        };
+        let now = Instant::now();
+        let overdue: Vec<String> = self
+            .lent
+            .iter()
+            .filter(|(_, (_, since))| now.duration_since(*since) >= ownership.lend_for)
+            .map(|(class, _)| class.clone())
+            .collect();
+        self.take_back(&overdue);
+        let mut still_asked = BTreeSet::new();
+        let mut next = 0;
+        while next < self.to_lend.len() {
+            let (ticket, class, at, since) = self.to_lend[next].clone();
+            if still_asked.contains(&class) || self.lent.contains_key(&class) || self.in_use(&class, ticket, at, since)
+            {
+                still_asked.insert(class);
+                next += 1;
+                continue;
+            }
+            self.to_lend.remove(next);
+            self.lent.insert(class.clone(), (ticket, now));
+            self.metrics.lent.inc();
+            self.propose_class(ClassMessage::Lend { ticket, class });
+        }
+    }
+
+    /// Whether this node's transactions use `class`, so `asker`'s request for it, standing at
+    /// `at` in the log and waiting since `since`, waits on. A suspended one that waits in turn
+    /// gives way if it is the younger (its own request stands later in the log, or not yet)
+    /// and it waits for what the asker holds, or the asker waited `GIVE_WAY_AFTER` (a longer
+    /// cycle of waits, through other nodes: in a cycle some member is younger than the one it
+    /// holds up, so every cycle breaks).
+    fn in_use(&mut self, class: &str, asker: Ticket, at: Position, since: Instant) -> bool {
+        if self.active.as_ref().is_some_and(|a| holds(a, class)) {
+            return true;
+        }
+        let long = since.elapsed() >= GIVE_WAY_AFTER;
+        let asker_holds = self.asked.get(&asker).map(|asked| &asked.holding);
+        let holders: Vec<(u64, bool)> = self
+            .suspended
+            .iter()
+            .filter(|(_, s)| holds(&s.active, class))
+            .map(|(&session, s)| {
+                let asked = s.active.ticket.and_then(|t| self.asked.get(&t)).map(|asked| asked.at);
+                let waits_for_asker = asker_holds.is_some_and(|held| s.awaiting.iter().any(|c| held.contains(c)));
+                let younger = asked.is_none_or(|asked| asked > at);
+                (session, !s.ready() && younger && (waits_for_asker || long))
+            })
+            .collect();
+        let mut in_use = false;
+        for (session, younger_and_waiting) in holders {
+            if younger_and_waiting {
+                self.give_way(session);
+            } else {
+                in_use = true;
+            }
+        }
+        in_use
+    }
+
+    /// `session`'s suspended transaction fails: an older one needs a class it holds.
+    fn give_way(&mut self, session: u64) {
+        let Some(mut suspended) = self.suspended.remove(&session) else {
+            return;
+        };
+        self.resuming.retain(|&s| s != session);
+        self.metrics.borrowed[Borrowed::GaveWay as usize].inc();
+        self.release(suspended.active.ticket);
+        if let Some(told) = suspended.resumed.take() {
+            let _ = told.send(Err(SqlError::serialization(
+                "an older transaction needed a class this one held while it waited for another; retry",
+            )));
+        }
+    }
+
+    /// Tells the owners `ticket`'s transaction is done with what it asked for.
+    fn release(&mut self, ticket: Option<Ticket>) {
+        if let Some(ticket) = ticket {
+            self.propose_class(ClassMessage::Release { ticket });
+        }
+    }
+
+    /// Sends a class hand-over to the log, after everything this node proposed before.
+    fn propose_class(&mut self, message: ClassMessage) {
+        let (proposed, _) = oneshot::channel();
+        // Advisory: if the runtime is going away, nothing waits for it.
+        let _ = self.proposals.send((Command::Class(message), proposed));
+    }
+
+    /// Gives the write lock back to a suspended transaction that may go on, re-executed on the
+    /// state the log reached; whether one has it.
+    fn resume_next(&mut self) -> bool {
+        let mut next = 0;
+        while next < self.resuming.len() {
+            let session = self.resuming[next];
+            let Some(label) = self.suspended.get(&session).map(|s| s.active.label.clone()) else {
+                self.resuming.remove(next);
+                continue;
+            };
+            if self.blocked_by_own_in_flight(&label) {
+                next += 1;
+                continue;
+            }
+            self.resuming.remove(next);
+            let mut suspended = self.suspended.remove(&session).expect("looked up above");
+            let told = suspended
+                .resumed
+                .take()
+                .expect("a suspended transaction is resumed once");
+            let ticket = suspended.active.ticket;
+            let went_on_without = suspended.active.went_on_without;
+            match self.re_execute(&mut suspended.active) {
+                Ok(()) => {
+                    self.active = Some(suspended.active);
+                    if told.send(Ok(())).is_err() {
+                        // Its session left.
+                        self.engine.rollback();
+                        self.active = None;
+                        self.release(ticket);
+                        continue;
+                    }
+                    if !went_on_without {
+                        self.metrics.borrowed[Borrowed::Resumed as usize].inc();
+                    }
+                    return true;
+                }
+                Err(e) => {
+                    self.metrics.borrowed[Borrowed::Failed as usize].inc();
+                    self.release(ticket);
+                    let _ = told.send(Err(e));
+                }
+            }
+        }
+        false
+    }
+
+    /// Runs a suspended transaction's statements again on the state the log reached, which
+    /// must show its classes as it saw them: no other node's transaction committed on them
+    /// since its snapshot, and the chain it ran on committed. Its snapshot moves to here.
+    fn re_execute(&mut self, active: &mut Active) -> Result<(), SqlError> {
+        let stale = || SqlError::serialization("what the transaction read changed while it waited for a class; retry");
+        if !self
+            .certifier
+            .untouched_since(&active.label.classes, active.snapshot, self.incarnation)
+        {
+            return Err(stale());
+        }
+        let incarnation = self.incarnation;
+        if active.chain_applied.iter().any(|&seq| {
+            !self.own_in_flight.iter().any(|own| own.id.seq == seq) && !self.certifier.committed(incarnation, seq)
+        }) {
+            return Err(stale());
+        }
+        self.engine.begin()?;
+        let chained = self.own_in_flight.is_empty() || self.engine.applies_in_transaction();
+        let mut applied = Vec::new();
+        let mut ran = Ok(());
+        if chained {
+            ran = self.apply_chain(&active.label, &mut applied);
+            self.chain_broken |= ran.is_err();
+        }
+        if ran.is_ok() {
+            ran = self.engine.record_writes();
+        }
+        for (ordinal, statement) in active.statements.iter().enumerate() {
+            if ran.is_err() {
+                break;
+            }
+            self.engine.seed(statement_seed(active.seed, ordinal));
+            ran = self.engine.execute(&statement.sql, &statement.params).map(drop);
+        }
+        if let Err(e) = ran {
+            self.engine.rollback();
+            return Err(SqlError::serialization(&format!(
+                "the transaction does not run again after its wait for a class ({e}); retry"
+            )));
+        }
+        active.snapshot = (self.applied.log_index, self.applied.command);
+        active.chained = chained;
+        active.chain_applied = applied;
+        active.granted_at = Instant::now();
+        Ok(())
     }
 
     /// Hybrid: applies, in the open transaction, the write-sets of this node's transactions
@@ -712,6 +1412,9 @@ impl Writer {
         if self.wants_checkpoint && (hybrid || !self.ahead.is_empty() || self.engine.sequences_outside_transactions()) {
             return;
         }
+        if self.resume_next() {
+            return;
+        }
         while let Some((session, first, reply)) = self.next_waiting() {
             let mut started = self.sync_sequences().and_then(|()| self.engine.begin());
             // Where write-sets cannot be applied under a client's transaction, it runs on its
@@ -757,6 +1460,9 @@ impl Writer {
                     snapshot: (self.applied.log_index, self.applied.command),
                     chained,
                     chain_applied,
+                    ticket: None,
+                    borrowed: BTreeSet::new(),
+                    went_on_without: false,
                 });
             }
             if reply.send(started).is_err() {
@@ -789,6 +1495,18 @@ impl Writer {
         }
         if let Some(labeller) = &mut self.labeller {
             let touched = labeller.label(sql, analysis.kind, &params);
+            // A class a suspended transaction of this node's holds is its alone until it is
+            // done (`reach` waits for it; a statement that did not ask fails here).
+            if touched
+                .classes
+                .iter()
+                .any(|class| !holds(active, class) && self.suspended.values().any(|s| holds(&s.active, class)))
+            {
+                active.failed = true;
+                return Err(SqlError::serialization(
+                    "another transaction of this node's holds a class this statement reaches; retry",
+                ));
+            }
             let new = touched.global && !active.label.global
                 || touched
                     .classes
@@ -885,7 +1603,11 @@ impl Writer {
             });
         }
         if self.mode == ReplicationMode::Hybrid {
-            return self.commit_hybrid(active, chain);
+            let ticket = active.ticket;
+            let committed = self.commit_hybrid(active, chain);
+            // After its write-set: an owner lends the class again once it applied that.
+            self.release(ticket);
+            return committed;
         }
         let id = self.next_id();
         let body = if !write_set {
@@ -979,7 +1701,7 @@ impl Writer {
         self.outcomes.insert(id, told);
         let (proposed_tx, proposed) = oneshot::channel();
         // If the runtime is going away the session hears the proposal was dropped.
-        let _ = self.proposals.send((txn, proposed_tx));
+        let _ = self.proposals.send((Command::Txn(txn), proposed_tx));
         Ok(Committed::Certifying(Certifying { proposed, outcome }))
     }
 
@@ -1014,7 +1736,7 @@ impl Writer {
         self.ahead.push_back(id);
         self.progress.executed.fetch_add(1, Ordering::AcqRel);
         let (proposed, pending) = oneshot::channel();
-        if self.proposals.send((txn, proposed)).is_err() {
+        if self.proposals.send((Command::Txn(txn), proposed)).is_err() {
             // The runtime is going away; the transaction never reaches the log.
             self.diverged("its proposer stopped");
         }
@@ -1026,6 +1748,7 @@ impl Writer {
     fn rolled_back(&mut self, active: &Active) {
         self.engine.rollback();
         self.sequences_unsynced |= active.wrote;
+        self.release(active.ticket);
     }
 
     /// Before this node's next client transaction: where sequences may stand differently here
@@ -1059,7 +1782,7 @@ impl Writer {
         Ok(())
     }
 
-    fn apply(&mut self, index: u64, txn: Txn) -> Applied {
+    fn apply(&mut self, index: u64, logged: Command) -> Applied {
         // An entry carries a batch of commands, applied in order under its one index.
         let command = match self.last_apply {
             Some((last, command)) if last == index => command + 1,
@@ -1075,6 +1798,13 @@ impl Writer {
             // Replayed after a restart: the database already holds it.
             return Applied::Committed;
         }
+        let txn = match logged {
+            Command::Txn(txn) => txn,
+            Command::Class(message) => {
+                self.hand_over((index, command), message);
+                return Applied::Committed;
+            }
+        };
         if txn.certify.is_some() {
             self.progress.ordered.fetch_add(1, Ordering::AcqRel);
         }
@@ -1358,7 +2088,7 @@ pub(super) mod tests {
     }
 
     fn node_in(mode: ReplicationMode) -> Node {
-        node_over(tempfile::tempdir().unwrap(), mode, None, Duration::from_secs(1))
+        node_over(tempfile::tempdir().unwrap(), mode, None, Duration::from_secs(1), None)
     }
 
     /// The writer over `dir`'s database (as a restart opens it).
@@ -1367,6 +2097,7 @@ pub(super) mod tests {
         mode: ReplicationMode,
         labeller: Option<Labeller>,
         lock_wait: Duration,
+        ownership: Option<Ownership>,
     ) -> Node {
         let diverged = Arc::new(AtomicBool::new(false));
         let flag = diverged.clone();
@@ -1378,6 +2109,7 @@ pub(super) mod tests {
                 labeller,
                 on_diverged: Box::new(move || flag.store(true, Ordering::SeqCst)),
                 mode,
+                ownership,
             },
             proposals_tx,
         )
@@ -1398,7 +2130,16 @@ pub(super) mod tests {
             node.writer.execute(session, sql, &analysis, Vec::new()).unwrap();
         }
         assert!(matches!(node.writer.commit(session).unwrap(), Committed::Ahead(_)));
-        node.proposals.try_recv().expect("a proposal in commit order").0
+        next_txn(&mut node.proposals)
+    }
+
+    /// The next transaction a node proposed (class hand-overs skipped).
+    pub(super) fn next_txn(proposals: &mut async_mpsc::UnboundedReceiver<Proposal>) -> Txn {
+        loop {
+            if let Command::Txn(txn) = proposals.try_recv().expect("a proposal in commit order").0 {
+                return txn;
+            }
+        }
     }
 
     /// Applies `txn` as the log does: then its entry is over.

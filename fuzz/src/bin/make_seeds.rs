@@ -24,7 +24,9 @@ use chorus_log::storage::{write_snapshot_file, DiskStorage, StorageOptions};
 use chorus_log::{EntryCodec, StateMachine};
 use chorus_sql::engine::{Engine, Recorded, Sqlite};
 use chorus_sql::pg_write_set::{self, Change, Field, Table};
-use chorus_sql::txn::{Body as SqlBody, Certify, Statement as SqlStatement, Txn, TxnId, Value as SqlValue};
+use chorus_sql::txn::{
+    Body as SqlBody, Certify, ClassMessage, Command, Statement as SqlStatement, Ticket, Txn, TxnId, Value as SqlValue,
+};
 use chorus_storage::{encode_segment, segment_file_name, Reducer, StoreOptions};
 use chorus_unicache::{
     absorb_command, encode_command, CsvPreprocessor, ItemCache, Preprocessor, SqlParams, SqlPreprocessor,
@@ -386,6 +388,16 @@ fn main() {
         ..txn
     };
     write(&out, "sql", "certified-write-set-txn", &txn.encode());
+    let borrow = Command::Class(ClassMessage::Borrow {
+        ticket: Ticket {
+            incarnation: 9,
+            number: 3,
+        },
+        classes: vec!["1".into(), "2".into()],
+        holding: vec!["3".into()],
+        sent_at_ms: 1_764_000_000_000,
+    });
+    write(&out, "sql", "class-borrow", &borrow.encode());
     write(
         &out,
         "sql",

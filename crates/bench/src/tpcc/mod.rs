@@ -258,7 +258,8 @@ pub const CONSISTENT: &str = "conditions 1-4 hold";
 
 /// Loads (unless `load` is false), runs `terminals` terminals for `duration_secs`, checks
 /// consistency. Loads and checks through `addrs[0]`; a terminal whose home warehouse is `w`
-/// works through `addrs[(w - 1) % addrs.len()]`.
+/// works through the node that owns class `w` (hybrid replication: `owner_index`) among
+/// `addrs`, in node id order.
 pub async fn run_once(
     system: &str,
     addrs: &[SocketAddr],
@@ -287,7 +288,7 @@ pub async fn run_once(
     for t in 0..terminals {
         let home = t as u64 % warehouses + 1;
         let seed = args.seed.wrapping_mul(1_000_003).wrapping_add(t as u64);
-        let node = addrs[(home as usize - 1) % addrs.len()];
+        let node = addrs[chorus_sql::classes::owner_index(&home.to_string(), addrs.len())];
         let terminal = Terminal::new(connect(node).await?, warehouses, home, seed)
             .await
             .with_context(|| format!("{system}: cannot prepare the TPC-C statements"))?;
@@ -452,7 +453,9 @@ async fn chorus_sql_target(dir: &Path) -> anyhow::Result<(Vec<SocketAddr>, Vec<u
         .windows(2)
         .any(|flag| flag[0] == "--sql-mode" && flag[1] == "hybrid");
     let addrs = if hybrid {
-        states.iter().map(|s| s.entry.client_addr).collect()
+        let mut by_id: Vec<_> = states.iter().map(|s| (s.entry.id, s.entry.client_addr)).collect();
+        by_id.sort_unstable();
+        by_id.into_iter().map(|(_, addr)| addr).collect()
     } else {
         vec![leader.entry.client_addr]
     };

@@ -14,7 +14,32 @@ fn hybrid_node() -> Node {
 /// The node over `dir`'s database, as a restart opens it.
 fn hybrid_node_in(dir: tempfile::TempDir) -> Node {
     let labeller = Labeller::new("acct.class,hist.class".parse().unwrap());
-    node_over(dir, ReplicationMode::Hybrid, Some(labeller), Duration::from_millis(200))
+    node_over(
+        dir,
+        ReplicationMode::Hybrid,
+        Some(labeller),
+        Duration::from_millis(200),
+        None,
+    )
+}
+
+/// Node `me` of three that own the classes (class % 3: see `owner_index`).
+fn owning_node(me: usize) -> Node {
+    let labeller = Labeller::new("acct.class,hist.class".parse().unwrap());
+    let ownership = Ownership {
+        me,
+        nodes: 3,
+        borrow_wait: Duration::from_millis(500),
+        silent_for: Duration::from_secs(5),
+        lend_for: Duration::from_secs(60),
+    };
+    node_over(
+        tempfile::tempdir().unwrap(),
+        ReplicationMode::Hybrid,
+        Some(labeller),
+        Duration::from_millis(200),
+        Some(ownership),
+    )
 }
 
 type Reads = Vec<Vec<Vec<Value>>>;
@@ -67,7 +92,7 @@ fn try_run(node: &Node, session: u64, statements: &[(&str, Vec<Value>)]) -> Resu
 /// Commits `session`'s transaction; returns what it proposed and how to hear its outcome.
 fn commit(node: &mut Node, session: u64) -> Option<(Txn, Certifying)> {
     match node.writer.commit(session).unwrap() {
-        Committed::Certifying(certifying) => Some((node.proposals.try_recv().expect("a proposal").0, certifying)),
+        Committed::Certifying(certifying) => Some((super::tests::next_txn(&mut node.proposals), certifying)),
         Committed::Nothing { .. } => None,
         Committed::Ahead(_) => panic!("a hybrid node executes nothing ahead"),
     }
@@ -113,7 +138,10 @@ fn int(n: i64) -> Value {
 
 /// Three nodes holding the schema and eight accounts (id 1–8, class id % 4, balance 100).
 async fn cluster() -> (Vec<Node>, u64) {
-    let mut nodes = vec![hybrid_node(), hybrid_node(), hybrid_node()];
+    cluster_of(vec![hybrid_node(), hybrid_node(), hybrid_node()]).await
+}
+
+async fn cluster_of(mut nodes: Vec<Node>) -> (Vec<Node>, u64) {
     let (_, schema, mut created) = transact(&mut nodes[0], 1, &[(SCHEMA, vec![])]).await;
     assert!(
         matches!(schema.body, Body::Statements(_)),
@@ -561,4 +589,152 @@ async fn certified_histories_equal_a_serial_one_in_log_order() {
             assert!(!node.diverged.load(Ordering::SeqCst));
         }
     }
+}
+
+/// Every node applies what `from` proposed since, in order, one command per log index from
+/// `index` on; returns the next index.
+fn deliver_proposed(nodes: &mut [Node], from: usize, mut index: u64) -> u64 {
+    let mut proposed = Vec::new();
+    while let Ok((command, _)) = nodes[from].proposals.try_recv() {
+        proposed.push(command);
+    }
+    for command in proposed {
+        for node in nodes.iter() {
+            node.writer.apply(index, command.clone());
+            node.writer.entry_applied();
+        }
+        index += 1;
+    }
+    index
+}
+
+/// Suspends `session`'s transaction on `node` for a statement on `class`, as the front end
+/// does before running it; the receiver hears when it runs again.
+fn reach(node: &Node, session: u64, class: i64) -> oneshot::Receiver<Result<(), SqlError>> {
+    let label = node.writer.label(SUM, StatementKind::Read, &[int(class)]);
+    node.writer
+        .writer()
+        .reach(session, label)
+        .unwrap()
+        .expect("another node owns the class: it waits")
+}
+
+fn class_message(command: &Command) -> Option<&ClassMessage> {
+    match command {
+        Command::Class(message) => Some(message),
+        Command::Txn(_) => None,
+    }
+}
+
+#[tokio::test]
+async fn a_transaction_borrows_another_nodes_class_and_runs_after_the_owners_transactions_on_it() {
+    let (mut nodes, index) = cluster_of((0..3).map(owning_node).collect()).await;
+    // Node 1 owns class 1 and has a deposit on it in flight; node 0 runs on its class 0 and
+    // then reaches class 1.
+    let (_, on_one, mut owners) = transact(&mut nodes[1], 1, &[(DEPOSIT, vec![int(5), int(1), int(1)])]).await;
+    begin(&nodes[0], 7, &(DEPOSIT, vec![int(1), int(0), int(4)]))
+        .await
+        .unwrap();
+    run(&nodes[0], 7, &[(DEPOSIT, vec![int(1), int(0), int(4)])]);
+    let mut resumed = reach(&nodes[0], 7, 1);
+    assert!(resumed.try_recv().is_err(), "it waits for the owner");
+    deliver(&nodes, index, &on_one);
+    let index = deliver_proposed(&mut nodes, 0, index + 1);
+    // The owner lent it (after its own deposit, which is in the log before).
+    let lend = nodes[1].proposals.try_recv().unwrap().0;
+    assert!(matches!(class_message(&lend), Some(ClassMessage::Lend { class, .. }) if class == "1"));
+    for node in &nodes {
+        node.writer.apply(index, lend.clone());
+        node.writer.entry_applied();
+    }
+    assert!(matches!(resumed.try_recv(), Ok(Ok(()))), "it runs again with the class");
+    // It sees the owner's deposit (and its own, run again), and a new transaction of the
+    // owner's on the class waits until it is done.
+    assert_eq!(run(&nodes[0], 7, &[(SUM, vec![int(1)])]), vec![vec![vec![int(205)]]]);
+    let owner = nodes[1].writer.clone();
+    let label = owner.label(SUM, StatementKind::Read, &[int(1)]);
+    let held_back = tokio::spawn(async move { owner.begin(8, label).await });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!held_back.is_finished(), "the owner lent the class");
+    let (borrower_txn, mut borrowers) = commit(&mut nodes[0], 7).expect("it wrote");
+    let release = nodes[0].proposals.try_recv().unwrap().0;
+    assert!(matches!(class_message(&release), Some(ClassMessage::Release { .. })));
+    deliver(&nodes, index + 1, &borrower_txn);
+    for node in &nodes {
+        node.writer.apply(index + 2, release.clone());
+        node.writer.entry_applied();
+    }
+    assert_eq!(outcome(&mut owners), Some(Applied::Committed));
+    assert_eq!(
+        outcome(&mut borrowers),
+        Some(Applied::Committed),
+        "it ran on the owner's deposit"
+    );
+    held_back.await.unwrap().expect("the class is back");
+    nodes[1].writer.rollback(8);
+    let balances: Vec<Value> = accounts(&nodes[2]).into_iter().map(|row| row[2].clone()).collect();
+    assert_eq!(balances[..5], [int(105), int(100), int(100), int(101), int(100)]);
+}
+
+#[tokio::test]
+async fn of_two_transactions_waiting_for_each_others_class_the_younger_gives_way() {
+    let (mut nodes, index) = cluster_of((0..3).map(owning_node).collect()).await;
+    begin(&nodes[0], 1, &(DEPOSIT, vec![int(1), int(0), int(4)]))
+        .await
+        .unwrap();
+    run(&nodes[0], 1, &[(DEPOSIT, vec![int(1), int(0), int(4)])]);
+    let mut older = reach(&nodes[0], 1, 1);
+    begin(&nodes[1], 1, &(DEPOSIT, vec![int(1), int(1), int(1)]))
+        .await
+        .unwrap();
+    run(&nodes[1], 1, &[(DEPOSIT, vec![int(1), int(1), int(1)])]);
+    let mut younger = reach(&nodes[1], 1, 0);
+    // Node 0's request is ordered first: node 1's transaction holds class 1 and waits for a
+    // later one, so it gives way and node 1 lends class 1; node 0 does not lend class 0.
+    let index = deliver_proposed(&mut nodes, 0, index);
+    let index = deliver_proposed(&mut nodes, 1, index);
+    let err = younger.try_recv().unwrap().unwrap_err();
+    assert_eq!(err.code, "40001");
+    assert!(
+        nodes[0].proposals.is_empty(),
+        "node 0 lends nothing while its own waits"
+    );
+    deliver_proposed(&mut nodes, 1, index);
+    assert!(matches!(older.try_recv(), Ok(Ok(()))), "the older one goes on");
+    assert_eq!(run(&nodes[0], 1, &[(SUM, vec![int(1)])]), vec![vec![vec![int(200)]]]);
+}
+
+#[tokio::test]
+async fn a_transaction_reaching_a_class_another_of_its_nodes_holds_while_waiting_waits_for_it() {
+    let (mut nodes, index) = cluster_of((0..3).map(owning_node).collect()).await;
+    // Node 0 owns classes 0 and 3. Its first transaction holds class 0 while it waits for
+    // class 1; its second, on class 3, reaches class 0.
+    begin(&nodes[0], 1, &(DEPOSIT, vec![int(1), int(0), int(4)]))
+        .await
+        .unwrap();
+    run(&nodes[0], 1, &[(DEPOSIT, vec![int(1), int(0), int(4)])]);
+    let mut first = reach(&nodes[0], 1, 1);
+    begin(&nodes[0], 2, &(DEPOSIT, vec![int(2), int(3), int(3)]))
+        .await
+        .unwrap();
+    run(&nodes[0], 2, &[(DEPOSIT, vec![int(2), int(3), int(3)])]);
+    let mut second = reach(&nodes[0], 2, 0);
+    let index = deliver_proposed(&mut nodes, 0, index);
+    let index = deliver_proposed(&mut nodes, 1, index);
+    assert!(matches!(first.try_recv(), Ok(Ok(()))));
+    assert!(second.try_recv().is_err(), "the first still holds class 0");
+    run(&nodes[0], 1, &[(DEPOSIT, vec![int(10), int(1), int(1)])]);
+    let (txn, mut first_outcome) = commit(&mut nodes[0], 1).unwrap();
+    assert!(
+        matches!(second.try_recv(), Ok(Ok(()))),
+        "class 0 is free once the first is done"
+    );
+    // It reads class 0 with the first one's deposit (still in the log: its chain).
+    assert_eq!(run(&nodes[0], 2, &[(SUM, vec![int(0)])]), vec![vec![vec![int(201)]]]);
+    let (second_txn, mut second_outcome) = commit(&mut nodes[0], 2).unwrap();
+    assert_eq!(second_txn.certify.as_ref().unwrap().chain, Some(0b1));
+    deliver(&nodes, index, &txn);
+    deliver(&nodes, index + 1, &second_txn);
+    assert_eq!(outcome(&mut first_outcome), Some(Applied::Committed));
+    assert_eq!(outcome(&mut second_outcome), Some(Applied::Committed));
 }
