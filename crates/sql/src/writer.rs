@@ -499,9 +499,10 @@ impl WriterMetrics {
                 chorus_metrics::labeled_counter(
                     "chorus_sql_class_waits_total",
                     "Hybrid transactions that waited for classes (another node's, or this node's \
-                     lent out), by how the wait ended: resumed, timed_out (went on without them), \
-                     gave_way (an older transaction needed a class it held: 40001), or failed \
-                     (what it had read changed meanwhile: 40001)",
+                     lent out), by how the wait ended: resumed, timed_out (40001, or on without \
+                     the classes where their owner seems down), gave_way (an older transaction \
+                     needed a class it held: 40001), or failed (what it had read changed \
+                     meanwhile: 40001)",
                     Some(("outcome", outcome.name())),
                 )
             }),
@@ -1036,50 +1037,66 @@ impl Writer {
         }
     }
 
-    /// `session`'s suspended transaction waited long enough: it goes on without the classes it
-    /// waited for (what was lent to it goes back), and their owners are not asked for a while.
-    /// One still waiting for a class another of this node's holds fails instead: it cannot
-    /// run beside that one on the class.
+    /// `session`'s suspended transaction waited `borrow_wait` in vain. If the owners it waits
+    /// for seem down (they lent nothing to anyone meanwhile) it goes on without their classes
+    /// (what was lent to it goes back; certification decides) and they are not asked for
+    /// `silent_for`. Otherwise it fails: going on beside a live owner would void the owner's
+    /// transactions on the class (and those chained on them), not just risk itself; and one
+    /// waiting for a class another of its own node's holds cannot run beside that one.
     fn go_on_without(&mut self, session: u64) {
+        let Some(ownership) = self.ownership.clone() else {
+            return;
+        };
         let Some(suspended) = self.suspended.get_mut(&session) else {
             return;
         };
-        if !suspended.held_locally.is_empty() {
-            let mut suspended = self.suspended.remove(&session).expect("looked up above");
-            self.resuming.retain(|&s| s != session);
-            self.metrics.borrowed[Borrowed::Failed as usize].inc();
-            self.release(suspended.active.ticket);
-            if let Some(told) = suspended.resumed.take() {
-                let _ = told.send(Err(SqlError::serialization(
-                    "another transaction of this node's held a class this one reaches for too long; retry",
-                )));
-            }
-            self.after_release();
-            return;
-        }
-        if suspended.awaiting.is_empty() {
+        if suspended.ready() {
             // Its classes came meanwhile.
             return;
         }
-        let awaited = std::mem::take(&mut suspended.awaiting);
+        let now = Instant::now();
+        let alive = |owner: usize| {
+            owner == ownership.me
+                || self.last_lent[owner].is_some_and(|at| now.duration_since(at) < ownership.borrow_wait)
+        };
+        let awaited_owners: Vec<usize> = suspended
+            .awaiting
+            .iter()
+            .map(|class| owner_index(class, ownership.nodes))
+            .collect();
+        if !suspended.held_locally.is_empty() || awaited_owners.iter().any(|&owner| alive(owner)) {
+            self.fail_suspended(
+                session,
+                Borrowed::TimedOut,
+                "the class's owner did not lend it in time (it is busy with it); retry",
+            );
+            self.after_release();
+            return;
+        }
+        suspended.awaiting.clear();
         suspended.active.went_on_without = true;
         suspended.active.borrowed.clear();
         let ticket = suspended.active.ticket.take();
         self.metrics.borrowed[Borrowed::TimedOut as usize].inc();
-        if let Some(ownership) = &self.ownership {
-            let now = Instant::now();
-            for class in &awaited {
-                let owner = owner_index(class, ownership.nodes);
-                let lent_lately =
-                    self.last_lent[owner].is_some_and(|at| now.duration_since(at) < ownership.borrow_wait);
-                if owner != ownership.me && !lent_lately {
-                    self.silent_until[owner] = Some(now + ownership.silent_for);
-                }
-            }
+        for owner in awaited_owners {
+            self.silent_until[owner] = Some(now + ownership.silent_for);
         }
         self.release(ticket);
         self.resuming.push_back(session);
         self.after_release();
+    }
+
+    /// `session`'s suspended transaction ends with serialization failure `why`.
+    fn fail_suspended(&mut self, session: u64, outcome: Borrowed, why: &str) {
+        let Some(mut suspended) = self.suspended.remove(&session) else {
+            return;
+        };
+        self.resuming.retain(|&s| s != session);
+        self.metrics.borrowed[outcome as usize].inc();
+        self.release(suspended.active.ticket);
+        if let Some(told) = suspended.resumed.take() {
+            let _ = told.send(Err(SqlError::serialization(why)));
+        }
     }
 
     /// A class hand-over the log ordered at `at` (see `Ownership`).
@@ -1220,17 +1237,11 @@ impl Writer {
 
     /// `session`'s suspended transaction fails: an older one needs a class it holds.
     fn give_way(&mut self, session: u64) {
-        let Some(mut suspended) = self.suspended.remove(&session) else {
-            return;
-        };
-        self.resuming.retain(|&s| s != session);
-        self.metrics.borrowed[Borrowed::GaveWay as usize].inc();
-        self.release(suspended.active.ticket);
-        if let Some(told) = suspended.resumed.take() {
-            let _ = told.send(Err(SqlError::serialization(
-                "an older transaction needed a class this one held while it waited for another; retry",
-            )));
-        }
+        self.fail_suspended(
+            session,
+            Borrowed::GaveWay,
+            "an older transaction needed a class this one held while it waited for another; retry",
+        );
     }
 
     /// Tells the owners `ticket`'s transaction is done with what it asked for.

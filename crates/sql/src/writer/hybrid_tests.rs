@@ -738,3 +738,38 @@ async fn a_transaction_reaching_a_class_another_of_its_nodes_holds_while_waiting
     assert_eq!(outcome(&mut first_outcome), Some(Applied::Committed));
     assert_eq!(outcome(&mut second_outcome), Some(Applied::Committed));
 }
+
+#[tokio::test]
+async fn an_owner_lends_a_class_only_once_its_transaction_on_it_is_done() {
+    let (mut nodes, index) = cluster_of((0..3).map(owning_node).collect()).await;
+    // Node 1's client is in a transaction on its class 1 when node 0's asks for it.
+    begin(&nodes[1], 1, &(DEPOSIT, vec![int(1), int(1), int(1)]))
+        .await
+        .unwrap();
+    run(&nodes[1], 1, &[(DEPOSIT, vec![int(1), int(1), int(1)])]);
+    begin(&nodes[0], 1, &(DEPOSIT, vec![int(1), int(0), int(4)]))
+        .await
+        .unwrap();
+    run(&nodes[0], 1, &[(DEPOSIT, vec![int(1), int(0), int(4)])]);
+    let mut borrower = reach(&nodes[0], 1, 1);
+    let index = deliver_proposed(&mut nodes, 0, index);
+    assert!(
+        nodes[1].proposals.is_empty(),
+        "nothing lent while its own transaction runs"
+    );
+    let (owners, mut owners_outcome) = commit(&mut nodes[1], 1).unwrap();
+    let lend = nodes[1].proposals.try_recv().unwrap().0;
+    assert!(matches!(class_message(&lend), Some(ClassMessage::Lend { class, .. }) if class == "1"));
+    deliver(&nodes, index, &owners);
+    for node in &nodes {
+        node.writer.apply(index + 1, lend.clone());
+        node.writer.entry_applied();
+    }
+    assert_eq!(outcome(&mut owners_outcome), Some(Applied::Committed));
+    assert!(matches!(borrower.try_recv(), Ok(Ok(()))));
+    assert_eq!(
+        run(&nodes[0], 1, &[(SUM, vec![int(1)])]),
+        vec![vec![vec![int(201)]]],
+        "the borrower sees the owner's deposit"
+    );
+}
