@@ -773,3 +773,42 @@ async fn an_owner_lends_a_class_only_once_its_transaction_on_it_is_done() {
         "the borrower sees the owner's deposit"
     );
 }
+
+#[tokio::test]
+async fn a_borrower_whose_owner_does_not_answer_fails_if_the_owner_lends_to_others_and_goes_on_if_it_seems_down() {
+    let (mut nodes, index) = cluster_of((0..3).map(owning_node).collect()).await;
+    // Node 2 lends class 2 to node 0's first transaction: node 2 is alive.
+    begin(&nodes[0], 1, &(DEPOSIT, vec![int(1), int(0), int(4)]))
+        .await
+        .unwrap();
+    let mut first = reach(&nodes[0], 1, 2);
+    let index = deliver_proposed(&mut nodes, 0, index);
+    let index = deliver_proposed(&mut nodes, 2, index);
+    assert!(matches!(first.try_recv(), Ok(Ok(()))));
+    nodes[0].writer.rollback(1);
+    // Node 0's second transaction asks node 2 for class 2 again; the loan does not come in
+    // time (it is not delivered here).
+    begin(&nodes[0], 2, &(DEPOSIT, vec![int(1), int(3), int(3)]))
+        .await
+        .unwrap();
+    let mut busy = reach(&nodes[0], 2, 2);
+    deliver_proposed(&mut nodes, 0, index);
+    nodes[0].writer.writer().go_on_without(2);
+    let err = busy.try_recv().unwrap().unwrap_err();
+    assert_eq!(err.code, "40001", "its owner is alive: going on would void the owner's");
+    // Class 1's owner lent nothing to anyone: it seems down, and the transaction goes on.
+    begin(&nodes[0], 3, &(DEPOSIT, vec![int(1), int(3), int(3)]))
+        .await
+        .unwrap();
+    let mut alone = reach(&nodes[0], 3, 1);
+    nodes[0].writer.writer().go_on_without(3);
+    assert!(matches!(alone.try_recv(), Ok(Ok(()))));
+    run(&nodes[0], 3, &[(SUM, vec![int(1)])]);
+    nodes[0].writer.rollback(3);
+    // And it is not asked again for a while.
+    begin(&nodes[0], 4, &(DEPOSIT, vec![int(1), int(3), int(3)]))
+        .await
+        .unwrap();
+    let label = nodes[0].writer.label(SUM, StatementKind::Read, &[int(1)]);
+    assert!(nodes[0].writer.writer().reach(4, label).unwrap().is_none());
+}
