@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use super::tests::{node_over, Node};
 use super::*;
 use crate::engine::Sqlite;
+use crate::txn::ClassMessage;
 
 fn hybrid_node() -> Node {
     hybrid_node_in(tempfile::tempdir().unwrap())
