@@ -267,8 +267,9 @@ impl WriterHandle {
     /// holds the classes the statement touches. One another node owns is asked for through
     /// the log; one this node lent out is waited for. Meanwhile the transaction is rolled back
     /// (the write lock is free for others), then re-executed on the state the log reached —
-    /// and fails (40001) if what it had read changed. After `borrow_wait` it goes on without
-    /// them: certification decides then.
+    /// and fails (40001) if what it had read changed. After `borrow_wait` it fails too beside
+    /// a live owner, or goes on without the class beside one that seems down (certification
+    /// decides then).
     pub async fn reach(&self, session: u64, sql: &str, kind: StatementKind, params: &[Value]) -> Result<(), SqlError> {
         let Some(borrow_wait) = self.borrow_wait else {
             return Ok(());
