@@ -108,9 +108,9 @@ async fn transact(node: &mut Node, session: u64, statements: &[(&str, Vec<Value>
 }
 
 /// Every node applies the log's next entry (one transaction).
-fn deliver(nodes: &[Node], index: u64, txn: &Txn) {
+fn deliver(nodes: &[Node], index: u64, command: &(impl Clone + Into<Command>)) {
     for node in nodes {
-        assert_eq!(node.writer.apply(index, txn.clone()), Applied::Committed);
+        assert_eq!(node.writer.apply(index, command.clone()), Applied::Committed);
         node.writer.entry_applied();
     }
 }
@@ -600,13 +600,18 @@ fn deliver_proposed(nodes: &mut [Node], from: usize, mut index: u64) -> u64 {
         proposed.push(command);
     }
     for command in proposed {
-        for node in nodes.iter() {
-            node.writer.apply(index, command.clone());
-            node.writer.entry_applied();
-        }
+        deliver(nodes, index, &command);
         index += 1;
     }
     index
+}
+
+/// Starts `session`'s transaction on `node` with a deposit of `amount` into account `id` of
+/// `class`, and leaves it open.
+async fn open_deposit(node: &Node, session: u64, amount: i64, class: i64, id: i64) {
+    let deposit = (DEPOSIT, vec![int(amount), int(class), int(id)]);
+    begin(node, session, &deposit).await.unwrap();
+    run(node, session, &[deposit]);
 }
 
 /// Suspends `session`'s transaction on `node` for a statement on `class`, as the front end
@@ -633,10 +638,7 @@ async fn a_transaction_borrows_another_nodes_class_and_runs_after_the_owners_tra
     // Node 1 owns class 1 and has a deposit on it in flight; node 0 runs on its class 0 and
     // then reaches class 1.
     let (_, on_one, mut owners) = transact(&mut nodes[1], 1, &[(DEPOSIT, vec![int(5), int(1), int(1)])]).await;
-    begin(&nodes[0], 7, &(DEPOSIT, vec![int(1), int(0), int(4)]))
-        .await
-        .unwrap();
-    run(&nodes[0], 7, &[(DEPOSIT, vec![int(1), int(0), int(4)])]);
+    open_deposit(&nodes[0], 7, 1, 0, 4).await;
     let mut resumed = reach(&nodes[0], 7, 1);
     assert!(resumed.try_recv().is_err(), "it waits for the owner");
     deliver(&nodes, index, &on_one);
@@ -644,10 +646,7 @@ async fn a_transaction_borrows_another_nodes_class_and_runs_after_the_owners_tra
     // The owner lent it (after its own deposit, which is in the log before).
     let lend = nodes[1].proposals.try_recv().unwrap().0;
     assert!(matches!(class_message(&lend), Some(ClassMessage::Lend { class, .. }) if class == "1"));
-    for node in &nodes {
-        node.writer.apply(index, lend.clone());
-        node.writer.entry_applied();
-    }
+    deliver(&nodes, index, &lend);
     assert!(matches!(resumed.try_recv(), Ok(Ok(()))), "it runs again with the class");
     // It sees the owner's deposit (and its own, run again), and a new transaction of the
     // owner's on the class waits until it is done.
@@ -661,10 +660,7 @@ async fn a_transaction_borrows_another_nodes_class_and_runs_after_the_owners_tra
     let release = nodes[0].proposals.try_recv().unwrap().0;
     assert!(matches!(class_message(&release), Some(ClassMessage::Release { .. })));
     deliver(&nodes, index + 1, &borrower_txn);
-    for node in &nodes {
-        node.writer.apply(index + 2, release.clone());
-        node.writer.entry_applied();
-    }
+    deliver(&nodes, index + 2, &release);
     assert_eq!(outcome(&mut owners), Some(Applied::Committed));
     assert_eq!(
         outcome(&mut borrowers),
@@ -680,15 +676,9 @@ async fn a_transaction_borrows_another_nodes_class_and_runs_after_the_owners_tra
 #[tokio::test]
 async fn of_two_transactions_waiting_for_each_others_class_the_younger_gives_way() {
     let (mut nodes, index) = cluster_of((0..3).map(owning_node).collect()).await;
-    begin(&nodes[0], 1, &(DEPOSIT, vec![int(1), int(0), int(4)]))
-        .await
-        .unwrap();
-    run(&nodes[0], 1, &[(DEPOSIT, vec![int(1), int(0), int(4)])]);
+    open_deposit(&nodes[0], 1, 1, 0, 4).await;
     let mut older = reach(&nodes[0], 1, 1);
-    begin(&nodes[1], 1, &(DEPOSIT, vec![int(1), int(1), int(1)]))
-        .await
-        .unwrap();
-    run(&nodes[1], 1, &[(DEPOSIT, vec![int(1), int(1), int(1)])]);
+    open_deposit(&nodes[1], 1, 1, 1, 1).await;
     let mut younger = reach(&nodes[1], 1, 0);
     // Node 0's request is ordered first: node 1's transaction holds class 1 and waits for a
     // later one, so it gives way and node 1 lends class 1; node 0 does not lend class 0.
@@ -710,15 +700,9 @@ async fn a_transaction_reaching_a_class_another_of_its_nodes_holds_while_waiting
     let (mut nodes, index) = cluster_of((0..3).map(owning_node).collect()).await;
     // Node 0 owns classes 0 and 3. Its first transaction holds class 0 while it waits for
     // class 1; its second, on class 3, reaches class 0.
-    begin(&nodes[0], 1, &(DEPOSIT, vec![int(1), int(0), int(4)]))
-        .await
-        .unwrap();
-    run(&nodes[0], 1, &[(DEPOSIT, vec![int(1), int(0), int(4)])]);
+    open_deposit(&nodes[0], 1, 1, 0, 4).await;
     let mut first = reach(&nodes[0], 1, 1);
-    begin(&nodes[0], 2, &(DEPOSIT, vec![int(2), int(3), int(3)]))
-        .await
-        .unwrap();
-    run(&nodes[0], 2, &[(DEPOSIT, vec![int(2), int(3), int(3)])]);
+    open_deposit(&nodes[0], 2, 2, 3, 3).await;
     let mut second = reach(&nodes[0], 2, 0);
     let index = deliver_proposed(&mut nodes, 0, index);
     let index = deliver_proposed(&mut nodes, 1, index);
@@ -744,14 +728,8 @@ async fn a_transaction_reaching_a_class_another_of_its_nodes_holds_while_waiting
 async fn an_owner_lends_a_class_only_once_its_transaction_on_it_is_done() {
     let (mut nodes, index) = cluster_of((0..3).map(owning_node).collect()).await;
     // Node 1's client is in a transaction on its class 1 when node 0's asks for it.
-    begin(&nodes[1], 1, &(DEPOSIT, vec![int(1), int(1), int(1)]))
-        .await
-        .unwrap();
-    run(&nodes[1], 1, &[(DEPOSIT, vec![int(1), int(1), int(1)])]);
-    begin(&nodes[0], 1, &(DEPOSIT, vec![int(1), int(0), int(4)]))
-        .await
-        .unwrap();
-    run(&nodes[0], 1, &[(DEPOSIT, vec![int(1), int(0), int(4)])]);
+    open_deposit(&nodes[1], 1, 1, 1, 1).await;
+    open_deposit(&nodes[0], 1, 1, 0, 4).await;
     let mut borrower = reach(&nodes[0], 1, 1);
     let index = deliver_proposed(&mut nodes, 0, index);
     assert!(
@@ -762,10 +740,7 @@ async fn an_owner_lends_a_class_only_once_its_transaction_on_it_is_done() {
     let lend = nodes[1].proposals.try_recv().unwrap().0;
     assert!(matches!(class_message(&lend), Some(ClassMessage::Lend { class, .. }) if class == "1"));
     deliver(&nodes, index, &owners);
-    for node in &nodes {
-        node.writer.apply(index + 1, lend.clone());
-        node.writer.entry_applied();
-    }
+    deliver(&nodes, index + 1, &lend);
     assert_eq!(outcome(&mut owners_outcome), Some(Applied::Committed));
     assert!(matches!(borrower.try_recv(), Ok(Ok(()))));
     assert_eq!(
