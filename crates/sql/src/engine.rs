@@ -153,7 +153,8 @@ pub trait Engine: Send {
         Err(hybrid_unsupported())
     }
     /// Hybrid replication, inside the open client transaction: applies a write-set of this
-    /// node's still in the log, as it was recorded (not recorded as the transaction's own).
+    /// node's still in the log (not recorded as the transaction's own; rows without a key take
+    /// fresh rowids, as in log order).
     fn apply_in_transaction(&mut self, _write_set: &[u8]) -> Result<(), SqlError> {
         Err(hybrid_unsupported())
     }
@@ -807,7 +808,9 @@ impl Engine for Sqlite {
             // SAFETY: the session is live (kept in `recording`); enabling takes a flag.
             unsafe { ffi::sqlite3session_enable(session, 0) };
         }
-        let applied = crate::write_set::apply(&self.conn, &mut self.tables, write_set, false);
+        // A chain's rows without a key take fresh rowids too: others' write-sets applied since
+        // it ran may hold the ones it drew.
+        let applied = crate::write_set::apply(&self.conn, &mut self.tables, write_set, true);
         if let Some(session) = recording {
             // SAFETY: as above.
             unsafe { ffi::sqlite3session_enable(session, 1) };

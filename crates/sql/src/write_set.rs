@@ -9,46 +9,72 @@
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uchar, CStr};
 
+use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{ffi, Connection};
 
 use crate::engine::sqlite_code_error;
 use crate::error::SqlError;
-use crate::txn::Value;
 
-/// The columns of the tables write-sets touch, by table, as of one schema version.
+/// What applying write-sets needs to know of the tables they touch, as of one schema version:
+/// their columns, and the statement text for each shape of change met so far (built once, not
+/// per row: formatting it per row cost more than SQLite's execution of some changes).
 #[derive(Default)]
 pub struct Tables {
     schema_version: Option<i64>,
-    columns: HashMap<String, Vec<String>>,
+    tables: HashMap<String, Table>,
+}
+
+struct Table {
+    /// Column names as a write-set orders them (a table without a primary key is recorded
+    /// with its rowid first, as `_rowid_`).
+    columns: Vec<String>,
+    statements: HashMap<Shape, String>,
+}
+
+/// A change's statement text depends on its kind and, for an update, on which columns it sets
+/// and which it matches on.
+#[derive(Hash, PartialEq, Eq)]
+enum Shape {
+    Insert {
+        skip_rowid: bool,
+    },
+    Delete,
+    /// Per column: bit 0 set if the update sets it, bit 1 if it is part of the key.
+    Update(Vec<u8>),
 }
 
 impl Tables {
-    /// The column names of `table` as a write-set orders them (a table without a primary key
-    /// is recorded with its rowid first).
-    fn columns(&mut self, conn: &Connection, table: &str, count: usize) -> Result<&[String], SqlError> {
-        if !self.columns.contains_key(table) {
+    /// `table`, checked to have `count` columns.
+    fn table(&mut self, conn: &Connection, name: &str, count: usize) -> Result<&mut Table, SqlError> {
+        if !self.tables.contains_key(name) {
             let mut statement = conn
                 .prepare("SELECT name, pk FROM pragma_table_info(?1) ORDER BY cid")
                 .map_err(|e| SqlError::from_sqlite(&e))?;
             let info = statement
-                .query_map([table], |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)))
+                .query_map([name], |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)))
                 .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
                 .map_err(|e| SqlError::from_sqlite(&e))?;
-            let mut names: Vec<String> = Vec::with_capacity(info.len() + 1);
+            let mut columns: Vec<String> = Vec::with_capacity(info.len() + 1);
             if info.iter().all(|(_, pk)| *pk == 0) {
-                names.push("_rowid_".to_owned());
+                columns.push("_rowid_".to_owned());
             }
-            names.extend(info.into_iter().map(|(name, _)| name));
-            self.columns.insert(table.to_owned(), names);
+            columns.extend(info.into_iter().map(|(name, _)| name));
+            self.tables.insert(
+                name.to_owned(),
+                Table {
+                    columns,
+                    statements: HashMap::new(),
+                },
+            );
         }
-        let names = &self.columns[table];
-        if names.len() != count {
+        let table = self.tables.get_mut(name).expect("inserted above");
+        if table.columns.len() != count {
             return Err(diverged(format!(
-                "a write-set has {count} columns for table {table}, which has {}",
-                names.len()
+                "a write-set has {count} columns for table {name}, which has {}",
+                table.columns.len()
             )));
         }
-        Ok(names)
+        Ok(table)
     }
 
     /// Forgets what it knows if the schema changed since it learned it.
@@ -58,10 +84,64 @@ impl Tables {
             .and_then(|mut statement| statement.query_row([], |row| row.get::<_, i64>(0)))
             .map_err(|e| SqlError::from_sqlite(&e))?;
         if self.schema_version != Some(version) {
-            self.columns.clear();
+            self.tables.clear();
             self.schema_version = Some(version);
         }
         Ok(())
+    }
+}
+
+impl Table {
+    /// The statement text for a change of `shape` to table `name`: parameters numbered in
+    /// column order, an update's new value of a column before its old one.
+    fn statement(&mut self, name: &str, shape: Shape) -> &str {
+        let columns = &self.columns;
+        self.statements.entry(shape).or_insert_with_key(|shape| {
+            let mut slot = 0;
+            let mut next = || {
+                slot += 1;
+                slot
+            };
+            match shape {
+                Shape::Insert { skip_rowid } => {
+                    let columns = &columns[usize::from(*skip_rowid)..];
+                    let names: Vec<String> = columns.iter().map(|c| quoted(c)).collect();
+                    let slots: Vec<String> = columns.iter().map(|_| format!("?{}", next())).collect();
+                    format!(
+                        "INSERT INTO {} ({}) VALUES ({})",
+                        quoted(name),
+                        names.join(", "),
+                        slots.join(", ")
+                    )
+                }
+                Shape::Delete => {
+                    let conditions: Vec<String> = columns
+                        .iter()
+                        .map(|c| format!("{} IS ?{}", quoted(c), next()))
+                        .collect();
+                    format!("DELETE FROM {} WHERE {}", quoted(name), conditions.join(" AND "))
+                }
+                Shape::Update(flags) => {
+                    let mut assignments = Vec::new();
+                    let mut conditions = Vec::new();
+                    for (column, flag) in columns.iter().zip(flags) {
+                        let (sets, key) = (flag & 1 != 0, flag & 2 != 0);
+                        if sets {
+                            assignments.push(format!("{} = ?{}", quoted(column), next()));
+                        }
+                        if key || sets {
+                            conditions.push(format!("{} IS ?{}", quoted(column), next()));
+                        }
+                    }
+                    format!(
+                        "UPDATE {} SET {} WHERE {}",
+                        quoted(name),
+                        assignments.join(", "),
+                        conditions.join(" AND ")
+                    )
+                }
+            }
+        })
     }
 }
 
@@ -84,25 +164,26 @@ impl Drop for Changes {
 
 /// The value a changeset holds, or None where it holds none (an update's unchanged column).
 ///
-/// SAFETY: `value` is null or a value the changeset iterator gave, still current.
-unsafe fn value_of(value: *mut ffi::sqlite3_value) -> Option<Value> {
+/// SAFETY: `value` is null or a value the changeset iterator gave; the result borrows it, and
+/// must not outlive the iterator's current change.
+unsafe fn value_of<'a>(value: *mut ffi::sqlite3_value) -> Option<ValueRef<'a>> {
     if value.is_null() {
         return None;
     }
     let bytes = |data: *const u8| {
         let len = ffi::sqlite3_value_bytes(value) as usize;
         if data.is_null() || len == 0 {
-            Vec::new()
+            &[][..]
         } else {
-            std::slice::from_raw_parts(data, len).to_vec()
+            std::slice::from_raw_parts(data, len)
         }
     };
     Some(match ffi::sqlite3_value_type(value) {
-        ffi::SQLITE_INTEGER => Value::Integer(ffi::sqlite3_value_int64(value)),
-        ffi::SQLITE_FLOAT => Value::Real(ffi::sqlite3_value_double(value)),
-        ffi::SQLITE_TEXT => Value::Text(String::from_utf8_lossy(&bytes(ffi::sqlite3_value_text(value))).into_owned()),
-        ffi::SQLITE_BLOB => Value::Blob(bytes(ffi::sqlite3_value_blob(value).cast())),
-        _ => Value::Null,
+        ffi::SQLITE_INTEGER => ValueRef::Integer(ffi::sqlite3_value_int64(value)),
+        ffi::SQLITE_FLOAT => ValueRef::Real(ffi::sqlite3_value_double(value)),
+        ffi::SQLITE_TEXT => ValueRef::Text(bytes(ffi::sqlite3_value_text(value))),
+        ffi::SQLITE_BLOB => ValueRef::Blob(bytes(ffi::sqlite3_value_blob(value).cast())),
+        _ => ValueRef::Null,
     })
 }
 
@@ -135,8 +216,9 @@ pub fn apply(conn: &Connection, tables: &mut Tables, write_set: &[u8], fresh_row
         let mut table: *const std::ffi::c_char = std::ptr::null();
         let (mut count, mut op, mut indirect): (c_int, c_int, c_int) = (0, 0, 0);
         let mut pk: *mut c_uchar = std::ptr::null_mut();
-        // SAFETY: the iterator stands on a change; the outputs live until the next step.
-        let (table, pk) = unsafe {
+        // SAFETY: the iterator stands on a change; the outputs live until the next step, and
+        // are not used after it.
+        let (name, pk) = unsafe {
             let read = ffi::sqlite3changeset_op(changes.0, &mut table, &mut count, &mut op, &mut indirect);
             let keyed = ffi::sqlite3changeset_pk(changes.0, &mut pk, &mut count);
             if read != ffi::SQLITE_OK || keyed != ffi::SQLITE_OK || table.is_null() || pk.is_null() || count <= 0 {
@@ -145,11 +227,11 @@ pub fn apply(conn: &Connection, tables: &mut Tables, write_set: &[u8], fresh_row
                     ffi::SQLITE_CORRUPT,
                 ));
             }
-            (
-                CStr::from_ptr(table).to_string_lossy().into_owned(),
-                std::slice::from_raw_parts(pk, count as usize).to_vec(),
-            )
+            (CStr::from_ptr(table), std::slice::from_raw_parts(pk, count as usize))
         };
+        let name = name
+            .to_str()
+            .map_err(|_| diverged("a write-set names a table that is not UTF-8".to_owned()))?;
         let count = count as usize;
         let values = |which: unsafe extern "C" fn(
             *mut ffi::sqlite3_changeset_iter,
@@ -159,7 +241,8 @@ pub fn apply(conn: &Connection, tables: &mut Tables, write_set: &[u8], fresh_row
             (0..count)
                 .map(|i| {
                     let mut value = std::ptr::null_mut();
-                    // SAFETY: the iterator stands on this change; `i` is below its column count.
+                    // SAFETY: the iterator stands on this change; `i` is below its column
+                    // count; the values are bound and executed before the next step.
                     unsafe {
                         which(changes.0, i as c_int, &mut value);
                         value_of(value)
@@ -167,79 +250,57 @@ pub fn apply(conn: &Connection, tables: &mut Tables, write_set: &[u8], fresh_row
                 })
                 .collect::<Vec<_>>()
         };
-        let names = tables.columns(conn, &table, count)?;
-        let (sql, params) = match op {
+        let table = tables.table(conn, name, count)?;
+        let mut params: Vec<ValueRef<'_>> = Vec::with_capacity(2 * count);
+        let shape = match op {
             ffi::SQLITE_INSERT => {
-                let skipped = usize::from(fresh_rowids && names[0] == "_rowid_");
+                let skip_rowid = fresh_rowids && table.columns[0] == "_rowid_";
                 let new = values(ffi::sqlite3changeset_new);
-                let params: Vec<Value> = new
-                    .into_iter()
-                    .skip(skipped)
-                    .map(|v| v.unwrap_or(Value::Null))
-                    .collect();
-                let columns: Vec<String> = names[skipped..].iter().map(|n| quoted(n)).collect();
-                let slots: Vec<String> = (1..=params.len()).map(|i| format!("?{i}")).collect();
-                (
-                    format!(
-                        "INSERT INTO {} ({}) VALUES ({})",
-                        quoted(&table),
-                        columns.join(", "),
-                        slots.join(", ")
-                    ),
-                    params,
-                )
+                params.extend(
+                    new.into_iter()
+                        .skip(usize::from(skip_rowid))
+                        .map(|v| v.unwrap_or(ValueRef::Null)),
+                );
+                Shape::Insert { skip_rowid }
             }
             ffi::SQLITE_DELETE => {
                 let old = values(ffi::sqlite3changeset_old);
-                let mut params = Vec::with_capacity(count);
-                let mut conditions = Vec::with_capacity(count);
-                for (name, value) in names.iter().zip(old) {
-                    params.push(value.unwrap_or(Value::Null));
-                    conditions.push(format!("{} IS ?{}", quoted(name), params.len()));
-                }
-                (
-                    format!("DELETE FROM {} WHERE {}", quoted(&table), conditions.join(" AND ")),
-                    params,
-                )
+                params.extend(old.into_iter().map(|v| v.unwrap_or(ValueRef::Null)));
+                Shape::Delete
             }
             ffi::SQLITE_UPDATE => {
                 let (old, new) = (values(ffi::sqlite3changeset_old), values(ffi::sqlite3changeset_new));
-                let mut params = Vec::with_capacity(2 * count);
-                let mut assignments = Vec::new();
-                let mut conditions = Vec::new();
-                for (((name, new), old), &key) in names.iter().zip(new).zip(old).zip(&pk) {
-                    let changed = new.is_some();
+                let mut flags = Vec::with_capacity(count);
+                for ((new, old), &key) in new.into_iter().zip(old).zip(pk) {
+                    let sets = new.is_some();
                     if let Some(value) = new {
                         params.push(value);
-                        assignments.push(format!("{} = ?{}", quoted(name), params.len()));
                     }
-                    if key != 0 || changed {
-                        params.push(old.unwrap_or(Value::Null));
-                        conditions.push(format!("{} IS ?{}", quoted(name), params.len()));
+                    if key != 0 || sets {
+                        params.push(old.unwrap_or(ValueRef::Null));
                     }
+                    flags.push(u8::from(sets) | (u8::from(key != 0) << 1));
                 }
-                if assignments.is_empty() {
+                if flags.iter().all(|flag| flag & 1 == 0) {
                     continue;
                 }
-                (
-                    format!(
-                        "UPDATE {} SET {} WHERE {}",
-                        quoted(&table),
-                        assignments.join(", "),
-                        conditions.join(" AND ")
-                    ),
-                    params,
-                )
+                Shape::Update(flags)
             }
             other => return Err(diverged(format!("a write-set change of unknown kind {other}"))),
         };
+        let sql = table.statement(name, shape);
         let changed = conn
-            .prepare_cached(&sql)
-            .and_then(|mut statement| statement.execute(rusqlite::params_from_iter(&params)))
+            .prepare_cached(sql)
+            .and_then(|mut statement| {
+                for (slot, value) in params.iter().enumerate() {
+                    statement.raw_bind_parameter(slot + 1, ToSqlOutput::Borrowed(*value))?;
+                }
+                statement.raw_execute()
+            })
             .map_err(|e| SqlError::from_sqlite(&e))?;
         if changed != 1 {
             return Err(diverged(format!(
-                "a write-set row of table {table} does not stand as the leader left it ({sql})"
+                "a write-set row of table {name} does not stand as the leader left it ({sql})"
             )));
         }
     }
