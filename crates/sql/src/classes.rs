@@ -64,15 +64,39 @@ impl FromStr for ClassRules {
 /// class by its value modulo the count (consecutive warehouses spread evenly), any other by a
 /// hash of its text (FNV-1a: the same on every node and in every build).
 pub fn owner_index(class: &str, nodes: usize) -> usize {
+    placement(class, nodes).0
+}
+
+/// Which node owns `class` while the nodes at the places in `down` are taken for down (the log
+/// said so, see `writer::Ownership`): its owner by `owner_index` if that one is up, else one of
+/// the nodes up, spread evenly (an integer class by its value's quotient by `nodes`, any other
+/// by its hash), so a down node's classes do not all land on one survivor.
+pub fn owner_among(class: &str, nodes: usize, down: &BTreeSet<usize>) -> usize {
+    let (owner, spread) = placement(class, nodes);
+    if !down.contains(&owner) {
+        return owner;
+    }
+    let up: Vec<usize> = (0..nodes).filter(|node| !down.contains(node)).collect();
+    if up.is_empty() {
+        return owner;
+    }
+    up[(spread % up.len() as u64) as usize]
+}
+
+/// A class's owner among `nodes`, and what is left of its value or hash for spreading it.
+fn placement(class: &str, nodes: usize) -> (usize, u64) {
     assert!(nodes > 0, "a cluster has a node");
     let n = nodes as u64;
     match class.parse::<i64>() {
-        Ok(value) => value.rem_euclid(nodes as i64) as usize,
+        Ok(value) => (
+            value.rem_euclid(nodes as i64) as usize,
+            value.div_euclid(nodes as i64).unsigned_abs(),
+        ),
         Err(_) => {
             let hash = class.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
                 (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3)
             });
-            (hash % n) as usize
+            ((hash % n) as usize, hash / n)
         }
     }
 }
@@ -590,6 +614,31 @@ mod tests {
         assert_eq!(super::owner_index("-1", 3), 2);
         assert_eq!(super::owner_index("north", 3), super::owner_index("north", 3));
         assert!(super::owner_index("north", 5) < 5);
+    }
+
+    #[test]
+    fn a_down_nodes_classes_spread_over_the_nodes_up_and_the_others_stay() {
+        let down = BTreeSet::from([1]);
+        let mut per_node = [0; 3];
+        for w in 1..=12 {
+            let class = w.to_string();
+            let owner = owner_among(&class, 3, &down);
+            if owner_index(&class, 3) == 1 {
+                assert_ne!(owner, 1, "warehouse {w}");
+            } else {
+                assert_eq!(owner, owner_index(&class, 3), "warehouse {w}");
+            }
+            per_node[owner] += 1;
+        }
+        assert_eq!(per_node, [6, 0, 6]);
+        for class in ["north", "south", "east", "west"] {
+            assert!(!down.contains(&owner_among(class, 3, &down)), "{class}");
+        }
+        assert_eq!(
+            owner_among("4", 3, &BTreeSet::from([0, 1, 2])),
+            1,
+            "none up: as if all were"
+        );
     }
 
     use super::*;

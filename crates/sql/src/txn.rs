@@ -99,6 +99,11 @@ pub enum ClassMessage {
     Lend { ticket: Ticket, class: String },
     /// The transaction is done with what it asked for (its write-set is ordered before this).
     Release { ticket: Ticket },
+    /// The node at place `node` (in id order) seems down (it lent nothing while a transaction
+    /// waited for its class): its classes move to the nodes up until it says it is back.
+    OwnerDown { node: u64 },
+    /// The node at place `node` is back and owns its classes again.
+    OwnerBack { node: u64 },
 }
 
 /// What replicas do with a transaction.
@@ -142,14 +147,34 @@ impl Command {
         };
         let mut out = Vec::with_capacity(64);
         out.extend_from_slice(MAGIC_CLASS);
-        let (kind, ticket) = match message {
-            ClassMessage::Borrow { ticket, .. } => (0, ticket),
-            ClassMessage::Lend { ticket, .. } => (1, ticket),
-            ClassMessage::Release { ticket } => (2, ticket),
+        let ticket = match message {
+            ClassMessage::Borrow { ticket, .. } => {
+                out.push(0);
+                Some(ticket)
+            }
+            ClassMessage::Lend { ticket, .. } => {
+                out.push(1);
+                Some(ticket)
+            }
+            ClassMessage::Release { ticket } => {
+                out.push(2);
+                Some(ticket)
+            }
+            ClassMessage::OwnerDown { node } => {
+                out.push(3);
+                out.extend_from_slice(&node.to_le_bytes());
+                None
+            }
+            ClassMessage::OwnerBack { node } => {
+                out.push(4);
+                out.extend_from_slice(&node.to_le_bytes());
+                None
+            }
         };
-        out.push(kind);
-        out.extend_from_slice(&ticket.incarnation.to_le_bytes());
-        out.extend_from_slice(&ticket.number.to_le_bytes());
+        if let Some(ticket) = ticket {
+            out.extend_from_slice(&ticket.incarnation.to_le_bytes());
+            out.extend_from_slice(&ticket.number.to_le_bytes());
+        }
         match message {
             ClassMessage::Borrow {
                 classes,
@@ -166,7 +191,7 @@ impl Command {
                 }
             }
             ClassMessage::Lend { class, .. } => put_bytes(&mut out, class.as_bytes()),
-            ClassMessage::Release { .. } => {}
+            ClassMessage::Release { .. } | ClassMessage::OwnerDown { .. } | ClassMessage::OwnerBack { .. } => {}
         }
         out
     }
@@ -177,18 +202,29 @@ impl Command {
         }
         let mut r = Reader::new(&bytes[4..]);
         let kind = r.take(1)?[0];
+        let message = match kind {
+            3 => ClassMessage::OwnerDown { node: r.u64()? },
+            4 => ClassMessage::OwnerBack { node: r.u64()? },
+            _ => Self::decode_ticketed(kind, &mut r, bytes.len())?,
+        };
+        r.finished()?;
+        Ok(Command::Class(message))
+    }
+
+    /// A class message naming a ticket, after its kind.
+    fn decode_ticketed(kind: u8, r: &mut Reader<'_>, len: usize) -> Result<ClassMessage, DecodeError> {
         let ticket = Ticket {
             incarnation: r.u64()?,
             number: r.u64()?,
         };
-        let message = match kind {
+        Ok(match kind {
             0 => {
                 let sent_at_ms = r.u64()?;
                 let mut lists = [Vec::new(), Vec::new()];
                 for list in &mut lists {
                     let count = r.len()?;
                     // Each class takes at least its 4-byte length.
-                    list.reserve(count.min(bytes.len() / 4));
+                    list.reserve(count.min(len / 4));
                     for _ in 0..count {
                         list.push(r.text()?);
                     }
@@ -207,9 +243,7 @@ impl Command {
             },
             2 => ClassMessage::Release { ticket },
             tag => return Err(DecodeError::Tag(tag)),
-        };
-        r.finished()?;
-        Ok(Command::Class(message))
+        })
     }
 }
 
@@ -515,6 +549,8 @@ mod tests {
                 class: "3".into(),
             }),
             Command::Class(ClassMessage::Release { ticket }),
+            Command::Class(ClassMessage::OwnerDown { node: 2 }),
+            Command::Class(ClassMessage::OwnerBack { node: 2 }),
         ]
     }
 

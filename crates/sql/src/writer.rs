@@ -39,7 +39,7 @@ use crate::classes::{Label, Labeller};
 use crate::engine::{AppliedMark, Engine, Outcome, Recorded};
 use crate::error::SqlError;
 use crate::text::{Analysis, FixedClock, StatementKind};
-use crate::txn::{Body, Certify, Command, Statement, Ticket, Txn, TxnId, Value};
+use crate::txn::{Body, Certify, ClassMessage, Command, Statement, Ticket, Txn, TxnId, Value};
 pub use owners::Ownership;
 use owners::{holds, Asked, Borrowed, Suspended};
 
@@ -374,6 +374,17 @@ impl WriterHandle {
         writer.to_lend.clear();
         writer.asked.clear();
         writer.resuming.clear();
+        // Whether the log took this node for down is in the part the checkpoint replaced: it
+        // says it is back (a no-op if it was not taken for down), and takes the others for up
+        // until the log says otherwise again.
+        writer.owners_down.clear();
+        writer.metrics.owners_down.set(0);
+        writer.back_proposed = None;
+        if let Some(ownership) = writer.ownership.clone() {
+            writer.propose_class(ClassMessage::OwnerBack {
+                node: ownership.me as u64,
+            });
+        }
         for (_, mut suspended) in writer.suspended.drain() {
             if let Some(told) = suspended.resumed.take() {
                 let _ = told.send(Err(SqlError::serialization(
@@ -439,6 +450,8 @@ struct WriterMetrics {
     /// `Borrowed`), and classes this node lent.
     borrowed: [Arc<chorus_metrics::Counter>; 4],
     lent: Arc<chorus_metrics::Counter>,
+    /// Nodes the log takes for down, whose classes the others own meanwhile.
+    owners_down: Arc<chorus_metrics::Gauge>,
     /// Hybrid transactions this node certified (every node certifies every one), by outcome.
     certified_committed: Arc<chorus_metrics::Counter>,
     certified_void: Arc<chorus_metrics::Counter>,
@@ -494,6 +507,11 @@ impl WriterMetrics {
             lent: chorus_metrics::counter(
                 "chorus_sql_classes_lent_total",
                 "Classes this node owns that it lent to another node's transaction",
+            ),
+            owners_down: chorus_metrics::gauge(
+                "chorus_sql_class_owners_down",
+                "Nodes the log takes for down (a transaction waited for their class in vain): the \
+                 others own their classes until they say they are back",
             ),
         }
     }
@@ -615,6 +633,12 @@ struct Writer {
     /// and lent nothing to anyone meanwhile: it may be down), and when it last lent one.
     silent_until: Vec<Option<Instant>>,
     last_lent: Vec<Option<Instant>>,
+    /// Nodes (places in id order) the log took for down: their classes are owned by the others
+    /// (`classes::owner_among`) until they say they are back.
+    owners_down: BTreeSet<usize>,
+    /// This node's word that it is back, if the log took it for down: when it was proposed (it
+    /// is proposed again if it was lost).
+    back_proposed: Option<Instant>,
 }
 
 /// The writer over `engine`.
@@ -663,6 +687,8 @@ pub fn start(
         chain_broken: false,
         silent_until: vec![None; options.ownership.as_ref().map_or(0, |o| o.nodes)],
         last_lent: vec![None; options.ownership.as_ref().map_or(0, |o| o.nodes)],
+        owners_down: BTreeSet::new(),
+        back_proposed: None,
         ownership: options.ownership,
         tickets: 0,
         lent: HashMap::new(),
@@ -706,6 +732,7 @@ impl Writer {
     /// Once no transaction is open: records what was applied and gives the write lock to the
     /// next waiting session.
     fn after_release(&mut self) {
+        self.claim_back();
         self.try_lend();
         self.recheck_local_waits();
         if self.active.is_none() && self.group.is_none() {

@@ -398,6 +398,8 @@ fn main() {
         sent_at_ms: 1_764_000_000_000,
     });
     write(&out, "sql", "class-borrow", &borrow.encode());
+    let owner_down = Command::Class(ClassMessage::OwnerDown { node: 2 });
+    write(&out, "sql", "class-owner-down", &owner_down.encode());
     write(
         &out,
         "sql",

@@ -788,3 +788,57 @@ async fn a_borrower_whose_owner_does_not_answer_fails_if_the_owner_lends_to_othe
     let label = nodes[0].writer.label(SUM, StatementKind::Read, &[int(1)]);
     assert!(nodes[0].writer.writer().reach(4, label).unwrap().is_none());
 }
+
+#[tokio::test]
+async fn an_owner_taken_for_down_has_its_classes_move_to_the_nodes_up_until_it_says_it_is_back() {
+    let (mut nodes, index) = cluster_of((0..3).map(owning_node).collect()).await;
+    let owners = |node: &Node| {
+        let writer = node.writer.writer();
+        let ownership = writer.ownership.clone().unwrap();
+        ["1", "4", "7"].map(|class| writer.owner_of(class, &ownership))
+    };
+    // Node 1 does not answer: node 2's transaction waits for its class 4, node 0's for its
+    // class 1.
+    open_deposit(&nodes[2], 1, 1, 2, 2).await;
+    let mut on_four = reach(&nodes[2], 1, 4);
+    begin(&nodes[0], 1, &(DEPOSIT, vec![int(1), int(0), int(4)]))
+        .await
+        .unwrap();
+    let mut on_one = reach(&nodes[0], 1, 1);
+    let index = deliver_proposed(&mut nodes, 2, index);
+    let index = deliver_proposed(&mut nodes, 0, index);
+    // What node 1 says never reaches the log.
+    while nodes[1].proposals.try_recv().is_ok() {}
+    nodes[0].writer.writer().go_on_without(1);
+    assert!(
+        matches!(on_one.try_recv(), Ok(Ok(()))),
+        "its owner seems down: it goes on"
+    );
+    let proposed: Vec<Command> = std::iter::from_fn(|| nodes[0].proposals.try_recv().ok().map(|(c, _)| c)).collect();
+    assert!(proposed
+        .iter()
+        .any(|c| matches!(class_message(c), Some(ClassMessage::OwnerDown { node: 1 }))));
+    for (offset, command) in proposed.iter().enumerate() {
+        deliver(&nodes, index + offset as u64, command);
+    }
+    let index = index + proposed.len() as u64;
+    // Node 1's classes spread over nodes 0 and 2, the same on every node; node 2's
+    // transaction waiting for class 4 now owns it and goes on.
+    for node in &nodes {
+        assert_eq!(owners(node), [0, 2, 0]);
+    }
+    assert!(
+        matches!(on_four.try_recv(), Ok(Ok(()))),
+        "class 4 moved to its own node"
+    );
+    // Node 1 reads that it was taken for down, and says it is back: its classes return.
+    let back: Vec<Command> = std::iter::from_fn(|| nodes[1].proposals.try_recv().ok().map(|(c, _)| c)).collect();
+    assert_eq!(
+        back.iter().filter_map(class_message).collect::<Vec<_>>(),
+        [&ClassMessage::OwnerBack { node: 1 }]
+    );
+    deliver(&nodes, index, &back[0]);
+    for node in &nodes {
+        assert_eq!(owners(node), [1, 1, 1]);
+    }
+}

@@ -14,14 +14,16 @@ use tokio::sync::oneshot;
 
 use super::{statement_seed, Active, Writer};
 use crate::certify::Position;
-use crate::classes::{owner_index, Label};
+use crate::classes::{owner_among, Label};
 use crate::error::SqlError;
 use crate::txn::{ClassMessage, Command, Ticket};
 
 /// Hybrid replication's class owners: each class is owned by one node (`owner_index` over the
 /// cluster's nodes in id order). A transaction reaching a class another node owns borrows it
 /// through the log first, so it runs after the owner's transactions on it and before its next
-/// ones instead of racing them to certification.
+/// ones instead of racing them to certification. An owner that lets a borrower wait in vain is
+/// taken for down through the log (`ClassMessage::OwnerDown`): its classes move to the nodes up
+/// (`owner_among`) until it says it is back, which it does as soon as it reads that.
 #[derive(Debug, Clone)]
 pub struct Ownership {
     /// This node's place among the nodes in id order.
@@ -209,7 +211,7 @@ impl Writer {
         let mut ask = Vec::new();
         let mut awaiting = BTreeSet::new();
         for class in classes {
-            let owner = owner_index(&class, ownership.nodes);
+            let owner = self.owner_of(&class, ownership);
             if owner == ownership.me {
                 if self.lent.contains_key(&class) {
                     awaiting.insert(class);
@@ -312,7 +314,7 @@ impl Writer {
         let Some(ownership) = self.ownership.clone() else {
             return;
         };
-        let Some(suspended) = self.suspended.get_mut(&session) else {
+        let Some(suspended) = self.suspended.get(&session) else {
             return;
         };
         if suspended.ready() {
@@ -327,7 +329,7 @@ impl Writer {
         let awaited_owners: Vec<usize> = suspended
             .awaiting
             .iter()
-            .map(|class| owner_index(class, ownership.nodes))
+            .map(|class| self.owner_of(class, &ownership))
             .collect();
         if !suspended.held_locally.is_empty() || awaited_owners.iter().any(|&owner| alive(owner)) {
             self.fail_suspended(
@@ -338,6 +340,7 @@ impl Writer {
             self.after_release();
             return;
         }
+        let suspended = self.suspended.get_mut(&session).expect("looked up above");
         suspended.awaiting.clear();
         suspended.active.went_on_without = true;
         suspended.active.borrowed.clear();
@@ -345,6 +348,11 @@ impl Writer {
         self.metrics.borrowed[Borrowed::TimedOut as usize].inc();
         for owner in awaited_owners {
             self.silent_until[owner] = Some(now + ownership.silent_for);
+            if owner != ownership.me && !self.owners_down.contains(&owner) {
+                // Once the log has it, its classes have owners up: the next transactions on
+                // them borrow from those instead of waiting in vain.
+                self.propose_class(ClassMessage::OwnerDown { node: owner as u64 });
+            }
         }
         self.release(ticket);
         self.resuming.push_back(session);
@@ -390,13 +398,14 @@ impl Writer {
                 );
                 let now = Instant::now();
                 for class in classes {
-                    if owner_index(&class, ownership.nodes) == ownership.me {
+                    if self.owner_of(&class, &ownership) == ownership.me {
                         self.to_lend.push_back((ticket, class, at, now));
                     }
                 }
             }
             ClassMessage::Lend { ticket, class } => {
-                self.last_lent[owner_index(&class, ownership.nodes)] = Some(Instant::now());
+                let owner = self.owner_of(&class, &ownership);
+                self.last_lent[owner] = Some(Instant::now());
                 let waiter = self.suspended.iter_mut().find(|(_, s)| s.active.ticket == Some(ticket));
                 if let Some((&session, suspended)) = waiter {
                     if suspended.awaiting.remove(&class) {
@@ -418,8 +427,85 @@ impl Writer {
                     .collect();
                 self.take_back(&returned);
             }
+            ClassMessage::OwnerDown { node } => {
+                let mut down = self.owners_down.clone();
+                down.insert(node as usize);
+                self.owners_moved(&ownership, down);
+            }
+            ClassMessage::OwnerBack { node } => {
+                if node as usize == ownership.me {
+                    self.back_proposed = None;
+                }
+                let mut down = self.owners_down.clone();
+                down.remove(&(node as usize));
+                self.owners_moved(&ownership, down);
+            }
         }
         self.try_lend();
+    }
+
+    /// Taken for down while it runs (a borrower gave up on it, or it was down): it says it is
+    /// back, and owns its classes again once the log has that — again if that word was lost.
+    pub(super) fn claim_back(&mut self) {
+        let Some(ownership) = &self.ownership else {
+            return;
+        };
+        if self.owners_down.contains(&ownership.me)
+            && self
+                .back_proposed
+                .is_none_or(|at| at.elapsed() >= ownership.borrow_wait)
+        {
+            let node = ownership.me as u64;
+            self.back_proposed = Some(Instant::now());
+            self.propose_class(ClassMessage::OwnerBack { node });
+        }
+    }
+
+    /// Which node owns `class` now.
+    pub(super) fn owner_of(&self, class: &str, ownership: &Ownership) -> usize {
+        owner_among(class, ownership.nodes, &self.owners_down)
+    }
+
+    /// The nodes taken for down are now `down`: a class that changed owner is no longer lent
+    /// or to be lent by its old owner, and a transaction waiting for it asks its new owner (or
+    /// has it, if that is this node and it is not lent).
+    fn owners_moved(&mut self, ownership: &Ownership, down: BTreeSet<usize>) {
+        if down == self.owners_down {
+            return;
+        }
+        let before = std::mem::replace(&mut self.owners_down, down);
+        self.metrics.owners_down.set(self.owners_down.len() as i64);
+        let moved = |class: &str, now: &BTreeSet<usize>| {
+            owner_among(class, ownership.nodes, &before) != owner_among(class, ownership.nodes, now)
+        };
+        let now = self.owners_down.clone();
+        let gone: Vec<String> = self.lent.keys().filter(|class| moved(class, &now)).cloned().collect();
+        for class in &gone {
+            self.lent.remove(class);
+        }
+        self.to_lend.retain(|(_, class, _, _)| !moved(class, &now));
+        let sessions: Vec<u64> = self.suspended.keys().copied().collect();
+        for session in sessions {
+            let suspended = self.suspended.get_mut(&session).expect("listed above");
+            let moved_classes: BTreeSet<String> = suspended
+                .awaiting
+                .iter()
+                .filter(|class| moved(class, &now))
+                .cloned()
+                .collect();
+            if moved_classes.is_empty() {
+                continue;
+            }
+            suspended.awaiting.retain(|class| !moved_classes.contains(class));
+            let (ask, awaiting) = self.to_ask(ownership, moved_classes);
+            let mut suspended = self.suspended.remove(&session).expect("listed above");
+            suspended.awaiting.extend(awaiting);
+            self.ask(&mut suspended.active, ask);
+            if suspended.ready() {
+                self.resuming.push_back(session);
+            }
+            self.suspended.insert(session, suspended);
+        }
     }
 
     /// This node's `classes` lent out are back: its transactions waiting for them may go on.
