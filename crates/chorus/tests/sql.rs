@@ -1330,17 +1330,39 @@ async fn in_hybrid_mode_every_node_takes_writes_and_one_reaching_another_nodes_c
             (client, committed, void)
         }));
     }
+    // And, beside them, transactions touching every branch (global: no branch named), which
+    // borrow every class from every node instead of starving in certification.
+    let global_client = cluster.client(2).await;
+    let globals = tokio::spawn(async move {
+        for _ in 0..5 {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                match global_client
+                    .batch_execute("BEGIN; UPDATE accounts SET balance = balance + 1 WHERE id = 1; COMMIT")
+                    .await
+                {
+                    Ok(()) => break,
+                    Err(e) if e.code().map(|c| c.code()) == Some("40001") => {
+                        global_client.batch_execute("ROLLBACK").await.unwrap();
+                        assert!(Instant::now() < deadline, "a global transaction starves: {e:?}");
+                    }
+                    Err(e) => panic!("global: {:?}", e.as_db_error()),
+                }
+            }
+        }
+    });
     let mut clients = Vec::new();
     for task in tasks {
         let (client, committed, _void) = task.await.unwrap();
         assert_eq!(committed, 40);
         clients.push(client);
     }
+    globals.await.unwrap();
     let mut digests = Vec::new();
     for client in &clients {
         let total = rows(client, "SELECT sum(balance), count(*) FROM accounts").await;
-        // 600, plus node 3's 1: the transfers keep the sum.
-        assert_eq!(total, vec![vec![Some("601".into()), Some("6".into())]]);
+        // 600, plus node 3's 1 and the global transactions' 5 × 3: the transfers keep the sum.
+        assert_eq!(total, vec![vec![Some("616".into()), Some("6".into())]]);
         digests.push(table_digest(client, "accounts", "branch, id").await);
     }
     assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:?}");
@@ -1369,8 +1391,8 @@ async fn in_hybrid_mode_every_node_takes_writes_and_one_reaching_another_nodes_c
     let branch_1 = rows(&clients[1], "SELECT balance FROM accounts WHERE branch = 1 ORDER BY id").await;
     assert_eq!(
         branch_1[0],
-        vec![Some("55".into())],
-        "node 1's first transfer and its 40 later ones took 45 from account 1"
+        vec![Some("60".into())],
+        "node 1's first transfer and its 40 later ones took 45 from account 1, the global ones added 5"
     );
 
     let stderr = refused_start(&["--sql-mode", "hybrid"]);

@@ -104,6 +104,16 @@ pub enum ClassMessage {
     OwnerDown { node: u64 },
     /// The node at place `node` is back and owns its classes again.
     OwnerBack { node: u64 },
+    /// A transaction that may touch any class (global) asks every node up for all of theirs,
+    /// as `Borrow` does for some.
+    BorrowAll {
+        ticket: Ticket,
+        holding: Vec<String>,
+        sent_at_ms: u64,
+    },
+    /// The node at place `node` lends all its classes: its own transactions are ordered
+    /// before this, and it starts none until the `Release`.
+    LendAll { ticket: Ticket, node: u64 },
 }
 
 /// What replicas do with a transaction.
@@ -170,6 +180,14 @@ impl Command {
                 out.extend_from_slice(&node.to_le_bytes());
                 None
             }
+            ClassMessage::BorrowAll { ticket, .. } => {
+                out.push(5);
+                Some(ticket)
+            }
+            ClassMessage::LendAll { ticket, .. } => {
+                out.push(6);
+                Some(ticket)
+            }
         };
         if let Some(ticket) = ticket {
             out.extend_from_slice(&ticket.incarnation.to_le_bytes());
@@ -191,6 +209,16 @@ impl Command {
                 }
             }
             ClassMessage::Lend { class, .. } => put_bytes(&mut out, class.as_bytes()),
+            ClassMessage::BorrowAll {
+                holding, sent_at_ms, ..
+            } => {
+                out.extend_from_slice(&sent_at_ms.to_le_bytes());
+                put_len(&mut out, holding.len());
+                for class in holding {
+                    put_bytes(&mut out, class.as_bytes());
+                }
+            }
+            ClassMessage::LendAll { node, .. } => out.extend_from_slice(&node.to_le_bytes()),
             ClassMessage::Release { .. } | ClassMessage::OwnerDown { .. } | ClassMessage::OwnerBack { .. } => {}
         }
         out
@@ -242,6 +270,20 @@ impl Command {
                 class: r.text()?,
             },
             2 => ClassMessage::Release { ticket },
+            5 => {
+                let sent_at_ms = r.u64()?;
+                let count = r.len()?;
+                let mut holding = Vec::with_capacity(count.min(len / 4));
+                for _ in 0..count {
+                    holding.push(r.text()?);
+                }
+                ClassMessage::BorrowAll {
+                    ticket,
+                    holding,
+                    sent_at_ms,
+                }
+            }
+            6 => ClassMessage::LendAll { ticket, node: r.u64()? },
             tag => return Err(DecodeError::Tag(tag)),
         })
     }
@@ -551,6 +593,12 @@ mod tests {
             Command::Class(ClassMessage::Release { ticket }),
             Command::Class(ClassMessage::OwnerDown { node: 2 }),
             Command::Class(ClassMessage::OwnerBack { node: 2 }),
+            Command::Class(ClassMessage::BorrowAll {
+                ticket,
+                holding: vec!["2".into()],
+                sent_at_ms: 1_764_000_000_000,
+            }),
+            Command::Class(ClassMessage::LendAll { ticket, node: 1 }),
         ]
     }
 

@@ -372,6 +372,8 @@ impl WriterHandle {
         // in time, and suspended transactions fail.
         writer.lent.clear();
         writer.to_lend.clear();
+        writer.lent_all = None;
+        writer.to_lend_all.clear();
         writer.asked.clear();
         writer.resuming.clear();
         // Whether the log took this node for down is in the part the checkpoint replaced: it
@@ -623,6 +625,11 @@ struct Writer {
     /// where the request stands in the log (its age: the older of two wins), and since when it
     /// waits here.
     to_lend: VecDeque<(Ticket, String, Position, Instant)>,
+    /// This node's classes all lent to a global transaction: its ticket, since when.
+    lent_all: Option<(Ticket, Instant)>,
+    /// Requests for all classes (global transactions', every node's) not lent yet, in log
+    /// order, as `to_lend`.
+    to_lend_all: VecDeque<(Ticket, Position, Instant)>,
     /// Each live ticket's request as the log ordered it.
     asked: HashMap<Ticket, Asked>,
     /// Client transactions waiting for classes, by session.
@@ -693,6 +700,8 @@ pub fn start(
         tickets: 0,
         lent: HashMap::new(),
         to_lend: VecDeque::new(),
+        lent_all: None,
+        to_lend_all: VecDeque::new(),
         asked: HashMap::new(),
         suspended: HashMap::new(),
         resuming: VecDeque::new(),

@@ -400,6 +400,15 @@ fn main() {
     write(&out, "sql", "class-borrow", &borrow.encode());
     let owner_down = Command::Class(ClassMessage::OwnerDown { node: 2 });
     write(&out, "sql", "class-owner-down", &owner_down.encode());
+    let borrow_all = Command::Class(ClassMessage::BorrowAll {
+        ticket: Ticket {
+            incarnation: 9,
+            number: 4,
+        },
+        holding: vec!["3".into()],
+        sent_at_ms: 1_764_000_000_000,
+    });
+    write(&out, "sql", "class-borrow-all", &borrow_all.encode());
     write(
         &out,
         "sql",

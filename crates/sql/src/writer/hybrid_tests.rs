@@ -842,3 +842,60 @@ async fn an_owner_taken_for_down_has_its_classes_move_to_the_nodes_up_until_it_s
         assert_eq!(owners(node), [1, 1, 1]);
     }
 }
+
+#[tokio::test]
+async fn a_global_transaction_borrows_every_class_and_runs_when_every_node_is_done_with_them() {
+    let (mut nodes, index) = cluster_of((0..3).map(owning_node).collect()).await;
+    const EVERY: &str = "UPDATE acct SET bal = bal + 1";
+    let every = |node: &Node| node.writer.label(EVERY, StatementKind::Write, &[]);
+    assert!(every(&nodes[0]).global);
+    // Node 1's client is in a transaction on its class 1 when node 0's global one starts.
+    open_deposit(&nodes[1], 1, 5, 1, 1).await;
+    begin(&nodes[0], 1, &(EVERY, vec![])).await.unwrap();
+    let label = every(&nodes[0]);
+    let mut global = nodes[0]
+        .writer
+        .writer()
+        .reach(1, label)
+        .unwrap()
+        .expect("it waits for every node's classes");
+    let index = deliver_proposed(&mut nodes, 0, index);
+    // Nodes 0 and 2 lend theirs at once; node 1 once its transaction is done.
+    assert!(nodes[1].proposals.is_empty(), "node 1's transaction holds class 1");
+    let index = deliver_proposed(&mut nodes, 0, index);
+    let index = deliver_proposed(&mut nodes, 2, index);
+    assert!(global.try_recv().is_err());
+    // Meanwhile no transaction starts on a node that lent everything.
+    let lender = nodes[2].writer.clone();
+    let label = lender.label(DEPOSIT, StatementKind::Write, &[int(1), int(2), int(2)]);
+    let held_back = tokio::spawn(async move { lender.begin(2, label).await });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!held_back.is_finished(), "node 2 lent all its classes");
+    let (deposit, mut deposits) = commit(&mut nodes[1], 1).unwrap();
+    let lend_all = nodes[1].proposals.try_recv().unwrap().0;
+    assert!(matches!(
+        class_message(&lend_all),
+        Some(ClassMessage::LendAll { node: 1, .. })
+    ));
+    deliver(&nodes, index, &deposit);
+    deliver(&nodes, index + 1, &lend_all);
+    assert!(matches!(global.try_recv(), Ok(Ok(()))), "every node lent its classes");
+    run(&nodes[0], 1, &[(EVERY, vec![])]);
+    let (global_txn, mut global_outcome) = commit(&mut nodes[0], 1).unwrap();
+    let release = nodes[0].proposals.try_recv().unwrap().0;
+    assert!(matches!(class_message(&release), Some(ClassMessage::Release { .. })));
+    deliver(&nodes, index + 2, &global_txn);
+    deliver(&nodes, index + 3, &release);
+    assert_eq!(outcome(&mut deposits), Some(Applied::Committed));
+    assert_eq!(
+        outcome(&mut global_outcome),
+        Some(Applied::Committed),
+        "it ran after node 1's deposit, and nothing ran beside it"
+    );
+    held_back.await.unwrap().expect("the classes are back");
+    nodes[2].writer.rollback(2);
+    for node in &nodes {
+        let balances: Vec<Value> = accounts(node).into_iter().map(|row| row[2].clone()).collect();
+        assert_eq!(balances, [106, 101, 101, 101, 101, 101, 101, 101].map(int));
+    }
+}

@@ -4,8 +4,10 @@
 //! (the write lock is free for others), the owner lends the class once its own transactions on
 //! it are in the log and starts none on it until the borrower releases it, and the borrower is
 //! re-executed on the state the log reached — failing with 40001 if what it had read changed.
-//! Two transactions waiting on each other: the younger gives way. The hand-over changes no row:
-//! certification (`certify`) still decides, so a lost or late message costs time, not safety.
+//! Two transactions waiting on each other: the younger gives way. A global transaction (its
+//! classes cannot be told) borrows every class from every node at once. The hand-over changes
+//! no row: certification (`certify`) still decides, so a lost or late message costs time, not
+//! safety.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -51,7 +53,7 @@ pub(super) enum Borrowed {
 impl Suspended {
     /// Whether it may run again.
     pub(super) fn ready(&self) -> bool {
-        self.awaiting.is_empty() && self.held_locally.is_empty()
+        self.awaiting.is_empty() && self.held_locally.is_empty() && self.awaiting_all.is_empty()
     }
 }
 
@@ -97,6 +99,9 @@ pub(super) struct Suspended {
     /// Classes another suspended transaction of this node's holds: it waits until that one is
     /// done, then asks for them as for any other.
     pub(super) held_locally: BTreeSet<String>,
+    /// A global transaction: the nodes (places in id order) whose classes it waits for, all
+    /// of them (`ClassMessage::LendAll`) — its own node's too.
+    pub(super) awaiting_all: BTreeSet<usize>,
     /// Told once it holds the write lock again with its statements re-executed, or why it
     /// cannot go on.
     pub(super) resumed: Option<oneshot::Sender<Result<(), SqlError>>>,
@@ -117,6 +122,10 @@ impl Writer {
     pub(super) fn blocked_by_owners(&self, label: &Label) -> bool {
         if self.ownership.is_none() {
             return false;
+        }
+        if self.lent_all.is_some() || !self.to_lend_all.is_empty() {
+            // A global transaction has (or asked for) every class of this node's.
+            return true;
         }
         if label.global {
             return !self.suspended.is_empty();
@@ -151,8 +160,30 @@ impl Writer {
             return Ok(None);
         };
         if label.global {
-            // It may touch anything: certification decides.
-            return Ok(None);
+            // It may touch any class: it borrows them all, from every node up (its own too,
+            // through the log like the others, so its node's other transactions come first).
+            let awaiting_all: BTreeSet<usize> = (0..ownership.nodes)
+                .filter(|node| !self.owners_down.contains(node))
+                .collect();
+            let mut active = self.active.take().expect("checked above");
+            self.metrics.lock_held.observe(active.granted_at.elapsed());
+            self.engine.rollback();
+            // Global from here on: it resumes once none of its node's transactions is in the
+            // log, as a global one starts.
+            active.label.global = true;
+            let ticket = self.ticket_for(&mut active);
+            self.propose_class(ClassMessage::BorrowAll {
+                ticket,
+                holding: active.label.classes.union(&active.borrowed).cloned().collect(),
+                sent_at_ms: unix_ms(),
+            });
+            return Ok(Some(self.suspend(
+                session,
+                active,
+                BTreeSet::new(),
+                BTreeSet::new(),
+                awaiting_all,
+            )));
         }
         let mine: BTreeSet<String> = active.label.classes.union(&active.borrowed).cloned().collect();
         let mut held_locally = BTreeSet::new();
@@ -189,6 +220,24 @@ impl Writer {
         // Rolled back, not ended: its statements run again when it resumes.
         self.engine.rollback();
         self.ask(&mut active, ask);
+        Ok(Some(self.suspend(
+            session,
+            active,
+            awaiting,
+            held_locally,
+            BTreeSet::new(),
+        )))
+    }
+
+    /// Suspends `session`'s transaction, rolled back, until what it waits for comes.
+    fn suspend(
+        &mut self,
+        session: u64,
+        active: Active,
+        awaiting: BTreeSet<String>,
+        held_locally: BTreeSet<String>,
+        awaiting_all: BTreeSet<usize>,
+    ) -> oneshot::Receiver<Result<(), SqlError>> {
         let (told, resumed) = oneshot::channel();
         self.suspended.insert(
             session,
@@ -196,11 +245,12 @@ impl Writer {
                 active,
                 awaiting,
                 held_locally,
+                awaiting_all,
                 resumed: Some(told),
             },
         );
         self.after_release();
-        Ok(Some(resumed))
+        resumed
     }
 
     /// Of classes no transaction of this node's holds, those a transaction must wait for: those
@@ -213,7 +263,7 @@ impl Writer {
         for class in classes {
             let owner = self.owner_of(&class, ownership);
             if owner == ownership.me {
-                if self.lent.contains_key(&class) {
+                if self.lent.contains_key(&class) || self.lent_all.is_some() {
                     awaiting.insert(class);
                 }
             } else if self.silent_until[owner].is_none_or(|until| until <= now) {
@@ -229,24 +279,24 @@ impl Writer {
         if classes.is_empty() {
             return;
         }
-        let ticket = match active.ticket {
-            Some(ticket) => ticket,
-            None => {
-                self.tickets += 1;
-                let ticket = Ticket {
-                    incarnation: self.incarnation,
-                    number: self.tickets,
-                };
-                active.ticket = Some(ticket);
-                ticket
-            }
-        };
+        let ticket = self.ticket_for(active);
         self.propose_class(ClassMessage::Borrow {
             ticket,
             classes,
             holding: active.label.classes.union(&active.borrowed).cloned().collect(),
             sent_at_ms: unix_ms(),
         });
+    }
+
+    /// `active`'s ticket, issued now if it has none.
+    fn ticket_for(&mut self, active: &mut Active) -> Ticket {
+        *active.ticket.get_or_insert_with(|| {
+            self.tickets += 1;
+            Ticket {
+                incarnation: self.incarnation,
+                number: self.tickets,
+            }
+        })
     }
 
     /// Whether the suspended transactions holding `class` wait, themselves or through others of
@@ -326,10 +376,11 @@ impl Writer {
             owner == ownership.me
                 || self.last_lent[owner].is_some_and(|at| now.duration_since(at) < ownership.borrow_wait)
         };
-        let awaited_owners: Vec<usize> = suspended
+        let awaited_owners: BTreeSet<usize> = suspended
             .awaiting
             .iter()
             .map(|class| self.owner_of(class, &ownership))
+            .chain(suspended.awaiting_all.iter().copied())
             .collect();
         if !suspended.held_locally.is_empty() || awaited_owners.iter().any(|&owner| alive(owner)) {
             self.fail_suspended(
@@ -342,6 +393,7 @@ impl Writer {
         }
         let suspended = self.suspended.get_mut(&session).expect("looked up above");
         suspended.awaiting.clear();
+        suspended.awaiting_all.clear();
         suspended.active.went_on_without = true;
         suspended.active.borrowed.clear();
         let ticket = suspended.active.ticket.take();
@@ -416,9 +468,45 @@ impl Writer {
                     }
                 }
             }
+            ClassMessage::BorrowAll {
+                ticket,
+                holding,
+                sent_at_ms,
+            } => {
+                let age = Duration::from_millis(unix_ms().saturating_sub(sent_at_ms));
+                if age > ownership.borrow_wait + ownership.lend_for {
+                    return;
+                }
+                self.asked.insert(
+                    ticket,
+                    Asked {
+                        at,
+                        holding: holding.into_iter().collect(),
+                    },
+                );
+                // Every node lends, even one the asker took for down: a loan it did not wait
+                // for costs nothing.
+                self.to_lend_all.push_back((ticket, at, Instant::now()));
+            }
+            ClassMessage::LendAll { ticket, node } => {
+                let node = node as usize;
+                if let Some(last_lent) = self.last_lent.get_mut(node) {
+                    *last_lent = Some(Instant::now());
+                }
+                let waiter = self.suspended.iter_mut().find(|(_, s)| s.active.ticket == Some(ticket));
+                if let Some((&session, suspended)) = waiter {
+                    if suspended.awaiting_all.remove(&node) && suspended.ready() {
+                        self.resuming.push_back(session);
+                    }
+                }
+            }
             ClassMessage::Release { ticket } => {
                 self.asked.remove(&ticket);
                 self.to_lend.retain(|(asker, _, _, _)| *asker != ticket);
+                self.to_lend_all.retain(|(asker, _, _)| *asker != ticket);
+                if self.lent_all.is_some_and(|(borrower, _)| borrower == ticket) {
+                    self.take_back_all(&ownership);
+                }
                 let returned: Vec<String> = self
                     .lent
                     .iter()
@@ -467,8 +555,8 @@ impl Writer {
     }
 
     /// The nodes taken for down are now `down`: a class that changed owner is no longer lent
-    /// or to be lent by its old owner, and a transaction waiting for it asks its new owner (or
-    /// has it, if that is this node and it is not lent).
+    /// or to be lent by its old owner, a transaction waiting for it asks its new owner (or has
+    /// it, if that is this node and it is not lent), and a global one waits for no node down.
     fn owners_moved(&mut self, ownership: &Ownership, down: BTreeSet<usize>) {
         if down == self.owners_down {
             return;
@@ -487,6 +575,12 @@ impl Writer {
         let sessions: Vec<u64> = self.suspended.keys().copied().collect();
         for session in sessions {
             let suspended = self.suspended.get_mut(&session).expect("listed above");
+            // A global transaction waits for no node taken for down.
+            suspended.awaiting_all.retain(|node| !now.contains(node));
+            if suspended.ready() {
+                self.resuming.push_back(session);
+                continue;
+            }
             let moved_classes: BTreeSet<String> = suspended
                 .awaiting
                 .iter()
@@ -520,6 +614,19 @@ impl Writer {
         }
     }
 
+    /// This node's classes lent all at once are back: its transactions waiting for one go on.
+    fn take_back_all(&mut self, ownership: &Ownership) {
+        self.lent_all = None;
+        let mine: BTreeSet<String> = self
+            .suspended
+            .values()
+            .flat_map(|s| s.awaiting.iter())
+            .filter(|class| self.owner_of(class, ownership) == ownership.me && !self.lent.contains_key(*class))
+            .cloned()
+            .collect();
+        self.take_back(&mine.into_iter().collect::<Vec<_>>());
+    }
+
     /// Lends what was asked for, in log order per class, once this node's transactions are
     /// done with it (their write-sets go to the log before the loan); takes back what was lent
     /// too long.
@@ -535,11 +642,25 @@ impl Writer {
             .map(|(class, _)| class.clone())
             .collect();
         self.take_back(&overdue);
+        if self
+            .lent_all
+            .is_some_and(|(_, since)| now.duration_since(since) >= ownership.lend_for)
+        {
+            self.take_back_all(&ownership);
+        }
+        if self.lent_all.is_some() {
+            return;
+        }
+        // Requests ordered after one for all classes wait until that one is done.
+        let first_all = self.to_lend_all.front().map(|&(_, at, _)| at);
         let mut still_asked = BTreeSet::new();
         let mut next = 0;
         while next < self.to_lend.len() {
             let (ticket, class, at, since) = self.to_lend[next].clone();
-            if still_asked.contains(&class) || self.lent.contains_key(&class) || self.in_use(&class, ticket, at, since)
+            if first_all.is_some_and(|first| at > first)
+                || still_asked.contains(&class)
+                || self.lent.contains_key(&class)
+                || self.in_use(&class, ticket, at, since)
             {
                 still_asked.insert(class);
                 next += 1;
@@ -550,6 +671,33 @@ impl Writer {
             self.metrics.lent.inc();
             self.propose_class(ClassMessage::Lend { ticket, class });
         }
+        let Some(&(ticket, at, since)) = self.to_lend_all.front() else {
+            return;
+        };
+        // Lent all at once when nothing of this node's is lent, nothing asked earlier waits,
+        // and no transaction of its holds a class.
+        if self.lent.is_empty()
+            && self.to_lend.iter().all(|&(_, _, asked_at, _)| asked_at > at)
+            && !self.in_use_any(ticket, at, since)
+        {
+            self.to_lend_all.pop_front();
+            self.lent_all = Some((ticket, now));
+            self.metrics.lent.inc();
+            self.propose_class(ClassMessage::LendAll {
+                ticket,
+                node: ownership.me as u64,
+            });
+        }
+    }
+
+    /// Whether this node's transactions hold classes, so `asker`'s request for all of them
+    /// waits on (as `in_use` for one class): the one holding the write lock does, and a
+    /// suspended one that holds any and does not give way.
+    fn in_use_any(&mut self, asker: Ticket, at: Position, since: Instant) -> bool {
+        self.active.is_some()
+            || self.held_in_the_way(asker, at, since, |s| {
+                s.active.ticket != Some(asker) && !(s.active.label.classes.is_empty() && s.active.borrowed.is_empty())
+            })
     }
 
     /// Whether this node's transactions use `class`, so `asker`'s request for it, standing at
@@ -559,15 +707,25 @@ impl Writer {
     /// cycle of waits, through other nodes: in a cycle some member is younger than the one it
     /// holds up, so every cycle breaks).
     pub(super) fn in_use(&mut self, class: &str, asker: Ticket, at: Position, since: Instant) -> bool {
-        if self.active.as_ref().is_some_and(|a| holds(a, class)) {
-            return true;
-        }
+        self.active.as_ref().is_some_and(|a| holds(a, class))
+            || self.held_in_the_way(asker, at, since, |s| holds(&s.active, class))
+    }
+
+    /// Whether suspended transactions that `hold` what `asker`'s request (at `at`, waiting
+    /// since `since`) wants keep it waiting; those younger and waiting give way (see `in_use`).
+    fn held_in_the_way(
+        &mut self,
+        asker: Ticket,
+        at: Position,
+        since: Instant,
+        hold: impl Fn(&Suspended) -> bool,
+    ) -> bool {
         let long = since.elapsed() >= GIVE_WAY_AFTER;
         let asker_holds = self.asked.get(&asker).map(|asked| &asked.holding);
         let holders: Vec<(u64, bool)> = self
             .suspended
             .iter()
-            .filter(|(_, s)| holds(&s.active, class))
+            .filter(|(_, s)| hold(s))
             .map(|(&session, s)| {
                 let asked = s.active.ticket.and_then(|t| self.asked.get(&t)).map(|asked| asked.at);
                 let waits_for_asker = asker_holds.is_some_and(|held| s.awaiting.iter().any(|c| held.contains(c)));
@@ -615,11 +773,17 @@ impl Writer {
         let mut next = 0;
         while next < self.resuming.len() {
             let session = self.resuming[next];
-            let Some(label) = self.suspended.get(&session).map(|s| s.active.label.clone()) else {
+            let Some((label, ticket)) = self
+                .suspended
+                .get(&session)
+                .map(|s| (s.active.label.clone(), s.active.ticket))
+            else {
                 self.resuming.remove(next);
                 continue;
             };
-            if self.blocked_by_own_in_flight(&label) {
+            // While a global transaction has every class of this node's, only it goes on.
+            let lent_to_another = self.lent_all.is_some_and(|(borrower, _)| Some(borrower) != ticket);
+            if lent_to_another || self.blocked_by_own_in_flight(&label) {
                 next += 1;
                 continue;
             }
