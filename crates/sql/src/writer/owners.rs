@@ -576,8 +576,9 @@ impl Writer {
         for session in sessions {
             let suspended = self.suspended.get_mut(&session).expect("listed above");
             // A global transaction waits for no node taken for down.
+            let waited_for_all = !suspended.awaiting_all.is_empty();
             suspended.awaiting_all.retain(|node| !now.contains(node));
-            if suspended.ready() {
+            if waited_for_all && suspended.ready() {
                 self.resuming.push_back(session);
                 continue;
             }
