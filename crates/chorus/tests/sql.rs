@@ -1135,6 +1135,7 @@ async fn sigkill_mid_passive_tpcc(engine: Engine) {
         no_load: true,
         keep_data: false,
         seed: 7,
+        route: tpcc::Route::Owner,
         out: PathBuf::new(),
         net: Default::default(),
     };

@@ -106,6 +106,9 @@ pub struct TpccArgs {
     pub keep_data: bool,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Which node each terminal connects to.
+    #[arg(long, value_enum, default_value = "owner")]
+    pub route: Route,
     /// Directory for JSON results and PNG plots.
     #[arg(long, default_value = "bench-results")]
     pub out: PathBuf,
@@ -114,6 +117,17 @@ pub struct TpccArgs {
     /// its own).
     #[command(flatten)]
     pub net: NetArgs,
+}
+
+/// Which node a terminal works through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Route {
+    /// The node that owns its home warehouse's class (hybrid replication's routing).
+    Owner,
+    /// As clients that connect anywhere: terminal t through the node (owner + 1 + t) mod n,
+    /// spread evenly over the nodes, one in n on its home warehouse's owner (under hybrid the
+    /// others borrow their warehouse from its owner for every transaction).
+    Any,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -259,7 +273,7 @@ pub const CONSISTENT: &str = "conditions 1-4 hold";
 /// Loads (unless `load` is false), runs `terminals` terminals for `duration_secs`, checks
 /// consistency. Loads and checks through `addrs[0]`; a terminal whose home warehouse is `w`
 /// works through the node that owns class `w` (hybrid replication: `owner_index`) among
-/// `addrs`, in node id order.
+/// `addrs`, in node id order (or elsewhere, see `Route::Any`).
 pub async fn run_once(
     system: &str,
     addrs: &[SocketAddr],
@@ -288,7 +302,11 @@ pub async fn run_once(
     for t in 0..terminals {
         let home = t as u64 % warehouses + 1;
         let seed = args.seed.wrapping_mul(1_000_003).wrapping_add(t as u64);
-        let node = addrs[chorus_sql::classes::owner_index(&home.to_string(), addrs.len())];
+        let owner = chorus_sql::classes::owner_index(&home.to_string(), addrs.len());
+        let node = match args.route {
+            Route::Owner => addrs[owner],
+            Route::Any => addrs[(owner + 1 + t) % addrs.len()],
+        };
         let terminal = Terminal::new(connect(node).await?, warehouses, home, seed)
             .await
             .with_context(|| format!("{system}: cannot prepare the TPC-C statements"))?;
