@@ -1,5 +1,5 @@
 //! The SQL middleware's untrusted inputs: a command's bytes from the log (a transaction or a
-//! class hand-over), statement text from clients (splitting, classifying, the determinism
+//! class hand-over), statements forwarded by a peer and its replies, statement text from clients (splitting, classifying, the determinism
 //! rewrite, conflict-class labels, COPY statements) and COPY data.
 #![no_main]
 
@@ -9,6 +9,7 @@ use chorus_sql::text::{
     classify, command_verb, fix_writes, parameter_count, split_statements, Dialect, FixedClock, StatementKind,
 };
 use chorus_sql::txn::{Command, Value};
+use chorus_sql::{ForwardReply, ForwardRequest};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -17,6 +18,23 @@ fuzz_target!(|data: &[u8]| {
             Command::decode(&command.encode()).unwrap(),
             command,
             "a command decodes as it was encoded"
+        );
+    }
+    // Compared as bytes: a NaN parameter is not equal to itself.
+    if let Ok(request) = ForwardRequest::decode(data) {
+        let encoded = request.encode();
+        assert_eq!(
+            ForwardRequest::decode(&encoded).unwrap().encode(),
+            encoded,
+            "a forwarded statement decodes as it was encoded"
+        );
+    }
+    if let Ok(reply) = ForwardReply::decode(data) {
+        let encoded = reply.encode();
+        assert_eq!(
+            ForwardReply::decode(&encoded).unwrap().encode(),
+            encoded,
+            "a forwarded reply decodes as it was encoded"
         );
     }
     // COPY data from a client, in both formats, in two pieces: rows come out or an error does.

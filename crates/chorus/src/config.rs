@@ -103,6 +103,10 @@ server_options! {
     /// statements touch (metric chorus_sql_transactions_labelled_total), which hybrid
     /// replication certifies by. Empty: no labels.
     sql_conflict_classes: String = String::new();
+    /// Hybrid: a transaction whose first statement touches only classes another node owns is
+    /// forwarded to that node and runs there (false: it runs where its client is, borrowing
+    /// the classes through the log).
+    sql_forward: bool = true;
     /// The database `chorus sql` replicates into: "sqlite" (embedded, under data_dir/sql) or
     /// "postgres" (the PostgreSQL server `sql_postgres` names, one per node; passive mode reads
     /// its logical decoding: wal_level = logical).

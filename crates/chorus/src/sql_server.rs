@@ -37,6 +37,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
             .map_err(|e: String| anyhow::anyhow!("--sql-conflict-classes: {e} (give table.column,table.column,…)"))?,
         commit_timeout: Duration::from_millis(config.request_timeout_ms),
         lock_wait: Duration::from_millis(config.request_timeout_ms),
+        forward: config.sql_forward,
         on_diverged: Box::new(restart_in_place),
     };
     let sql_dir = config.data_dir.join("sql");

@@ -1242,9 +1242,17 @@ async fn transactions_are_labelled_with_the_conflict_classes_they_touch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_hybrid_mode_every_node_takes_writes_and_one_reaching_another_nodes_class_borrows_it_first() {
+    // Not forwarded to the owner: every transaction runs where its client is.
     let cluster = SqlCluster::start_with(
         3,
-        &["--sql-mode", "hybrid", "--sql-conflict-classes", "accounts.branch"],
+        &[
+            "--sql-mode",
+            "hybrid",
+            "--sql-conflict-classes",
+            "accounts.branch",
+            "--sql-forward",
+            "false",
+        ],
     );
     cluster
         .setup("CREATE TABLE accounts (branch int, id int, balance int, PRIMARY KEY (branch, id))")
@@ -1398,6 +1406,148 @@ async fn in_hybrid_mode_every_node_takes_writes_and_one_reaching_another_nodes_c
 
     let stderr = refused_start(&["--sql-mode", "hybrid"]);
     assert!(stderr.contains("give --sql-conflict-classes"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_hybrid_mode_a_transaction_runs_on_its_classes_owner_whichever_node_its_client_reached() {
+    let cluster = SqlCluster::start_with(
+        3,
+        &["--sql-mode", "hybrid", "--sql-conflict-classes", "accounts.branch"],
+    );
+    cluster
+        .setup("CREATE TABLE accounts (branch int, id int, balance int, PRIMARY KEY (branch, id))")
+        .await;
+    let clients = [
+        cluster.client(1).await,
+        cluster.client(2).await,
+        cluster.client(3).await,
+    ];
+    clients[0]
+        .batch_execute(
+            "INSERT INTO accounts (branch, id, balance) VALUES (1, 1, 100), (1, 2, 100), (2, 1, 100), \
+             (2, 2, 100), (3, 1, 100), (3, 2, 100)",
+        )
+        .await
+        .unwrap();
+
+    // Node 2 owns branch 1: node 1's client's interactive transaction (a read, parameters,
+    // COMMIT) runs there, statement by statement, and answers as if it ran here.
+    let transfer = "UPDATE accounts SET balance = balance + $3 WHERE branch = $1 AND id = $2";
+    let first = &clients[0];
+    first.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(
+        branch_balances(first, 1).await,
+        vec![vec![Some("100".into())], vec![Some("100".into())]]
+    );
+    assert_eq!(first.execute(transfer, &[&"1", &"1", &"-7"]).await.unwrap(), 1);
+    assert_eq!(first.execute(transfer, &[&"1", &"2", &"7"]).await.unwrap(), 1);
+    first.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(cluster.gauge(1, "chorus_sql_transactions_forwarded_total"), Some(1));
+    assert_eq!(
+        branch_balances(&clients[1], 1).await,
+        vec![vec![Some("93".into())], vec![Some("107".into())]]
+    );
+
+    // A statement failing there fails the transaction here; ROLLBACK undoes it there.
+    first.batch_execute("BEGIN").await.unwrap();
+    first.execute(transfer, &[&"2", &"1", &"-50"]).await.unwrap();
+    let duplicate = first
+        .batch_execute("INSERT INTO accounts (branch, id, balance) VALUES (2, 1, 0)")
+        .await
+        .unwrap_err();
+    assert_eq!(duplicate.code().map(|c| c.code()), Some("23505"), "{duplicate:?}");
+    let failed = first.execute(transfer, &[&"2", &"2", &"50"]).await.unwrap_err();
+    assert_eq!(failed.code().map(|c| c.code()), Some("25P02"), "{failed:?}");
+    first.batch_execute("ROLLBACK").await.unwrap();
+    // Autocommit statements are forwarded too.
+    first.execute(transfer, &[&"2", &"2", &"1"]).await.unwrap();
+    assert_eq!(
+        branch_balances(first, 2).await,
+        vec![vec![Some("100".into())], vec![Some("101".into())]]
+    );
+
+    // A client that leaves inside a forwarded transaction leaves no write lock held on the
+    // owner: node 2's own client writes on at once (its lock wait, 5 s, is shorter than the
+    // time after which the owner rolls back forwarded transactions left idle).
+    let leaving = cluster.client(3).await;
+    leaving
+        .batch_execute("BEGIN; UPDATE accounts SET balance = 0 WHERE branch = 1")
+        .await
+        .unwrap();
+    drop(leaving);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    clients[1]
+        .batch_execute("UPDATE accounts SET balance = balance + 1 WHERE branch = 1 AND id = 1")
+        .await
+        .unwrap();
+    assert_eq!(
+        branch_balances(&clients[1], 1).await,
+        vec![vec![Some("94".into())], vec![Some("107".into())]]
+    );
+
+    // Every node's client works on a branch another node owns, concurrently: each transfer
+    // runs on its branch's owner, borrowing nothing.
+    let lent = || -> u64 {
+        [1, 2, 3]
+            .into_iter()
+            .map(|id| cluster.gauge(id, "chorus_sql_classes_lent_total").unwrap_or(0))
+            .sum()
+    };
+    let lent_before = lent();
+    let mut tasks = Vec::new();
+    for (n, client) in clients.into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            let branch = (n + 1) % 3 + 1;
+            let mut committed = 0;
+            while committed < 30 {
+                let outcome = client
+                    .batch_execute(&format!(
+                        "BEGIN; UPDATE accounts SET balance = balance - 1 WHERE branch = {branch} AND id = 1; \
+                         UPDATE accounts SET balance = balance + 1 WHERE branch = {branch} AND id = 2; COMMIT"
+                    ))
+                    .await;
+                match outcome {
+                    Ok(()) => committed += 1,
+                    Err(e) if e.code().map(|c| c.code()) == Some("40001") => {
+                        client.batch_execute("ROLLBACK").await.unwrap();
+                    }
+                    Err(e) => panic!("node {}: {:?}", n + 1, e.as_db_error()),
+                }
+            }
+            client
+        }));
+    }
+    let mut clients = Vec::new();
+    for task in tasks {
+        clients.push(task.await.unwrap());
+    }
+    let mut digests = Vec::new();
+    for client in &clients {
+        assert_eq!(
+            rows(client, "SELECT sum(balance) FROM accounts").await,
+            vec![vec![Some("602".into())]]
+        );
+        digests.push(table_digest(client, "accounts", "branch, id").await);
+    }
+    assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:?}");
+    for id in [1, 2, 3] {
+        assert!(
+            cluster
+                .gauge(id, "chorus_sql_transactions_forwarded_total")
+                .unwrap_or(0)
+                >= 30,
+            "node {id} forwarded its clients' transactions"
+        );
+    }
+    assert_eq!(lent(), lent_before, "no transfer borrowed a class");
+}
+
+async fn branch_balances(client: &Client, branch: i32) -> Vec<Vec<Option<String>>> {
+    rows(
+        client,
+        &format!("SELECT balance FROM accounts WHERE branch = {branch} ORDER BY id"),
+    )
+    .await
 }
 
 /// Moves 1 from `from`'s account to `to`'s through `node`, retrying whatever fails (an owner

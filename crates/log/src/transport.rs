@@ -135,6 +135,8 @@ struct Peers {
     /// Stamps of pings to answer, by the peer that sent them.
     pongs: HashMap<u64, mpsc::Sender<u64>>,
     rtts: LinkRtts,
+    /// When each peer last answered a ping (`probe_clock` µs; 0: never).
+    last_pong_us: HashMap<u64, AtomicU64>,
     /// Service frames (requests, responses) to send to each peer.
     service: HashMap<u64, mpsc::Sender<(FrameKind, Vec<u8>)>>,
     /// Calls awaiting their response, by request id.
@@ -208,6 +210,15 @@ impl PeerCalls {
         (rtt_us > 0).then(|| Duration::from_micros(rtt_us))
     }
 
+    /// Whether `peer` answered a ping within `within` (pings go out every 500 ms): a caller
+    /// may skip a peer that did not rather than wait for its call to time out.
+    pub fn heard_within(&self, peer: u64, within: Duration) -> bool {
+        let Some(last_us) = self.peers.last_pong_us.get(&peer).map(|at| at.load(Ordering::Relaxed)) else {
+            return false;
+        };
+        last_us > 0 && probe_clock().saturating_sub(last_us) <= within.as_micros() as u64
+    }
+
     /// Sends `body` to `service` on `peer` and awaits the response body.
     pub async fn call(&self, peer: u64, service: u8, body: &[u8], timeout: Duration) -> Result<Vec<u8>, CallError> {
         let queue = self.peers.service.get(&peer).ok_or(CallError::UnknownPeer(peer))?;
@@ -265,6 +276,7 @@ pub async fn start(
             .collect(),
         pongs,
         rtts: rtts.clone(),
+        last_pong_us: config.peers.iter().map(|(id, _)| (*id, AtomicU64::new(0))).collect(),
         service,
         pending: Mutex::new(HashMap::new()),
         services,
@@ -405,7 +417,9 @@ async fn receive_from(
             }
             FrameKind::Pong => {
                 let stamp = frame::decode_probe(&payload).map_err(|e| format!("bad pong: {e}"))?;
-                let sample_us = probe_clock().saturating_sub(stamp).max(1);
+                let now_us = probe_clock();
+                peers.last_pong_us[&from].store(now_us, Ordering::Relaxed);
+                let sample_us = now_us.saturating_sub(stamp).max(1);
                 let rtt = &peers.rtts[&from];
                 let old = rtt.load(Ordering::Relaxed);
                 let smoothed = if old == 0 { sample_us } else { (old * 4 + sample_us) / 5 };
@@ -679,6 +693,15 @@ mod tests {
         assert!(
             one.peers.pending.lock().unwrap().is_empty(),
             "finished calls leave nothing behind"
+        );
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while !one.heard_within(2, second) {
+            assert!(Instant::now() < deadline, "node 2 answers pings");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            !one.heard_within(3, Duration::from_secs(60)),
+            "node 3 never answered a ping"
         );
     }
 }

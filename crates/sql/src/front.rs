@@ -40,6 +40,11 @@ use crate::text::{analyse, chorus_setting, parameter_count, split_statements, An
 use crate::txn::{Command, Value};
 use crate::writer::{Applied, Certifying, Committed, Proposal, WriterHandle};
 
+mod forward;
+
+pub use forward::{serve_forwarded, ForwardReply, ForwardRequest, Start};
+use forward::{Forwarder, Unanswered};
+
 /// What every session of a node shares.
 pub struct Shared {
     node: NodeHandle<SqlState>,
@@ -49,6 +54,15 @@ pub struct Shared {
     commit_timeout: Duration,
     /// Sessions start with stale reads (`--read-consistency stale`) or linearizable ones.
     stale_reads_by_default: bool,
+    /// Hybrid with forwarding: sends a transaction to its classes' owner.
+    forwarder: Option<Arc<Forwarder>>,
+}
+
+/// Forwarding a hybrid transaction to its classes' owner (`chorus sql --sql-forward`).
+pub struct Forwarding {
+    pub calls: Arc<chorus_log::PeerCalls>,
+    /// Every node's id, this one's too.
+    pub node_ids: Vec<u64>,
 }
 
 /// The session setting choosing between linearizable and stale reads, as the key-value side's
@@ -64,9 +78,15 @@ impl Shared {
         readers: Arc<Readers>,
         commit_timeout: Duration,
         read_consistency: ReadConsistency,
+        forwarding: Option<Forwarding>,
     ) -> Arc<Self> {
         tokio::spawn(tell_writer_when_leading(node.clone(), writer.clone()));
+        // A forwarded statement may wait for the write lock, for classes it borrows (as long
+        // again) and, a COMMIT, for the log.
+        let forward_timeout = writer.lock_wait() * 2 + commit_timeout + Duration::from_secs(1);
+        let forwarder = forwarding.map(|f| Arc::new(Forwarder::new(f.calls, f.node_ids, forward_timeout)));
         Arc::new(Shared {
+            forwarder,
             node,
             writer,
             readers,
@@ -230,14 +250,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
             }
         };
         let _ = socket.set_nodelay(true);
-        let session = Arc::new(Session {
-            id: shared.next_session.fetch_add(1, Ordering::Relaxed),
-            shared: shared.clone(),
-            state: tokio::sync::Mutex::new(TxnState::Idle),
-            parser: Arc::new(Parser { shared: shared.clone() }),
-            stale_reads: AtomicBool::new(shared.stale_reads_by_default),
-            copying: std::sync::Mutex::new(None),
-        });
+        let session = Arc::new(Session::new(shared.clone(), true));
         tokio::spawn(async move {
             if let Err(e) = crate::wire::converse(socket, Handlers(session)).await {
                 tracing::debug!(error = %e, "SQL client connection ended");
@@ -281,6 +294,13 @@ struct Open {
 
 enum Place {
     Writer,
+    /// On its classes' owner, `owner`, which knows it as `txn`; `next_seq` numbers the next
+    /// statement sent there.
+    Forwarded {
+        owner: u64,
+        txn: u64,
+        next_seq: u32,
+    },
     /// A reader connection inside BEGIN, and how many transactions had been executed ahead by
     /// the end of its first read (which took its snapshot): every one it can see.
     Reader(Option<Reader>, Option<u64>),
@@ -297,6 +317,9 @@ struct Session {
     stale_reads: AtomicBool,
     /// A `COPY ... FROM STDIN` taking rows.
     copying: std::sync::Mutex<Option<Copying>>,
+    /// Its transactions may be forwarded to their classes' owner (not when it runs forwarded
+    /// ones: the owner runs them whoever owns what by then).
+    forwards: bool,
 }
 
 /// A COPY in progress: its rows go into the session's transaction as they arrive.
@@ -315,22 +338,60 @@ const COPY_VALUES_PER_INSERT: usize = 1000;
 
 impl Drop for Session {
     fn drop(&mut self) {
-        if let TxnState::Open(Open {
-            place: Some(Place::Writer),
-            ..
-        }) = self.state.get_mut()
-        {
-            self.shared.writer.rollback(self.id);
+        match self.state.get_mut() {
+            TxnState::Open(Open {
+                place: Some(Place::Writer),
+                ..
+            }) => self.shared.writer.rollback(self.id),
+            TxnState::Open(Open {
+                place: Some(Place::Forwarded { owner, txn, .. }),
+                ..
+            }) => {
+                if let Some(forwarder) = &self.shared.forwarder {
+                    forwarder.abandon(*owner, *txn);
+                }
+            }
+            _ => {}
         }
     }
 }
 
 impl NoopStartupHandler for Session {}
 
+/// A command tag as PostgreSQL words it (`INSERT 0 1`, `UPDATE 2`, `CREATE TABLE`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommandTag {
+    pub command: String,
+    pub oid: Option<u32>,
+    pub rows: Option<u64>,
+}
+
+impl CommandTag {
+    fn new(command: &str) -> CommandTag {
+        CommandTag {
+            command: command.to_owned(),
+            oid: None,
+            rows: None,
+        }
+    }
+
+    fn to_tag(&self) -> Tag {
+        let tag = Tag::new(&self.command);
+        let tag = match self.oid {
+            Some(oid) => tag.with_oid(oid),
+            None => tag,
+        };
+        match self.rows {
+            Some(rows) => tag.with_rows(rows as usize),
+            None => tag,
+        }
+    }
+}
+
 /// What a statement answers, before it is encoded for the client.
 enum Answer {
     Rows(Outcome, &'static str),
-    Done(Tag),
+    Done(CommandTag),
     Began,
     Ended(&'static str),
     /// COPY FROM STDIN of this many named columns (0: all) is taking data.
@@ -338,6 +399,18 @@ enum Answer {
 }
 
 impl Session {
+    fn new(shared: Arc<Shared>, forwards: bool) -> Session {
+        Session {
+            id: shared.next_session.fetch_add(1, Ordering::Relaxed),
+            parser: Arc::new(Parser { shared: shared.clone() }),
+            stale_reads: AtomicBool::new(shared.stale_reads_by_default),
+            shared,
+            state: tokio::sync::Mutex::new(TxnState::Idle),
+            copying: std::sync::Mutex::new(None),
+            forwards,
+        }
+    }
+
     async fn run(&self, sql: &str, params: Vec<Value>) -> Result<Answer, SqlError> {
         let analysis = analyse(sql)?;
         let kind = analysis.kind;
@@ -352,7 +425,7 @@ impl Session {
             return self.start_copy(copy, &mut state).await;
         }
         match (kind, &mut *state) {
-            (StatementKind::Setting, _) => Ok(Answer::Done(Tag::new(leading_words(sql, 1).as_str()))),
+            (StatementKind::Setting, _) => Ok(Answer::Done(CommandTag::new(&leading_words(sql, 1)))),
             (StatementKind::Begin { .. }, TxnState::Open(_)) => Ok(Answer::Began),
             (StatementKind::Begin { read_only }, TxnState::Idle) => {
                 *state = TxnState::Open(Open {
@@ -374,8 +447,15 @@ impl Session {
                 let TxnState::Open(open) = std::mem::replace(&mut *state, TxnState::Idle) else {
                     unreachable!("matched Open")
                 };
-                if let Some(Place::Writer) = open.place {
-                    self.shared.writer.rollback(self.id);
+                match open.place {
+                    Some(Place::Writer) => self.shared.writer.rollback(self.id),
+                    Some(Place::Forwarded { owner, txn, next_seq }) => {
+                        // Awaited: the owner's write lock is free before the client goes on.
+                        let _ = self
+                            .forward(owner, txn, next_seq, Start::Continue, sql, Vec::new())
+                            .await;
+                    }
+                    _ => {}
                 }
                 Ok(Answer::Ended("ROLLBACK"))
             }
@@ -401,7 +481,32 @@ impl Session {
                 Ok(Answer::Rows(outcome, "SELECT"))
             }
             (_, TxnState::Idle) => {
-                self.take_writer(self.shared.writer.label(sql, kind, &params)).await?;
+                let label = self.shared.writer.label(sql, kind, &params);
+                if let Some(owner) = self.forward_target(&label) {
+                    let forwarder = self
+                        .shared
+                        .forwarder
+                        .as_ref()
+                        .expect("a target comes from the forwarder");
+                    let txn = forwarder.next_txn();
+                    match self
+                        .forward(owner, txn, 0, Start::Autocommit, sql, params.clone())
+                        .await
+                    {
+                        Ok(answer) => {
+                            forwarder.count_forward();
+                            return answer;
+                        }
+                        Err(Unanswered::TimedOut) => {
+                            return Err(SqlError::outcome_unknown(&format!(
+                                "node {owner}, the owner of the statement's classes, did not answer in time"
+                            )))
+                        }
+                        // Never sent: it runs here.
+                        Err(Unanswered::NotSent) => {}
+                    }
+                }
+                self.take_writer(label).await?;
                 let reached = self.shared.writer.reach(self.id, sql, kind, &params).await;
                 let outcome = match reached.and_then(|()| self.shared.writer.execute(self.id, sql, &analysis, params)) {
                     Ok(outcome) => outcome,
@@ -426,8 +531,30 @@ impl Session {
         if open.place.is_none() {
             let writes_here = self.shared.writer.every_node_writes() || self.shared.node.status().role == Role::Leader;
             open.place = Some(if writes_here && !open.read_only {
-                self.take_writer(self.shared.writer.label(sql, analysis.kind, &params))
-                    .await?;
+                let label = self.shared.writer.label(sql, analysis.kind, &params);
+                if let Some(owner) = self.forward_target(&label) {
+                    let forwarder = self
+                        .shared
+                        .forwarder
+                        .as_ref()
+                        .expect("a target comes from the forwarder");
+                    let txn = forwarder.next_txn();
+                    match self.forward(owner, txn, 0, Start::Begin, sql, params.clone()).await {
+                        Ok(answer) => {
+                            forwarder.count_forward();
+                            open.place = Some(Place::Forwarded {
+                                owner,
+                                txn,
+                                next_seq: 1,
+                            });
+                            return answer;
+                        }
+                        // It may have begun there: roll it back, and run it here.
+                        Err(Unanswered::TimedOut) => forwarder.abandon(owner, txn),
+                        Err(Unanswered::NotSent) => {}
+                    }
+                }
+                self.take_writer(label).await?;
                 Place::Writer
             } else {
                 self.read_barrier().await?;
@@ -437,6 +564,23 @@ impl Session {
             });
         }
         match open.place.as_mut().expect("chosen above") {
+            Place::Forwarded { owner, txn, next_seq } => {
+                let (owner, txn, seq) = (*owner, *txn, *next_seq);
+                *next_seq += 1;
+                self.forward(owner, txn, seq, Start::Continue, sql, params)
+                    .await
+                    .unwrap_or_else(|_| {
+                        self.shared
+                            .forwarder
+                            .as_ref()
+                            .expect("forwarded by the forwarder")
+                            .abandon(owner, txn);
+                        Err(SqlError::serialization(&format!(
+                            "node {owner}, where the transaction ran (the owner of its classes), did not \
+                             answer in time; it is rolled back there, retry it"
+                        )))
+                    })
+            }
             Place::Writer => {
                 self.shared.writer.reach(self.id, sql, analysis.kind, &params).await?;
                 Ok(statement_answer(
@@ -467,6 +611,26 @@ impl Session {
     async fn commit(&self, open: Open) -> Result<Answer, SqlError> {
         match open.place {
             None => Ok(Answer::Ended(if open.failed { "ROLLBACK" } else { "COMMIT" })),
+            Some(Place::Forwarded { owner, txn, next_seq }) => {
+                match self
+                    .forward(owner, txn, next_seq, Start::Continue, "COMMIT", Vec::new())
+                    .await
+                {
+                    Ok(answer) => answer,
+                    Err(Unanswered::NotSent) => {
+                        let forwarder = self.shared.forwarder.as_ref().expect("forwarded by the forwarder");
+                        forwarder.abandon(owner, txn);
+                        Err(SqlError::serialization(&format!(
+                            "the COMMIT could not be sent to node {owner}, where the transaction ran; \
+                             it is rolled back there, retry it"
+                        )))
+                    }
+                    Err(Unanswered::TimedOut) => Err(SqlError::outcome_unknown(&format!(
+                        "node {owner}, where the transaction ran (the owner of its classes), did not \
+                         answer the COMMIT in time"
+                    ))),
+                }
+            }
             Some(Place::Reader(reader, _)) => {
                 if let Some(mut reader) = reader {
                     reader.conn.end();
@@ -496,6 +660,12 @@ impl Session {
                 }
                 match open.place {
                     Some(Place::Writer) => {}
+                    Some(Place::Forwarded { owner, .. }) => {
+                        return Err(SqlError::unsupported(format!(
+                            "COPY inside a transaction that runs on node {owner}, the owner of its \
+                             classes: run the COPY in a transaction of its own, or begin with it"
+                        )))
+                    }
                     None if !open.read_only => {
                         self.take_writer(Label::global()).await?;
                         open.place = Some(Place::Writer);
@@ -619,7 +789,7 @@ impl Session {
                     }
                 };
                 self.stale_reads.store(stale, Ordering::Relaxed);
-                Ok(Answer::Done(Tag::new(leading_words(sql, 1).as_str())))
+                Ok(Answer::Done(CommandTag::new(&leading_words(sql, 1))))
             }
             ChorusSetting::Show { name } if name == READ_CONSISTENCY => {
                 let stale = self.stale_reads.load(Ordering::Relaxed);
@@ -640,6 +810,34 @@ impl Session {
                 format!("unrecognized configuration parameter \"{name}\" ({READ_CONSISTENCY} is Chorus's one)"),
             )),
         }
+    }
+
+    /// The node a transaction whose first statement touches `label` runs on instead of this
+    /// one: the owner of its classes, if that is another node that seems up.
+    fn forward_target(&self, label: &Label) -> Option<u64> {
+        let forwarder = self.shared.forwarder.as_ref().filter(|_| self.forwards)?;
+        forwarder.reachable(self.shared.writer.owner_elsewhere(label)?)
+    }
+
+    /// Runs statement `seq` of forwarded transaction `txn` on `owner`.
+    async fn forward(
+        &self,
+        owner: u64,
+        txn: u64,
+        seq: u32,
+        start: Start,
+        sql: &str,
+        params: Vec<Value>,
+    ) -> Result<Result<Answer, SqlError>, Unanswered> {
+        let forwarder = self.shared.forwarder.as_ref().expect("forwarding needs the forwarder");
+        let request = ForwardRequest::Statement {
+            txn,
+            seq,
+            start,
+            sql: sql.to_owned(),
+            params,
+        };
+        Ok(forwarder.call(owner, request).await?.into())
     }
 
     /// Takes the write lock for a transaction whose first statement touches `first`.
@@ -686,12 +884,17 @@ fn statement_answer(sql: &str, verb: &str, outcome: Outcome) -> Answer {
             },
         );
     }
-    let rows = outcome.changes as usize;
+    let rows = outcome.changes;
+    let counted = |command: &str, oid| CommandTag {
+        command: command.to_owned(),
+        oid,
+        rows: Some(rows),
+    };
     Answer::Done(match verb {
-        "INSERT" | "REPLACE" => Tag::new("INSERT").with_oid(0).with_rows(rows),
-        "UPDATE" | "DELETE" => Tag::new(verb).with_rows(rows),
-        "CREATE" | "DROP" | "ALTER" => Tag::new(&leading_words(sql, 2)),
-        _ => Tag::new(verb),
+        "INSERT" | "REPLACE" => counted("INSERT", Some(0)),
+        "UPDATE" | "DELETE" => counted(verb, None),
+        "CREATE" | "DROP" | "ALTER" => CommandTag::new(&leading_words(sql, 2)),
+        _ => CommandTag::new(verb),
     })
 }
 
@@ -806,7 +1009,7 @@ fn error_response(e: SqlError) -> Response {
 fn response(answer: Answer, format: &Format) -> PgWireResult<Response> {
     Ok(match answer {
         Answer::Rows(outcome, tag) => Response::Query(query_response(outcome, tag, format)?),
-        Answer::Done(tag) => Response::Execution(tag),
+        Answer::Done(tag) => Response::Execution(tag.to_tag()),
         Answer::Began => Response::TransactionStart(Tag::new("BEGIN")),
         Answer::Ended(tag) => Response::TransactionEnd(Tag::new(tag)),
         Answer::CopyIn(columns) => Response::CopyIn(CopyResponse::new(0, columns, stream::empty())),

@@ -47,7 +47,7 @@ use tokio::net::TcpListener;
 
 pub use database::Database;
 pub use error::SqlError;
-pub use front::{serve, Shared};
+pub use front::{serve, ForwardReply, ForwardRequest, Shared, Start as ForwardStart};
 pub use machine::SqlState;
 pub use writer::ReplicationMode;
 
@@ -66,6 +66,9 @@ pub struct SqlOptions {
     pub read_consistency: ReadConsistency,
     /// Per table, the column whose value is a row's conflict class (empty: none).
     pub conflict_classes: classes::ClassRules,
+    /// Hybrid: a transaction whose first statement touches only classes another node owns
+    /// runs on that node (`front::forward`) instead of borrowing them through the log.
+    pub forward: bool,
 }
 
 /// Opens `database` (rebuilt from the last checkpoint and the log if it holds transactions the
@@ -118,11 +121,15 @@ pub async fn start(
     .map_err(StartError::Database)?;
     let readers = Arc::new(readers::Readers::new(database));
     let (state_writer, state_readers, state_dir) = (writer.clone(), readers.clone(), sql_dir.to_path_buf());
+    let forwards = options.mode == ReplicationMode::Hybrid && options.forward;
+    let node_ids: Vec<u64> = node_config.peers.iter().map(|(id, _)| *id).collect();
+    let (peer_requests, forwarded) = tokio::sync::mpsc::channel(FORWARDED_QUEUE);
     let node = chorus_log::start(
         node_config,
         move |snapshot| SqlState::open(state_writer, state_readers, state_dir, snapshot),
         codec,
-        None,
+        // Every hybrid node serves forwarded transactions, whether it forwards its own or not.
+        (options.mode == ReplicationMode::Hybrid).then_some(peer_requests),
     )
     .await
     .map_err(StartError::Node)?;
@@ -133,10 +140,20 @@ pub async fn start(
         readers,
         options.commit_timeout,
         options.read_consistency,
+        forwards.then(|| front::Forwarding {
+            calls: node.peer_calls().clone(),
+            node_ids,
+        }),
     );
+    if options.mode == ReplicationMode::Hybrid {
+        tokio::spawn(front::serve_forwarded(Arc::clone(&shared), forwarded));
+    }
     tokio::spawn(serve(listener, Arc::clone(&shared)));
     Ok(node)
 }
+
+/// Forwarded statements from peers waiting to be taken (each then runs in a task of its own).
+const FORWARDED_QUEUE: usize = 1024;
 
 /// Hybrid replication's class owners over the cluster's nodes in id order. A transaction waits
 /// for a class it borrows about as long as a few log round trips on a slow link; an owner lends

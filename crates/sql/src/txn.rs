@@ -334,25 +334,7 @@ impl Txn {
             put_bytes(&mut out, statement.sql.as_bytes());
             put_len(&mut out, statement.params.len());
             for value in &statement.params {
-                match value {
-                    Value::Null => out.push(0),
-                    Value::Integer(i) => {
-                        out.push(1);
-                        out.extend_from_slice(&i.to_le_bytes());
-                    }
-                    Value::Real(f) => {
-                        out.push(2);
-                        out.extend_from_slice(&f.to_bits().to_le_bytes());
-                    }
-                    Value::Text(t) => {
-                        out.push(3);
-                        put_bytes(&mut out, t.as_bytes());
-                    }
-                    Value::Blob(b) => {
-                        out.push(4);
-                        put_bytes(&mut out, b);
-                    }
-                }
+                put_value(&mut out, value);
             }
         }
         out
@@ -397,14 +379,7 @@ impl Txn {
             let param_count = r.len()?;
             let mut params = Vec::with_capacity(param_count.min(bytes.len()));
             for _ in 0..param_count {
-                params.push(match r.take(1)?[0] {
-                    0 => Value::Null,
-                    1 => Value::Integer(r.u64()? as i64),
-                    2 => Value::Real(f64::from_bits(r.u64()?)),
-                    3 => Value::Text(r.text()?),
-                    4 => Value::Blob(r.bytes()?.to_vec()),
-                    tag => return Err(DecodeError::Tag(tag)),
-                });
+                params.push(r.value()?);
             }
             statements.push(Statement { sql, params });
         }
@@ -430,6 +405,29 @@ pub(crate) fn put_len(out: &mut Vec<u8>, len: usize) {
 pub(crate) fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     put_len(out, bytes.len());
     out.extend_from_slice(bytes);
+}
+
+/// A value as `Reader::value` reads it: a type tag, then the value.
+pub(crate) fn put_value(out: &mut Vec<u8>, value: &Value) {
+    match value {
+        Value::Null => out.push(0),
+        Value::Integer(i) => {
+            out.push(1);
+            out.extend_from_slice(&i.to_le_bytes());
+        }
+        Value::Real(f) => {
+            out.push(2);
+            out.extend_from_slice(&f.to_bits().to_le_bytes());
+        }
+        Value::Text(t) => {
+            out.push(3);
+            put_bytes(out, t.as_bytes());
+        }
+        Value::Blob(b) => {
+            out.push(4);
+            put_bytes(out, b);
+        }
+    }
 }
 
 pub(crate) struct Reader<'a> {
@@ -466,6 +464,10 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
 
+    pub(crate) fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+
     pub(crate) fn len(&mut self) -> Result<usize, DecodeError> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")) as usize)
     }
@@ -479,21 +481,33 @@ impl<'a> Reader<'a> {
         String::from_utf8(self.bytes()?.to_vec()).map_err(|_| DecodeError::Utf8)
     }
 
+    pub(crate) fn value(&mut self) -> Result<Value, DecodeError> {
+        Ok(match self.take(1)?[0] {
+            0 => Value::Null,
+            1 => Value::Integer(self.u64()? as i64),
+            2 => Value::Real(f64::from_bits(self.u64()?)),
+            3 => Value::Text(self.text()?),
+            4 => Value::Blob(self.bytes()?.to_vec()),
+            tag => return Err(DecodeError::Tag(tag)),
+        })
+    }
+
+    /// A byte that must be 0 or 1.
+    pub(crate) fn flag(&mut self, what: &'static str) -> Result<bool, DecodeError> {
+        match self.take(1)?[0] {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(DecodeError::Malformed(what)),
+        }
+    }
+
     fn certify(&mut self) -> Result<Certify, DecodeError> {
         let snapshot = (
             self.u64()?,
             u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")),
         );
-        let global = match self.take(1)?[0] {
-            0 => false,
-            1 => true,
-            _ => return Err(DecodeError::Malformed("a global flag that is neither 0 nor 1")),
-        };
-        let chained = match self.take(1)?[0] {
-            0 => false,
-            1 => true,
-            _ => return Err(DecodeError::Malformed("a chain flag that is neither 0 nor 1")),
-        };
+        let global = self.flag("a global flag that is neither 0 nor 1")?;
+        let chained = self.flag("a chain flag that is neither 0 nor 1")?;
         let chain = self.u64()?;
         if !chained && chain != 0 {
             return Err(DecodeError::Malformed("a chain without its flag"));

@@ -199,6 +199,20 @@ impl WriterHandle {
             .map_or_else(Label::default, |labeller| labeller.label(sql, kind, params))
     }
 
+    /// Hybrid with owners: the node (its place in id order) owning every class `label` names,
+    /// if that is another node — where a transaction starting with it is best run. None for a
+    /// global label, one naming no class, or classes of several owners.
+    pub fn owner_elsewhere(&self, label: &Label) -> Option<usize> {
+        let writer = self.writer();
+        let ownership = writer.ownership.as_ref()?;
+        if label.global {
+            return None;
+        }
+        let mut owners = label.classes.iter().map(|class| writer.owner_of(class, ownership));
+        let owner = owners.next()?;
+        (owner != ownership.me && owners.all(|other| other == owner)).then_some(owner)
+    }
+
     /// Whether this node leads with everything earlier leaders committed applied.
     pub fn is_leading(&self) -> bool {
         self.writer().leading

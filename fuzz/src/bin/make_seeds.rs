@@ -22,11 +22,12 @@ use chorus_log::frame::{encode_frame, encode_hello, encode_request, encode_respo
 use chorus_log::shipment::{encode_chunk, encode_offer, encode_resume, Offer};
 use chorus_log::storage::{write_snapshot_file, DiskStorage, StorageOptions};
 use chorus_log::{EntryCodec, StateMachine};
-use chorus_sql::engine::{Engine, Recorded, Sqlite};
+use chorus_sql::engine::{Column, Engine, Outcome, Recorded, Sqlite};
 use chorus_sql::pg_write_set::{self, Change, Field, Table};
 use chorus_sql::txn::{
     Body as SqlBody, Certify, ClassMessage, Command, Statement as SqlStatement, Ticket, Txn, TxnId, Value as SqlValue,
 };
+use chorus_sql::{ForwardReply, ForwardRequest, ForwardStart};
 use chorus_storage::{encode_segment, segment_file_name, Reducer, StoreOptions};
 use chorus_unicache::{
     absorb_command, encode_command, CsvPreprocessor, ItemCache, Preprocessor, SqlParams, SqlPreprocessor,
@@ -388,6 +389,29 @@ fn main() {
         ..txn
     };
     write(&out, "sql", "certified-write-set-txn", &txn.encode());
+    // A statement forwarded to its classes' owner, and a reply with rows.
+    let forwarded = ForwardRequest::Statement {
+        txn: 4,
+        seq: 1,
+        start: ForwardStart::Continue,
+        sql: "SELECT balance FROM accounts WHERE branch = $1".into(),
+        params: vec![SqlValue::Integer(2), SqlValue::Null],
+    };
+    write(&out, "sql", "forwarded-statement", &forwarded.encode());
+    let reply = ForwardReply::Rows(
+        Outcome {
+            columns: vec![Column {
+                name: "balance".into(),
+                declared: Some("INT".into()),
+                function: None,
+            }],
+            rows: vec![vec![SqlValue::Integer(100)], vec![SqlValue::Real(0.5)]],
+            changes: 0,
+            read_only: true,
+        },
+        "SELECT",
+    );
+    write(&out, "sql", "forwarded-reply", &reply.encode());
     let borrow = Command::Class(ClassMessage::Borrow {
         ticket: Ticket {
             incarnation: 9,
