@@ -482,29 +482,15 @@ impl Session {
             }
             (_, TxnState::Idle) => {
                 let label = self.shared.writer.label(sql, kind, &params);
-                if let Some(owner) = self.forward_target(&label) {
-                    let forwarder = self
-                        .shared
-                        .forwarder
-                        .as_ref()
-                        .expect("a target comes from the forwarder");
-                    let txn = forwarder.next_txn();
-                    match self
-                        .forward(owner, txn, 0, Start::Autocommit, sql, params.clone())
-                        .await
-                    {
-                        Ok(answer) => {
-                            forwarder.count_forward();
-                            return answer;
-                        }
-                        Err(Unanswered::TimedOut) => {
-                            return Err(SqlError::outcome_unknown(&format!(
-                                "node {owner}, the owner of the statement's classes, did not answer in time"
-                            )))
-                        }
-                        // Never sent: it runs here.
-                        Err(Unanswered::NotSent) => {}
+                match self.forward_first(&label, Start::Autocommit, sql, &params).await {
+                    Some((_, _, Ok(answer))) => return answer,
+                    Some((owner, _, Err(Unanswered::TimedOut))) => {
+                        return Err(SqlError::outcome_unknown(&format!(
+                            "node {owner}, the owner of the statement's classes, did not answer in time"
+                        )))
                     }
+                    // Not forwarded, or never sent: it runs here.
+                    None | Some((_, _, Err(Unanswered::NotSent))) => {}
                 }
                 self.take_writer(label).await?;
                 let reached = self.shared.writer.reach(self.id, sql, kind, &params).await;
@@ -532,27 +518,18 @@ impl Session {
             let writes_here = self.shared.writer.every_node_writes() || self.shared.node.status().role == Role::Leader;
             open.place = Some(if writes_here && !open.read_only {
                 let label = self.shared.writer.label(sql, analysis.kind, &params);
-                if let Some(owner) = self.forward_target(&label) {
-                    let forwarder = self
-                        .shared
-                        .forwarder
-                        .as_ref()
-                        .expect("a target comes from the forwarder");
-                    let txn = forwarder.next_txn();
-                    match self.forward(owner, txn, 0, Start::Begin, sql, params.clone()).await {
-                        Ok(answer) => {
-                            forwarder.count_forward();
-                            open.place = Some(Place::Forwarded {
-                                owner,
-                                txn,
-                                next_seq: 1,
-                            });
-                            return answer;
-                        }
-                        // It may have begun there: roll it back, and run it here.
-                        Err(Unanswered::TimedOut) => forwarder.abandon(owner, txn),
-                        Err(Unanswered::NotSent) => {}
+                match self.forward_first(&label, Start::Begin, sql, &params).await {
+                    Some((owner, txn, Ok(answer))) => {
+                        open.place = Some(Place::Forwarded {
+                            owner,
+                            txn,
+                            next_seq: 1,
+                        });
+                        return answer;
                     }
+                    // It may have begun there: roll it back, and run it here.
+                    Some((owner, txn, Err(Unanswered::TimedOut))) => self.forwarder().abandon(owner, txn),
+                    None | Some((_, _, Err(Unanswered::NotSent))) => {}
                 }
                 self.take_writer(label).await?;
                 Place::Writer
@@ -570,11 +547,7 @@ impl Session {
                 self.forward(owner, txn, seq, Start::Continue, sql, params)
                     .await
                     .unwrap_or_else(|_| {
-                        self.shared
-                            .forwarder
-                            .as_ref()
-                            .expect("forwarded by the forwarder")
-                            .abandon(owner, txn);
+                        self.forwarder().abandon(owner, txn);
                         Err(SqlError::serialization(&format!(
                             "node {owner}, where the transaction ran (the owner of its classes), did not \
                              answer in time; it is rolled back there, retry it"
@@ -618,8 +591,7 @@ impl Session {
                 {
                     Ok(answer) => answer,
                     Err(Unanswered::NotSent) => {
-                        let forwarder = self.shared.forwarder.as_ref().expect("forwarded by the forwarder");
-                        forwarder.abandon(owner, txn);
+                        self.forwarder().abandon(owner, txn);
                         Err(SqlError::serialization(&format!(
                             "the COMMIT could not be sent to node {owner}, where the transaction ran; \
                              it is rolled back there, retry it"
@@ -819,6 +791,28 @@ impl Session {
         forwarder.reachable(self.shared.writer.owner_elsewhere(label)?)
     }
 
+    fn forwarder(&self) -> &Arc<Forwarder> {
+        self.shared.forwarder.as_ref().expect("forwarding needs the forwarder")
+    }
+
+    /// Sends a transaction's first statement to the owner of `label`'s classes if it is to be
+    /// forwarded: the owner, its number for the transaction there, and what became of it.
+    async fn forward_first(
+        &self,
+        label: &Label,
+        start: Start,
+        sql: &str,
+        params: &[Value],
+    ) -> Option<(u64, u64, Result<Result<Answer, SqlError>, Unanswered>)> {
+        let owner = self.forward_target(label)?;
+        let txn = self.forwarder().next_txn();
+        let sent = self.forward(owner, txn, 0, start, sql, params.to_vec()).await;
+        if sent.is_ok() {
+            self.forwarder().count_forward();
+        }
+        Some((owner, txn, sent))
+    }
+
     /// Runs statement `seq` of forwarded transaction `txn` on `owner`.
     async fn forward(
         &self,
@@ -829,7 +823,6 @@ impl Session {
         sql: &str,
         params: Vec<Value>,
     ) -> Result<Result<Answer, SqlError>, Unanswered> {
-        let forwarder = self.shared.forwarder.as_ref().expect("forwarding needs the forwarder");
         let request = ForwardRequest::Statement {
             txn,
             seq,
@@ -837,7 +830,7 @@ impl Session {
             sql: sql.to_owned(),
             params,
         };
-        Ok(forwarder.call(owner, request).await?.into())
+        Ok(self.forwarder().call(owner, request).await?.into())
     }
 
     /// Takes the write lock for a transaction whose first statement touches `first`.
