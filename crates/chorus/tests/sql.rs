@@ -328,6 +328,17 @@ impl SqlCluster {
 
 impl Drop for SqlCluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // The nodes' logs go with the temporary directory: show their ends with the failure.
+            for node in &self.nodes {
+                let log = std::fs::read_to_string(node.dir.with_extension("log")).unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                eprintln!("--- {} (last 40 lines)", node.dir.display());
+                for line in &lines[lines.len().saturating_sub(40)..] {
+                    eprintln!("{line}");
+                }
+            }
+        }
         for id in 1..=self.nodes.len() as u64 {
             self.kill(id);
         }

@@ -134,6 +134,9 @@ pub async fn start(
     .await
     .map_err(StartError::Node)?;
     tokio::spawn(front::propose_in_order(node.clone(), writer.clone(), proposal_queue));
+    if options.mode == ReplicationMode::Hybrid {
+        tokio::spawn(writer::tick_hand_overs(writer.clone()));
+    }
     let shared = Shared::new(
         node.clone(),
         writer,

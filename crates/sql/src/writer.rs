@@ -241,7 +241,10 @@ impl WriterHandle {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(SqlError::unavailable("the database writer stopped")),
             // Dropping `granted` tells the writer to skip this session.
-            Err(_) => Err(SqlError::lock_timeout(self.lock_wait.as_millis() as u64)),
+            Err(_) => {
+                tracing::info!(behind = %self.writer().lock_queue(), "a session gave up waiting for the write lock");
+                Err(SqlError::lock_timeout(self.lock_wait.as_millis() as u64))
+            }
         }
     }
 
@@ -300,6 +303,7 @@ impl WriterHandle {
         match tokio::time::timeout(self.lock_wait, resumed).await {
             Ok(told) => told.unwrap_or_else(stopped),
             Err(_) => {
+                tracing::info!(behind = %self.writer().lock_queue(), "a suspended session gave up waiting to run again");
                 self.rollback(session);
                 Err(SqlError::lock_timeout(self.lock_wait.as_millis() as u64))
             }
@@ -432,6 +436,19 @@ impl WriterHandle {
         let mut writer = self.writer();
         writer.close_group();
         writer.after_release();
+    }
+}
+
+/// Hybrid with owners: what the class hand-over decides by time — a loan overdue is taken
+/// back, a wait long enough gives way, a node taken for down says it is back — is decided when
+/// something happens, and also every `HAND_OVER_TICK`, or a cluster where every node waits
+/// for the others would wait until a client gave up.
+pub async fn tick_hand_overs(writer: WriterHandle) {
+    let mut tick = tokio::time::interval(owners::HAND_OVER_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        writer.writer().after_release();
     }
 }
 
@@ -763,6 +780,55 @@ impl Writer {
             self.record_applied();
             self.start_waiting();
         }
+    }
+
+    /// What sessions waiting for the write lock wait behind, for an operator reading the log.
+    fn lock_queue(&self) -> String {
+        let mut said = format!("{} waiting", self.waiting.len());
+        if let Some(active) = &self.active {
+            said += &format!(
+                "; session {} holds it since {} ms (classes {:?}, global {})",
+                active.session,
+                active.granted_at.elapsed().as_millis(),
+                active.label.classes,
+                active.label.global
+            );
+        }
+        if self.wants_checkpoint {
+            said += "; a checkpoint waits";
+        }
+        if !self.own_in_flight.is_empty() {
+            said += &format!(
+                "; {} of this node's in the log (chain broken: {})",
+                self.own_in_flight.len(),
+                self.chain_broken
+            );
+        }
+        for (session, suspended) in &self.suspended {
+            said += &format!(
+                "; session {session} suspended (ticket {:?}, resuming: {}), awaiting {:?} (held locally {:?}, all of nodes {:?})",
+                suspended.active.ticket.map(|t| t.number),
+                self.resuming.contains(session),
+                suspended.awaiting,
+                suspended.held_locally,
+                suspended.awaiting_all
+            );
+        }
+        if !self.lent.is_empty() || !self.to_lend.is_empty() {
+            said += &format!(
+                "; lent {:?}, asked for {}",
+                self.lent.keys().collect::<Vec<_>>(),
+                self.to_lend.len()
+            );
+        }
+        if self.lent_all.is_some() || !self.to_lend_all.is_empty() {
+            said += &format!(
+                "; every class lent: {:?}, asked for by {}",
+                self.lent_all.map(|(t, since)| (t.number, since.elapsed().as_millis())),
+                self.to_lend_all.len()
+            );
+        }
+        said
     }
 
     /// Applies what the log ordered while a client's transaction held the write lock.

@@ -899,3 +899,36 @@ async fn a_global_transaction_borrows_every_class_and_runs_when_every_node_is_do
         assert_eq!(balances, [106, 101, 101, 101, 101, 101, 101, 101].map(int));
     }
 }
+
+#[tokio::test]
+async fn a_global_transaction_waits_for_its_own_nodes_loan_even_when_the_log_took_every_node_for_down() {
+    let (mut nodes, index) = cluster_of((0..3).map(owning_node).collect()).await;
+    // Under load every borrower gave up on the owner it waited for: the log takes all three
+    // for down (each then says it is back; those words are late here).
+    for node in 0..3u64 {
+        deliver(&nodes, index + node, &Command::Class(ClassMessage::OwnerDown { node }));
+    }
+    let index = index + 3;
+    for node in &mut nodes {
+        while node.proposals.try_recv().is_ok() {}
+    }
+    const EVERY: &str = "UPDATE acct SET bal = bal + 1";
+    begin(&nodes[0], 1, &(EVERY, vec![])).await.unwrap();
+    let label = nodes[0].writer.label(EVERY, StatementKind::Write, &[]);
+    let mut global = nodes[0]
+        .writer
+        .writer()
+        .reach(1, label)
+        .unwrap()
+        .expect("it waits at least for its own node's classes");
+    assert!(global.try_recv().is_err(), "its node's loan comes through the log");
+    let mut index = deliver_proposed(&mut nodes, 0, index);
+    // Every node lends all, down or not; node 0's loan is the one it waits for.
+    for lender in 0..3 {
+        index = deliver_proposed(&mut nodes, lender, index);
+    }
+    assert!(
+        matches!(global.try_recv(), Ok(Ok(()))),
+        "its own node lent: it runs (and does not wait until its client gives up)"
+    );
+}

@@ -91,6 +91,9 @@ pub(super) struct Asked {
 /// what the asker holds before that one gives way (it may be part of a longer cycle).
 const GIVE_WAY_AFTER: Duration = Duration::from_millis(30);
 
+/// How often the hand-over's timed decisions are taken when nothing else happens.
+pub(super) const HAND_OVER_TICK: Duration = GIVE_WAY_AFTER;
+
 /// A client transaction waiting for classes, rolled back meanwhile.
 pub(super) struct Suspended {
     pub(super) active: Active,
@@ -161,9 +164,10 @@ impl Writer {
         };
         if label.global {
             // It may touch any class: it borrows them all, from every node up (its own too,
-            // through the log like the others, so its node's other transactions come first).
+            // through the log like the others, so its node's other transactions come first —
+            // even while the log takes this node for down: it lends all the same).
             let awaiting_all: BTreeSet<usize> = (0..ownership.nodes)
-                .filter(|node| !self.owners_down.contains(node))
+                .filter(|&node| node == ownership.me || !self.owners_down.contains(&node))
                 .collect();
             let mut active = self.active.take().expect("checked above");
             self.metrics.lock_held.observe(active.granted_at.elapsed());
@@ -239,16 +243,19 @@ impl Writer {
         awaiting_all: BTreeSet<usize>,
     ) -> oneshot::Receiver<Result<(), SqlError>> {
         let (told, resumed) = oneshot::channel();
-        self.suspended.insert(
-            session,
-            Suspended {
-                active,
-                awaiting,
-                held_locally,
-                awaiting_all,
-                resumed: Some(told),
-            },
-        );
+        let suspended = Suspended {
+            active,
+            awaiting,
+            held_locally,
+            awaiting_all,
+            resumed: Some(told),
+        };
+        // What it waits for is pushed to `resuming` when it comes: one waiting for nothing
+        // goes there now, or it would wait in vain.
+        if suspended.ready() {
+            self.resuming.push_back(session);
+        }
+        self.suspended.insert(session, suspended);
         self.after_release();
         resumed
     }
