@@ -99,13 +99,36 @@ impl Checkpoints {
     }
 }
 
+/// How much of a checkpoint is written between two flushes to the device. A database of
+/// gigabytes copied in one go leaves that much dirty in the page cache, and the raft log's
+/// next fsync on the same file system waits behind it: a leader stalled past the election
+/// timeout (docs/benchmarks.md, five nodes at 20 warehouses).
+const COPY_FLUSH_BYTES: i64 = 32 << 20;
+
 /// Copies the SQLite database as `source` sees it (a read transaction pinned at the
 /// checkpoint's position) into `target`.
 pub fn copy_sqlite(source: &Connection, target: &Path) -> std::io::Result<()> {
+    copy_sqlite_flushing_every(source, target, COPY_FLUSH_BYTES)
+}
+
+fn copy_sqlite_flushing_every(source: &Connection, target: &Path, flush_bytes: i64) -> std::io::Result<()> {
+    let page_size: i64 = source
+        .query_row("PRAGMA page_size", (), |row| row.get(0))
+        .map_err(std::io::Error::other)?;
+    let pages_per_step = (flush_bytes / page_size.max(1)).clamp(1, i64::from(i32::MAX)) as i32;
     let mut copy = Connection::open(target).map_err(std::io::Error::other)?;
+    let written = std::fs::File::open(target)?;
     let backup = rusqlite::backup::Backup::new(source, &mut copy).map_err(std::io::Error::other)?;
-    // One step copies every page under the source's one read transaction.
-    backup.step(-1).map(drop).map_err(std::io::Error::other)
+    // Every step reads under the source's one read transaction, so the steps together copy
+    // the pinned state, however the database changes meanwhile.
+    loop {
+        match backup.step(pages_per_step).map_err(std::io::Error::other)? {
+            rusqlite::backup::StepResult::Done => return Ok(()),
+            rusqlite::backup::StepResult::More => written.sync_data()?,
+            // Another connection writing the copy: nothing does; wait and go on.
+            _ => std::thread::sleep(std::time::Duration::from_millis(10)),
+        }
+    }
 }
 
 pub fn encode_mark(mark: &AppliedMark) -> Vec<u8> {
@@ -171,6 +194,50 @@ mod tests {
         checkpoints.remove_leftovers();
         assert_eq!(checkpoints.list().len(), 1);
         assert!(!cut_short.exists());
+    }
+
+    #[test]
+    fn a_checkpoint_copied_in_many_steps_is_the_pinned_state_while_the_database_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut engine = Sqlite::open(dir.path()).unwrap();
+        engine
+            .execute("CREATE TABLE t (id INTEGER PRIMARY KEY, n INTEGER, pad BLOB)", &[])
+            .unwrap();
+        engine
+            .execute(
+                "WITH RECURSIVE k(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM k WHERE i < 2000) \
+                 INSERT INTO t SELECT i, 1, randomblob(1000) FROM k",
+                &[],
+            )
+            .unwrap();
+        let reader = open_reader(dir.path()).unwrap();
+        reader.execute_batch("BEGIN; SELECT count(*) FROM t;").unwrap();
+        let copying = std::sync::atomic::AtomicBool::new(true);
+        let target = dir.path().join("copy.sqlite");
+        let updates = std::thread::scope(|scope| {
+            let writer = scope.spawn(|| {
+                let mut updates = 0;
+                while copying.load(std::sync::atomic::Ordering::Relaxed) || updates == 0 {
+                    engine
+                        .execute("UPDATE t SET n = n + 1, pad = randomblob(1000) WHERE id % 7 = 0", &[])
+                        .unwrap();
+                    updates += 1;
+                }
+                updates
+            });
+            // 8 KiB per step: about 250 steps over 2 MB.
+            copy_sqlite_flushing_every(&reader, &target, 8 << 10).unwrap();
+            copying.store(false, std::sync::atomic::Ordering::Relaxed);
+            writer.join().unwrap()
+        });
+        assert!(updates > 1, "the database changed while it was copied");
+        let copy = Connection::open(&target).unwrap();
+        let (rows, total): (i64, i64) = copy
+            .query_row("SELECT count(*), sum(n) FROM t", (), |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap();
+        assert_eq!((rows, total), (2000, 2000), "the copy is the pinned state");
+        let check: String = copy.query_row("PRAGMA integrity_check", (), |r| r.get(0)).unwrap();
+        assert_eq!(check, "ok");
     }
 
     #[test]
