@@ -61,6 +61,10 @@ pub enum PeersCommand {
         system: System,
         #[arg(long)]
         dir: PathBuf,
+        /// Members, the primary included: PostgreSQL with standbys only (to set beside a
+        /// Chorus cluster of that size; synchronous commits wait for a majority).
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
         #[command(flatten)]
         net: NetArgs,
     },
@@ -436,9 +440,14 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Reduction(args) => crate::reduction_bench::run(args),
         BenchCommand::LdcCosts(args) => crate::ldc_costs::run(args),
         BenchCommand::Peers { command } => match command {
-            PeersCommand::Start { system, dir, net } => {
+            PeersCommand::Start {
+                system,
+                dir,
+                nodes,
+                net,
+            } => {
                 let profile = Some(net.profile()?).filter(|p| !p.is_passthrough());
-                let peers = PeerCluster::start(system, &dir, profile.as_ref()).await?;
+                let peers = PeerCluster::start_members(system, &dir, profile.as_ref(), nodes).await?;
                 println!(
                     "{:?} running in {}: clients connect to {} (pids {:?})",
                     peers.system,

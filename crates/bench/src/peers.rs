@@ -1,9 +1,9 @@
 //! The systems we compare against, started from Debian's packages on loopback under the same
 //! network profile as Chorus: a 3-member etcd cluster, Redis as a primary with 2 replicas, and
 //! a lone Redis (durable on one machine, replicated nowhere: the yardstick of a single node);
-//! for SQL, PostgreSQL alone and as a primary with 2 streaming standbys, synchronous (a commit
-//! waits until one standby has flushed it: on disk on 2 of 3, as Chorus's majority) or
-//! asynchronous.
+//! for SQL, PostgreSQL alone and as a primary with 2 streaming standbys (or as many as
+//! `--nodes` asks), synchronous (a commit waits until enough standbys have flushed it to be on
+//! disk on a majority, 2 of 3, as Chorus's) or asynchronous.
 //!
 //! How each one's traffic is laid onto emulated links:
 //! - Redis: each replica dials the primary, so one link per replica carries that pair's round
@@ -161,6 +161,24 @@ impl PeerCluster {
 
     /// Starts `system` in `dir` (which must not hold a running one).
     pub async fn start(system: System, dir: &Path, profile: Option<&Profile>) -> anyhow::Result<PeerCluster> {
+        Self::start_members(system, dir, profile, MEMBERS as usize).await
+    }
+
+    /// As `start`, with `members` members: PostgreSQL with standbys takes any number from 2
+    /// (to compare with a Chorus cluster of that size); the others run 3.
+    pub async fn start_members(
+        system: System,
+        dir: &Path,
+        profile: Option<&Profile>,
+        members: usize,
+    ) -> anyhow::Result<PeerCluster> {
+        let replicated_postgres = matches!(system, System::Postgres | System::PostgresAsync);
+        if members != MEMBERS as usize && !(replicated_postgres && members >= 2) {
+            bail!(
+                "{system:?} runs {MEMBERS} members; only PostgreSQL with standbys (postgres, postgres-async) \
+                 takes another count, from 2"
+            );
+        }
         require_binary(system)?;
         if let Ok(existing) = PeerCluster::load(dir) {
             if existing.pids.iter().any(|pid| process::alive(*pid)) {
@@ -174,7 +192,7 @@ impl PeerCluster {
         if let Some(profile) = profile {
             // A lone Redis sits where the profile puts the leader and uses only its client link.
             if system != System::RedisAlone {
-                profile.check_nodes(MEMBERS as usize)?;
+                profile.check_nodes(members)?;
             }
             println!("network: {}", profile.summary());
         }
@@ -183,8 +201,8 @@ impl PeerCluster {
             System::Redis => start_redis(dir, profile, MEMBERS).await,
             System::RedisAlone => start_redis(dir, profile, 1).await,
             System::Etcd => start_etcd(dir, profile).await,
-            System::Postgres => start_postgres(dir, profile, 2, true).await,
-            System::PostgresAsync => start_postgres(dir, profile, 2, false).await,
+            System::Postgres => start_postgres(dir, profile, members - 1, true).await,
+            System::PostgresAsync => start_postgres(dir, profile, members - 1, false).await,
             System::PostgresAlone => start_postgres(dir, profile, 0, false).await,
         }?;
         cluster.profile = profile.map(|p| p.name.clone());
@@ -358,7 +376,8 @@ log_min_messages = warning
 ";
 
 /// A PostgreSQL primary (member 1) and `standbys` streaming standbys made by pg_basebackup;
-/// with `synchronous`, a commit waits for one standby's flush. Under a profile, each standby
+/// with `synchronous`, a commit waits for the flush of as many standbys as make a majority
+/// with the primary (one of two, two of four): on disk on a majority, as Chorus's commits. Under a profile, each standby
 /// streams over its link to the primary, as Redis replicas do.
 async fn start_postgres(
     dir: &Path,
@@ -383,7 +402,7 @@ async fn start_postgres(
     chorus_cluster::postgres::run_to_end(initdb, "initdb", &dir.join("initdb.log"))?;
     let names: Vec<String> = (2..=members).map(|m| format!("pg{m}")).collect();
     let synchronous_names = if synchronous {
-        format!("ANY 1 ({})", names.join(", "))
+        format!("ANY {} ({})", members / 2, names.join(", "))
     } else {
         String::new()
     };
@@ -655,5 +674,26 @@ mod tests {
         assert_eq!(d[1] + d[2], 144);
         let geo3 = Profile::load("geo3", None).unwrap();
         assert_eq!(etcd_send_delays(&geo3).unwrap(), vec![50, 50, 50]);
+    }
+
+    #[tokio::test]
+    async fn only_postgres_with_standbys_takes_another_member_count() {
+        let dir = std::env::temp_dir().join(format!("chorus-peers-refused-{}", std::process::id()));
+        for (system, members) in [
+            (System::Etcd, 5),
+            (System::Redis, 5),
+            (System::PostgresAlone, 5),
+            (System::Postgres, 1),
+        ] {
+            let refused = PeerCluster::start_members(system, &dir, None, members)
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("{system:?} with {members} members started"));
+            assert!(
+                refused.to_string().contains("only PostgreSQL with standbys"),
+                "{refused}"
+            );
+        }
+        assert!(!dir.exists(), "nothing was started");
     }
 }
