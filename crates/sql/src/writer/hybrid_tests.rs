@@ -904,11 +904,12 @@ async fn a_global_transaction_borrows_every_class_and_runs_when_every_node_is_do
 async fn a_global_transaction_waits_for_its_own_nodes_loan_even_when_the_log_took_every_node_for_down() {
     let (mut nodes, index) = cluster_of((0..3).map(owning_node).collect()).await;
     // Under load every borrower gave up on the owner it waited for: the log takes all three
-    // for down (each then says it is back; those words are late here).
-    for node in 0..3u64 {
-        deliver(&nodes, index + node, &Command::Class(ClassMessage::OwnerDown { node }));
-    }
-    let index = index + 3;
+    // for down, node 0 before its global transaction starts or after (each then says it is
+    // back; those words are late here).
+    let down = |node: u64| Command::Class(ClassMessage::OwnerDown { node });
+    deliver(&nodes, index, &down(1));
+    deliver(&nodes, index + 1, &down(2));
+    let index = index + 2;
     for node in &mut nodes {
         while node.proposals.try_recv().is_ok() {}
     }
@@ -922,7 +923,12 @@ async fn a_global_transaction_waits_for_its_own_nodes_loan_even_when_the_log_too
         .unwrap()
         .expect("it waits at least for its own node's classes");
     assert!(global.try_recv().is_err(), "its node's loan comes through the log");
-    let mut index = deliver_proposed(&mut nodes, 0, index);
+    deliver(&nodes, index, &down(0));
+    assert!(
+        global.try_recv().is_err(),
+        "its own node taken for down still lends: it waits for that"
+    );
+    let mut index = deliver_proposed(&mut nodes, 0, index + 1);
     // Every node lends all, down or not; node 0's loan is the one it waits for.
     for lender in 0..3 {
         index = deliver_proposed(&mut nodes, lender, index);

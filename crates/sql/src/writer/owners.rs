@@ -582,9 +582,12 @@ impl Writer {
         let sessions: Vec<u64> = self.suspended.keys().copied().collect();
         for session in sessions {
             let suspended = self.suspended.get_mut(&session).expect("listed above");
-            // A global transaction waits for no node taken for down.
+            // A global transaction waits for no node taken for down (but its own, which lends
+            // all the same: see `reach`).
             let waited_for_all = !suspended.awaiting_all.is_empty();
-            suspended.awaiting_all.retain(|node| !now.contains(node));
+            suspended
+                .awaiting_all
+                .retain(|&node| node == ownership.me || !now.contains(&node));
             if waited_for_all && suspended.ready() {
                 self.resuming.push_back(session);
                 continue;
