@@ -242,7 +242,8 @@ impl WriterHandle {
             Ok(Err(_)) => Err(SqlError::unavailable("the database writer stopped")),
             // Dropping `granted` tells the writer to skip this session.
             Err(_) => {
-                tracing::info!(behind = %self.writer().lock_queue(), "a session gave up waiting for the write lock");
+                self.writer()
+                    .log_lock_queue("a session gave up waiting for the write lock");
                 Err(SqlError::lock_timeout(self.lock_wait.as_millis() as u64))
             }
         }
@@ -303,7 +304,8 @@ impl WriterHandle {
         match tokio::time::timeout(self.lock_wait, resumed).await {
             Ok(told) => told.unwrap_or_else(stopped),
             Err(_) => {
-                tracing::info!(behind = %self.writer().lock_queue(), "a suspended session gave up waiting to run again");
+                self.writer()
+                    .log_lock_queue("a suspended session gave up waiting to run again");
                 self.rollback(session);
                 Err(SqlError::lock_timeout(self.lock_wait.as_millis() as u64))
             }
@@ -677,6 +679,9 @@ struct Writer {
     /// This node's word that it is back, if the log took it for down: when it was proposed (it
     /// is proposed again if it was lost).
     back_proposed: Option<Instant>,
+    /// When a session giving up on the write lock last logged what it waited behind (once a
+    /// second at most: an overload times out many sessions at once).
+    queue_logged_at: Option<Instant>,
 }
 
 /// The writer over `engine`.
@@ -727,6 +732,7 @@ pub fn start(
         last_lent: vec![None; options.ownership.as_ref().map_or(0, |o| o.nodes)],
         owners_down: BTreeSet::new(),
         back_proposed: None,
+        queue_logged_at: None,
         ownership: options.ownership,
         tickets: 0,
         lent: HashMap::new(),
@@ -782,7 +788,20 @@ impl Writer {
         }
     }
 
-    /// What sessions waiting for the write lock wait behind, for an operator reading the log.
+    /// Logs `what` happened with what sessions waiting for the write lock wait behind, for an
+    /// operator reading the log; once a second at most.
+    fn log_lock_queue(&mut self, what: &str) {
+        if self
+            .queue_logged_at
+            .is_some_and(|at| at.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.queue_logged_at = Some(Instant::now());
+        tracing::info!(behind = %self.lock_queue(), "{what}");
+    }
+
+    /// What sessions waiting for the write lock wait behind.
     fn lock_queue(&self) -> String {
         let mut said = format!("{} waiting", self.waiting.len());
         if let Some(active) = &self.active {
