@@ -1265,22 +1265,8 @@ async fn in_hybrid_mode_every_node_takes_writes_and_one_reaching_another_nodes_c
             "false",
         ],
     );
-    cluster
-        .setup("CREATE TABLE accounts (branch int, id int, balance int, PRIMARY KEY (branch, id))")
-        .await;
-    let clients = [
-        cluster.client(1).await,
-        cluster.client(2).await,
-        cluster.client(3).await,
-    ];
-    // Written on a node that may not lead: it is taken there.
-    clients[2]
-        .batch_execute(
-            "INSERT INTO accounts (branch, id, balance) VALUES (1, 1, 100), (1, 2, 100), (2, 1, 100), \
-             (2, 2, 100), (3, 1, 100), (3, 2, 100)",
-        )
-        .await
-        .unwrap();
+    // The accounts written on node 3, which may not lead: it is taken there.
+    let clients = three_branches(&cluster, 3).await;
 
     // Node 2 owns branch 1 (classes spread by value over the nodes in id order): node 1's
     // transaction borrows it through the log, and node 2's own transaction on it waits until
@@ -1425,21 +1411,7 @@ async fn in_hybrid_mode_a_transaction_runs_on_its_classes_owner_whichever_node_i
         3,
         &["--sql-mode", "hybrid", "--sql-conflict-classes", "accounts.branch"],
     );
-    cluster
-        .setup("CREATE TABLE accounts (branch int, id int, balance int, PRIMARY KEY (branch, id))")
-        .await;
-    let clients = [
-        cluster.client(1).await,
-        cluster.client(2).await,
-        cluster.client(3).await,
-    ];
-    clients[0]
-        .batch_execute(
-            "INSERT INTO accounts (branch, id, balance) VALUES (1, 1, 100), (1, 2, 100), (2, 1, 100), \
-             (2, 2, 100), (3, 1, 100), (3, 2, 100)",
-        )
-        .await
-        .unwrap();
+    let clients = three_branches(&cluster, 1).await;
 
     // Node 2 owns branch 1: node 1's client's interactive transaction (a read, parameters,
     // COMMIT) runs there, statement by statement, and answers as if it ran here.
@@ -1551,6 +1523,27 @@ async fn in_hybrid_mode_a_transaction_runs_on_its_classes_owner_whichever_node_i
         );
     }
     assert_eq!(lent(), lent_before, "no transfer borrowed a class");
+}
+
+/// Accounts 1 and 2 of branches 1 to 3, 100 each, written through node `writer`; a client on
+/// each node, in id order.
+async fn three_branches(cluster: &SqlCluster, writer: u64) -> [Client; 3] {
+    cluster
+        .setup("CREATE TABLE accounts (branch int, id int, balance int, PRIMARY KEY (branch, id))")
+        .await;
+    let clients = [
+        cluster.client(1).await,
+        cluster.client(2).await,
+        cluster.client(3).await,
+    ];
+    clients[writer as usize - 1]
+        .batch_execute(
+            "INSERT INTO accounts (branch, id, balance) VALUES (1, 1, 100), (1, 2, 100), (2, 1, 100), \
+             (2, 2, 100), (3, 1, 100), (3, 2, 100)",
+        )
+        .await
+        .unwrap();
+    clients
 }
 
 async fn branch_balances(client: &Client, branch: i32) -> Vec<Vec<Option<String>>> {

@@ -233,14 +233,14 @@ impl Command {
         let message = match kind {
             3 => ClassMessage::OwnerDown { node: r.u64()? },
             4 => ClassMessage::OwnerBack { node: r.u64()? },
-            _ => Self::decode_ticketed(kind, &mut r, bytes.len())?,
+            _ => Self::decode_ticketed(kind, &mut r)?,
         };
         r.finished()?;
         Ok(Command::Class(message))
     }
 
     /// A class message naming a ticket, after its kind.
-    fn decode_ticketed(kind: u8, r: &mut Reader<'_>, len: usize) -> Result<ClassMessage, DecodeError> {
+    fn decode_ticketed(kind: u8, r: &mut Reader<'_>) -> Result<ClassMessage, DecodeError> {
         let ticket = Ticket {
             incarnation: r.u64()?,
             number: r.u64()?,
@@ -248,16 +248,9 @@ impl Command {
         Ok(match kind {
             0 => {
                 let sent_at_ms = r.u64()?;
-                let mut lists = [Vec::new(), Vec::new()];
-                for list in &mut lists {
-                    let count = r.len()?;
-                    // Each class takes at least its 4-byte length.
-                    list.reserve(count.min(len / 4));
-                    for _ in 0..count {
-                        list.push(r.text()?);
-                    }
-                }
-                let [classes, holding] = lists;
+                // Each class takes at least its 4-byte length.
+                let classes = r.list(4, Reader::text)?;
+                let holding = r.list(4, Reader::text)?;
                 ClassMessage::Borrow {
                     ticket,
                     classes,
@@ -272,11 +265,7 @@ impl Command {
             2 => ClassMessage::Release { ticket },
             5 => {
                 let sent_at_ms = r.u64()?;
-                let count = r.len()?;
-                let mut holding = Vec::with_capacity(count.min(len / 4));
-                for _ in 0..count {
-                    holding.push(r.text()?);
-                }
+                let holding = r.list(4, Reader::text)?;
                 ClassMessage::BorrowAll {
                     ticket,
                     holding,
@@ -371,18 +360,14 @@ impl Txn {
                 certify,
             });
         }
-        let count = r.len()?;
-        // Each statement takes at least 8 bytes: a count never reserves more than the input holds.
-        let mut statements = Vec::with_capacity(count.min(bytes.len() / 8));
-        for _ in 0..count {
-            let sql = r.text()?;
-            let param_count = r.len()?;
-            let mut params = Vec::with_capacity(param_count.min(bytes.len()));
-            for _ in 0..param_count {
-                params.push(r.value()?);
-            }
-            statements.push(Statement { sql, params });
-        }
+        // A statement takes at least 8 bytes (its text's length and its parameters' count), a
+        // value at least one.
+        let statements = r.list(8, |r| {
+            Ok(Statement {
+                sql: r.text()?,
+                params: r.list(1, Reader::value)?,
+            })
+        })?;
         r.finished()?;
         Ok(Txn {
             id,
@@ -472,6 +457,22 @@ impl<'a> Reader<'a> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")) as usize)
     }
 
+    /// A count, then that many items read by `item`, each taking at least `min_item_bytes` of
+    /// the input: a count never reserves more than what is left of the input could hold.
+    pub(crate) fn list<T>(
+        &mut self,
+        min_item_bytes: usize,
+        mut item: impl FnMut(&mut Self) -> Result<T, DecodeError>,
+    ) -> Result<Vec<T>, DecodeError> {
+        let count = self.len()?;
+        let left = self.bytes.len() - self.at;
+        let mut items = Vec::with_capacity(count.min(left / min_item_bytes.max(1)));
+        for _ in 0..count {
+            items.push(item(self)?);
+        }
+        Ok(items)
+    }
+
     pub(crate) fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
         let len = self.len()?;
         self.take(len)
@@ -513,12 +514,8 @@ impl<'a> Reader<'a> {
             return Err(DecodeError::Malformed("a chain without its flag"));
         }
         let chain = chained.then_some(chain);
-        let count = self.len()?;
         // Each class takes at least its 4-byte length.
-        let mut classes = Vec::with_capacity(count.min(self.bytes.len() / 4));
-        for _ in 0..count {
-            classes.push(self.text()?);
-        }
+        let classes = self.list(4, Reader::text)?;
         Ok(Certify {
             snapshot,
             classes,

@@ -124,12 +124,8 @@ impl ForwardRequest {
                     _ => return Err(DecodeError::Malformed("a forwarded statement's start")),
                 };
                 let sql = r.text()?;
-                let count = r.len()?;
-                // Each value takes at least a byte: a count never reserves more than the input.
-                let mut params = Vec::with_capacity(count.min(bytes.len()));
-                for _ in 0..count {
-                    params.push(r.value()?);
-                }
+                // Each value takes at least a byte.
+                let params = r.list(1, Reader::value)?;
                 ForwardRequest::Statement {
                     txn,
                     seq,
@@ -180,7 +176,7 @@ impl ForwardReply {
         let reply = match r.take(1)?[0] {
             0 => {
                 let tag = known(&r.text()?, &ROW_TAGS, "a rows tag")?;
-                ForwardReply::Rows(read_outcome(&mut r, bytes.len())?, tag)
+                ForwardReply::Rows(read_outcome(&mut r)?, tag)
             }
             1 => ForwardReply::Done(CommandTag {
                 command: r.text()?,
@@ -313,27 +309,17 @@ fn put_outcome(out: &mut Vec<u8>, outcome: &Outcome) {
     out.push(u8::from(outcome.read_only));
 }
 
-fn read_outcome(r: &mut Reader<'_>, input_bytes: usize) -> Result<Outcome, DecodeError> {
-    // Every column, row and value takes at least a byte: no count reserves more than the input.
-    let count = r.len()?;
-    let mut columns = Vec::with_capacity(count.min(input_bytes));
-    for _ in 0..count {
-        columns.push(Column {
+fn read_outcome(r: &mut Reader<'_>) -> Result<Outcome, DecodeError> {
+    // A column takes at least 6 bytes (its name's length, two option flags), a row its width's
+    // 4, a value one.
+    let columns = r.list(6, |r| {
+        Ok(Column {
             name: r.text()?,
             declared: read_text_option(r)?,
             function: read_text_option(r)?,
-        });
-    }
-    let count = r.len()?;
-    let mut rows = Vec::with_capacity(count.min(input_bytes));
-    for _ in 0..count {
-        let width = r.len()?;
-        let mut row = Vec::with_capacity(width.min(input_bytes));
-        for _ in 0..width {
-            row.push(r.value()?);
-        }
-        rows.push(row);
-    }
+        })
+    })?;
+    let rows = r.list(4, |r| r.list(1, Reader::value))?;
     Ok(Outcome {
         columns,
         rows,
