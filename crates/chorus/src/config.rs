@@ -191,6 +191,15 @@ server_options! {
     peer_queue_messages: usize = 4096;
     /// Largest RESP bulk string accepted from a client.
     max_request_bytes: usize = 64 * 1024 * 1024;
+    /// The RESP `default` user's password (as Redis's requirepass): connections run nothing but
+    /// AUTH, HELLO and QUIT until they log in. Empty: none (anyone connecting may run anything,
+    /// unless the ACL file turns the default user off). Better set in the TOML file than as a
+    /// flag, which other users of the machine can see.
+    requirepass: String = String::new();
+    /// A file of RESP users in Redis's ACL syntax, one per line: `user NAME on|off >PASSWORD
+    /// (or #SHA256-HEX) +@all|+@read|+@all -@write ~*` (read-write or read-only over every key).
+    /// Empty: none. See docs/security.md.
+    acl_file: PathBuf = PathBuf::new();
     /// Default read consistency for new connections: "linearizable" or "stale" (RESP clients
     /// switch with READONLY / READWRITE, SQL sessions with SET chorus.read_consistency).
     read_consistency: String = "linearizable".into();

@@ -110,6 +110,25 @@ fn store_options(config: &ServerConfig) -> anyhow::Result<StoreOptions> {
     })
 }
 
+/// The RESP users `requirepass` and the ACL file give.
+fn resp_users(config: &ServerConfig) -> anyhow::Result<chorus_kv::acl::Users> {
+    let acl_text = if config.acl_file.as_os_str().is_empty() {
+        String::new()
+    } else {
+        std::fs::read_to_string(&config.acl_file)
+            .with_context(|| format!("cannot read the ACL file {}", config.acl_file.display()))?
+    };
+    let users = chorus_kv::acl::Users::from_config(&config.requirepass, &acl_text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", config.acl_file.display()))?;
+    if users.open_to_anyone() && !acl_text.is_empty() {
+        tracing::warn!(
+            "the ACL file leaves the default user on with no password and every right: anyone \
+             connecting may write (add `user default off`, or set requirepass)"
+        );
+    }
+    Ok(users)
+}
+
 pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     return_large_blocks_when_freed();
     let peers = parse_peers(&config.peers)?;
@@ -117,6 +136,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         bail!("node id {} is not in peers '{}'", config.id, config.peers);
     }
     let default_consistency = config.read_consistency()?;
+    let users = Arc::new(resp_users(&config)?);
     // Bind client-facing ports before starting raft so a port clash fails fast and clearly.
     let resp_listener = TcpListener::bind(config.resp_addr)
         .await
@@ -223,6 +243,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         max_pipeline_commands: 1024,
         resp_addr: config.resp_addr,
         write_retry_window: Duration::from_millis(config.request_timeout_ms),
+        users,
     };
     tracing::info!(
         id = config.id, resp = %config.resp_addr, metrics = %config.metrics_addr,

@@ -2079,6 +2079,115 @@ fn redis_cli_and_redis_benchmark_work_against_any_node() {
     assert!(keys >= 4, "benchmark keys missing: {out}");
 }
 
+/// redis-cli's output for `args` against `port` as `login` (user, password), whatever its
+/// exit status (an error reply is output too).
+fn redis_cli(port: u16, login: Option<(&str, &str)>, args: &[&str]) -> String {
+    let port = port.to_string();
+    let mut cli = Command::new("redis-cli");
+    cli.args(["-p", &port, "--no-auth-warning"]);
+    if let Some((user, password)) = login {
+        cli.args(["--user", user, "--pass", password]);
+    }
+    let out = cli.args(args).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string() + String::from_utf8_lossy(&out.stderr).trim()
+}
+
+/// With an ACL file, a connection runs nothing but AUTH, HELLO and QUIT until it logs in; a
+/// read-only user reads and cannot write (not even queued in a MULTI); a wrong password gets
+/// WRONGPASS, and an address that keeps failing is made to wait, counted in the metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resp_users_log_in_and_a_read_only_user_cannot_write() {
+    require_tool("redis-cli");
+    let acl_dir = tempfile::tempdir().unwrap();
+    let acl = acl_dir.path().join("users.acl");
+    std::fs::write(
+        &acl,
+        "user default off\nuser admin on >admin-pw +@all ~*\nuser reader on >read-pw +@read\n",
+    )
+    .unwrap();
+    let cluster = Cluster::start(3, &["--acl-file", acl.to_str().unwrap()]);
+    let port = |id: u64| cluster.node(id).resp_addr.port();
+    let admin = Some(("admin", "admin-pw"));
+    let reader = Some(("reader", "read-pw"));
+
+    assert_eq!(
+        redis_cli(port(1), None, &["SET", "k", "v"]),
+        "NOAUTH Authentication required."
+    );
+    assert_eq!(redis_cli(port(1), admin, &["SET", "k", "v"]), "OK");
+    assert_eq!(
+        redis_cli(port(2), reader, &["GET", "k"]),
+        "v",
+        "a follower serves the reader"
+    );
+    assert_eq!(redis_cli(port(2), reader, &["ACL", "WHOAMI"]), "reader");
+    assert_eq!(
+        redis_cli(port(2), reader, &["SET", "k", "w"]),
+        "NOPERM User reader has no permissions to run the 'set' command"
+    );
+    let script = redis_cli(port(1), reader, &["EVAL", "return 1", "0"]);
+    assert!(script.contains("NOPERM"), "a script may write: {script}");
+    assert_eq!(
+        redis_cli(port(1), admin, &["GET", "k"]),
+        "v",
+        "nothing the reader sent wrote"
+    );
+
+    // A MULTI whose write is refused as it is queued is discarded whole.
+    let mut raw = RawConnection::connect(cluster.node(1).resp_addr);
+    raw.expect(&["GET", "k"], b"-NOAUTH Authentication required.\r\n");
+    raw.expect(&["AUTH", "reader", "read-pw"], b"+OK\r\n");
+    raw.expect(&["MULTI"], b"+OK\r\n");
+    raw.expect(&["GET", "k"], b"+QUEUED\r\n");
+    raw.expect(
+        &["DEL", "k"],
+        b"-NOPERM User reader has no permissions to run the 'del' command\r\n",
+    );
+    raw.expect(
+        &["EXEC"],
+        b"-EXECABORT Transaction discarded because of previous errors.\r\n",
+    );
+    // Logging in again as another user changes the rights; HELLO logs in too.
+    raw.expect(&["AUTH", "admin", "admin-pw"], b"+OK\r\n");
+    raw.expect(&["DEL", "k"], b":1\r\n");
+    let mut hello = RawConnection::connect(cluster.node(1).resp_addr);
+    hello.expect(&["HELLO", "3"], b"-NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time\r\n");
+    let greeting = hello.hello(&["HELLO", "3", "AUTH", "reader", "read-pw"]);
+    assert!(greeting.contains("$5\r\nproto\r\n:3\r\n"), "{greeting}");
+
+    // Node 3 only: the throttle is per address, and every test client is 127.0.0.1.
+    let mut guesser = RawConnection::connect(cluster.node(3).resp_addr);
+    for _ in 0..4 {
+        guesser.expect(
+            &["AUTH", "admin", "guess"],
+            b"-WRONGPASS invalid username-password pair or user is disabled.\r\n",
+        );
+    }
+    guesser.send(&["AUTH", "admin", "admin-pw"]);
+    let mut refused = Vec::new();
+    while !refused.ends_with(b"\r\n") {
+        let mut byte = [0u8];
+        std::io::Read::read_exact(&mut guesser.0, &mut byte).unwrap();
+        refused.push(byte[0]);
+    }
+    let refused = String::from_utf8_lossy(&refused);
+    assert!(
+        refused.starts_with("-ERR too many failed logins from 127.0.0.1: try again in "),
+        "the right password is not even checked while the address waits: {refused}"
+    );
+    let metrics = cluster.metrics(3);
+    assert!(
+        metrics.contains("chorus_resp_login_failures_total{reason=\"wrong_password\"} 4"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("chorus_resp_login_failures_total{reason=\"throttled\"} 1"),
+        "{metrics}"
+    );
+    // The cluster was never disturbed.
+    assert_eq!(redis_cli(port(2), admin, &["SET", "after", "1"]), "OK");
+}
+
 #[test]
 fn server_rejects_a_bad_config_with_a_clear_message() {
     let dir = tempfile::tempdir().unwrap();

@@ -23,7 +23,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use chorus_client::{Client, Value};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -464,8 +463,8 @@ fn why_it_stopped(log: &str) -> String {
     lines[from..lines.len().min(from + LINES)].join("\n")
 }
 
-/// POST /failover on a node's metrics port (SQL nodes have no RESP port); the answer does not
-/// matter, the caller watches the roles.
+/// POST /failover on a node's metrics port (SQL nodes have no RESP port, and a RESP port may
+/// want a login); the answer does not matter, the caller watches the roles.
 async fn ask_failover_over_http(metrics_addr: SocketAddr) {
     let ask = async {
         let mut stream = tokio::net::TcpStream::connect(metrics_addr).await?;
@@ -478,8 +477,7 @@ async fn ask_failover_over_http(metrics_addr: SocketAddr) {
     let _ = tokio::time::timeout(Duration::from_secs(5), ask).await;
 }
 
-/// Hands leadership to node `to` (CLUSTER FAILOVER on that node, or POST /failover on a SQL
-/// node's metrics port) and waits until it leads.
+/// Hands leadership to node `to` (POST /failover on its metrics port) and waits until it leads.
 pub async fn place_leader(dir: &Path, file: &ClusterFile, to: u64, within: Duration) -> anyhow::Result<()> {
     let entry = file.node(to).with_context(|| {
         format!(
@@ -501,11 +499,7 @@ pub async fn place_leader(dir: &Path, file: &ClusterFile, to: u64, within: Durat
                 node_dir(dir, to).join("server.log").display()
             );
         }
-        if file.sql {
-            ask_failover_over_http(entry.metrics_addr).await;
-        } else if let Ok(mut client) = Client::connect(entry.resp_addr).await {
-            let _ = client.command(&["CLUSTER", "FAILOVER"]).await;
-        }
+        ask_failover_over_http(entry.metrics_addr).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
@@ -541,8 +535,9 @@ fn info_field(info: &str, key: &str) -> Option<String> {
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(':').map(|v| v.trim().to_string()))
 }
 
-/// A SQL node's raft state, from its metrics, in the words of `INFO raft`.
-async fn query_sql_node(entry: &NodeEntry) -> Option<String> {
+/// A node's raft state, from its metrics (which need no login, where its RESP port may), in
+/// the words of `INFO raft`.
+async fn query_node(entry: &NodeEntry) -> Option<String> {
     let text = tokio::time::timeout(Duration::from_secs(1), metrics::scrape(entry.metrics_addr))
         .await
         .ok()?
@@ -563,24 +558,12 @@ async fn query_sql_node(entry: &NodeEntry) -> Option<String> {
     ))
 }
 
-async fn query_node(entry: &NodeEntry) -> Option<String> {
-    let work = async {
-        let mut client = Client::connect(entry.resp_addr).await.ok()?;
-        match client.command(&["INFO", "raft"]).await.ok()? {
-            Value::Bulk(Some(b)) => Some(String::from_utf8_lossy(&b).into_owned()),
-            _ => None,
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(1), work).await.ok().flatten()
-}
-
 pub async fn status(dir: &Path, file: &ClusterFile) -> Vec<NodeState> {
     let mut out = Vec::new();
     for entry in &file.nodes {
         let pid = read_pid(dir, entry.id);
         let info = match pid {
             None => None,
-            Some(_) if file.sql => query_sql_node(entry).await,
             Some(_) => query_node(entry).await,
         };
         let field = |k: &str| info.as_deref().and_then(|i| info_field(i, k));

@@ -18,9 +18,13 @@
 //!
 //! The leader's front end deletes keys whose time to live ran out every [`SWEEP_EVERY`], through
 //! the log (reads hide them from the moment they expire; this frees what they hold).
+//!
+//! With `requirepass` or an ACL file (`crate::acl`) a connection runs nothing but AUTH, HELLO
+//! and QUIT until it logs in, and a read-only user's writes are refused (NOPERM) before they
+//! are queued or sent.
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,6 +38,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
+use crate::acl::{LoginThrottle, Rights, Users};
 use crate::command::table::{self, CommandSpec};
 use crate::command::{
     command_name, encode_delete_expired, encode_enveloped, encode_register, encode_renew, exec_args, parse_i64,
@@ -58,6 +63,8 @@ pub struct FrontEndOptions {
     /// How long a write whose outcome is unknown (leader change, timeout) is retried before its
     /// client is told `UNCERTAIN`.
     pub write_retry_window: Duration,
+    /// Who may connect, with what rights.
+    pub users: Arc<Users>,
 }
 
 /// How often a node renews its RIFL incarnation; far inside the lease
@@ -99,6 +106,8 @@ const SERVER_COMMANDS: &[&str] = &[
     "punsubscribe",
     "pubsub",
     "wait",
+    "auth",
+    "acl",
 ];
 
 /// COMMAND and its subcommands, from the command table.
@@ -164,6 +173,9 @@ struct FrontEndMetrics {
     protocol_errors: Arc<Counter>,
     write_retries: Arc<Counter>,
     uncertain_writes: Arc<Counter>,
+    login_failures: Arc<Counter>,
+    logins_throttled: Arc<Counter>,
+    refused_unauthenticated: Arc<Counter>,
 }
 
 impl FrontEndMetrics {
@@ -206,6 +218,20 @@ impl FrontEndMetrics {
                 "chorus_rifl_uncertain_writes_total",
                 "Writes answered UNCERTAIN: retrying within the window did not settle them",
             ),
+            login_failures: labeled_counter(
+                "chorus_resp_login_failures_total",
+                "AUTH and HELLO AUTH attempts refused, by why",
+                Some(("reason", "wrong_password")),
+            ),
+            logins_throttled: labeled_counter(
+                "chorus_resp_login_failures_total",
+                "AUTH and HELLO AUTH attempts refused, by why",
+                Some(("reason", "throttled")),
+            ),
+            refused_unauthenticated: chorus_metrics::counter(
+                "chorus_resp_refused_unauthenticated_total",
+                "Commands refused with NOAUTH: the connection had not logged in",
+            ),
         }
     }
 
@@ -236,6 +262,7 @@ struct Shared {
     connections: Mutex<RiflConnections>,
     /// Client-owned incarnations used through this node, and when last.
     client_incarnations: Mutex<HashMap<u64, Instant>>,
+    login_throttle: Mutex<LoginThrottle>,
 }
 
 /// The RIFL client ids this node has handed to connections.
@@ -461,6 +488,7 @@ pub async fn serve(
             open: BTreeSet::new(),
         }),
         client_incarnations: Mutex::new(HashMap::new()),
+        login_throttle: Mutex::new(LoginThrottle::default()),
     });
     let renewing = shared.clone();
     tokio::spawn(async move {
@@ -495,8 +523,15 @@ pub async fn serve(
         let shared = shared.clone();
         tokio::spawn(async move {
             let id = shared.next_client_id.fetch_add(1, Ordering::Relaxed);
+            let user = shared
+                .options
+                .users
+                .initial()
+                .map(|user| (user.name.clone(), user.rights));
             let mut conn = Connection {
                 id,
+                remote: remote.ip(),
+                user,
                 name: None,
                 protocol: Protocol::Resp2,
                 consistency: shared.options.default_consistency,
@@ -563,6 +598,9 @@ struct RiflClient {
 
 struct Connection {
     id: u64,
+    remote: IpAddr,
+    /// Who it logged in as, and what they may run; None until it does.
+    user: Option<(String, Rights)>,
     name: Option<Bytes>,
     /// RESP2 until the client says `HELLO 3`.
     protocol: Protocol,
@@ -695,6 +733,11 @@ impl Connection {
                     }
                 };
                 if args.is_empty() {
+                    continue;
+                }
+                if let Some(refusal) = self.refused_by_rights(&args) {
+                    self.flag_refused();
+                    slots.push(Slot::Ready(refusal));
                     continue;
                 }
                 if let Some(refusal) = self.refused_while_subscribed(&args) {
@@ -1491,6 +1534,26 @@ impl Connection {
                 _ => Value::error("ERR This instance has cluster support disabled"),
             },
             "hello" => self.hello(rest),
+            "auth" => match rest {
+                // As Redis: the default user needs no password, and AUTH with one is a mistake.
+                [_] if self.shared.options.users.initial().is_some() => Value::error(
+                    "ERR AUTH <password> called without any password configured for the default user. \
+                     Are you sure your configuration is correct?",
+                ),
+                [password] => self.log_in(b"default", password),
+                [user, password] => self.log_in(user, password),
+                _ => return (arity(false).unwrap_err(), Flow::Continue),
+            },
+            "acl" => match (sub.as_str(), rest.len()) {
+                ("whoami", 1) => match &self.user {
+                    Some((name, _)) => Value::bulk(name.clone()),
+                    None => Value::Bulk(None),
+                },
+                ("users", 1) => Value::array(self.shared.options.users.names().into_iter().map(Value::bulk).collect()),
+                _ => Value::error(format!(
+                    "ERR ACL takes WHOAMI or USERS here ('{sub}' is not supported: users come from the ACL file)"
+                )),
+            },
             "subscribe" | "psubscribe" if rest.is_empty() => return (arity(false).unwrap_err(), Flow::Continue),
             "subscribe" => self.subscribe(rest, false),
             "psubscribe" => self.subscribe(rest, true),
@@ -1566,6 +1629,71 @@ impl Connection {
         }
     }
 
+    /// AUTH: logs the connection in as `user` if `password` is theirs, unless its address
+    /// failed too often lately (`LoginThrottle`), in which case the password is not checked.
+    fn log_in(&mut self, user: &[u8], password: &[u8]) -> Value {
+        let users = &self.shared.options.users;
+        let now = Instant::now();
+        let mut throttle = self.shared.login_throttle.lock().expect("login throttle poisoned");
+        if let Some(wait) = throttle.must_wait(self.remote, now) {
+            self.shared.metrics.logins_throttled.inc();
+            return Value::error(format!(
+                "ERR too many failed logins from {}: try again in {} ms",
+                self.remote,
+                wait.as_millis().max(1)
+            ));
+        }
+        match users.authenticate(user, password) {
+            Some(user) => {
+                throttle.succeeded(self.remote);
+                self.user = Some((user.name.clone(), user.rights));
+                Value::ok()
+            }
+            None => {
+                throttle.failed(self.remote, now);
+                self.shared.metrics.login_failures.inc();
+                tracing::info!(remote = %self.remote, user = %String::from_utf8_lossy(user), "RESP login refused");
+                Value::error("WRONGPASS invalid username-password pair or user is disabled.")
+            }
+        }
+    }
+
+    /// Refuses what the connection's user may not run: anything but logging in before it
+    /// logged in, writes for a read-only user (checked before a MULTI queues them).
+    fn refused_by_rights(&mut self, args: &[Bytes]) -> Option<Value> {
+        let rights = match &self.user {
+            Some((_, Rights::ReadWrite)) => return None,
+            Some((_, rights)) => *rights,
+            None => Rights::None,
+        };
+        let mut name_buf = [0u8; MAX_COMMAND_NAME_BYTES];
+        let name = short_name(args, &mut name_buf).unwrap_or("");
+        if matches!(name, "auth" | "hello" | "quit") {
+            return None;
+        }
+        let Some((user, _)) = &self.user else {
+            self.shared.metrics.refused_unauthenticated.inc();
+            return Some(Value::error("NOAUTH Authentication required."));
+        };
+        let writes = match name {
+            "ping" | "acl" => false,
+            // A node's own writes (RIFL registration, CURP's halves) and a leadership move.
+            "rifl" | "curp" | "cluster" => true,
+            _ => matches!(Command::parse(args), Ok(Some(Command::Write(_) | Command::Blocking(_)))),
+        };
+        if rights == Rights::None || writes {
+            let shown = if name.is_empty() {
+                String::from_utf8_lossy(&args[0]).to_ascii_lowercase()
+            } else {
+                name.to_string()
+            };
+            return Some(Value::error(format!(
+                "NOPERM User {user} has no permissions to run the '{shown}' command"
+            )));
+        }
+        None
+    }
+
     fn consistency_name(&self) -> &'static str {
         match self.consistency {
             ReadConsistency::Linearizable => "linearizable",
@@ -1593,8 +1721,9 @@ impl Connection {
             while let Some(option) = options.first() {
                 match (option.to_ascii_lowercase().as_slice(), options.len()) {
                     (b"auth", n) if n >= 3 => {
-                        if options[1].as_ref() != b"default" {
-                            return Value::error("WRONGPASS invalid username-password pair or user is disabled.");
+                        let logged_in = self.log_in(&options[1], &options[2]);
+                        if logged_in.is_error() {
+                            return logged_in;
                         }
                         options = &options[3..];
                     }
@@ -1610,6 +1739,13 @@ impl Connection {
                     }
                 }
             }
+        }
+        if self.user.is_none() {
+            return Value::error(
+                "NOAUTH HELLO must be called with the client already authenticated, otherwise the \
+                 HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and \
+                 select the RESP protocol version at the same time",
+            );
         }
         self.protocol = protocol;
         if name.is_some() {

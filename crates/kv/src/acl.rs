@@ -1,0 +1,369 @@
+//! Who may use a node's RESP port: users with passwords and rights, as Redis's `requirepass`
+//! and ACL file state them (a subset: whole-command rights, read-only or read-write), and the
+//! throttle on failed logins.
+//!
+//! Passwords are kept as SHA-256 digests (an ACL file may give the digest instead of the
+//! password, as Redis's `#<hex>`), compared in constant time.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+/// What a user may run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Rights {
+    /// Only AUTH, HELLO, QUIT and PING (Redis's `-@all`, a new user's default).
+    None,
+    /// Everything that does not write (`+@read`, or `+@all -@write`).
+    Read,
+    /// Everything (`+@all`).
+    ReadWrite,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    pub name: String,
+    pub enabled: bool,
+    /// Any password logs in (Redis's `nopass`).
+    pub nopass: bool,
+    password_digests: Vec<[u8; 32]>,
+    pub rights: Rights,
+}
+
+impl User {
+    fn new(name: &str) -> User {
+        User {
+            name: name.to_string(),
+            enabled: false,
+            nopass: false,
+            password_digests: Vec::new(),
+            rights: Rights::None,
+        }
+    }
+
+    fn accepts(&self, password: &[u8]) -> bool {
+        if !self.enabled {
+            return false;
+        }
+        let digest = sha256(password);
+        // Every digest is compared, each in constant time: the reply takes as long whichever
+        // matched, or none.
+        let matched = self
+            .password_digests
+            .iter()
+            .fold(false, |matched, known| matched | constant_time_eq(known, &digest));
+        self.nopass || matched
+    }
+}
+
+/// The users of a node. Without `requirepass` or an ACL file there is one, `default`, enabled,
+/// needing no password, with every right: Redis's default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Users {
+    by_name: HashMap<String, User>,
+}
+
+impl Default for Users {
+    fn default() -> Self {
+        Users::from_config("", "").expect("the empty configuration is valid")
+    }
+}
+
+impl Users {
+    /// Users from `requirepass` (the default user's password; empty: none) and an ACL file's
+    /// text (empty: none). Errors name the line and the rule.
+    pub fn from_config(requirepass: &str, acl_text: &str) -> Result<Users, String> {
+        let mut by_name = HashMap::new();
+        for (number, line) in acl_text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let user = parse_user(line).map_err(|e| format!("ACL line {}: {e}", number + 1))?;
+            if by_name.contains_key(&user.name) {
+                return Err(format!("ACL line {}: user {} is defined twice", number + 1, user.name));
+            }
+            by_name.insert(user.name.clone(), user);
+        }
+        if !requirepass.is_empty() && by_name.contains_key("default") {
+            return Err("both requirepass and the ACL file set the default user: set it in one place".into());
+        }
+        by_name.entry("default".to_string()).or_insert_with(|| User {
+            name: "default".into(),
+            enabled: true,
+            nopass: requirepass.is_empty(),
+            password_digests: if requirepass.is_empty() {
+                Vec::new()
+            } else {
+                vec![sha256(requirepass.as_bytes())]
+            },
+            rights: Rights::ReadWrite,
+        });
+        Ok(Users { by_name })
+    }
+
+    /// The user a new connection is, before any AUTH: `default` if it needs no password.
+    pub fn initial(&self) -> Option<&User> {
+        self.by_name
+            .get("default")
+            .filter(|default| default.enabled && default.nopass)
+    }
+
+    /// Whether anyone may connect without a password and write: worth a warning when an ACL
+    /// file or `requirepass` was meant to protect the node.
+    pub fn open_to_anyone(&self) -> bool {
+        self.initial()
+            .is_some_and(|default| default.rights == Rights::ReadWrite)
+    }
+
+    /// The user `name` if `password` is one of theirs and they are enabled.
+    pub fn authenticate(&self, name: &[u8], password: &[u8]) -> Option<&User> {
+        let user = std::str::from_utf8(name).ok().and_then(|name| self.by_name.get(name));
+        match user {
+            Some(user) if user.accepts(password) => Some(user),
+            Some(_) => None,
+            None => {
+                // As long as a known user's check: the reply does not tell which names exist.
+                let _ = constant_time_eq(&sha256(password), &[0; 32]);
+                None
+            }
+        }
+    }
+
+    /// User names, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.by_name.keys().cloned().collect();
+        names.sort();
+        names
+    }
+}
+
+/// One `user <name> <rule>...` line, in Redis's ACL syntax: `on`, `off`, `>password`,
+/// `#<sha256 hex>`, `nopass`, `resetpass`, `+@all` / `allcommands`, `+@read`, `-@write`,
+/// `-@all` / `nocommands`, and `~*` / `allkeys` (every key; narrower key patterns are refused).
+fn parse_user(line: &str) -> Result<User, String> {
+    let mut words = line.split_whitespace();
+    if words.next() != Some("user") {
+        return Err("a line starts with `user <name>`".into());
+    }
+    let name = words.next().ok_or("`user` needs a name")?;
+    let mut user = User::new(name);
+    for rule in words {
+        match rule {
+            "on" => user.enabled = true,
+            "off" => user.enabled = false,
+            "nopass" => {
+                user.nopass = true;
+                user.password_digests.clear();
+            }
+            "resetpass" => {
+                user.nopass = false;
+                user.password_digests.clear();
+            }
+            "+@all" | "allcommands" => user.rights = Rights::ReadWrite,
+            "-@all" | "nocommands" => user.rights = Rights::None,
+            "+@read" => user.rights = user.rights.max(Rights::Read),
+            "-@write" => user.rights = user.rights.min(Rights::Read),
+            "~*" | "allkeys" | "&*" | "allchannels" => {}
+            _ if rule.starts_with('>') => {
+                user.password_digests.push(sha256(&rule.as_bytes()[1..]));
+                user.nopass = false;
+            }
+            _ if rule.starts_with('#') => {
+                user.password_digests.push(parse_digest(&rule[1..])?);
+                user.nopass = false;
+            }
+            _ if rule.starts_with('~') || rule.starts_with("%") => {
+                return Err(format!(
+                    "key pattern {rule} is not supported: a user's rights cover every key (~*)"
+                ))
+            }
+            _ => {
+                return Err(format!(
+                    "rule {rule} is not supported (on, off, >password, #sha256, nopass, resetpass, \
+                     +@all, +@read, -@write, -@all, ~*)"
+                ))
+            }
+        }
+    }
+    Ok(user)
+}
+
+fn parse_digest(hex: &str) -> Result<[u8; 32], String> {
+    let bad = || format!("#{hex} is not a SHA-256 digest (64 hex digits)");
+    if hex.len() != 64 || !hex.is_ascii() {
+        return Err(bad());
+    }
+    let mut digest = [0u8; 32];
+    for (byte, pair) in digest.iter_mut().zip(hex.as_bytes().chunks(2)) {
+        let pair = std::str::from_utf8(pair).map_err(|_| bad())?;
+        *byte = u8::from_str_radix(pair, 16).map_err(|_| bad())?;
+    }
+    Ok(digest)
+}
+
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let difference = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    // Keeps the comparison from being turned into an early exit.
+    std::hint::black_box(difference) == 0
+}
+
+/// Failed logins from one address before it must wait.
+const FREE_FAILURES: u32 = 3;
+/// The first wait; each further failure doubles it, up to `LONGEST_WAIT`.
+const FIRST_WAIT: Duration = Duration::from_millis(500);
+const LONGEST_WAIT: Duration = Duration::from_secs(30);
+/// Addresses remembered at most; beyond, those whose wait is over are forgotten first.
+const MAX_ADDRESSES: usize = 10_000;
+
+/// Failed logins per client address: after `FREE_FAILURES`, an address must wait before its
+/// next attempt is even checked, twice as long after each further failure. A success clears it.
+#[derive(Default)]
+pub struct LoginThrottle {
+    by_address: HashMap<IpAddr, Failures>,
+}
+
+#[derive(Clone, Copy)]
+struct Failures {
+    count: u32,
+    wait_until: Instant,
+}
+
+impl LoginThrottle {
+    /// How long `address` must still wait before a login attempt is checked (None: now).
+    pub fn must_wait(&self, address: IpAddr, now: Instant) -> Option<Duration> {
+        let failures = self.by_address.get(&address)?;
+        (failures.wait_until > now).then(|| failures.wait_until - now)
+    }
+
+    pub fn failed(&mut self, address: IpAddr, now: Instant) {
+        if self.by_address.len() >= MAX_ADDRESSES && !self.by_address.contains_key(&address) {
+            self.by_address.retain(|_, failures| failures.wait_until > now);
+            if self.by_address.len() >= MAX_ADDRESSES {
+                // Every remembered address is waiting: this one waits as long as the worst.
+                return;
+            }
+        }
+        let failures = self.by_address.entry(address).or_insert(Failures {
+            count: 0,
+            wait_until: now,
+        });
+        failures.count += 1;
+        if failures.count > FREE_FAILURES {
+            let doublings = (failures.count - FREE_FAILURES - 1).min(16);
+            failures.wait_until = now + (FIRST_WAIT * (1 << doublings)).min(LONGEST_WAIT);
+        }
+    }
+
+    pub fn succeeded(&mut self, address: IpAddr) {
+        self.by_address.remove(&address);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_configuration_the_default_user_needs_no_password_and_may_write() {
+        let users = Users::default();
+        let initial = users.initial().expect("connections start as default");
+        assert_eq!((initial.name.as_str(), initial.rights), ("default", Rights::ReadWrite));
+        assert!(users.open_to_anyone());
+        assert!(users.authenticate(b"default", b"anything").is_some());
+        assert!(users.authenticate(b"bob", b"anything").is_none());
+    }
+
+    #[test]
+    fn requirepass_makes_the_default_user_need_it() {
+        let users = Users::from_config("s3cret", "").unwrap();
+        assert!(users.initial().is_none());
+        assert!(!users.open_to_anyone());
+        assert!(users.authenticate(b"default", b"s3cret").is_some());
+        assert!(users.authenticate(b"default", b"s3cre").is_none());
+        assert!(users.authenticate(b"default", b"").is_none());
+    }
+
+    #[test]
+    fn an_acl_file_gives_users_passwords_digests_and_rights() {
+        let digest = "f1d1c2cfbd8b9b6a3b4c0f0e1bbcd9f46e9a4e2b5f2c2a8e86a2d2f4c8b6a1e0";
+        let text = format!(
+            "# operators\nuser default off\nuser alice on >wonder +@all ~*\n\
+             user reader on >books +@read\nuser auditor on #{digest} +@all -@write\n\
+             user gone off >x +@all\n"
+        );
+        let users = Users::from_config("", &text).unwrap();
+        assert!(users.initial().is_none(), "default is off");
+        assert_eq!(
+            users.authenticate(b"alice", b"wonder").unwrap().rights,
+            Rights::ReadWrite
+        );
+        assert_eq!(users.authenticate(b"reader", b"books").unwrap().rights, Rights::Read);
+        assert!(users.authenticate(b"reader", b"wonder").is_none());
+        assert!(
+            users.authenticate(b"gone", b"x").is_none(),
+            "a disabled user cannot log in"
+        );
+        assert!(users.authenticate(b"default", b"").is_none());
+        assert_eq!(users.names(), ["alice", "auditor", "default", "gone", "reader"]);
+        // The digest form: SHA-256 of the password, as `echo -n pw | sha256sum` prints it.
+        let text = format!("user auditor on #{} +@all -@write", hex(&sha256(b"pw")));
+        let users = Users::from_config("", &text).unwrap();
+        assert_eq!(users.authenticate(b"auditor", b"pw").unwrap().rights, Rights::Read);
+        assert!(users.open_to_anyone(), "default was not turned off");
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    #[test]
+    fn a_bad_acl_file_is_refused_naming_the_line_and_rule() {
+        for (text, said) in [
+            (
+                "user a on >x +@all\nuser b on ~app:* +@all",
+                "line 2: key pattern ~app:*",
+            ),
+            ("user a on +@everything", "line 1: rule +@everything"),
+            ("usr a on", "line 1: a line starts with"),
+            ("user a on #abc", "line 1: #abc is not a SHA-256"),
+            ("user a on\nuser a off", "line 2: user a is defined twice"),
+        ] {
+            let error = Users::from_config("", text).unwrap_err();
+            assert!(error.contains(said), "{text:?}: {error}");
+        }
+        let error = Users::from_config("pw", "user default on >x +@all").unwrap_err();
+        assert!(error.contains("in one place"), "{error}");
+    }
+
+    #[test]
+    fn failed_logins_from_an_address_make_it_wait_longer_each_time_until_one_succeeds() {
+        let mut throttle = LoginThrottle::default();
+        let address: IpAddr = "127.0.0.7".parse().unwrap();
+        let other: IpAddr = "127.0.0.8".parse().unwrap();
+        let now = Instant::now();
+        for _ in 0..FREE_FAILURES {
+            assert_eq!(throttle.must_wait(address, now), None);
+            throttle.failed(address, now);
+        }
+        assert_eq!(throttle.must_wait(address, now), None, "the free failures cost nothing");
+        throttle.failed(address, now);
+        assert_eq!(throttle.must_wait(address, now), Some(FIRST_WAIT));
+        throttle.failed(address, now);
+        assert_eq!(throttle.must_wait(address, now), Some(FIRST_WAIT * 2));
+        assert_eq!(throttle.must_wait(address, now + FIRST_WAIT * 2), None);
+        assert_eq!(throttle.must_wait(other, now), None, "per address");
+        for _ in 0..40 {
+            throttle.failed(address, now);
+        }
+        assert_eq!(throttle.must_wait(address, now), Some(LONGEST_WAIT));
+        throttle.succeeded(address);
+        assert_eq!(throttle.must_wait(address, now), None);
+    }
+}
