@@ -1,4 +1,5 @@
-//! What a peer connection reads: frame headers, checksums, hello/ping/pong payloads, the raft
+//! What a peer connection reads: frame headers, checksums, hello/ping/pong payloads, the cluster
+//! secret handshake's challenge and proof, the raft
 //! messages inside frames, a snapshot shipment's offer, resume and chunk payloads, and peer
 //! service requests and responses.
 #![no_main]
@@ -7,6 +8,7 @@ use chorus_log::frame::{
     decode_header, decode_hello, decode_probe, decode_request, decode_response, encode_request, encode_response,
     verify_payload, FrameKind, FRAME_HEADER_BYTES,
 };
+use chorus_log::peer_auth::{decode_challenge, decode_proof, encode_challenge, encode_hello};
 use chorus_log::shipment::{decode_chunk, decode_offer, decode_resume, encode_offer};
 use libfuzzer_sys::fuzz_target;
 use protobuf::Message as _;
@@ -26,7 +28,21 @@ fuzz_target!(|data: &[u8]| {
         // Past the checksum too, so the decoders behind it see arbitrary payloads.
         let _ = verify_payload(&header, payload);
         match header.kind {
-            FrameKind::Hello => drop(decode_hello(payload)),
+            FrameKind::Hello => {
+                if let Ok((id, nonce)) = decode_hello(payload) {
+                    assert_eq!(encode_hello(id, nonce.as_ref()), payload, "a hello encodes back");
+                }
+            }
+            FrameKind::Challenge => {
+                if let Ok((nonce, code)) = decode_challenge(payload) {
+                    assert_eq!(encode_challenge(&nonce, &code), payload, "a challenge encodes back");
+                }
+            }
+            FrameKind::Proof => {
+                if let Ok(code) = decode_proof(payload) {
+                    assert_eq!(code.as_slice(), payload, "a proof is its code");
+                }
+            }
             FrameKind::Ping | FrameKind::Pong => drop(decode_probe(payload)),
             FrameKind::Raft => drop(Message::parse_from_bytes(payload)),
             FrameKind::ShipOffer => {

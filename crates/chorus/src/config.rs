@@ -200,6 +200,11 @@ server_options! {
     /// (or #SHA256-HEX) +@all|+@read|+@all -@write ~*` (read-write or read-only over every key).
     /// Empty: none. See docs/security.md.
     acl_file: PathBuf = PathBuf::new();
+    /// A file holding the secret every node of the cluster shares (at least 16 bytes; e.g.
+    /// `head -c 32 /dev/urandom | base64 > secret`): peers prove they hold it before anything
+    /// crosses a peer connection, so a process without it can neither join, send raft messages
+    /// nor receive the replication stream. Empty: peers are not authenticated.
+    cluster_secret_file: PathBuf = PathBuf::new();
     /// Default read consistency for new connections: "linearizable" or "stale" (RESP clients
     /// switch with READONLY / READWRITE, SQL sessions with SET chorus.read_consistency).
     read_consistency: String = "linearizable".into();

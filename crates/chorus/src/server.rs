@@ -11,6 +11,7 @@ use chorus_kv::ldc::Ldc;
 use chorus_kv::listeners::Hub;
 use chorus_kv::unicache::{parse_keyspaces, KvPreprocessor};
 use chorus_kv::{FrontEndOptions, KvState};
+use chorus_log::peer_auth::ClusterSecret;
 use chorus_log::{EntryCodec, IdentityCodec, NodeConfig, NodeHandle, StateMachine, UniCacheCodec, UniCacheSettings};
 use chorus_resp::Limits;
 use chorus_storage::{CachePolicy, StoreOptions};
@@ -51,8 +52,11 @@ fn curp_on(config: &ServerConfig) -> anyhow::Result<bool> {
 }
 
 /// The raft node's settings from the server's.
-pub(crate) fn node_config(config: &ServerConfig, peers: Vec<(u64, std::net::SocketAddr)>) -> NodeConfig {
-    NodeConfig {
+pub(crate) fn node_config(
+    config: &ServerConfig,
+    peers: Vec<(u64, std::net::SocketAddr)>,
+) -> anyhow::Result<NodeConfig> {
+    Ok(NodeConfig {
         id: config.id,
         peers,
         data_dir: config.data_dir.clone(),
@@ -77,7 +81,21 @@ pub(crate) fn node_config(config: &ServerConfig, peers: Vec<(u64, std::net::Sock
         max_frame_bytes: config.max_frame_bytes,
         snapshot_ship_bytes_per_sec: config.snapshot_ship_bytes_per_sec,
         peer_queue_messages: config.peer_queue_messages,
+        cluster_secret: cluster_secret(config)?,
+    })
+}
+
+/// The secret peers prove to each other, from `cluster_secret_file` (none if unset).
+fn cluster_secret(config: &ServerConfig) -> anyhow::Result<Option<ClusterSecret>> {
+    let path = &config.cluster_secret_file;
+    if path.as_os_str().is_empty() {
+        return Ok(None);
     }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the cluster secret file {}", path.display()))?;
+    ClusterSecret::new(&text)
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 /// Where and how the key-value state is stored, from the server's settings.
@@ -147,7 +165,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
 
     let curp = curp_on(&config)?;
     let voters: Vec<u64> = peers.iter().map(|(id, _)| *id).collect();
-    let node_config = node_config(&config, peers);
+    let node_config = node_config(&config, peers)?;
     let codec: Box<dyn EntryCodec> = if config.unicache {
         let settings = UniCacheSettings {
             cache: CacheConfig {
@@ -334,7 +352,7 @@ mod tests {
             ..ServerOptions::default()
         }
         .resolve();
-        let mut node_config = node_config(&config, parse_peers(&config.peers).unwrap());
+        let mut node_config = node_config(&config, parse_peers(&config.peers).unwrap()).unwrap();
         node_config.curp = true;
         let store_options = store_options(&config).unwrap();
         let node = chorus_log::start(

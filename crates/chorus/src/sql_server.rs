@@ -66,7 +66,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         other => bail!("--sql-engine: unknown engine '{other}'; use sqlite or postgres"),
     };
     let node = chorus_sql::start(
-        node_config(&config, peers),
+        node_config(&config, peers)?,
         database,
         &sql_dir,
         listener,

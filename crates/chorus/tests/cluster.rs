@@ -2188,6 +2188,78 @@ async fn resp_users_log_in_and_a_read_only_user_cannot_write() {
     assert_eq!(redis_cli(port(2), admin, &["SET", "after", "1"]), "OK");
 }
 
+/// With a cluster secret, a process without it can neither join nor read the replication
+/// stream: a raw connection claiming to be node 2 is closed at its hello, and an impostor node 3
+/// (node 3's address and config, another secret) gets no entry while the other two go on and
+/// elect no one new; the real node 3, restarted, catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_without_the_cluster_secret_are_refused_and_change_nothing() {
+    let secrets = tempfile::tempdir().unwrap();
+    let (ours, wrong) = (secrets.path().join("ours"), secrets.path().join("wrong"));
+    std::fs::write(&ours, "a-secret-for-this-cluster-only\n").unwrap();
+    std::fs::write(&wrong, "a-secret-for-some-other-cluster\n").unwrap();
+    let cluster = Cluster::start(3, &["--cluster-secret-file", ours.to_str().unwrap()]);
+    let mut c = cluster.client(1).await;
+    assert_eq!(c.command(&["SET", "before", "1"]).await.unwrap(), ok());
+
+    // An outsider's hello, without a proof, is answered by a closed connection.
+    let mut outsider = TcpStream::connect(cluster.node(1).peer_addr).unwrap();
+    outsider.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    outsider.write_all(&chorus_log::frame::encode_hello(2, None)).unwrap();
+    let mut answer = Vec::new();
+    let closed = outsider.read_to_end(&mut answer);
+    assert!(closed.is_ok(), "closed at once, not left open: {closed:?}");
+    assert!(answer.is_empty(), "nothing is sent before a proof: {answer:?}");
+
+    cluster.kill(3);
+    let leader = cluster.wait_for_leader(&[1, 2], Duration::from_secs(10)).await;
+    let term = cluster.info_u64(leader, "raft_term").await;
+    let impostor_dir = tempfile::tempdir().unwrap();
+    let node3_config = Path::new(cluster.dir()).join("node3").join("chorus.toml");
+    let mut impostor = Command::new(CHORUS)
+        .args([
+            "server",
+            "--config",
+            node3_config.to_str().unwrap(),
+            "--cluster-secret-file",
+        ])
+        .arg(&wrong)
+        .arg("--data-dir")
+        .arg(impostor_dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for i in 0..20 {
+        assert_eq!(c.command(&["SET", &format!("during{i}"), "x"]).await.unwrap(), ok());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut seen_by_impostor = RawConnection::connect(cluster.node(3).resp_addr);
+    seen_by_impostor.expect(&["READONLY"], b"+OK\r\n");
+    seen_by_impostor.expect(&["DBSIZE"], b":0\r\n");
+    seen_by_impostor.expect(&["GET", "before"], b"$-1\r\n");
+    impostor.kill().unwrap();
+    impostor.wait().unwrap();
+    assert_eq!(
+        cluster.info_u64(leader, "raft_term").await,
+        term,
+        "the impostor's votes never reached a node"
+    );
+    let refused: f64 = [1, 2]
+        .iter()
+        .map(|id| metric_value(&cluster.metrics(*id), "chorus_peer_auth_failures_total"))
+        .sum();
+    assert!(refused >= 2.0, "the outsider and the impostor were counted: {refused}");
+
+    cluster.restart_stopped();
+    let mut three = cluster.client(3).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while three.command(&["GET", "during19"]).await.unwrap() != bulk("x") {
+        assert!(Instant::now() < deadline, "node 3 with the secret catches up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[test]
 fn server_rejects_a_bad_config_with_a_clear_message() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,6 +1,7 @@
 //! Peer wire frames: `[magic "CH" u16][version u8][kind u8][payload len u32][crc32 u32][payload]`.
 //!
-//! The first frame on a connection is a hello naming the sending node; every later frame carries
+//! The first frame on a connection is a hello naming the sending node (with a cluster secret,
+//! followed by a challenge and a proof: `peer_auth`); every later frame carries
 //! one protobuf-encoded raft message, or a ping (an opaque u64 the peer echoes in a pong, to time
 //! the link's round trip), or a request to a peer service other than raft (`[id u64][service u8]
 //! [body]`) or the response to one (`[id u64][body]`). A connection whose second frame is a
@@ -8,6 +9,7 @@
 //! rejected before any allocation.
 
 use crate::error::DecodeError;
+use crate::peer_auth::{self, Nonce, NONCE_BYTES};
 use crate::wire::Reader;
 
 pub const FRAME_HEADER_BYTES: usize = 12;
@@ -26,6 +28,8 @@ pub enum FrameKind {
     ShipDone = 8,
     Request = 9,
     Response = 10,
+    Challenge = 11,
+    Proof = 12,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +55,8 @@ pub fn decode_header(buf: &[u8; FRAME_HEADER_BYTES], max_payload_bytes: usize) -
         8 => FrameKind::ShipDone,
         9 => FrameKind::Request,
         10 => FrameKind::Response,
+        11 => FrameKind::Challenge,
+        12 => FrameKind::Proof,
         _ => return Err(DecodeError::Invalid("frame kind")),
     };
     let payload_len = r.u32()? as usize;
@@ -88,9 +94,10 @@ pub fn encode_frame(kind: FrameKind, payload: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(payload);
 }
 
-pub fn encode_hello(node_id: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(FRAME_HEADER_BYTES + 8);
-    encode_frame(FrameKind::Hello, &node_id.to_le_bytes(), &mut out);
+/// The hello frame: the dialer's id, and its nonce when it holds a cluster secret.
+pub fn encode_hello(node_id: u64, nonce: Option<&Nonce>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(FRAME_HEADER_BYTES + 8 + NONCE_BYTES);
+    encode_frame(FrameKind::Hello, &peer_auth::encode_hello(node_id, nonce), &mut out);
     out
 }
 
@@ -132,11 +139,8 @@ pub fn decode_response(payload: &[u8]) -> Result<(u64, &[u8]), DecodeError> {
     Ok((id, &payload[8..]))
 }
 
-pub fn decode_hello(payload: &[u8]) -> Result<u64, DecodeError> {
-    let mut r = Reader::new(payload);
-    let id = r.u64()?;
-    r.finish()?;
-    Ok(id)
+pub fn decode_hello(payload: &[u8]) -> Result<(u64, Option<Nonce>), DecodeError> {
+    peer_auth::decode_hello(payload)
 }
 
 #[cfg(test)]
@@ -178,8 +182,8 @@ mod tests {
 
     #[test]
     fn hello_round_trip() {
-        let frame = encode_hello(3);
-        assert_eq!(decode_hello(&frame[FRAME_HEADER_BYTES..]).unwrap(), 3);
+        let frame = encode_hello(3, None);
+        assert_eq!(decode_hello(&frame[FRAME_HEADER_BYTES..]).unwrap(), (3, None));
         assert!(decode_hello(b"short").is_err());
     }
 }

@@ -7,6 +7,7 @@ mod curp_leader;
 pub mod error;
 pub mod frame;
 pub mod node;
+pub mod peer_auth;
 mod raft_log;
 mod replica_wait;
 pub mod shipment;

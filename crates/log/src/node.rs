@@ -167,6 +167,8 @@ pub struct NodeConfig {
     /// Most bytes per second shipped to one lagging follower (0: no cap).
     pub snapshot_ship_bytes_per_sec: u64,
     pub peer_queue_messages: usize,
+    /// Peers prove they hold it before anything crosses a connection (`peer_auth`).
+    pub cluster_secret: Option<crate::peer_auth::ClusterSecret>,
 }
 
 impl NodeConfig {
@@ -898,6 +900,7 @@ pub async fn start<SM: StateMachine>(
     }
     let shipper = Shipper::new(
         config.id,
+        config.cluster_secret.clone(),
         config
             .peers
             .iter()
@@ -920,6 +923,7 @@ pub async fn start<SM: StateMachine>(
         max_frame_bytes: config.max_frame_bytes,
         queue_messages: config.peer_queue_messages,
         incoming_dir: incoming_dir.clone(),
+        cluster_secret: config.cluster_secret.clone(),
     };
     let (replica_questions_tx, replica_questions) = mpsc::channel(REPLICA_QUESTION_QUEUE);
     let services = transport::Services {

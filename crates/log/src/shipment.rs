@@ -39,6 +39,7 @@ use tokio::sync::mpsc;
 
 use crate::error::DecodeError;
 use crate::frame::{self, FrameKind, FRAME_HEADER_BYTES};
+use crate::peer_auth::{ClusterSecret, Dial};
 use crate::storage::sync_dir;
 use crate::transport::PeerEvent;
 use crate::wire::{put_blob, put_u32, put_u64, Reader};
@@ -220,8 +221,11 @@ pub struct ShipLimits {
 /// Ships `msg` (a MsgSnapshot) and its files to the node at `addr`, returning once the receiver
 /// has the files durably and has handed the message to its raft loop. Stops early, with an
 /// error, once `cancel` is set.
+#[allow(clippy::too_many_arguments)]
 pub fn send_snapshot(
     node_id: u64,
+    secret: Option<&ClusterSecret>,
+    to: u64,
     addr: SocketAddr,
     limits: ShipLimits,
     msg: &Message,
@@ -252,9 +256,7 @@ pub fn send_snapshot(
         .and_then(|_| stream.set_nodelay(true))
         .map_err(|e| e.to_string())?;
     let mut buf = Vec::new();
-    stream
-        .write_all(&frame::encode_hello(node_id))
-        .map_err(|e| format!("write failed: {e}"))?;
+    dial_handshake(&mut stream, node_id, secret, to, &mut buf)?;
     write_frame(&mut stream, FrameKind::ShipOffer, &encode_offer(&offer), &mut buf)?;
     let held = match read_frame(&mut stream, max_frame_bytes)? {
         (FrameKind::ShipResume, payload) => decode_resume(&payload).map_err(|e| format!("bad resume: {e}"))?,
@@ -309,9 +311,32 @@ pub fn send_snapshot(
     }
 }
 
+/// The dialer's half of the peer handshake (`peer_auth`; the transport's, blocking).
+fn dial_handshake(
+    stream: &mut TcpStream,
+    node_id: u64,
+    secret: Option<&ClusterSecret>,
+    to: u64,
+    buf: &mut Vec<u8>,
+) -> Result<(), String> {
+    let Some(secret) = secret else {
+        return stream
+            .write_all(&frame::encode_hello(node_id, None))
+            .map_err(|e| format!("write failed: {e}"));
+    };
+    let (dial, hello) = Dial::start(secret, node_id, to);
+    write_frame(stream, FrameKind::Hello, &hello, buf)?;
+    let proof = match read_frame(stream, 64)? {
+        (FrameKind::Challenge, payload) => dial.answer(&payload)?,
+        (kind, _) => return Err(format!("expected a challenge, got {kind:?}")),
+    };
+    write_frame(stream, FrameKind::Proof, &proof, buf)
+}
+
 /// Starts one sender thread per shipment; a newer shipment to the same peer supersedes the older.
 pub struct Shipper {
     node_id: u64,
+    secret: Option<ClusterSecret>,
     peers: HashMap<u64, SocketAddr>,
     limits: ShipLimits,
     events: mpsc::UnboundedSender<PeerEvent>,
@@ -321,6 +346,7 @@ pub struct Shipper {
 impl Shipper {
     pub fn new(
         node_id: u64,
+        secret: Option<ClusterSecret>,
         peers: HashMap<u64, SocketAddr>,
         max_frame_bytes: usize,
         bytes_per_sec: u64,
@@ -328,6 +354,7 @@ impl Shipper {
     ) -> Shipper {
         Shipper {
             node_id,
+            secret,
             peers,
             limits: ShipLimits {
                 max_frame_bytes,
@@ -351,12 +378,13 @@ impl Shipper {
             previous.store(true, Ordering::Relaxed);
         }
         let (node_id, limits, events) = (self.node_id, self.limits, self.events.clone());
+        let secret = self.secret.clone();
         let spawned = std::thread::Builder::new()
             .name("snapshot-sender".into())
             .spawn(move || {
                 let metrics = ShipMetrics::get();
                 let index = msg.get_snapshot().get_metadata().index;
-                let outcome = send_snapshot(node_id, addr, limits, &msg, &files.files, &cancel);
+                let outcome = send_snapshot(node_id, secret.as_ref(), to, addr, limits, &msg, &files.files, &cancel);
                 drop(files);
                 match &outcome {
                     Ok(stats) => {
@@ -595,7 +623,7 @@ mod tests {
         let (mut stream, _) = listener.accept().unwrap();
         let (kind, hello) = read_frame(&mut stream, 64).unwrap();
         assert_eq!(kind, FrameKind::Hello);
-        let from = frame::decode_hello(&hello).unwrap();
+        let (from, _) = frame::decode_hello(&hello).unwrap();
         let (kind, offer) = read_frame(&mut stream, 1 << 20)?;
         assert_eq!(kind, FrameKind::ShipOffer);
         receiver.receive(stream, from, &offer)
@@ -643,7 +671,7 @@ mod tests {
             let receiving = scope.spawn(|| accept_one(&listener, &receiver));
             let mut stream = TcpStream::connect(addr).unwrap();
             let mut buf = Vec::new();
-            stream.write_all(&frame::encode_hello(1)).unwrap();
+            stream.write_all(&frame::encode_hello(1, None)).unwrap();
             let offer = Offer {
                 term: 3,
                 index: 40,
@@ -683,7 +711,7 @@ mod tests {
         let started = std::time::Instant::now();
         let (sent, received) = std::thread::scope(|scope| {
             let receiving = scope.spawn(|| accept_one(&listener, &receiver));
-            let sent = send_snapshot(1, addr, limits, &msg, &files, &AtomicBool::new(false));
+            let sent = send_snapshot(1, None, 2, addr, limits, &msg, &files, &AtomicBool::new(false));
             (sent, receiving.join().unwrap())
         });
         let total: u64 = sizes.iter().map(|s| *s as u64).sum();
@@ -738,7 +766,7 @@ mod tests {
                 let receiving = scope.spawn(|| accept_one(&listener, &receiver));
                 let mut stream = TcpStream::connect(addr).unwrap();
                 let mut buf = Vec::new();
-                stream.write_all(&frame::encode_hello(1)).unwrap();
+                stream.write_all(&frame::encode_hello(1, None)).unwrap();
                 write_frame(&mut stream, FrameKind::ShipOffer, &encode_offer(&offer), &mut buf).unwrap();
                 read_frame(&mut stream, 1 << 20).unwrap();
                 for (kind, payload) in &frames {

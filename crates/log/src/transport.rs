@@ -12,6 +12,9 @@
 //! in both directions, but neither raft loop nor any fsync — is the link's measured RTT
 //! (`LinkRtts`), which UniCache's auto-tune reads.
 //!
+//! With a cluster secret, a connection carries nothing until both ends proved they hold it
+//! (`peer_auth`); an inbound connection that fails to is closed and counted.
+//!
 //! Services other than raft (CURP's witnesses, for one) share the connections: [`PeerCalls`]
 //! sends a request and awaits its response, which the peer sends back on its own connection; a
 //! node's incoming requests go, by service number, to the log's own services or to the
@@ -32,6 +35,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::frame::{self, FrameKind, FRAME_HEADER_BYTES};
+use crate::peer_auth::{self, Accept, ClusterSecret, Dial};
 use crate::shipment::Receiver;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -74,6 +78,8 @@ pub struct TransportConfig {
     pub queue_messages: usize,
     /// Where snapshot files shipped by a leader land (see `shipment`).
     pub incoming_dir: std::path::PathBuf,
+    /// Peers prove they hold it before anything else crosses a connection.
+    pub cluster_secret: Option<ClusterSecret>,
 }
 
 struct PeerMetrics {
@@ -120,6 +126,14 @@ impl PeerMetrics {
             ),
         }
     }
+}
+
+fn unauthenticated_peers() -> Arc<Counter> {
+    chorus_metrics::counter(
+        "chorus_peer_auth_failures_total",
+        "Peer connections closed because the other end did not prove it holds the cluster secret \
+         (or sent one where this node has none)",
+    )
 }
 
 fn rejected_frames() -> Arc<Counter> {
@@ -302,6 +316,7 @@ pub async fn start(
             *peer,
             *addr,
             config.node_id,
+            config.cluster_secret.clone(),
             Queues {
                 raft: rx,
                 pongs: pong_rx,
@@ -352,8 +367,8 @@ async fn accept_loop(
 }
 
 /// Reads one frame; errors describe what was wrong for the log line.
-async fn read_frame(
-    stream: &mut BufReader<TcpStream>,
+async fn read_frame<R: tokio::io::AsyncRead + Unpin>(
+    stream: &mut R,
     max_frame_bytes: usize,
 ) -> Result<Option<(FrameKind, Vec<u8>)>, String> {
     let mut header = [0u8; FRAME_HEADER_BYTES];
@@ -365,7 +380,7 @@ async fn read_frame(
     let header = frame::decode_header(&header, max_frame_bytes).map_err(|e| format!("bad frame header: {e}"))?;
     // Grow the buffer as bytes arrive rather than trusting the length up front.
     let mut payload = Vec::with_capacity(header.payload_len.min(1 << 20));
-    let read = stream
+    let read = (&mut *stream)
         .take(header.payload_len as u64)
         .read_to_end(&mut payload)
         .await
@@ -388,7 +403,7 @@ async fn receive_from(
     let hello = tokio::time::timeout(HELLO_TIMEOUT, read_frame(&mut stream, 64))
         .await
         .map_err(|_| "no hello within 5 s".to_string())??;
-    let from = match hello {
+    let (from, nonce) = match hello {
         Some((FrameKind::Hello, payload)) => frame::decode_hello(&payload).map_err(|e| format!("bad hello: {e}"))?,
         Some((kind, _)) => return Err(format!("expected hello, got {kind:?}")),
         None => return Ok(()),
@@ -397,6 +412,10 @@ async fn receive_from(
         .metrics
         .get(&from)
         .ok_or_else(|| format!("hello from unknown node {from}"))?;
+    if let Err(reason) = accept_handshake(&mut stream, config, from, nonce).await {
+        unauthenticated_peers().inc();
+        return Err(reason);
+    }
     let mut first_after_hello = true;
     while let Some((kind, payload)) = read_frame(&mut stream, config.max_frame_bytes).await? {
         let opens_the_connection = std::mem::replace(&mut first_after_hello, false);
@@ -455,7 +474,9 @@ async fn receive_from(
                 }
                 continue;
             }
-            FrameKind::Hello => return Err("a second hello".into()),
+            FrameKind::Hello | FrameKind::Challenge | FrameKind::Proof => {
+                return Err(format!("{kind:?} frame after the handshake"))
+            }
         }
         let msg = Message::parse_from_bytes(&payload).map_err(|e| format!("bad raft message: {e}"))?;
         if msg.get_msg_type() == MessageType::MsgSnapshot {
@@ -502,10 +523,74 @@ async fn receive_shipment(stream: BufReader<TcpStream>, from: u64, offer: Vec<u8
     }
 }
 
+/// The acceptor's half of the handshake (`peer_auth`), after the hello of node `from` carrying
+/// `nonce`: nothing, without a secret on either side.
+async fn accept_handshake(
+    stream: &mut BufReader<TcpStream>,
+    config: &TransportConfig,
+    from: u64,
+    nonce: Option<peer_auth::Nonce>,
+) -> Result<(), String> {
+    let Some((accept, challenge)) = Accept::start(config.cluster_secret.as_ref(), config.node_id, from, nonce)? else {
+        return Ok(());
+    };
+    let mut frame_bytes = Vec::new();
+    frame::encode_frame(FrameKind::Challenge, &challenge, &mut frame_bytes);
+    stream
+        .get_mut()
+        .write_all(&frame_bytes)
+        .await
+        .map_err(|e| format!("write failed: {e}"))?;
+    let proof = tokio::time::timeout(HELLO_TIMEOUT, read_frame(stream, 64))
+        .await
+        .map_err(|_| "no proof of the cluster secret within 5 s".to_string())??;
+    match proof {
+        Some((FrameKind::Proof, payload)) => accept.check(&payload),
+        Some((kind, _)) => Err(format!("expected a proof of the cluster secret, got {kind:?}")),
+        None => Err(format!("node {from} left before proving it holds the cluster secret")),
+    }
+}
+
+/// The dialer's half: the hello, and with a secret, checking the challenge of node `peer` and
+/// answering it. Nothing else is sent to a peer that cannot show the secret.
+async fn dial_handshake(
+    stream: &mut TcpStream,
+    node_id: u64,
+    peer: u64,
+    secret: Option<&ClusterSecret>,
+) -> Result<(), String> {
+    let Some(secret) = secret else {
+        return stream
+            .write_all(&frame::encode_hello(node_id, None))
+            .await
+            .map_err(|e| e.to_string());
+    };
+    let (dial, hello) = Dial::start(secret, node_id, peer);
+    let mut frame_bytes = Vec::new();
+    frame::encode_frame(FrameKind::Hello, &hello, &mut frame_bytes);
+    stream.write_all(&frame_bytes).await.map_err(|e| e.to_string())?;
+    let challenge = tokio::time::timeout(HELLO_TIMEOUT, read_frame(stream, 64))
+        .await
+        .map_err(|_| format!("node {peer} sent no challenge within 5 s"))??;
+    let proof = match challenge {
+        Some((FrameKind::Challenge, payload)) => dial.answer(&payload)?,
+        Some((kind, _)) => return Err(format!("expected a challenge, got {kind:?}")),
+        None => {
+            return Err(format!(
+                "node {peer} closed the connection at the hello: does it have the same cluster secret? (its log says)"
+            ))
+        }
+    };
+    frame_bytes.clear();
+    frame::encode_frame(FrameKind::Proof, &proof, &mut frame_bytes);
+    stream.write_all(&frame_bytes).await.map_err(|e| e.to_string())
+}
+
 async fn sender_loop(
     peer: u64,
     addr: SocketAddr,
     node_id: u64,
+    secret: Option<ClusterSecret>,
     mut queues: Queues,
     events: mpsc::UnboundedSender<PeerEvent>,
     peers: Arc<Peers>,
@@ -516,14 +601,19 @@ async fn sender_loop(
     loop {
         let connected = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await;
         let outcome = match connected {
-            Ok(Ok(stream)) => {
+            Ok(Ok(mut stream)) => {
                 let _ = stream.set_nodelay(true);
-                backoff = BACKOFF_MIN;
-                if reported_down {
-                    tracing::info!(peer, %addr, "peer reachable again");
-                    reported_down = false;
+                match dial_handshake(&mut stream, node_id, peer, secret.as_ref()).await {
+                    Ok(()) => {
+                        backoff = BACKOFF_MIN;
+                        if reported_down {
+                            tracing::info!(peer, %addr, "peer reachable again");
+                            reported_down = false;
+                        }
+                        send_to(stream, &mut queues, metrics).await
+                    }
+                    Err(reason) => Err(reason),
                 }
-                send_to(stream, node_id, &mut queues, metrics).await
             }
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err("connect timed out".into()),
@@ -556,16 +646,7 @@ async fn sender_loop(
 
 /// Streams queued messages, and pings, to a connected peer. `Ok` means the queue closed
 /// (shutdown).
-async fn send_to(
-    mut stream: TcpStream,
-    node_id: u64,
-    queues: &mut Queues,
-    metrics: &PeerMetrics,
-) -> Result<(), String> {
-    stream
-        .write_all(&frame::encode_hello(node_id))
-        .await
-        .map_err(|e| e.to_string())?;
+async fn send_to(mut stream: TcpStream, queues: &mut Queues, metrics: &PeerMetrics) -> Result<(), String> {
     let mut buf = Vec::with_capacity(64 * 1024);
     let mut ping = tokio::time::interval(PING_INTERVAL);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -639,6 +720,7 @@ mod tests {
             max_frame_bytes: 1 << 20,
             queue_messages: 16,
             incoming_dir: dir.to_path_buf(),
+            cluster_secret: None,
         };
         let services = Services {
             log: None,

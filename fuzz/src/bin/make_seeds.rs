@@ -19,6 +19,7 @@ use chorus_kv::unicache::KvPreprocessor;
 use chorus_kv::KvState;
 use chorus_log::batch::{self, Origin};
 use chorus_log::frame::{encode_frame, encode_hello, encode_request, encode_response, FrameKind};
+use chorus_log::peer_auth::{encode_challenge, CODE_BYTES, NONCE_BYTES};
 use chorus_log::shipment::{encode_chunk, encode_offer, encode_resume, Offer};
 use chorus_log::storage::{write_snapshot_file, DiskStorage, StorageOptions};
 use chorus_log::{EntryCodec, StateMachine};
@@ -79,7 +80,7 @@ fn main() {
     }
 
     // Peer frames around raft messages of each kind the loop sends.
-    let mut frames = encode_hello(2);
+    let mut frames = encode_hello(2, None);
     let mut append = Message::default();
     append.set_msg_type(MessageType::MsgAppend);
     append.from = 1;
@@ -122,6 +123,15 @@ fn main() {
     );
     encode_frame(FrameKind::Response, &encode_response(9, &[]), &mut frames);
     write(&out, "peer_frame", "connection", &frames);
+    // A handshake with a cluster secret: hello with a nonce, challenge, proof.
+    let mut handshake = encode_hello(2, Some(&[5; NONCE_BYTES]));
+    encode_frame(
+        FrameKind::Challenge,
+        &encode_challenge(&[6; NONCE_BYTES], &[7; CODE_BYTES]),
+        &mut handshake,
+    );
+    encode_frame(FrameKind::Proof, &[8; CODE_BYTES], &mut handshake);
+    write(&out, "peer_frame", "handshake", &handshake);
     let mut shipment = Vec::new();
     let offer = Offer {
         term: 3,
