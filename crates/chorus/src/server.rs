@@ -128,15 +128,15 @@ fn store_options(config: &ServerConfig) -> anyhow::Result<StoreOptions> {
     })
 }
 
-/// The RESP users `requirepass` and the ACL file give.
-fn resp_users(config: &ServerConfig) -> anyhow::Result<chorus_kv::acl::Users> {
+/// The users `requirepass` and the ACL file give (RESP and SQL clients alike).
+pub(crate) fn users(config: &ServerConfig) -> anyhow::Result<chorus_auth::Users> {
     let acl_text = if config.acl_file.as_os_str().is_empty() {
         String::new()
     } else {
         std::fs::read_to_string(&config.acl_file)
             .with_context(|| format!("cannot read the ACL file {}", config.acl_file.display()))?
     };
-    let users = chorus_kv::acl::Users::from_config(&config.requirepass, &acl_text)
+    let users = chorus_auth::Users::from_config(&config.requirepass, &acl_text)
         .map_err(|e| anyhow::anyhow!("{}: {e}", config.acl_file.display()))?;
     if users.open_to_anyone() && !acl_text.is_empty() {
         tracing::warn!(
@@ -154,7 +154,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         bail!("node id {} is not in peers '{}'", config.id, config.peers);
     }
     let default_consistency = config.read_consistency()?;
-    let users = Arc::new(resp_users(&config)?);
+    let users = Arc::new(users(&config)?);
     // Bind client-facing ports before starting raft so a port clash fails fast and clearly.
     let resp_listener = TcpListener::bind(config.resp_addr)
         .await

@@ -39,6 +39,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         lock_wait: Duration::from_millis(config.request_timeout_ms),
         forward: config.sql_forward,
         on_diverged: Box::new(restart_in_place),
+        users: std::sync::Arc::new(crate::server::users(&config)?),
     };
     let sql_dir = config.data_dir.join("sql");
     let database = match config.sql_engine.as_str() {

@@ -1638,3 +1638,125 @@ async fn in_hybrid_mode_a_down_owners_classes_move_to_the_nodes_up_and_come_back
         "the transfers kept the sum"
     );
 }
+
+/// A client of node `id` logged in as `user` with `password`, or the error it got.
+async fn log_in(cluster: &SqlCluster, id: u64, user: &str, password: &str) -> Result<Client, tokio_postgres::Error> {
+    let config = format!(
+        "host=127.0.0.1 port={} user={user} password={password} dbname=chorus connect_timeout=5",
+        cluster.node(id).pg.port()
+    );
+    let (client, connection) = tokio_postgres::connect(&config, NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+fn code(error: &tokio_postgres::Error) -> Option<&str> {
+    error.code().map(|code| code.code())
+}
+
+/// With users (the RESP port's ACL file), a SQL client logs in with SCRAM-SHA-256 — psql and
+/// tokio-postgres unchanged — as a user with a password in the clear; a wrong password, an
+/// unknown user, or a user known only by a digest gets 28P01; a read-only user reads on any
+/// node and its writes get 42501, alone or in a transaction; an address that keeps failing is
+/// made to wait, and it is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_clients_log_in_with_scram_and_a_read_only_user_cannot_write() {
+    let acl_dir = tempfile::tempdir().unwrap();
+    let acl = acl_dir.path().join("users.acl");
+    std::fs::write(
+        &acl,
+        "user default off\nuser app on >app-pw +@all\nuser reader on >read-pw +@read\n\
+         user auditor on #5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8 +@all\n",
+    )
+    .unwrap();
+    let cluster = SqlCluster::start_with(3, &["--acl-file", acl.to_str().unwrap()]);
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let follower = others(leader)[0];
+
+    let mut psql = Command::new("psql")
+        .args(["-h", "127.0.0.1", "-p", &cluster.node(leader).pg.port().to_string()])
+        .args(["-U", "app", "-d", "chorus", "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+        .env("PGPASSWORD", "app-pw")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    psql.stdin
+        .take()
+        .unwrap()
+        .write_all(b"CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT);\nINSERT INTO notes VALUES (1, 'hello');\nSELECT body FROM notes;\n")
+        .unwrap();
+    let out = psql.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "psql as app: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().collect::<Vec<_>>(),
+        ["CREATE TABLE", "INSERT 0 1", "hello"]
+    );
+
+    let reader = log_in(&cluster, follower, "reader", "read-pw").await.unwrap();
+    assert_eq!(
+        rows(&reader, "SELECT body FROM notes").await,
+        vec![vec![Some("hello".to_string())]],
+        "a read-only user reads on a follower, linearizably"
+    );
+    let refused = reader
+        .simple_query("INSERT INTO notes VALUES (2, 'no')")
+        .await
+        .unwrap_err();
+    assert_eq!(code(&refused), Some("42501"), "{refused}");
+    reader.simple_query("BEGIN").await.unwrap();
+    assert_eq!(
+        rows(&reader, "SELECT count(*) FROM notes").await,
+        vec![vec![Some("1".to_string())]]
+    );
+    let refused = reader.simple_query("DELETE FROM notes").await.unwrap_err();
+    assert_eq!(code(&refused), Some("42501"), "{refused}");
+    reader.simple_query("ROLLBACK").await.unwrap();
+    let app = log_in(&cluster, leader, "app", "app-pw").await.unwrap();
+    assert_eq!(
+        rows(&app, "SELECT count(*) FROM notes").await,
+        vec![vec![Some("1".to_string())]]
+    );
+
+    for (user, password) in [
+        ("app", "wrong"),
+        ("nobody", "app-pw"),
+        ("auditor", "password"),
+        ("default", ""),
+    ] {
+        let refused = log_in(&cluster, follower, user, password).await.err().unwrap();
+        assert_eq!(code(&refused), Some("28P01"), "{user}: {refused}");
+    }
+
+    // Node 3 alone gets the guesses (every client here is 127.0.0.1).
+    let guessed = if leader == 3 || follower == 3 {
+        others(leader).into_iter().find(|id| *id != follower).unwrap()
+    } else {
+        3
+    };
+    for _ in 0..4 {
+        let refused = log_in(&cluster, guessed, "app", "guess").await.err().unwrap();
+        assert_eq!(code(&refused), Some("28P01"), "{refused}");
+    }
+    let refused = log_in(&cluster, guessed, "app", "app-pw").await.err().unwrap();
+    assert_eq!(
+        code(&refused),
+        Some("28000"),
+        "the right password is not checked while the address waits: {refused}"
+    );
+    let metrics = http_get(cluster.node(guessed).metrics, "/metrics").unwrap();
+    assert!(
+        metrics.contains("chorus_sql_login_failures_total{reason=\"wrong_password\"} 4"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("chorus_sql_login_failures_total{reason=\"throttled\"} 1"),
+        "{metrics}"
+    );
+}

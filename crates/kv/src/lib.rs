@@ -1,7 +1,6 @@
 //! The key-value service: Redis-compatible commands, the state machine they apply to, and the
 //! RESP front end that routes writes through the replicated log and reads through ReadIndex.
 
-pub mod acl;
 pub mod command;
 pub mod curp;
 mod decimal;

@@ -19,7 +19,7 @@
 //! The leader's front end deletes keys whose time to live ran out every [`SWEEP_EVERY`], through
 //! the log (reads hide them from the moment they expire; this frees what they hold).
 //!
-//! With `requirepass` or an ACL file (`crate::acl`) a connection runs nothing but AUTH, HELLO
+//! With `requirepass` or an ACL file (`chorus_auth`) a connection runs nothing but AUTH, HELLO
 //! and QUIT until it logs in, and a read-only user's writes are refused (NOPERM) before they
 //! are queued or sent.
 
@@ -38,7 +38,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
-use crate::acl::{LoginThrottle, Rights, Users};
 use crate::command::table::{self, CommandSpec};
 use crate::command::{
     command_name, encode_delete_expired, encode_enveloped, encode_register, encode_renew, exec_args, parse_i64,
@@ -49,6 +48,7 @@ use crate::glob::glob_match;
 use crate::keyspace_events;
 use crate::listeners::{Delivery, Hub};
 use crate::state::{KvState, EXPIRED, OUT_OF_ORDER};
+use chorus_auth::{LoginThrottle, Rights, Users};
 
 pub type KvNode = NodeHandle<KvState>;
 

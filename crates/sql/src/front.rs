@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chorus_auth::Rights;
 use chorus_log::node::Pending;
 use chorus_log::{NodeError, NodeHandle, ReadConsistency, Role};
 use futures::{stream, SinkExt};
@@ -41,9 +42,12 @@ use crate::txn::{Command, Value};
 use crate::writer::{Applied, Certifying, Committed, Proposal, WriterHandle};
 
 mod forward;
+mod login;
 
 pub use forward::{serve_forwarded, ForwardReply, ForwardRequest, Start};
 use forward::{Forwarder, Unanswered};
+use login::Login;
+pub use login::Logins;
 
 /// What every session of a node shares.
 pub struct Shared {
@@ -56,6 +60,8 @@ pub struct Shared {
     stale_reads_by_default: bool,
     /// Hybrid with forwarding: sends a transaction to its classes' owner.
     forwarder: Option<Arc<Forwarder>>,
+    /// With users configured: clients log in (`login`).
+    logins: Option<Arc<Logins>>,
 }
 
 /// Forwarding a hybrid transaction to its classes' owner (`chorus sql --sql-forward`).
@@ -79,6 +85,7 @@ impl Shared {
         commit_timeout: Duration,
         read_consistency: ReadConsistency,
         forwarding: Option<Forwarding>,
+        logins: Option<Arc<Logins>>,
     ) -> Arc<Self> {
         tokio::spawn(tell_writer_when_leading(node.clone(), writer.clone()));
         // A forwarded statement may wait for the write lock, for classes it borrows (as long
@@ -87,6 +94,7 @@ impl Shared {
         let forwarder = forwarding.map(|f| Arc::new(Forwarder::new(f.calls, f.node_ids, forward_timeout)));
         Arc::new(Shared {
             forwarder,
+            logins,
             node,
             writer,
             readers,
@@ -251,15 +259,16 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
         };
         let _ = socket.set_nodelay(true);
         let session = Arc::new(Session::new(shared.clone(), true));
+        let login = Arc::new(Login::new(session.clone(), shared.logins.clone()));
         tokio::spawn(async move {
-            if let Err(e) = crate::wire::converse(socket, Handlers(session)).await {
+            if let Err(e) = crate::wire::converse(socket, Handlers(session, login)).await {
                 tracing::debug!(error = %e, "SQL client connection ended");
             }
         });
     }
 }
 
-struct Handlers(Arc<Session>);
+struct Handlers(Arc<Session>, Arc<Login>);
 
 impl PgWireServerHandlers for Handlers {
     fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
@@ -271,7 +280,11 @@ impl PgWireServerHandlers for Handlers {
     }
 
     fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
-        self.0.clone()
+        self.1.clone()
+    }
+
+    fn error_handler(&self) -> Arc<impl pgwire::api::ErrorHandler> {
+        self.1.clone()
     }
 
     fn copy_handler(&self) -> Arc<impl CopyHandler> {
@@ -320,6 +333,8 @@ struct Session {
     /// Its transactions may be forwarded to their classes' owner (not when it runs forwarded
     /// ones: the owner runs them whoever owns what by then).
     forwards: bool,
+    /// What its user may run, once logged in (unset: nothing).
+    rights: std::sync::OnceLock<Rights>,
 }
 
 /// A COPY in progress: its rows go into the session's transaction as they arrive.
@@ -400,7 +415,7 @@ enum Answer {
 
 impl Session {
     fn new(shared: Arc<Shared>, forwards: bool) -> Session {
-        Session {
+        let session = Session {
             id: shared.next_session.fetch_add(1, Ordering::Relaxed),
             parser: Arc::new(Parser { shared: shared.clone() }),
             stale_reads: AtomicBool::new(shared.stale_reads_by_default),
@@ -408,12 +423,42 @@ impl Session {
             state: tokio::sync::Mutex::new(TxnState::Idle),
             copying: std::sync::Mutex::new(None),
             forwards,
+            rights: std::sync::OnceLock::new(),
+        };
+        // Without users anyone may do anything; a forwarded transaction's session runs for a
+        // peer, whose own session checked its client's rights.
+        if session.shared.logins.is_none() || !forwards {
+            session.logged_in(Rights::ReadWrite);
+        }
+        session
+    }
+
+    fn logged_in(&self, rights: Rights) {
+        let set = self.rights.set(rights);
+        assert!(set.is_ok(), "a session logs in once");
+    }
+
+    /// Refuses what its user may not run: a read-only user runs reads, alone or in transactions
+    /// (which then run on a reader), and session settings.
+    fn permits(&self, kind: StatementKind) -> Result<(), SqlError> {
+        match self.rights.get().copied().unwrap_or(Rights::None) {
+            Rights::ReadWrite => Ok(()),
+            Rights::Read if kind != StatementKind::Write => Ok(()),
+            Rights::Read => Err(SqlError::new(
+                "42501",
+                "permission denied: this user may only read (+@read in the ACL file)",
+            )),
+            Rights::None => Err(SqlError::new(
+                "42501",
+                "permission denied: this user may run nothing (-@all in the ACL file)",
+            )),
         }
     }
 
     async fn run(&self, sql: &str, params: Vec<Value>) -> Result<Answer, SqlError> {
         let analysis = analyse(sql)?;
         let kind = analysis.kind;
+        self.permits(kind)?;
         let names_setting = kind == StatementKind::Setting
             || (kind == StatementKind::Read && sql.get(..4).is_some_and(|w| w.eq_ignore_ascii_case("SHOW")));
         if let Some(setting) = names_setting.then(|| chorus_setting(sql)).flatten() {
@@ -429,7 +474,8 @@ impl Session {
             (StatementKind::Begin { .. }, TxnState::Open(_)) => Ok(Answer::Began),
             (StatementKind::Begin { read_only }, TxnState::Idle) => {
                 *state = TxnState::Open(Open {
-                    read_only,
+                    // A read-only user's transaction runs on a reader: it cannot write there.
+                    read_only: read_only || self.rights.get() == Some(&Rights::Read),
                     place: None,
                     failed: false,
                 });

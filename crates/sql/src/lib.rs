@@ -69,6 +69,8 @@ pub struct SqlOptions {
     /// Hybrid: a transaction whose first statement touches only classes another node owns
     /// runs on that node (`front::forward`) instead of borrowing them through the log.
     pub forward: bool,
+    /// Who may log in, with what rights (anyone, with every right, unless users are configured).
+    pub users: Arc<chorus_auth::Users>,
 }
 
 /// Opens `database` (rebuilt from the last checkpoint and the log if it holds transactions the
@@ -147,6 +149,7 @@ pub async fn start(
             calls: node.peer_calls().clone(),
             node_ids,
         }),
+        front::Logins::new(options.users.clone()),
     );
     if options.mode == ReplicationMode::Hybrid {
         tokio::spawn(front::serve_forwarded(Arc::clone(&shared), forwarded));

@@ -1,14 +1,17 @@
-//! Who may use a node's RESP port: users with passwords and rights, as Redis's `requirepass`
-//! and ACL file state them (a subset: whole-command rights, read-only or read-write), and the
-//! throttle on failed logins.
+//! Who may use a node's client ports (RESP and PostgreSQL): users with passwords and rights, as
+//! Redis's `requirepass` and ACL file state them (a subset: whole-command rights, read-only or
+//! read-write), and the throttle on failed logins.
 //!
 //! Passwords are kept as SHA-256 digests (an ACL file may give the digest instead of the
-//! password, as Redis's `#<hex>`), compared in constant time.
+//! password, as Redis's `#<hex>`), compared in constant time; a user's first password given in
+//! the clear is also kept as SCRAM-SHA-256's salted password, which PostgreSQL clients log in
+//! with.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
 
 /// What a user may run.
@@ -29,7 +32,51 @@ pub struct User {
     /// Any password logs in (Redis's `nopass`).
     pub nopass: bool,
     password_digests: Vec<[u8; 32]>,
+    /// What a SCRAM-SHA-256 login is checked against: from the first password given in the
+    /// clear (none if every password was given as a digest).
+    pub scram: Option<ScramSecret>,
     pub rights: Rights,
+}
+
+/// SCRAM-SHA-256's secret for one password (RFC 5802, 7677): a random salt and
+/// PBKDF2-HMAC-SHA256 of the password over it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScramSecret {
+    pub salt: [u8; 16],
+    pub salted_password: [u8; 32],
+}
+
+/// PBKDF2 iterations for SCRAM, as PostgreSQL's default.
+pub const SCRAM_ITERATIONS: u32 = 4096;
+
+impl ScramSecret {
+    fn new(password: &[u8]) -> ScramSecret {
+        let mut salt = [0u8; 16];
+        getrandom::getrandom(&mut salt).expect("the operating system gives random bytes");
+        ScramSecret {
+            salt,
+            salted_password: pbkdf2_sha256(password, &salt, SCRAM_ITERATIONS),
+        }
+    }
+}
+
+/// PBKDF2-HMAC-SHA256 (RFC 8018) with a 32-byte result: one block.
+pub fn pbkdf2_sha256(password: &[u8], salt: &[u8], iterations: u32) -> [u8; 32] {
+    let prf = Hmac::<Sha256>::new_from_slice(password).expect("HMAC takes a key of any length");
+    let mut mac = prf.clone();
+    mac.update(salt);
+    mac.update(&1u32.to_be_bytes());
+    let mut block: [u8; 32] = mac.finalize().into_bytes().into();
+    let mut result = block;
+    for _ in 1..iterations {
+        let mut mac = prf.clone();
+        mac.update(&block);
+        block = mac.finalize().into_bytes().into();
+        for (r, b) in result.iter_mut().zip(block) {
+            *r ^= b;
+        }
+    }
+    result
 }
 
 impl User {
@@ -39,6 +86,7 @@ impl User {
             enabled: false,
             nopass: false,
             password_digests: Vec::new(),
+            scram: None,
             rights: Rights::None,
         }
     }
@@ -63,6 +111,8 @@ impl User {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Users {
     by_name: HashMap<String, User>,
+    /// Keys the SCRAM secrets of names that cannot log in (`scram_secret`).
+    decoy_key: [u8; 32],
 }
 
 impl Default for Users {
@@ -99,9 +149,41 @@ impl Users {
             } else {
                 vec![sha256(requirepass.as_bytes())]
             },
+            scram: (!requirepass.is_empty()).then(|| ScramSecret::new(requirepass.as_bytes())),
             rights: Rights::ReadWrite,
         });
-        Ok(Users { by_name })
+        let mut decoy_key = [0u8; 32];
+        getrandom::getrandom(&mut decoy_key).expect("the operating system gives random bytes");
+        Ok(Users { by_name, decoy_key })
+    }
+
+    /// What a SCRAM login as `name` is checked against: the user's secret if they are enabled
+    /// and have a password in the clear, else a decoy no password matches, with a salt that
+    /// stays the same for the name — so a client cannot tell a wrong password from a user who
+    /// does not exist, or cannot log in this way.
+    pub fn scram_secret(&self, name: &str) -> (ScramSecret, bool) {
+        let real = self
+            .by_name
+            .get(name)
+            .filter(|user| user.enabled)
+            .and_then(|user| user.scram.clone());
+        if let Some(secret) = real {
+            return (secret, true);
+        }
+        let keyed = |what: &[u8]| -> [u8; 32] {
+            let mut mac = Hmac::<Sha256>::new_from_slice(&self.decoy_key).expect("HMAC takes a key of any length");
+            mac.update(what);
+            mac.update(name.as_bytes());
+            mac.finalize().into_bytes().into()
+        };
+        let salt = keyed(b"salt")[..16].try_into().expect("16 of 32 bytes");
+        (
+            ScramSecret {
+                salt,
+                salted_password: keyed(b"unmatchable"),
+            },
+            false,
+        )
     }
 
     /// The user a new connection is, before any AUTH: `default` if it needs no password.
@@ -132,6 +214,11 @@ impl Users {
         }
     }
 
+    /// The user named `name`, if there is one.
+    pub fn get(&self, name: &str) -> Option<&User> {
+        self.by_name.get(name)
+    }
+
     /// User names, sorted.
     pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.by_name.keys().cloned().collect();
@@ -157,10 +244,12 @@ fn parse_user(line: &str) -> Result<User, String> {
             "nopass" => {
                 user.nopass = true;
                 user.password_digests.clear();
+                user.scram = None;
             }
             "resetpass" => {
                 user.nopass = false;
                 user.password_digests.clear();
+                user.scram = None;
             }
             "+@all" | "allcommands" => user.rights = Rights::ReadWrite,
             "-@all" | "nocommands" => user.rights = Rights::None,
@@ -168,7 +257,11 @@ fn parse_user(line: &str) -> Result<User, String> {
             "-@write" => user.rights = user.rights.min(Rights::Read),
             "~*" | "allkeys" | "&*" | "allchannels" => {}
             _ if rule.starts_with('>') => {
-                user.password_digests.push(sha256(&rule.as_bytes()[1..]));
+                let password = &rule.as_bytes()[1..];
+                user.password_digests.push(sha256(password));
+                if user.scram.is_none() {
+                    user.scram = Some(ScramSecret::new(password));
+                }
                 user.nopass = false;
             }
             _ if rule.starts_with('#') => {
@@ -317,6 +410,62 @@ mod tests {
         let users = Users::from_config("", &text).unwrap();
         assert_eq!(users.authenticate(b"auditor", b"pw").unwrap().rights, Rights::Read);
         assert!(users.open_to_anyone(), "default was not turned off");
+    }
+
+    #[test]
+    fn pbkdf2_matches_the_published_vectors_and_scram_keeps_the_first_clear_password() {
+        // RFC 7914 section 11 (its first 32 bytes), and a 4096-round vector from RFC 7677's
+        // SCRAM-SHA-256 example (salt W22ZaJ0SNY7soEsUEjb6gQ==, password "pencil").
+        assert_eq!(
+            hex(&pbkdf2_sha256(b"passwd", b"salt", 1)),
+            "55ac046e56e3089fec1691c22544b605f94185216dde0465e68b9d57c20dacbc"
+        );
+        let salt = [
+            0x5b, 0x6d, 0x99, 0x68, 0x9d, 0x12, 0x35, 0x8e, 0xec, 0xa0, 0x4b, 0x14, 0x12, 0x36, 0xfa, 0x81,
+        ];
+        assert_eq!(
+            hex(&pbkdf2_sha256(b"pencil", &salt, 4096)),
+            "c4a49510323ab4f952cac1fa99441939e78ea74d6be81ddf7096e87513dc615d"
+        );
+        let users = Users::from_config(
+            "",
+            "user a on #00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff >first >second +@all",
+        )
+        .unwrap();
+        let scram = users.get("a").unwrap().scram.clone().unwrap();
+        assert_eq!(
+            scram.salted_password,
+            pbkdf2_sha256(b"first", &scram.salt, SCRAM_ITERATIONS)
+        );
+        let users = Users::from_config(
+            "",
+            "user d on #00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
+        )
+        .unwrap();
+        assert_eq!(
+            users.get("d").unwrap().scram,
+            None,
+            "a digest cannot be turned into SCRAM's secret"
+        );
+        let users = Users::from_config("pw", "").unwrap();
+        assert!(
+            users.get("default").unwrap().scram.is_some(),
+            "requirepass logs in over SQL too"
+        );
+        let (secret, real) = users.scram_secret("default");
+        assert!(real);
+        assert_eq!(
+            secret.salted_password,
+            pbkdf2_sha256(b"pw", &secret.salt, SCRAM_ITERATIONS)
+        );
+        let (decoy, real) = users.scram_secret("nobody");
+        assert!(!real);
+        assert_eq!(
+            users.scram_secret("nobody").0,
+            decoy,
+            "the same salt each time, as a real user's"
+        );
+        assert_ne!(users.scram_secret("someone").0.salt, decoy.salt);
     }
 
     fn hex(bytes: &[u8]) -> String {
