@@ -205,6 +205,13 @@ server_options! {
     /// crosses a peer connection, so a process without it can neither join, send raft messages
     /// nor receive the replication stream. Empty: peers are not authenticated.
     cluster_secret_file: PathBuf = PathBuf::new();
+    /// TLS on the client port (RESP, or PostgreSQL for `chorus sql`): the certificate chain (PEM).
+    /// With it and tls_key_file the port speaks TLS only; both files are read again when they
+    /// change (checked every 10 s). `chorus cluster start --tls` makes a throwaway CA for
+    /// local clusters. See docs/security.md.
+    tls_cert_file: PathBuf = PathBuf::new();
+    /// The private key of tls_cert_file (PEM).
+    tls_key_file: PathBuf = PathBuf::new();
     /// Default read consistency for new connections: "linearizable" or "stale" (RESP clients
     /// switch with READONLY / READWRITE, SQL sessions with SET chorus.read_consistency).
     read_consistency: String = "linearizable".into();

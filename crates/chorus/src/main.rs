@@ -74,6 +74,11 @@ enum ClusterCommand {
         /// client port, an embedded SQLite replicated over the log.
         #[arg(long)]
         sql: bool,
+        /// The client ports speak TLS only, with a certificate from a throwaway CA made in
+        /// DIR/tls (clients verify with DIR/tls/ca.pem). Taken when the cluster is created; a
+        /// restart keeps what it was created with.
+        #[arg(long)]
+        tls: bool,
         /// Extra `chorus server` flags for every node, after `--`.
         #[arg(last = true)]
         server_args: Vec<String>,
@@ -153,8 +158,22 @@ fn main() -> anyhow::Result<()> {
                     dir,
                     net,
                     sql,
-                    server_args,
+                    tls,
+                    mut server_args,
                 } => {
+                    if tls && !dir.join("cluster.toml").exists() {
+                        let ca = chorus_tls::write_local_ca(&dir.join("tls")).map_err(anyhow::Error::msg)?;
+                        server_args.extend([
+                            "--tls-cert-file".to_string(),
+                            ca.node_cert.display().to_string(),
+                            "--tls-key-file".to_string(),
+                            ca.node_key.display().to_string(),
+                        ]);
+                        println!(
+                            "TLS: clients verify the nodes with {} (redis-cli --tls --cacert FILE; psql \"sslmode=verify-full sslrootcert=FILE\")",
+                            ca.ca_cert.display()
+                        );
+                    }
                     let net = cluster::NetOptions {
                         profile: net.net,
                         bandwidth_mbit: net.net_bandwidth_mbit,

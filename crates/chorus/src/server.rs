@@ -128,6 +128,24 @@ fn store_options(config: &ServerConfig) -> anyhow::Result<StoreOptions> {
     })
 }
 
+/// How often a node looks whether its TLS certificate or key file changed.
+const TLS_RELOAD_EVERY: Duration = Duration::from_secs(10);
+
+/// TLS for the client port, if `tls_cert_file` and `tls_key_file` are set (both or neither),
+/// watched for changes.
+pub(crate) fn client_tls(config: &ServerConfig) -> anyhow::Result<Option<Arc<chorus_tls::ServerTls>>> {
+    let (cert, key) = (&config.tls_cert_file, &config.tls_key_file);
+    match (cert.as_os_str().is_empty(), key.as_os_str().is_empty()) {
+        (true, true) => Ok(None),
+        (false, false) => {
+            let tls = chorus_tls::ServerTls::load(cert, key).map_err(anyhow::Error::msg)?;
+            tokio::spawn(tls.clone().watch(TLS_RELOAD_EVERY));
+            Ok(Some(tls))
+        }
+        _ => bail!("TLS needs both tls_cert_file and tls_key_file"),
+    }
+}
+
 /// The users `requirepass` and the ACL file give (RESP and SQL clients alike).
 pub(crate) fn users(config: &ServerConfig) -> anyhow::Result<chorus_auth::Users> {
     let acl_text = if config.acl_file.as_os_str().is_empty() {
@@ -262,6 +280,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         resp_addr: config.resp_addr,
         write_retry_window: Duration::from_millis(config.request_timeout_ms),
         users,
+        tls: client_tls(&config)?,
     };
     tracing::info!(
         id = config.id, resp = %config.resp_addr, metrics = %config.metrics_addr,

@@ -40,6 +40,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         forward: config.sql_forward,
         on_diverged: Box::new(restart_in_place),
         users: std::sync::Arc::new(crate::server::users(&config)?),
+        tls: crate::server::client_tls(&config)?,
     };
     let sql_dir = config.data_dir.join("sql");
     let database = match config.sql_engine.as_str() {

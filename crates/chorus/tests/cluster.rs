@@ -33,10 +33,16 @@ struct Cluster {
 
 impl Cluster {
     fn start(nodes: usize, server_args: &[&str]) -> Cluster {
+        Cluster::start_with(nodes, &[], server_args)
+    }
+
+    /// `chorus cluster start` with `cluster_flags` (`--tls`) and `server_args` for every node.
+    fn start_with(nodes: usize, cluster_flags: &[&str], server_args: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().to_str().expect("utf-8 path").to_string();
         let n = nodes.to_string();
         let mut args = vec!["cluster", "start", "--nodes", &n, "--dir", &path];
+        args.extend_from_slice(cluster_flags);
         if !server_args.is_empty() {
             args.push("--");
             args.extend_from_slice(server_args);
@@ -2186,6 +2192,63 @@ async fn resp_users_log_in_and_a_read_only_user_cannot_write() {
     );
     // The cluster was never disturbed.
     assert_eq!(redis_cli(port(2), admin, &["SET", "after", "1"]), "OK");
+}
+
+/// redis-cli over TLS, verifying the node with `ca`; its output and whether it succeeded.
+fn redis_cli_tls(port: u16, ca: Option<&Path>, args: &[&str]) -> (bool, String) {
+    let port = port.to_string();
+    let mut cli = Command::new("redis-cli");
+    cli.args(["-p", &port]);
+    if let Some(ca) = ca {
+        cli.args(["--tls", "--cacert"]).arg(ca);
+    }
+    let out = cli.args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string() + String::from_utf8_lossy(&out.stderr).trim();
+    (
+        out.status.success() && !text.starts_with("Error") && !text.contains("Could not"),
+        text,
+    )
+}
+
+/// `chorus cluster start --tls`: the RESP ports speak TLS only, with a certificate the cluster's
+/// throwaway CA signed; a plaintext client fails cleanly (counted) and the node goes on; a
+/// certificate replaced on disk is taken for new connections without a restart.
+#[test]
+fn a_tls_cluster_serves_tls_clients_only_and_reloads_a_replaced_certificate() {
+    require_tool("redis-cli");
+    let cluster = Cluster::start_with(3, &["--tls"], &[]);
+    let tls_dir = Path::new(cluster.dir()).join("tls");
+    let ca = tls_dir.join("ca.pem");
+    let port = |id: u64| cluster.node(id).resp_addr.port();
+    assert_eq!(
+        redis_cli_tls(port(1), Some(&ca), &["SET", "k", "v"]),
+        (true, "OK".to_string())
+    );
+    assert_eq!(
+        redis_cli_tls(port(2), Some(&ca), &["GET", "k"]),
+        (true, "v".to_string())
+    );
+    let (ok, said) = redis_cli_tls(port(2), None, &["GET", "k"]);
+    assert!(!ok && !said.contains('v'), "a plaintext client gets nothing: {said}");
+    assert!(
+        metric_value(&cluster.metrics(2), "chorus_resp_tls_handshake_failures_total") >= 1.0,
+        "counted"
+    );
+    assert_eq!(redis_cli_tls(port(2), Some(&ca), &["PING"]), (true, "PONG".to_string()));
+
+    // Another CA's certificate and key in place of the node's: new connections get them once
+    // the node has looked (every 10 s).
+    let other = tempfile::tempdir().unwrap();
+    let replacement = chorus_tls::write_local_ca(other.path()).unwrap();
+    std::fs::copy(&replacement.node_cert, tls_dir.join("node.pem")).unwrap();
+    std::fs::copy(&replacement.node_key, tls_dir.join("node-key.pem")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !redis_cli_tls(port(3), Some(&replacement.ca_cert), &["GET", "k"]).0 {
+        assert!(Instant::now() < deadline, "node 3 never took the new certificate");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (ok, said) = redis_cli_tls(port(3), Some(&ca), &["GET", "k"]);
+    assert!(!ok, "the old CA no longer verifies the node: {said}");
 }
 
 /// With a cluster secret, a process without it can neither join nor read the replication

@@ -190,6 +190,50 @@ impl SqlCluster {
         }
     }
 
+    /// Waits until node `id` answers `query` with `expected`, asked over TLS by psql.
+    async fn wait_for_rows_over_tls(
+        &self,
+        id: u64,
+        ca: &std::path::Path,
+        query: &str,
+        expected: &[Vec<Option<String>>],
+    ) {
+        let want: Vec<String> = expected
+            .iter()
+            .map(|row| {
+                row.iter()
+                    .map(|v| v.clone().unwrap_or_default())
+                    .collect::<Vec<_>>()
+                    .join("|")
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let out = Command::new("psql")
+                .arg(format!(
+                    "host=127.0.0.1 port={} user=chorus dbname=chorus sslmode=verify-full sslrootcert={}",
+                    self.node(id).pg.port(),
+                    ca.display()
+                ))
+                .args(["-X", "-A", "-t", "-c", query])
+                .output()
+                .unwrap();
+            let got: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(str::to_string)
+                .collect();
+            if out.status.success() && got == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} does not answer {query} with {want:?} over TLS: {got:?} {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Waits until one of `ids` leads and returns it.
     async fn leader_among(&self, ids: &[u64]) -> u64 {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -1759,4 +1803,55 @@ async fn sql_clients_log_in_with_scram_and_a_read_only_user_cannot_write() {
         metrics.contains("chorus_sql_login_failures_total{reason=\"throttled\"} 1"),
         "{metrics}"
     );
+}
+
+/// With a certificate the PostgreSQL port takes TLS connections only: psql verifying the node
+/// against the CA (sslmode=verify-full) works, a client that does not ask for TLS is told it must.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sql_node_with_a_certificate_takes_tls_clients_only() {
+    let tls_dir = tempfile::tempdir().unwrap();
+    let ca = chorus_tls::write_local_ca(tls_dir.path()).unwrap();
+    let cluster = SqlCluster::start_with(
+        3,
+        &[
+            "--tls-cert-file",
+            ca.node_cert.to_str().unwrap(),
+            "--tls-key-file",
+            ca.node_key.to_str().unwrap(),
+        ],
+    );
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let conninfo = |id: u64, mode: &str| {
+        format!(
+            "host=127.0.0.1 port={} user=chorus dbname=chorus sslmode={mode} sslrootcert={}",
+            cluster.node(id).pg.port(),
+            ca.ca_cert.display()
+        )
+    };
+    let psql = |id: u64, mode: &str, script: &str| {
+        let out = Command::new("psql")
+            .arg(conninfo(id, mode))
+            .args(["-X", "-A", "-t", "-c", script])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, said) = psql(leader, "verify-full", "CREATE TABLE t (v TEXT)");
+    assert!(ok, "{said}");
+    let (ok, said) = psql(leader, "verify-full", "INSERT INTO t VALUES ('over tls')");
+    assert!(ok, "{said}");
+    let follower = others(leader)[0];
+    cluster
+        .wait_for_rows_over_tls(
+            follower,
+            &ca.ca_cert,
+            "SELECT v FROM t",
+            &[vec![Some("over tls".into())]],
+        )
+        .await;
+    let (ok, said) = psql(follower, "disable", "SELECT 1");
+    assert!(!ok && said.contains("TLS connections only"), "{said}");
 }

@@ -34,8 +34,8 @@ use chorus_curp::rifl::{ClientId, Envelope};
 use chorus_log::{NodeError, NodeHandle, ReadConsistency, Role};
 use chorus_metrics::{labeled_counter, labeled_histogram, Counter, Histogram};
 use chorus_resp::{take_command, write_value_as, Limits, Protocol, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use crate::command::table::{self, CommandSpec};
@@ -49,6 +49,7 @@ use crate::keyspace_events;
 use crate::listeners::{Delivery, Hub};
 use crate::state::{KvState, EXPIRED, OUT_OF_ORDER};
 use chorus_auth::{LoginThrottle, Rights, Users};
+use chorus_tls::ServerTls;
 
 pub type KvNode = NodeHandle<KvState>;
 
@@ -65,7 +66,12 @@ pub struct FrontEndOptions {
     pub write_retry_window: Duration,
     /// Who may connect, with what rights.
     pub users: Arc<Users>,
+    /// With a certificate: the port speaks TLS only.
+    pub tls: Option<Arc<ServerTls>>,
 }
+
+/// A client that has not finished its TLS handshake in this long is dropped.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often a node renews its RIFL incarnation; far inside the lease
 /// (`chorus_curp::rifl::LEASE_ENTRIES`) at any entry rate this machine reaches.
@@ -176,6 +182,7 @@ struct FrontEndMetrics {
     login_failures: Arc<Counter>,
     logins_throttled: Arc<Counter>,
     refused_unauthenticated: Arc<Counter>,
+    tls_handshake_failures: Arc<Counter>,
 }
 
 impl FrontEndMetrics {
@@ -227,6 +234,10 @@ impl FrontEndMetrics {
                 "chorus_resp_login_failures_total",
                 "AUTH and HELLO AUTH attempts refused, by why",
                 Some(("reason", "throttled")),
+            ),
+            tls_handshake_failures: chorus_metrics::counter(
+                "chorus_resp_tls_handshake_failures_total",
+                "RESP connections closed because their TLS handshake failed (a plaintext client, say)",
             ),
             refused_unauthenticated: chorus_metrics::counter(
                 "chorus_resp_refused_unauthenticated_total",
@@ -543,7 +554,18 @@ pub async fn serve(
                 deliveries: None,
                 shared,
             };
-            if let Err(e) = conn.run(stream).await {
+            let ended = match &conn.shared.options.tls {
+                None => conn.run(stream).await,
+                Some(tls) => match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.acceptor().accept(stream)).await {
+                    Ok(Ok(stream)) => conn.run(stream).await,
+                    Ok(Err(e)) => {
+                        conn.shared.metrics.tls_handshake_failures.inc();
+                        Err(e)
+                    }
+                    Err(_) => Ok(()),
+                },
+            };
+            if let Err(e) = ended {
                 tracing::debug!(%remote, error = %e, "RESP connection ended");
             }
         });
@@ -707,7 +729,7 @@ fn node_error(e: NodeError) -> Value {
 }
 
 impl Connection {
-    async fn run(&mut self, mut stream: TcpStream) -> std::io::Result<()> {
+    async fn run<S: AsyncRead + AsyncWrite + Unpin>(&mut self, mut stream: S) -> std::io::Result<()> {
         let mut input = BytesMut::with_capacity(16 * 1024);
         let mut output = Vec::with_capacity(16 * 1024);
         let mut slots = Vec::new();
@@ -824,7 +846,11 @@ impl Connection {
 
     /// Reads more input into `input`; while subscribed, writes the messages that arrive
     /// meanwhile (then `input` may stay empty). `false` when the client closed the connection.
-    async fn read_or_deliver(&mut self, stream: &mut TcpStream, input: &mut BytesMut) -> std::io::Result<bool> {
+    async fn read_or_deliver<S: AsyncRead + AsyncWrite + Unpin>(
+        &mut self,
+        stream: &mut S,
+        input: &mut BytesMut,
+    ) -> std::io::Result<bool> {
         let Some((_, deliveries)) = &mut self.deliveries else {
             return Ok(stream.read_buf(input).await? > 0);
         };

@@ -60,8 +60,15 @@ pub struct Shared {
     stale_reads_by_default: bool,
     /// Hybrid with forwarding: sends a transaction to its classes' owner.
     forwarder: Option<Arc<Forwarder>>,
+    access: Access,
+}
+
+/// How clients reach the node.
+pub struct Access {
     /// With users configured: clients log in (`login`).
-    logins: Option<Arc<Logins>>,
+    pub logins: Option<Arc<Logins>>,
+    /// With a certificate: clients connect over TLS only.
+    pub tls: Option<Arc<chorus_tls::ServerTls>>,
 }
 
 /// Forwarding a hybrid transaction to its classes' owner (`chorus sql --sql-forward`).
@@ -85,7 +92,7 @@ impl Shared {
         commit_timeout: Duration,
         read_consistency: ReadConsistency,
         forwarding: Option<Forwarding>,
-        logins: Option<Arc<Logins>>,
+        access: Access,
     ) -> Arc<Self> {
         tokio::spawn(tell_writer_when_leading(node.clone(), writer.clone()));
         // A forwarded statement may wait for the write lock, for classes it borrows (as long
@@ -94,7 +101,7 @@ impl Shared {
         let forwarder = forwarding.map(|f| Arc::new(Forwarder::new(f.calls, f.node_ids, forward_timeout)));
         Arc::new(Shared {
             forwarder,
-            logins,
+            access,
             node,
             writer,
             readers,
@@ -259,9 +266,10 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
         };
         let _ = socket.set_nodelay(true);
         let session = Arc::new(Session::new(shared.clone(), true));
-        let login = Arc::new(Login::new(session.clone(), shared.logins.clone()));
+        let login = Arc::new(Login::new(session.clone(), shared.access.logins.clone()));
         tokio::spawn(async move {
-            if let Err(e) = crate::wire::converse(socket, Handlers(session, login)).await {
+            let tls = session.shared.access.tls.clone();
+            if let Err(e) = crate::wire::converse(socket, Handlers(session, login), tls.as_deref()).await {
                 tracing::debug!(error = %e, "SQL client connection ended");
             }
         });
@@ -427,7 +435,7 @@ impl Session {
         };
         // Without users anyone may do anything; a forwarded transaction's session runs for a
         // peer, whose own session checked its client's rights.
-        if session.shared.logins.is_none() || !forwards {
+        if session.shared.access.logins.is_none() || !forwards {
             session.logged_in(Rights::ReadWrite);
         }
         session

@@ -71,6 +71,8 @@ pub struct SqlOptions {
     pub forward: bool,
     /// Who may log in, with what rights (anyone, with every right, unless users are configured).
     pub users: Arc<chorus_auth::Users>,
+    /// With a certificate: the PostgreSQL port takes TLS connections only.
+    pub tls: Option<Arc<chorus_tls::ServerTls>>,
 }
 
 /// Opens `database` (rebuilt from the last checkpoint and the log if it holds transactions the
@@ -149,7 +151,10 @@ pub async fn start(
             calls: node.peer_calls().clone(),
             node_ids,
         }),
-        front::Logins::new(options.users.clone()),
+        front::Access {
+            logins: front::Logins::new(options.users.clone()),
+            tls: options.tls.clone(),
+        },
     );
     if options.mode == ReplicationMode::Hybrid {
         tokio::spawn(front::serve_forwarded(Arc::clone(&shared), forwarded));

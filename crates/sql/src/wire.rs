@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use futures::{FutureExt, SinkExt, StreamExt};
 use pgwire::api::{ClientInfo, ErrorHandler, PgWireConnectionState, PgWireServerHandlers};
+use pgwire::error::{ErrorInfo, PgWireError};
 use pgwire::messages::PgWireFrontendMessage;
 use pgwire::tokio::server::{negotiate_tls, process_error, process_message};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -74,14 +75,32 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Corked<T> {
     }
 }
 
-/// Serves one client until it leaves or breaks the protocol.
-pub async fn converse<H: PgWireServerHandlers>(socket: TcpStream, handlers: H) -> io::Result<()> {
-    let Ok(negotiated) = tokio::time::timeout(STARTUP_TIMEOUT, negotiate_tls(socket, None)).await else {
+/// Serves one client until it leaves or breaks the protocol. With `tls`, a client that does not
+/// ask for TLS (sslmode=disable) is told it must and let go.
+pub async fn converse<H: PgWireServerHandlers>(
+    socket: TcpStream,
+    handlers: H,
+    tls: Option<&chorus_tls::ServerTls>,
+) -> io::Result<()> {
+    let acceptor = tls.map(chorus_tls::ServerTls::acceptor);
+    let Ok(negotiated) = tokio::time::timeout(STARTUP_TIMEOUT, negotiate_tls(socket, acceptor)).await else {
         return Ok(());
     };
-    let Some(plain) = negotiated? else {
+    let Some(mut plain) = negotiated? else {
         return Ok(());
     };
+    if tls.is_some() && !plain.is_secure() {
+        let refusal = PgWireError::UserError(Box::new(ErrorInfo::new(
+            "FATAL".into(),
+            "28000".into(),
+            "this server accepts TLS connections only: connect with sslmode=require, or verify-full \
+             with the cluster's CA certificate"
+                .into(),
+        )));
+        process_error(&mut plain, refusal, false).await?;
+        plain.flush().await?;
+        return Ok(());
+    }
     let old = plain.into_parts();
     let mut parts = FramedParts::new(
         Corked {
