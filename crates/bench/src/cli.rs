@@ -273,6 +273,7 @@ pub fn resp_target(name: &str, addrs: Vec<SocketAddr>, fields: usize, wait_repli
         addrs,
         fields,
         wait_replicas,
+        tls_ca: None,
     })
 }
 
@@ -305,8 +306,20 @@ async fn resolve_target(args: &RunArgs) -> anyhow::Result<Resolved> {
                 vec![leader.entry.client_addr]
             };
             let network = file.net.map(|n| (n.profile, n.bandwidth_mbit, n.measured_rtt_ms));
+            // A cluster made with `cluster start --tls` speaks TLS; its CA is beside it.
+            let tls_ca = file
+                .server_args
+                .iter()
+                .any(|arg| arg == "--tls-cert-file")
+                .then(|| dir.join("tls").join("ca.pem"));
             return Ok(Resolved {
-                target: resp_target("chorus", addrs, fields, None),
+                target: TargetSpec::Resp(RespTarget {
+                    name: if tls_ca.is_some() { "chorus-tls" } else { "chorus" }.into(),
+                    addrs,
+                    fields,
+                    wait_replicas: None,
+                    tls_ca,
+                }),
                 network,
                 server_pids: states.iter().filter_map(|s| s.pid).collect(),
             });

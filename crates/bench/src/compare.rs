@@ -211,6 +211,7 @@ async fn start_system(
                         addrs: every_node.clone(),
                         fields: 1,
                         wait_replicas: None,
+                        tls_ca: None,
                     },
                 }),
                 _ => resp_target(t, addrs.clone(), 1, None),

@@ -22,6 +22,8 @@ pub struct RespTarget {
     pub addrs: Vec<SocketAddr>,
     pub fields: usize,
     pub wait_replicas: Option<u32>,
+    /// Connect over TLS, trusting this CA certificate.
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 impl Target for RespTarget {
@@ -33,7 +35,10 @@ impl Target for RespTarget {
 
     async fn connect(&self, client: usize) -> anyhow::Result<RespSession> {
         let addr = self.addrs[client % self.addrs.len()];
-        let mut connection = Client::connect(addr).await?;
+        let mut connection = match &self.tls_ca {
+            Some(ca) => Client::connect_tls(addr, ca).await?,
+            None => Client::connect(addr).await?,
+        };
         connection.set_timeout(REQUEST_TIMEOUT);
         Ok(RespSession {
             client: connection,

@@ -12,7 +12,7 @@ use bytes::{Buf, BytesMut};
 pub use chorus_resp::Value;
 use chorus_resp::{parse_value, write_command, Limits};
 pub use curp::{CurpReply, CurpSession};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 #[derive(Debug, thiserror::Error)]
@@ -33,11 +33,17 @@ pub enum ClientError {
     Protocol(#[from] chorus_resp::Error),
     #[error("server error: {0}")]
     Server(String),
+    #[error("TLS: {0}")]
+    Tls(String),
 }
+
+/// A connection's byte stream: plain TCP, or TLS over it.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 pub struct Client {
     addr: SocketAddr,
-    stream: TcpStream,
+    stream: Box<dyn Io>,
     input: BytesMut,
     output: Vec<u8>,
     timeout: Duration,
@@ -47,20 +53,43 @@ pub struct Client {
 impl Client {
     /// Connects with a default per-request timeout of 10 s.
     pub async fn connect(addr: SocketAddr) -> Result<Client, ClientError> {
+        let stream = Self::connect_tcp(addr).await?;
+        Ok(Self::over(addr, Box::new(stream)))
+    }
+
+    /// Connects over TLS, verifying the node's certificate against the CA certificate(s) in
+    /// `ca_cert` (PEM) for the address's IP.
+    pub async fn connect_tls(addr: SocketAddr, ca_cert: &std::path::Path) -> Result<Client, ClientError> {
+        let connector = chorus_tls::client_connector(ca_cert).map_err(ClientError::Tls)?;
+        let stream = Self::connect_tcp(addr).await?;
+        let timeout = Duration::from_secs(10);
+        let stream = tokio::time::timeout(timeout, connector.connect(addr.ip().into(), stream))
+            .await
+            .map_err(|_| ClientError::Timeout(timeout))?
+            .map_err(|source| ClientError::Connect { addr, source })?;
+        Ok(Self::over(addr, Box::new(stream)))
+    }
+
+    async fn connect_tcp(addr: SocketAddr) -> Result<TcpStream, ClientError> {
         let timeout = Duration::from_secs(10);
         let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
             .await
             .map_err(|_| ClientError::Timeout(timeout))?
             .map_err(|source| ClientError::Connect { addr, source })?;
         stream.set_nodelay(true)?;
-        Ok(Client {
+        Ok(stream)
+    }
+
+    fn over(addr: SocketAddr, stream: Box<dyn Io>) -> Client {
+        let timeout = Duration::from_secs(10);
+        Client {
             addr,
             stream,
             input: BytesMut::with_capacity(16 * 1024),
             output: Vec::with_capacity(1024),
             timeout,
             limits: Limits::default(),
-        })
+        }
     }
 
     pub fn addr(&self) -> SocketAddr {

@@ -11,7 +11,7 @@ use rustls::ServerConfig;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 pub use tokio_rustls::server::TlsStream;
-pub use tokio_rustls::TlsAcceptor;
+pub use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 /// A node's server certificate, reloaded when its files change.
 pub struct ServerTls {
@@ -122,6 +122,28 @@ fn load(cert_path: &Path, key_path: &Path) -> Result<Loaded, String> {
         acceptor: TlsAcceptor::from(Arc::new(config)),
         stamps,
     })
+}
+
+/// A client's TLS: trusts the CA certificate(s) in `ca_cert` (PEM), nothing else.
+pub fn client_connector(ca_cert: &Path) -> Result<TlsConnector, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    let certs = CertificateDer::pem_file_iter(ca_cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("cannot read the CA certificate {}: {e}", ca_cert.display()))?;
+    for cert in certs {
+        roots
+            .add(cert)
+            .map_err(|e| format!("{} is not a CA certificate: {e}", ca_cert.display()))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("no certificate in {}", ca_cert.display()));
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(TlsConnector::from(Arc::new(config)))
 }
 
 /// Where `write_local_ca` put its files.
