@@ -83,6 +83,15 @@ enum ClusterCommand {
         #[arg(last = true)]
         server_args: Vec<String>,
     },
+    /// Restart every node of the cluster in DIR.
+    Restart {
+        #[arg(long)]
+        dir: PathBuf,
+        /// One node at a time, the cluster serving throughout: the leader hands leadership
+        /// away before it stops, and each node catches up with the log before the next stops.
+        #[arg(long)]
+        rolling: bool,
+    },
     /// One line per node: id, role, pid, RESP address.
     Status {
         #[arg(long)]
@@ -183,6 +192,23 @@ fn main() -> anyhow::Result<()> {
                     } else {
                         cluster::start(&dir, nodes, server_args, &net).await?
                     };
+                    cluster::print_status(&file, &cluster::status(&dir, &file).await);
+                    Ok(())
+                }
+                ClusterCommand::Restart { dir, rolling } => {
+                    if rolling {
+                        cluster::restart_rolling(&dir, std::time::Duration::from_secs(60)).await?;
+                    } else {
+                        cluster::stop(&dir)?;
+                        let file = cluster::load(&dir)?;
+                        let net = cluster::NetOptions::default();
+                        if file.sql {
+                            cluster::start_sql(&dir, file.nodes.len(), Vec::new(), &net).await?;
+                        } else {
+                            cluster::start(&dir, file.nodes.len(), Vec::new(), &net).await?;
+                        }
+                    }
+                    let file = cluster::load(&dir)?;
                     cluster::print_status(&file, &cluster::status(&dir, &file).await);
                     Ok(())
                 }

@@ -4,6 +4,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chorus_client::{Client, CurpReply, CurpSession, RiflSession, Value};
@@ -2192,6 +2194,99 @@ async fn resp_users_log_in_and_a_read_only_user_cannot_write() {
     );
     // The cluster was never disturbed.
     assert_eq!(redis_cli(port(2), admin, &["SET", "after", "1"]), "OK");
+}
+
+/// Writes `prefix0, prefix1, …` as exactly-once RIFL writes until `stop`, each sent again to the
+/// next node while it gets no answer (a lost connection, a node restarting: the retries a client
+/// library makes); the number acknowledged. Panics if one goes unacknowledged for 30 s.
+async fn write_until(addrs: Vec<SocketAddr>, prefix: String, stop: Arc<AtomicBool>) -> u64 {
+    let mut node = 0;
+    let mut client = loop {
+        if let Ok(client) = Client::connect(addrs[node % addrs.len()]).await {
+            break client;
+        }
+        node += 1;
+    };
+    client.set_timeout(Duration::from_secs(2));
+    let mut session = RiflSession::register(&mut client).await.unwrap();
+    let mut acknowledged = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let write = session.wrap(&["SET", &format!("{prefix}{acknowledged}"), "x"]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match client.command(&write.command).await {
+                Ok(Value::Simple(ok)) if ok == "OK" => break,
+                answer => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "{prefix}{acknowledged} never acknowledged: {answer:?}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    node += 1;
+                    if let Ok(next) = Client::connect(addrs[node % addrs.len()]).await {
+                        client = next;
+                        client.set_timeout(Duration::from_secs(2));
+                    }
+                }
+            }
+        }
+        session.answered(&write);
+        acknowledged += 1;
+    }
+    acknowledged
+}
+
+/// `chorus cluster restart --rolling` under a write load: every node is restarted (a new
+/// process each), the leader after handing its leadership away; no write goes unacknowledged,
+/// and every acknowledged one is on every node afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_under_load_loses_and_fails_no_write() {
+    let cluster = Cluster::start(3, &[]);
+    let addrs: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.resp_addr).collect();
+    let pids_before: Vec<u32> = (1..=3).map(|id| node_pid(&cluster, id)).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|w| tokio::spawn(write_until(addrs.clone(), format!("roll{w}-"), stop.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let dir = cluster.dir().to_string();
+    let said = tokio::task::spawn_blocking(move || run_chorus(&["cluster", "restart", "--rolling", "--dir", &dir]))
+        .await
+        .unwrap();
+    assert_eq!(said.matches("restarted and caught up").count(), 3, "{said}");
+    assert!(said.contains("handed the leadership to node"), "{said}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut acknowledged = Vec::new();
+    for writer in writers {
+        acknowledged.push(writer.await.unwrap());
+    }
+    for id in 1..=3 {
+        assert_ne!(
+            node_pid(&cluster, id),
+            pids_before[id as usize - 1],
+            "node {id} restarted"
+        );
+        let mut c = cluster.client(id).await;
+        for (w, count) in acknowledged.iter().enumerate() {
+            assert!(*count > 0, "writer {w} wrote");
+            for i in 0..*count {
+                assert_eq!(
+                    c.command(&["GET", &format!("roll{w}-{i}")]).await.unwrap(),
+                    bulk("x"),
+                    "node {id}"
+                );
+            }
+        }
+    }
+}
+
+fn node_pid(cluster: &Cluster, id: u64) -> u32 {
+    std::fs::read_to_string(Path::new(cluster.dir()).join(format!("node{id}")).join("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// redis-cli over TLS, verifying the node with `ca`; its output and whether it succeeded.

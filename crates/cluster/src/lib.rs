@@ -627,7 +627,6 @@ pub fn kill_node(dir: &Path, id: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Stops every node (SIGTERM, then SIGKILL after 5 s) and the network emulation; data is kept.
 /// Stops the (id, pid) nodes: SIGTERM to all, then each is waited for (killed after 5 s).
 fn stop_nodes(dir: &Path, pids: &[(u64, u32)]) {
     for (_, pid) in pids {
@@ -639,6 +638,7 @@ fn stop_nodes(dir: &Path, pids: &[(u64, u32)]) {
     }
 }
 
+/// Stops every node (SIGTERM, then SIGKILL after 5 s) and the network emulation; data is kept.
 pub fn stop(dir: &Path) -> anyhow::Result<()> {
     let file = load(dir)?;
     let pids: Vec<(u64, u32)> = file
@@ -656,6 +656,69 @@ pub fn stop(dir: &Path) -> anyhow::Result<()> {
     }
     println!("stopped {} node(s) in {}", pids.len(), dir.display());
     Ok(())
+}
+
+/// Restarts every node in turn while the cluster keeps serving: a leader hands leadership to
+/// another node first; each node is stopped (SIGTERM), started again on the same data, and
+/// caught up — its applied index at the leader's commit index of when it came back — before the
+/// next is touched. Each step has `within` to finish.
+pub async fn restart_rolling(dir: &Path, within: Duration) -> anyhow::Result<()> {
+    let file = load(dir)?;
+    wait_ready(dir, &file, within).await?;
+    for entry in &file.nodes {
+        let id = entry.id;
+        let began = Instant::now();
+        let states = status(dir, &file).await;
+        if states.iter().any(|s| s.entry.id == id && s.is_leader()) && file.nodes.len() > 1 {
+            let to = states
+                .iter()
+                .find(|s| s.entry.id != id && s.role != "down" && s.role != "starting")
+                .map(|s| s.entry.id)
+                .context("no other node is up to take the leadership")?;
+            place_leader(dir, &file, to, within).await?;
+            println!("node {id}: handed the leadership to node {to}");
+        }
+        if let Some(pid) = read_pid(dir, id) {
+            stop_nodes(dir, &[(id, pid)]);
+        }
+        spawn_node(dir, &file, id)?;
+        let caught_up_at = wait_caught_up(dir, &file, id, within).await?;
+        println!(
+            "node {id}: restarted and caught up to index {caught_up_at} in {:.1} s",
+            began.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// Waits until node `id` answers and has applied what the leader had committed when it did.
+async fn wait_caught_up(dir: &Path, file: &ClusterFile, id: u64, within: Duration) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + within;
+    let mut target = None;
+    loop {
+        let states = status(dir, file).await;
+        let node = states.iter().find(|s| s.entry.id == id).expect("a listed node");
+        if node.role == "down" {
+            let log = std::fs::read_to_string(node_dir(dir, id).join("server.log")).unwrap_or_default();
+            bail!("node {id} stopped after its restart: {}", why_it_stopped(&log));
+        }
+        let leader = states.iter().find(|s| s.is_leader());
+        if let (Some(leader), true) = (leader, node.role != "starting") {
+            let target = *target.get_or_insert(leader.commit_index);
+            if node.applied_index >= target {
+                return Ok(target);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "node {id} did not catch up within {within:?} (applied {}, leader's commit {:?}); see {}",
+                node.applied_index,
+                target,
+                node_dir(dir, id).join("server.log").display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[cfg(test)]

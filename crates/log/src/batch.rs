@@ -84,7 +84,13 @@ pub fn decode(payload: &Bytes) -> Result<Batch, DecodeError> {
     let leader_time_ms = match r.u8()? {
         BATCH_VERSION => r.u64()?,
         UNTIMED_BATCH_VERSION => 0,
-        _ => return Err(DecodeError::BadMagic),
+        found => {
+            return Err(DecodeError::UnsupportedVersion {
+                what: "log entry batch",
+                found: found.into(),
+                supported: BATCH_VERSION.into(),
+            })
+        }
     };
     let origin = Origin {
         node_id: r.u64()?,

@@ -9,6 +9,14 @@ pub enum DecodeError {
     TrailingBytes(usize),
     #[error("bad magic or unsupported version")]
     BadMagic,
+    /// Recognised, but written by a build that speaks another version of the format: refused
+    /// rather than misread (a node of another Chorus version, mid-upgrade).
+    #[error("{what} version {found}; this build reads version {supported} only: run one Chorus version on every node (upgrade the older ones)")]
+    UnsupportedVersion {
+        what: &'static str,
+        found: u64,
+        supported: u64,
+    },
     #[error("checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
     Checksum { stored: u32, computed: u32 },
     #[error("invalid {0}")]

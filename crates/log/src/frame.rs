@@ -41,8 +41,16 @@ pub struct FrameHeader {
 
 pub fn decode_header(buf: &[u8; FRAME_HEADER_BYTES], max_payload_bytes: usize) -> Result<FrameHeader, DecodeError> {
     let mut r = Reader::new(buf);
-    if r.bytes(2)? != MAGIC || r.u8()? != PROTOCOL_VERSION {
+    if r.bytes(2)? != MAGIC {
         return Err(DecodeError::BadMagic);
+    }
+    let version = r.u8()?;
+    if version != PROTOCOL_VERSION {
+        return Err(DecodeError::UnsupportedVersion {
+            what: "peer protocol",
+            found: version.into(),
+            supported: PROTOCOL_VERSION.into(),
+        });
     }
     let kind = match r.u8()? {
         1 => FrameKind::Hello,
@@ -161,6 +169,15 @@ mod tests {
         let mut bad = header;
         bad[0] = b'X';
         assert_eq!(decode_header(&bad, 1024), Err(DecodeError::BadMagic));
+        let mut newer = header;
+        newer[2] = PROTOCOL_VERSION + 1;
+        let refused = decode_header(&newer, 1024).unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .starts_with("peer protocol version 2; this build reads version 1 only"),
+            "{refused}"
+        );
         let mut bad_kind = header;
         bad_kind[3] = 99;
         assert!(decode_probe(&7u64.to_le_bytes()).is_ok_and(|v| v == 7));

@@ -495,9 +495,26 @@ fn read_snapshot_file(path: &Path) -> Result<Snapshot, StorageError> {
     })
 }
 
+/// Checks a file's 8-byte magic: five letters naming the format, three digits its version. A
+/// file of the format in another version is refused as such, not as garbage.
+fn check_magic(buf: &[u8], magic: &[u8; 8], what: &'static str) -> Result<(), DecodeError> {
+    let Some(found) = buf.get(..8) else {
+        return Err(DecodeError::BadMagic);
+    };
+    if found == magic {
+        return Ok(());
+    }
+    let version = |m: &[u8]| std::str::from_utf8(&m[5..]).ok().and_then(|v| v.parse::<u64>().ok());
+    match (found[..5] == magic[..5], version(found), version(magic)) {
+        (true, Some(found), Some(supported)) => Err(DecodeError::UnsupportedVersion { what, found, supported }),
+        _ => Err(DecodeError::BadMagic),
+    }
+}
+
 /// Decodes a snapshot file's bytes, checksum first.
 pub fn decode_snapshot(buf: &[u8]) -> Result<Snapshot, DecodeError> {
-    if buf.len() < SNAPSHOT_MAGIC.len() + 4 || &buf[..8] != SNAPSHOT_MAGIC {
+    check_magic(buf, SNAPSHOT_MAGIC, "raft snapshot file")?;
+    if buf.len() < SNAPSHOT_MAGIC.len() + 4 {
         return Err(DecodeError::BadMagic);
     }
     let (body, crc) = buf.split_at(buf.len() - 4);
@@ -525,9 +542,7 @@ pub fn decode_snapshot(buf: &[u8]) -> Result<Snapshot, DecodeError> {
 /// Decodes the records of a segment's bytes the way recovery reads them, stopping at the first
 /// incomplete or bad record; returns how many decoded. Recovery's reader, for fuzzing.
 pub fn decode_segment(buf: &[u8]) -> Result<u64, DecodeError> {
-    if buf.len() < WAL_MAGIC.len() || &buf[..WAL_MAGIC.len()] != WAL_MAGIC {
-        return Err(DecodeError::BadMagic);
-    }
+    check_magic(buf, WAL_MAGIC, "raft log segment")?;
     let mut offset = WAL_MAGIC.len();
     let mut records = 0;
     while !zero_tail(buf, offset) {
@@ -617,9 +632,7 @@ impl DiskStorage {
                 offset: offset as u64,
                 reason,
             };
-            if buf.len() < WAL_MAGIC.len() || &buf[..WAL_MAGIC.len()] != WAL_MAGIC {
-                return Err(corrupt(0, DecodeError::BadMagic));
-            }
+            check_magic(&buf, WAL_MAGIC, "raft log segment").map_err(|e| corrupt(0, e))?;
             let mut offset = WAL_MAGIC.len();
             let mut max_entry_index = 0;
             loop {
@@ -1359,6 +1372,29 @@ mod tests {
         s.mut_metadata().mut_conf_state().voters = vec![1, 2, 3];
         s.data = Bytes::copy_from_slice(data.as_bytes());
         s
+    }
+
+    #[test]
+    fn a_file_of_another_format_version_is_refused_as_such() {
+        let refused = decode_segment(b"CHWAL002 and then records").unwrap_err();
+        assert_eq!(
+            refused,
+            DecodeError::UnsupportedVersion {
+                what: "raft log segment",
+                found: 2,
+                supported: 1
+            }
+        );
+        assert!(refused.to_string().contains("upgrade"), "{refused}");
+        assert_eq!(decode_segment(b"NOTAWAL1 records").unwrap_err(), DecodeError::BadMagic);
+        assert_eq!(decode_segment(b"CHW").unwrap_err(), DecodeError::BadMagic);
+        let snapshot = decode_snapshot(b"CHSNP007 with a body and a crc").unwrap_err();
+        assert!(
+            snapshot
+                .to_string()
+                .starts_with("raft snapshot file version 7; this build reads version 1"),
+            "{snapshot}"
+        );
     }
 
     #[test]
