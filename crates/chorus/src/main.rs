@@ -4,6 +4,7 @@ mod config;
 mod demo;
 mod server;
 mod sql_server;
+mod status_page;
 
 use std::path::PathBuf;
 

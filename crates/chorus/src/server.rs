@@ -297,15 +297,25 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A minimal HTTP/1.1 responder: GET /metrics in Prometheus text format; POST /failover makes
-/// this node the leader (what `chorus cluster` uses to place the leader of a SQL cluster, whose
-/// nodes have no RESP port for CLUSTER FAILOVER); 404 otherwise.
+/// A minimal HTTP/1.1 responder: GET / the status page (`status_page`), GET /metrics in
+/// Prometheus text format; POST /failover makes this node the leader (what `chorus cluster` uses
+/// to place the leader and hand it over in a rolling restart); 404 otherwise.
 pub(crate) async fn serve_metrics<S: StateMachine>(listener: TcpListener, node: NodeHandle<S>) {
+    let rates = Arc::new(crate::status_page::Rates::default());
+    let sampled = (rates.clone(), node.clone());
+    tokio::spawn(async move {
+        let (rates, node) = sampled;
+        loop {
+            rates.sample(node.status().applied_index, &chorus_metrics::render());
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
             continue;
         };
         let node = node.clone();
+        let rates = rates.clone();
         tokio::spawn(async move {
             let mut request = Vec::with_capacity(1024);
             let mut chunk = [0u8; 1024];
@@ -322,18 +332,28 @@ pub(crate) async fn serve_metrics<S: StateMachine>(listener: TcpListener, node: 
             if tokio::time::timeout(Duration::from_secs(5), read_head).await.is_err() {
                 return;
             }
+            let mut content_type = "text/plain; version=0.0.4";
             let (status, body) = if request.starts_with(b"GET /metrics ") {
                 ("200 OK", chorus_metrics::render())
+            } else if request.starts_with(b"GET / ") {
+                content_type = "text/html; charset=utf-8";
+                let metrics = chorus_metrics::render();
+                let status = node.status();
+                rates.sample(status.applied_index, &metrics);
+                ("200 OK", crate::status_page::render(&status, &metrics, &rates))
             } else if request.starts_with(b"POST /failover ") {
                 match node.transfer_leader(node.status().id).await {
                     Ok(()) => ("200 OK", "this node leads\n".to_string()),
                     Err(e) => ("503 Service Unavailable", format!("{e}\n")),
                 }
             } else {
-                ("404 Not Found", "try GET /metrics or POST /failover\n".to_string())
+                (
+                    "404 Not Found",
+                    "try GET / (the status page), GET /metrics or POST /failover\n".to_string(),
+                )
             };
             let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
             let _ = stream.write_all(response.as_bytes()).await;

@@ -2196,6 +2196,59 @@ async fn resp_users_log_in_and_a_read_only_user_cannot_write() {
     assert_eq!(redis_cli(port(2), admin, &["SET", "after", "1"]), "OK");
 }
 
+/// The status page on a node's metrics port, drawn by a real headless browser (chromium): the
+/// leader's page names its role and term, lists both peers with how far behind they are, and
+/// shows the throughput under a few writes; a screenshot lands in the test's temp directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_shows_the_leader_its_peers_and_throughput_in_a_headless_browser() {
+    require_tool("chromium");
+    let cluster = Cluster::start(3, &[]);
+    let (leader, followers) = cluster.leader_and_followers().await;
+    let mut c = cluster.client(leader).await;
+    for i in 0..200 {
+        assert_eq!(c.command(&["SET", &format!("page{i}"), "x"]).await.unwrap(), ok());
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let url = format!("http://{}/", cluster.node(leader).metrics_addr);
+    let browse = |extra: &[String]| {
+        let out = Command::new("chromium")
+            .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+            .args(extra)
+            .arg(&url)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "chromium: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let dom = browse(&["--dump-dom".to_string()]);
+    assert!(dom.contains("id=\"role\">leader</span>"), "{dom}");
+    let term = cluster.info_u64(leader, "raft_term").await;
+    assert!(dom.contains(&format!("<td id=\"term\">{term}</td>")), "{dom}");
+    for follower in followers {
+        assert!(
+            dom.contains(&format!("<td class=\"name\">node {follower}</td><td>")),
+            "{dom}"
+        );
+    }
+    assert!(dom.contains("client commands/s"), "{dom}");
+    let screenshot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
+    let _ = std::fs::remove_file(&screenshot);
+    browse(&[
+        format!("--screenshot={}", screenshot.display()),
+        "--window-size=1000,1200".to_string(),
+    ]);
+    let png = std::fs::read(&screenshot).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "a drawn page: {} bytes",
+        png.len()
+    );
+}
+
 /// Writes `prefix0, prefix1, …` as exactly-once RIFL writes until `stop`, each sent again to the
 /// next node while it gets no answer (a lost connection, a node restarting: the retries a client
 /// library makes); the number acknowledged. Panics if one goes unacknowledged for 30 s.

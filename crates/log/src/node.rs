@@ -599,11 +599,25 @@ struct LogMetrics {
     read_index_requests: Arc<Counter>,
     lease_reads: Arc<Counter>,
     requests_failed: Arc<Counter>,
+    /// Per other voter: entries of the leader's log it does not hold yet (0 where this node
+    /// does not lead: only a leader knows).
+    peer_lag: HashMap<u64, Arc<Gauge>>,
 }
 
 impl LogMetrics {
-    fn new() -> Self {
+    fn new(peers: impl Iterator<Item = u64>) -> Self {
         LogMetrics {
+            peer_lag: peers
+                .map(|peer| {
+                    let peer_label = peer.to_string();
+                    let gauge = chorus_metrics::labeled_gauge(
+                        "chorus_raft_peer_lag_entries",
+                        "On the leader: entries of its log a peer does not hold yet (0 elsewhere)",
+                        Some(("peer", peer_label.as_str())),
+                    );
+                    (peer, gauge)
+                })
+                .collect(),
             term: gauge("chorus_raft_term", "Current raft term"),
             role: gauge(
                 "chorus_raft_role",
@@ -946,6 +960,7 @@ pub async fn start<SM: StateMachine>(
         .unwrap_or(1);
     let preparer = codec.preparer();
     let leader_wait_ms = config.leader_wait_ms;
+    let metrics = LogMetrics::new(config.peers.iter().map(|(id, _)| *id).filter(|id| *id != config.id));
     let mut raft_loop = RaftLoop {
         origin: Origin {
             node_id: config.id,
@@ -961,7 +976,7 @@ pub async fn start<SM: StateMachine>(
         incoming_dir,
         link_rtts,
         status: status_tx,
-        metrics: LogMetrics::new(),
+        metrics,
         next_request_id: 1,
         unproposed: VecDeque::new(),
         unproposed_bytes: 0,
@@ -2310,6 +2325,13 @@ impl<SM: StateMachine> RaftLoop<SM> {
         m.applied_index.set(status.applied_index as i64);
         m.first_index.set(status.first_index as i64);
         m.last_index.set(status.last_index as i64);
+        let leading = status.role == Role::Leader;
+        for (peer, lag) in &m.peer_lag {
+            let matched = leading
+                .then(|| raft.prs().get(*peer).map(|progress| progress.matched))
+                .flatten();
+            lag.set(matched.map_or(0, |matched| status.last_index.saturating_sub(matched)) as i64);
+        }
         self.status.send_if_modified(|current| {
             if *current == status {
                 false
