@@ -30,10 +30,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use chorus_auth::{LoginThrottle, Rights, Users};
 use chorus_curp::rifl::{ClientId, Envelope};
 use chorus_log::{NodeError, NodeHandle, ReadConsistency, Role};
 use chorus_metrics::{labeled_counter, labeled_histogram, Counter, Histogram};
 use chorus_resp::{take_command, write_value_as, Limits, Protocol, Value};
+use chorus_tls::ServerTls;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
@@ -48,8 +50,6 @@ use crate::glob::glob_match;
 use crate::keyspace_events;
 use crate::listeners::{Delivery, Hub};
 use crate::state::{KvState, EXPIRED, OUT_OF_ORDER};
-use chorus_auth::{LoginThrottle, Rights, Users};
-use chorus_tls::ServerTls;
 
 pub type KvNode = NodeHandle<KvState>;
 
