@@ -80,6 +80,10 @@ enum ClusterCommand {
         /// restart keeps what it was created with.
         #[arg(long)]
         tls: bool,
+        /// Peers prove they hold a cluster secret, made at random in DIR/secret (readable by
+        /// its owner only). Taken when the cluster is created, as --tls.
+        #[arg(long)]
+        secret: bool,
         /// Extra `chorus server` flags for every node, after `--`.
         #[arg(last = true)]
         server_args: Vec<String>,
@@ -169,8 +173,13 @@ fn main() -> anyhow::Result<()> {
                     net,
                     sql,
                     tls,
+                    secret,
                     mut server_args,
                 } => {
+                    if secret && !dir.join("cluster.toml").exists() {
+                        let path = chorus_tls::write_secret(&dir.join("secret")).map_err(anyhow::Error::msg)?;
+                        server_args.extend(["--cluster-secret-file".to_string(), path.display().to_string()]);
+                    }
                     if tls && !dir.join("cluster.toml").exists() {
                         let ca = chorus_tls::write_local_ca(&dir.join("tls")).map_err(anyhow::Error::msg)?;
                         server_args.extend([

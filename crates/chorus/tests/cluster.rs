@@ -2406,10 +2406,11 @@ fn a_tls_cluster_serves_tls_clients_only_and_reloads_a_replaced_certificate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peers_without_the_cluster_secret_are_refused_and_change_nothing() {
     let secrets = tempfile::tempdir().unwrap();
-    let (ours, wrong) = (secrets.path().join("ours"), secrets.path().join("wrong"));
-    std::fs::write(&ours, "a-secret-for-this-cluster-only\n").unwrap();
+    let wrong = secrets.path().join("wrong");
     std::fs::write(&wrong, "a-secret-for-some-other-cluster\n").unwrap();
-    let cluster = Cluster::start(3, &["--cluster-secret-file", ours.to_str().unwrap()]);
+    // `--secret` draws the cluster's own into DIR/secret.
+    let cluster = Cluster::start_with(3, &["--secret"], &[]);
+    assert!(Path::new(cluster.dir()).join("secret").exists());
     let mut c = cluster.client(1).await;
     assert_eq!(c.command(&["SET", "before", "1"]).await.unwrap(), ok());
 

@@ -1,6 +1,7 @@
 //! TLS on a node's client ports: its certificate and key, loaded from PEM files and reloaded
 //! when either file changes (connections accepted after that get the new ones; open ones keep
-//! theirs), and throwaway CAs for local clusters (`chorus cluster start --tls`).
+//! theirs); and for local clusters, throwaway CAs (`chorus cluster start --tls`) and random
+//! cluster secrets (`--secret`).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -146,7 +147,35 @@ pub fn client_connector(ca_cert: &Path) -> Result<TlsConnector, String> {
     Ok(TlsConnector::from(Arc::new(config)))
 }
 
-/// Where `write_local_ca` put its files.
+/// A random cluster secret (32 bytes from the system's generator, as hex) written to `path`,
+/// readable by its owner only, for a local cluster's peers (`chorus cluster start --secret`);
+/// an existing file is kept.
+pub fn write_secret(path: &Path) -> Result<PathBuf, String> {
+    if path.exists() {
+        return Ok(path.to_path_buf());
+    }
+    let mut secret = [0u8; 32];
+    getrandom::getrandom(&mut secret).map_err(|e| format!("cannot draw a secret: {e}"))?;
+    let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    write_file(path, &(hex + "\n"), 0o600)?;
+    Ok(path.to_path_buf())
+}
+
+/// Writes `text` to `path` (created with `mode` if new, replaced otherwise).
+fn write_file(path: &Path, text: &str, mode: u32) -> Result<(), String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(path)
+        .and_then(|mut file| std::io::Write::write_all(&mut file, text.as_bytes()))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
 #[derive(Debug, Clone)]
 pub struct LocalCa {
     /// The CA's certificate: what clients verify the nodes with.
@@ -184,27 +213,35 @@ pub fn write_local_ca(dir: &Path) -> Result<LocalCa, String> {
         .push(rcgen::DnType::CommonName, "Chorus local node");
     let node_key = rcgen::KeyPair::generate().map_err(failed)?;
     let node = node_params.signed_by(&node_key, &ca, &ca_key).map_err(failed)?;
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let write = |path: &Path, text: String, mode: u32| {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(path)
-            .and_then(|mut file| std::io::Write::write_all(&mut file, text.as_bytes()))
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))
-    };
-    write(&files.node_key, node_key.serialize_pem(), 0o600)?;
-    write(&files.node_cert, node.pem(), 0o644)?;
-    write(&files.ca_cert, ca.pem(), 0o644)?;
+    write_file(&files.node_key, &node_key.serialize_pem(), 0o600)?;
+    write_file(&files.node_cert, &node.pem(), 0o644)?;
+    write_file(&files.ca_cert, &ca.pem(), 0o644)?;
     Ok(files)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_secret_is_drawn_once_and_kept_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        write_secret(&path).unwrap();
+        let first = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(first.trim().len(), 64);
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        write_secret(&path).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            first,
+            "an existing secret is kept"
+        );
+        let other = dir.path().join("other");
+        write_secret(&other).unwrap();
+        assert_ne!(std::fs::read_to_string(&other).unwrap(), first);
+    }
 
     #[test]
     fn a_local_ca_signs_a_certificate_the_server_loads_and_a_changed_file_is_reloaded() {
