@@ -2110,7 +2110,8 @@ async fn resp_users_log_in_and_a_read_only_user_cannot_write() {
     let acl = acl_dir.path().join("users.acl");
     std::fs::write(
         &acl,
-        "user default off\nuser admin on >admin-pw +@all ~*\nuser reader on >read-pw +@read\n",
+        "user default off\nuser admin on >admin-pw +@all ~*\nuser reader on >read-pw +@read\n\
+         user prober on >probe-pw -@all\n",
     )
     .unwrap();
     let cluster = Cluster::start(3, &["--acl-file", acl.to_str().unwrap()]);
@@ -2139,6 +2140,12 @@ async fn resp_users_log_in_and_a_read_only_user_cannot_write() {
         redis_cli(port(1), admin, &["GET", "k"]),
         "v",
         "nothing the reader sent wrote"
+    );
+    let prober = Some(("prober", "probe-pw"));
+    assert_eq!(redis_cli(port(1), prober, &["PING"]), "PONG");
+    assert_eq!(
+        redis_cli(port(1), prober, &["GET", "k"]),
+        "NOPERM User prober has no permissions to run the 'get' command"
     );
 
     // A MULTI whose write is refused as it is queued is discarded whole.
