@@ -187,6 +187,20 @@ struct FrontEndMetrics {
 
 impl FrontEndMetrics {
     fn new() -> Self {
+        let duration = |kind| {
+            labeled_histogram(
+                "chorus_command_duration_seconds",
+                "Time from receipt to reply, by kind",
+                Some(("kind", kind)),
+            )
+        };
+        let login_failures = |reason| {
+            labeled_counter(
+                "chorus_resp_login_failures_total",
+                "AUTH and HELLO AUTH attempts refused, by why",
+                Some(("reason", reason)),
+            )
+        };
         FrontEndMetrics {
             by_command: table::COMMANDS
                 .iter()
@@ -201,16 +215,8 @@ impl FrontEndMetrics {
                     (c, counter)
                 })
                 .collect(),
-            write_seconds: labeled_histogram(
-                "chorus_command_duration_seconds",
-                "Time from receipt to reply, by kind",
-                Some(("kind", "write")),
-            ),
-            read_seconds: labeled_histogram(
-                "chorus_command_duration_seconds",
-                "Time from receipt to reply, by kind",
-                Some(("kind", "read")),
-            ),
+            write_seconds: duration("write"),
+            read_seconds: duration("read"),
             errors: chorus_metrics::counter("chorus_command_errors_total", "Commands answered with an error"),
             connections: chorus_metrics::counter("chorus_resp_connections_total", "RESP connections accepted"),
             protocol_errors: chorus_metrics::counter(
@@ -225,16 +231,8 @@ impl FrontEndMetrics {
                 "chorus_rifl_uncertain_writes_total",
                 "Writes answered UNCERTAIN: retrying within the window did not settle them",
             ),
-            login_failures: labeled_counter(
-                "chorus_resp_login_failures_total",
-                "AUTH and HELLO AUTH attempts refused, by why",
-                Some(("reason", "wrong_password")),
-            ),
-            logins_throttled: labeled_counter(
-                "chorus_resp_login_failures_total",
-                "AUTH and HELLO AUTH attempts refused, by why",
-                Some(("reason", "throttled")),
-            ),
+            login_failures: login_failures("wrong_password"),
+            logins_throttled: login_failures("throttled"),
             tls_handshake_failures: chorus_metrics::counter(
                 "chorus_resp_tls_handshake_failures_total",
                 "RESP connections closed because their TLS handshake failed (a plaintext client, say)",

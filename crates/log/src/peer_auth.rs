@@ -56,66 +56,45 @@ impl ClusterSecret {
         Ok(ClusterSecret(secret.as_bytes().to_vec()))
     }
 
-    fn code(
-        &self,
-        tag: &[u8],
-        dialer: u64,
-        acceptor: u64,
-        dialer_nonce: &Nonce,
-        acceptor_nonce: &Nonce,
-    ) -> Hmac<Sha256> {
+    fn mac(&self, side: Side, exchange: &Exchange) -> Hmac<Sha256> {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
-        mac.update(tag);
-        mac.update(&dialer.to_le_bytes());
-        mac.update(&acceptor.to_le_bytes());
-        mac.update(dialer_nonce);
-        mac.update(acceptor_nonce);
+        mac.update(match side {
+            Side::Acceptor => ACCEPTOR_TAG,
+            Side::Dialer => DIALER_TAG,
+        });
+        mac.update(&exchange.dialer.to_le_bytes());
+        mac.update(&exchange.acceptor.to_le_bytes());
+        mac.update(&exchange.dialer_nonce);
+        mac.update(&exchange.acceptor_nonce);
         mac
     }
 
-    /// The acceptor's code: it holds the secret, for this dialer and these nonces.
-    pub fn acceptor_code(&self, dialer: u64, acceptor: u64, dialer_nonce: &Nonce, acceptor_nonce: &Nonce) -> Code {
-        self.code(ACCEPTOR_TAG, dialer, acceptor, dialer_nonce, acceptor_nonce)
-            .finalize()
-            .into_bytes()
-            .into()
+    /// `side`'s code for `exchange`: it holds the secret, on this connection.
+    pub fn code(&self, side: Side, exchange: &Exchange) -> Code {
+        self.mac(side, exchange).finalize().into_bytes().into()
     }
 
-    /// The dialer's code.
-    pub fn dialer_code(&self, dialer: u64, acceptor: u64, dialer_nonce: &Nonce, acceptor_nonce: &Nonce) -> Code {
-        self.code(DIALER_TAG, dialer, acceptor, dialer_nonce, acceptor_nonce)
-            .finalize()
-            .into_bytes()
-            .into()
+    /// Whether `code` is `side`'s for `exchange` (compared in constant time).
+    pub fn checks(&self, side: Side, exchange: &Exchange, code: &Code) -> bool {
+        self.mac(side, exchange).verify_slice(code).is_ok()
     }
+}
 
-    /// Whether `code` is the acceptor's (compared in constant time).
-    pub fn is_acceptor_code(
-        &self,
-        code: &Code,
-        dialer: u64,
-        acceptor: u64,
-        dialer_nonce: &Nonce,
-        acceptor_nonce: &Nonce,
-    ) -> bool {
-        self.code(ACCEPTOR_TAG, dialer, acceptor, dialer_nonce, acceptor_nonce)
-            .verify_slice(code)
-            .is_ok()
-    }
+/// Which end of a connection a code is from: each signs under its own tag, so one end's code
+/// reflected back is not the other's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Acceptor,
+    Dialer,
+}
 
-    /// Whether `code` is the dialer's (compared in constant time).
-    pub fn is_dialer_code(
-        &self,
-        code: &Code,
-        dialer: u64,
-        acceptor: u64,
-        dialer_nonce: &Nonce,
-        acceptor_nonce: &Nonce,
-    ) -> bool {
-        self.code(DIALER_TAG, dialer, acceptor, dialer_nonce, acceptor_nonce)
-            .verify_slice(code)
-            .is_ok()
-    }
+/// What both codes of one connection's handshake cover: both node ids and both nonces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exchange {
+    pub dialer: u64,
+    pub acceptor: u64,
+    pub dialer_nonce: Nonce,
+    pub acceptor_nonce: Nonce,
 }
 
 /// The dialer's side of a handshake with node `peer`; the caller does the I/O.
@@ -145,26 +124,26 @@ impl<'a> Dial<'a> {
     /// The proof answering the peer's challenge, if the challenge shows the peer holds the secret.
     pub fn answer(&self, challenge: &[u8]) -> Result<Code, String> {
         let (theirs, code) = decode_challenge(challenge).map_err(|e| format!("bad challenge: {e}"))?;
-        if !self
-            .secret
-            .is_acceptor_code(&code, self.node_id, self.peer, &self.ours, &theirs)
-        {
+        let exchange = Exchange {
+            dialer: self.node_id,
+            acceptor: self.peer,
+            dialer_nonce: self.ours,
+            acceptor_nonce: theirs,
+        };
+        if !self.secret.checks(Side::Acceptor, &exchange, &code) {
             return Err(format!(
                 "the node answering at node {}'s address does not hold the cluster secret; nothing sent",
                 self.peer
             ));
         }
-        Ok(self.secret.dialer_code(self.node_id, self.peer, &self.ours, &theirs))
+        Ok(self.secret.code(Side::Dialer, &exchange))
     }
 }
 
 /// The acceptor's side of a handshake with the dialer of a hello; the caller does the I/O.
 pub struct Accept<'a> {
     secret: &'a ClusterSecret,
-    node_id: u64,
-    from: u64,
-    theirs: Nonce,
-    ours: Nonce,
+    exchange: Exchange,
 }
 
 impl<'a> Accept<'a> {
@@ -193,28 +172,23 @@ impl<'a> Accept<'a> {
             }
             (Some(secret), Some(theirs)) => (secret, theirs),
         };
-        let ours = new_nonce();
-        let challenge = encode_challenge(&ours, &secret.acceptor_code(from, node_id, &theirs, &ours));
-        let accept = Accept {
-            secret,
-            node_id,
-            from,
-            theirs,
-            ours,
+        let exchange = Exchange {
+            dialer: from,
+            acceptor: node_id,
+            dialer_nonce: theirs,
+            acceptor_nonce: new_nonce(),
         };
-        Ok(Some((accept, challenge)))
+        let challenge = encode_challenge(&exchange.acceptor_nonce, &secret.code(Side::Acceptor, &exchange));
+        Ok(Some((Accept { secret, exchange }, challenge)))
     }
 
     /// Whether the dialer's proof shows it holds the secret.
     pub fn check(&self, proof: &[u8]) -> Result<(), String> {
         let proof = decode_proof(proof).map_err(|e| format!("bad proof: {e}"))?;
-        if !self
-            .secret
-            .is_dialer_code(&proof, self.from, self.node_id, &self.theirs, &self.ours)
-        {
+        if !self.secret.checks(Side::Dialer, &self.exchange, &proof) {
             return Err(format!(
                 "a connection calling itself node {} does not hold the cluster secret",
-                self.from
+                self.exchange.dialer
             ));
         }
         Ok(())
@@ -287,21 +261,33 @@ mod tests {
         let (ours, theirs) = (secret("correct horse battery"), secret("correct horse battery staple"));
         let (dn, an) = (new_nonce(), new_nonce());
         assert_ne!(dn, an, "nonces are fresh");
-        let code = ours.acceptor_code(1, 2, &dn, &an);
-        assert!(ours.is_acceptor_code(&code, 1, 2, &dn, &an));
-        assert!(!theirs.is_acceptor_code(&code, 1, 2, &dn, &an), "another secret");
-        assert!(!ours.is_acceptor_code(&code, 3, 2, &dn, &an), "another dialer");
+        let exchange = |dialer, acceptor, dialer_nonce| Exchange {
+            dialer,
+            acceptor,
+            dialer_nonce,
+            acceptor_nonce: an,
+        };
+        let code = ours.code(Side::Acceptor, &exchange(1, 2, dn));
+        assert!(ours.checks(Side::Acceptor, &exchange(1, 2, dn), &code));
         assert!(
-            !ours.is_acceptor_code(&code, 1, 2, &new_nonce(), &an),
+            !theirs.checks(Side::Acceptor, &exchange(1, 2, dn), &code),
+            "another secret"
+        );
+        assert!(
+            !ours.checks(Side::Acceptor, &exchange(3, 2, dn), &code),
+            "another dialer"
+        );
+        assert!(
+            !ours.checks(Side::Acceptor, &exchange(1, 2, new_nonce()), &code),
             "another connection"
         );
         assert!(
-            !ours.is_dialer_code(&code, 1, 2, &dn, &an),
+            !ours.checks(Side::Dialer, &exchange(1, 2, dn), &code),
             "an acceptor's code reflected back is not a dialer's"
         );
-        let proof = ours.dialer_code(1, 2, &dn, &an);
-        assert!(ours.is_dialer_code(&proof, 1, 2, &dn, &an));
-        assert!(!ours.is_dialer_code(&proof, 2, 1, &dn, &an), "ids swapped");
+        let proof = ours.code(Side::Dialer, &exchange(1, 2, dn));
+        assert!(ours.checks(Side::Dialer, &exchange(1, 2, dn), &proof));
+        assert!(!ours.checks(Side::Dialer, &exchange(2, 1, dn), &proof), "ids swapped");
     }
 
     /// The whole exchange, as the transport runs it, minus the sockets.
