@@ -49,6 +49,11 @@ server_options! {
     metrics_addr: SocketAddr = "127.0.0.1:9379".parse().expect("valid");
     /// Every voter as id=host:port (peer port), comma separated, this node included.
     peers: String = "1=127.0.0.1:7379".into();
+    /// Join a running cluster: start with no configuration and wait to be added (`chorus cluster
+    /// add-node`, or POST /members/learner on the leader's metrics port); `peers` then lists the
+    /// members to reach and this node. Ignored once the node has data: the membership it
+    /// recorded wins over `peers` from then on.
+    join: bool = false;
     /// Raft tick length in milliseconds.
     tick_ms: u64 = 100;
     /// Election timeout in ticks (randomised between this and twice this).

@@ -2,6 +2,7 @@
 
 mod config;
 mod demo;
+mod members_admin;
 mod server;
 mod sql_server;
 mod status_page;

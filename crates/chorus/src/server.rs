@@ -59,6 +59,7 @@ pub(crate) fn node_config(
     Ok(NodeConfig {
         id: config.id,
         peers,
+        join: config.join,
         data_dir: config.data_dir.clone(),
         tick_ms: config.tick_ms,
         election_ticks: config.election_ticks,
@@ -299,7 +300,9 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
 
 /// A minimal HTTP/1.1 responder: GET / the status page (`status_page`), GET /metrics in
 /// Prometheus text format; POST /failover makes this node the leader (what `chorus cluster` uses
-/// to place the leader and hand it over in a rolling restart); 404 otherwise.
+/// to place the leader and hand it over in a rolling restart); GET /members and POST
+/// /members/... change the membership (`members_admin`); 404 otherwise. The port is an operator's:
+/// bind it where only operators reach it.
 pub(crate) async fn serve_metrics<S: StateMachine>(listener: TcpListener, node: NodeHandle<S>) {
     let rates = Arc::new(crate::status_page::Rates::default());
     let sampled = (rates.clone(), node.clone());
@@ -346,10 +349,12 @@ pub(crate) async fn serve_metrics<S: StateMachine>(listener: TcpListener, node: 
                     Ok(()) => ("200 OK", "this node leads\n".to_string()),
                     Err(e) => ("503 Service Unavailable", format!("{e}\n")),
                 }
+            } else if let Some(answer) = crate::members_admin::answer(&request, &node).await {
+                answer
             } else {
                 (
                     "404 Not Found",
-                    "try GET / (the status page), GET /metrics or POST /failover\n".to_string(),
+                    "try GET / (the status page), GET /metrics, POST /failover or GET /members\n".to_string(),
                 )
             };
             let response = format!(

@@ -721,7 +721,7 @@ fn node_error(e: NodeError) -> Value {
         NodeError::Timeout { .. } => "TIMEOUT",
         NodeError::LeaderChanged => "UNCERTAIN",
         NodeError::DiskFull { .. } => "NOSPACE",
-        NodeError::ShuttingDown | NodeError::NotAVoter(_) => "ERR",
+        NodeError::ShuttingDown | NodeError::NotAVoter(_) | NodeError::MembershipRefused(_) => "ERR",
     };
     Value::error(format!("{prefix} {e}"))
 }

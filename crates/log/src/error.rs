@@ -78,4 +78,7 @@ pub enum NodeError {
          resume by themselves) or make another node the leader"
     )]
     DiskFull { node_id: u64 },
+    /// A membership change this node will not make as asked; the text says why and what to do.
+    #[error("membership change refused: {0}")]
+    MembershipRefused(String),
 }

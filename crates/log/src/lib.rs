@@ -6,6 +6,7 @@ pub mod codec;
 mod curp_leader;
 pub mod error;
 pub mod frame;
+pub mod membership;
 pub mod node;
 pub mod peer_auth;
 mod raft_log;

@@ -32,10 +32,11 @@ use crate::batch::{self, Origin, BATCH_HEADER_BYTES, COMMAND_OVERHEAD_BYTES};
 use crate::codec::{EntryCodec, Prepared, Preparer, RaftLogView, CODEC_ENTRY};
 use crate::curp_leader::CurpLeader;
 use crate::error::{NodeError, StorageError};
+use crate::membership::{self, Addresses, MemberChange, Members};
 use crate::replica_wait;
 use crate::shipment::{self, Shipper, SnapshotFiles};
 use crate::storage::{write_snapshot_file, DiskStorage, StorageOptions};
-use crate::transport::{self, LinkRtts, PeerCalls, PeerEvent, PeerRequest, TransportConfig};
+use crate::transport::{self, PeerCalls, PeerEvent, PeerRequest, Transport, TransportConfig};
 use crate::wire::{put_blob, Reader};
 
 /// A deterministic state machine fed by the committed log.
@@ -129,8 +130,12 @@ const MAX_SLOW_READS_IN_FLIGHT: usize = 64;
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
     pub id: u64,
-    /// Every voter, this node included.
+    /// Every voter at the cluster's first start, this node included (with `join`: the members
+    /// to reach, and this node). Once the membership changes, what the log recorded wins.
     pub peers: Vec<(u64, SocketAddr)>,
+    /// Start with no configuration and wait for the leader to add this node (as a learner,
+    /// then a voter): how a node joins a running cluster. Ignored once the node has data.
+    pub join: bool,
     pub data_dir: PathBuf,
     pub tick_ms: u64,
     pub election_ticks: usize,
@@ -260,6 +265,12 @@ enum Request<SM: StateMachine> {
         to: u64,
         reply: Reply<()>,
     },
+    /// On the leader: propose `change`; answered once it applied (and, when it went through a
+    /// joint configuration, once that was left).
+    ChangeMembers {
+        change: MemberChange,
+        reply: Reply<Members>,
+    },
     /// Answered by a leader once `replicas` nodes besides it hold `target` (0: its last index
     /// when it may set one), or at `deadline`.
     AwaitReplicas {
@@ -279,6 +290,7 @@ pub struct NodeHandle<SM: StateMachine> {
     preparer: Option<Preparer>,
     leader_wait: Duration,
     peer_calls: Arc<PeerCalls>,
+    members: watch::Receiver<Members>,
 }
 
 impl<SM: StateMachine> Clone for NodeHandle<SM> {
@@ -286,6 +298,7 @@ impl<SM: StateMachine> Clone for NodeHandle<SM> {
         NodeHandle {
             requests: self.requests.clone(),
             status: self.status.clone(),
+            members: self.members.clone(),
             preparer: self.preparer.clone(),
             leader_wait: self.leader_wait,
             peer_calls: self.peer_calls.clone(),
@@ -398,6 +411,27 @@ impl<SM: StateMachine> NodeHandle<SM> {
 
     pub fn status(&self) -> NodeStatus {
         self.status.borrow().clone()
+    }
+
+    /// The configuration this node has applied, and its members' addresses.
+    pub fn members(&self) -> Members {
+        self.members.borrow().clone()
+    }
+
+    /// Follows the configuration as this node applies changes to it.
+    pub fn members_watch(&self) -> watch::Receiver<Members> {
+        self.members.clone()
+    }
+
+    /// On the leader: makes the membership change, through the log (raft's joint consensus
+    /// when it changes more than one voter). Returns the configuration once applied here.
+    pub async fn change_members(&self, change: MemberChange) -> Result<Members, NodeError> {
+        let (reply, rx) = oneshot::channel();
+        self.requests
+            .send(Request::ChangeMembers { change, reply })
+            .await
+            .map_err(|_| NodeError::ShuttingDown)?;
+        rx.await.unwrap_or(Err(NodeError::ShuttingDown))
     }
 
     /// Waits until the status changes, or `within` passes.
@@ -599,25 +633,39 @@ struct LogMetrics {
     read_index_requests: Arc<Counter>,
     lease_reads: Arc<Counter>,
     requests_failed: Arc<Counter>,
-    /// Per other voter: entries of the leader's log it does not hold yet (0 where this node
+    /// Per other member: entries of the leader's log it does not hold yet (0 where this node
     /// does not lead: only a leader knows).
     peer_lag: HashMap<u64, Arc<Gauge>>,
+    voters: Arc<Gauge>,
+    learners: Arc<Gauge>,
+    conf_index: Arc<Gauge>,
+}
+
+fn peer_lag_gauge(peer: u64) -> Arc<Gauge> {
+    let peer_label = peer.to_string();
+    chorus_metrics::labeled_gauge(
+        "chorus_raft_peer_lag_entries",
+        "On the leader: entries of its log a peer does not hold yet (0 elsewhere)",
+        Some(("peer", peer_label.as_str())),
+    )
 }
 
 impl LogMetrics {
     fn new(peers: impl Iterator<Item = u64>) -> Self {
         LogMetrics {
-            peer_lag: peers
-                .map(|peer| {
-                    let peer_label = peer.to_string();
-                    let gauge = chorus_metrics::labeled_gauge(
-                        "chorus_raft_peer_lag_entries",
-                        "On the leader: entries of its log a peer does not hold yet (0 elsewhere)",
-                        Some(("peer", peer_label.as_str())),
-                    );
-                    (peer, gauge)
-                })
-                .collect(),
+            peer_lag: peers.map(|peer| (peer, peer_lag_gauge(peer))).collect(),
+            voters: gauge(
+                "chorus_raft_voters",
+                "Voters in the configuration this node applied (both sides of a joint one)",
+            ),
+            learners: gauge(
+                "chorus_raft_learners",
+                "Learners (members receiving the log without a vote) in the configuration this node applied",
+            ),
+            conf_index: gauge(
+                "chorus_raft_conf_index",
+                "Log index of the membership change that made the configuration in force (0: the initial one)",
+            ),
             term: gauge("chorus_raft_term", "Current raft term"),
             role: gauge(
                 "chorus_raft_role",
@@ -684,6 +732,13 @@ impl LogMetrics {
             ),
         }
     }
+}
+
+struct MemberWait {
+    index: u64,
+    term: u64,
+    reply: Reply<Members>,
+    deadline: Instant,
 }
 
 struct Waiter<O> {
@@ -755,12 +810,19 @@ struct RaftLoop<SM: StateMachine> {
     /// when the wall clock does.
     last_stamp_ms: u64,
     codec: Box<dyn EntryCodec>,
-    peers: HashMap<u64, mpsc::Sender<Message>>,
+    /// The raft queue of each linked peer, and the address it was linked at.
+    peers: HashMap<u64, (mpsc::Sender<Message>, SocketAddr)>,
+    transport: Transport,
     shipper: Shipper,
     /// Where shipped snapshot files land (`TransportConfig::incoming_dir`).
     incoming_dir: PathBuf,
-    link_rtts: LinkRtts,
     status: watch::Sender<NodeStatus>,
+    members: watch::Sender<Members>,
+    /// Membership changes proposed here, by the index of their entry.
+    member_waits: Vec<MemberWait>,
+    /// On the leader, a learner holding nothing yet needs a snapshot that names it, and a log
+    /// that does not start at index 1 (`snapshot_for_new_members`).
+    snapshot_for_learner: bool,
     metrics: LogMetrics,
     next_request_id: u64,
     /// Writes waiting for a leader (or for group commit), in arrival order.
@@ -859,8 +921,12 @@ pub async fn start<SM: StateMachine>(
     peer_requests: Option<mpsc::Sender<PeerRequest>>,
 ) -> Result<NodeHandle<SM>, StartError> {
     let listen_addr = config.peer_addr().ok_or(StartError::NotAPeer(config.id))?;
-    let voters: Vec<u64> = config.peers.iter().map(|(id, _)| *id).collect();
-    let (storage, report) = DiskStorage::open(
+    let voters: Vec<u64> = if config.join {
+        Vec::new()
+    } else {
+        config.peers.iter().map(|(id, _)| *id).collect()
+    };
+    let (mut storage, report) = DiskStorage::open(
         &config.data_dir,
         &voters,
         StorageOptions {
@@ -875,16 +941,27 @@ pub async fn start<SM: StateMachine>(
         snapshot_index = report.snapshot_index, first = storage.first_entry_index(),
         last = storage.last_entry_index(), "raft log recovered"
     );
-    let snapshot = storage.latest_snapshot();
+    let snapshot = storage.latest_snapshot().clone();
     let applied = snapshot.get_metadata().index;
     let mut codec = codec;
-    let sm = if applied > 0 {
-        let (sm_state, codec_state) = split_snapshot(&snapshot.data).map_err(StartError::Restore)?;
+    let (sm, snapshot_addresses) = if applied > 0 {
+        let (sm_state, codec_state, addresses) = split_snapshot(&snapshot.data).map_err(StartError::Restore)?;
         codec.restore(codec_state, applied).map_err(StartError::Restore)?;
-        open_state(Some(sm_state)).map_err(StartError::Restore)?
+        (open_state(Some(sm_state)).map_err(StartError::Restore)?, addresses)
     } else {
-        open_state(None).map_err(StartError::Restore)?
+        (open_state(None).map_err(StartError::Restore)?, None)
     };
+    // Where the members are: as last recorded — by the snapshot when it is the newer record
+    // (a crash after installing it) — or, before any record, as configured.
+    let mut members = storage.members().clone();
+    match snapshot_addresses {
+        Some(addresses) if applied >= members.conf_index && applied > 0 => members.addresses = addresses,
+        _ if members.addresses.is_empty() => members.addresses = config.peers.iter().copied().collect(),
+        _ => {}
+    }
+    if members != *storage.members() {
+        storage.set_members(members.clone());
+    }
 
     let raft_config = raft::Config {
         id: config.id,
@@ -912,15 +989,16 @@ pub async fn start<SM: StateMachine>(
             source,
         })?;
     }
+    let linked: Vec<(u64, SocketAddr)> = members
+        .addresses
+        .iter()
+        .filter(|(id, _)| **id != config.id)
+        .map(|(id, addr)| (*id, *addr))
+        .collect();
     let shipper = Shipper::new(
         config.id,
         config.cluster_secret.clone(),
-        config
-            .peers
-            .iter()
-            .filter(|(id, _)| *id != config.id)
-            .cloned()
-            .collect(),
+        linked.iter().copied().collect(),
         config.max_frame_bytes,
         config.snapshot_ship_bytes_per_sec,
         event_tx.clone(),
@@ -928,12 +1006,7 @@ pub async fn start<SM: StateMachine>(
     let transport_config = TransportConfig {
         node_id: config.id,
         listen_addr,
-        peers: config
-            .peers
-            .iter()
-            .filter(|(id, _)| *id != config.id)
-            .cloned()
-            .collect(),
+        peers: linked.clone(),
         max_frame_bytes: config.max_frame_bytes,
         queue_messages: config.peer_queue_messages,
         incoming_dir: incoming_dir.clone(),
@@ -944,7 +1017,7 @@ pub async fn start<SM: StateMachine>(
         log: Some(replica_questions_tx),
         application: peer_requests,
     };
-    let (peers, link_rtts, peer_calls) = transport::start(transport_config, peer_tx, event_tx, services)
+    let (queues, transport, peer_calls) = transport::start(transport_config, peer_tx, event_tx, services)
         .await
         .map_err(|source| StartError::Bind {
             addr: listen_addr,
@@ -960,7 +1033,12 @@ pub async fn start<SM: StateMachine>(
         .unwrap_or(1);
     let preparer = codec.preparer();
     let leader_wait_ms = config.leader_wait_ms;
-    let metrics = LogMetrics::new(config.peers.iter().map(|(id, _)| *id).filter(|id| *id != config.id));
+    let metrics = LogMetrics::new(linked.iter().map(|(id, _)| *id));
+    let peers = linked
+        .iter()
+        .map(|(id, addr)| (*id, (queues[id].clone(), *addr)))
+        .collect();
+    let (members_tx, members_rx) = watch::channel(members);
     let mut raft_loop = RaftLoop {
         origin: Origin {
             node_id: config.id,
@@ -972,10 +1050,13 @@ pub async fn start<SM: StateMachine>(
         sm,
         codec,
         peers,
+        transport,
         shipper,
         incoming_dir,
-        link_rtts,
         status: status_tx,
+        members: members_tx,
+        member_waits: Vec::new(),
+        snapshot_for_learner: false,
         metrics,
         next_request_id: 1,
         unproposed: VecDeque::new(),
@@ -1019,34 +1100,49 @@ pub async fn start<SM: StateMachine>(
         preparer,
         leader_wait: Duration::from_millis(leader_wait_ms),
         peer_calls,
+        members: members_rx,
     })
 }
 
 const SNAPSHOT_DATA_MAGIC: &[u8; 4] = b"CHSD";
 
 /// The data of a raft snapshot: the state machine's state and the entry codec's, each
-/// length-prefixed behind a magic.
-fn join_snapshot(sm_state: &[u8], codec_state: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + sm_state.len() + codec_state.len());
+/// length-prefixed behind a magic, then the members' addresses.
+fn join_snapshot(sm_state: &[u8], codec_state: &[u8], addresses: &Addresses) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + sm_state.len() + codec_state.len() + addresses.len() * 32);
     out.extend_from_slice(SNAPSHOT_DATA_MAGIC);
     put_blob(&mut out, sm_state);
     put_blob(&mut out, codec_state);
+    membership::encode_addresses(addresses, &mut out);
     out
 }
 
-fn split_snapshot(data: &[u8]) -> Result<(&[u8], &[u8]), String> {
-    fn parse(data: &[u8]) -> Result<(&[u8], &[u8]), crate::DecodeError> {
+/// A snapshot's parts; the addresses are missing from snapshots of builds before membership
+/// changes.
+type SnapshotParts<'a> = (&'a [u8], &'a [u8], Option<Addresses>);
+
+fn split_snapshot(data: &[u8]) -> Result<SnapshotParts<'_>, String> {
+    fn parse(data: &[u8]) -> Result<SnapshotParts<'_>, crate::DecodeError> {
         let mut r = Reader::new(data);
         if r.bytes(SNAPSHOT_DATA_MAGIC.len())? != SNAPSHOT_DATA_MAGIC {
             return Err(crate::DecodeError::BadMagic);
         }
         let sm_state = r.blob()?;
         let codec_state = r.blob()?;
+        let addresses = if r.remaining() > 0 {
+            Some(membership::decode_addresses(&mut r)?)
+        } else {
+            None
+        };
         r.finish()?;
-        Ok((sm_state, codec_state))
+        Ok((sm_state, codec_state, addresses))
     }
     parse(data).map_err(|e| format!("snapshot data: {e}"))
 }
+
+/// A learner is promoted only once it holds the leader's log but for this many entries, so the
+/// new configuration does not wait on it to commit.
+const PROMOTE_MAX_LAG_ENTRIES: u64 = 1000;
 
 /// Followers' replica-wait questions queued for this node; more are dropped (they time out).
 const REPLICA_QUESTION_QUEUE: usize = 1024;
@@ -1140,12 +1236,12 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 self.release_memory_when_idle();
                 next_tick = now + tick;
                 self.expire_requests();
-                for (peer, rtt_us) in self.link_rtts.iter() {
-                    let rtt_us = rtt_us.load(std::sync::atomic::Ordering::Relaxed);
-                    if rtt_us > 0 {
-                        self.codec.observe_link_rtt(*peer, rtt_us as f64 / 1000.0);
-                    }
+                for (peer, rtt_us) in self.transport.rtts() {
+                    self.codec.observe_link_rtt(peer, rtt_us as f64 / 1000.0);
                 }
+                self.leave_joint_configuration();
+                self.expire_member_waits();
+                self.snapshot_for_new_members();
             }
             self.propose_pending();
             self.propose_codec_entries();
@@ -1266,6 +1362,17 @@ impl<SM: StateMachine> RaftLoop<SM> {
             Request::TransferLeader { to, reply } => {
                 let _ = reply.send(self.transfer_leader(to));
             }
+            Request::ChangeMembers { change, reply } => match self.propose_member_change(&change) {
+                Ok(index) => self.member_waits.push(MemberWait {
+                    index,
+                    term: self.raw.raft.term,
+                    reply,
+                    deadline: arrived + Duration::from_millis(self.config.request_timeout_ms),
+                }),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
             Request::AwaitReplicas {
                 target,
                 replicas,
@@ -1420,6 +1527,16 @@ impl<SM: StateMachine> RaftLoop<SM> {
             return;
         }
         match msg.get_msg_type() {
+            MessageType::MsgAppend if msg.index == 0 && self.raw.store().members().ids().is_empty() => {
+                // A joining node knows the configuration only from a snapshot (the initial one
+                // is in no entry): it takes no log from its start. Later appends it refuses as
+                // usual, and the leader, whose log no longer starts at 1, sends the snapshot.
+                tracing::debug!(
+                    from = msg.from,
+                    "no configuration yet: waiting for a snapshot, not entries"
+                );
+                return;
+            }
             MessageType::MsgAppend if !msg.entries.is_empty() => {
                 let decoded = self.codec.decode(&mut msg, &RaftLogView(&self.raw.raft.raft_log));
                 if let Err(e) = decoded {
@@ -2048,7 +2165,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
         let to = msg.to;
         if msg.get_msg_type() == MessageType::MsgSnapshot {
             let files =
-                split_snapshot(&msg.get_snapshot().data).and_then(|(sm_state, _)| self.sm.snapshot_files(sm_state));
+                split_snapshot(&msg.get_snapshot().data).and_then(|(sm_state, _, _)| self.sm.snapshot_files(sm_state));
             match files {
                 Ok(files) => self.shipper.ship(to, msg, files),
                 Err(e) => {
@@ -2058,7 +2175,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             }
             return;
         }
-        let Some(queue) = self.peers.get(&to) else {
+        let Some((queue, _)) = self.peers.get(&to) else {
             tracing::warn!(to, "message for an unknown peer dropped");
             return;
         };
@@ -2081,18 +2198,29 @@ impl<SM: StateMachine> RaftLoop<SM> {
             let snapshot = ready.snapshot().clone();
             let (term, index) = (snapshot.get_metadata().term, snapshot.get_metadata().index);
             let files_dir = shipment::staging_dir(&self.incoming_dir, term, index);
-            let installed = split_snapshot(&snapshot.data).and_then(|(sm_state, codec_state)| {
+            let installed = split_snapshot(&snapshot.data).and_then(|(sm_state, codec_state, addresses)| {
                 self.sm.install_snapshot(sm_state, &files_dir)?;
-                self.codec.restore(codec_state, index)
+                self.codec.restore(codec_state, index)?;
+                Ok(addresses)
             });
-            if let Err(e) = installed {
-                panic!("snapshot at index {index} from the leader is corrupt: {e}");
-            }
+            let addresses = match installed {
+                Ok(addresses) => addresses,
+                Err(e) => panic!("snapshot at index {index} from the leader is corrupt: {e}"),
+            };
+            // A leader of an older build sends no addresses: keep those known, for the members.
+            let addresses = addresses.unwrap_or_else(|| {
+                membership::addresses_after(
+                    &self.raw.store().members().addresses,
+                    &Addresses::new(),
+                    snapshot.get_metadata().get_conf_state(),
+                )
+            });
             if let Err(e) = std::fs::remove_dir_all(&files_dir) {
                 tracing::warn!(dir = %files_dir.display(), error = %e, "cannot remove an installed shipment");
             }
             let data = snapshot.data.clone();
-            self.raw.mut_store().apply_snapshot(snapshot)?;
+            self.raw.mut_store().apply_snapshot(snapshot, addresses)?;
+            self.members_changed();
             self.snapshot_persisted(&data);
             self.applied_index = index;
             self.applied_bytes_since_snapshot = 0;
@@ -2158,36 +2286,232 @@ impl<SM: StateMachine> RaftLoop<SM> {
             self.applied_index = entry.index;
             self.applied_term = entry.term;
             self.codec.applied(&entry);
-            if !entry.data.is_empty() && entry.data[0] != CODEC_ENTRY {
-                self.apply_entry(&entry);
+            match entry.get_entry_type() {
+                EntryType::EntryNormal if !entry.data.is_empty() && entry.data[0] != CODEC_ENTRY => {
+                    self.applied_bytes_since_snapshot += entry.data.len() as u64;
+                    self.apply_batch(entry.index, &entry.data);
+                }
+                EntryType::EntryNormal => {}
+                // Leaving a joint configuration is an empty change: it applies all the same.
+                EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => self.apply_conf_change(&entry),
             }
             self.sm.entry_applied(entry.index);
         }
     }
 
-    fn apply_entry(&mut self, entry: &Entry) {
-        self.applied_bytes_since_snapshot += entry.data.len() as u64;
-        match entry.get_entry_type() {
-            EntryType::EntryNormal => self.apply_batch(entry.index, &entry.data),
-            EntryType::EntryConfChange => {
-                let mut cc = ConfChange::default();
-                if protobuf::Message::merge_from_bytes(&mut cc, &entry.data).is_ok() {
-                    self.apply_conf_change(&cc);
+    /// Applies a membership change entry: raft's configuration, the members' addresses (from
+    /// the entry's context), the links to them.
+    fn apply_conf_change(&mut self, entry: &Entry) {
+        if entry.index <= self.raw.store().members().conf_index {
+            // Already in the recorded configuration raft started from (a restart replays it).
+            return;
+        }
+        let cc = if entry.get_entry_type() == EntryType::EntryConfChange {
+            let mut v1 = ConfChange::default();
+            protobuf::Message::merge_from_bytes(&mut v1, &entry.data).map(|_| raft_proto::ConfChangeI::into_v2(v1))
+        } else {
+            let mut v2 = ConfChangeV2::default();
+            protobuf::Message::merge_from_bytes(&mut v2, &entry.data).map(|_| v2)
+        };
+        // Every replica holds the same bytes, so refusing a malformed change keeps them alike.
+        let (cc, added) = match (cc, membership::decode_context(&entry.context)) {
+            (Ok(cc), Ok(added)) => (cc, added),
+            (Err(e), _) => {
+                return tracing::error!(index = entry.index, error = %e, "undecodable membership change skipped")
+            }
+            (_, Err(e)) => {
+                return tracing::error!(index = entry.index, error = %e, "membership change with undecodable addresses skipped")
+            }
+        };
+        let cs = match self.raw.apply_conf_change(&cc) {
+            Ok(cs) => cs,
+            Err(e) => return tracing::error!(index = entry.index, error = %e, "membership change rejected by raft"),
+        };
+        let addresses = membership::addresses_after(&self.raw.store().members().addresses, &added, &cs);
+        tracing::info!(index = entry.index, voters = ?cs.voters, outgoing = ?cs.voters_outgoing, learners = ?cs.learners, "membership changed");
+        self.raw.mut_store().set_members(Members {
+            conf_index: entry.index,
+            conf_state: cs,
+            addresses,
+        });
+        self.members_changed();
+    }
+
+    /// Links the members this node is not linked to, unlinks those that left, and tells whoever
+    /// watches the membership.
+    fn members_changed(&mut self) {
+        let members = self.raw.store().members().clone();
+        let wanted: HashMap<u64, SocketAddr> = members
+            .addresses
+            .iter()
+            .filter(|(id, _)| **id != self.config.id)
+            .map(|(id, addr)| (*id, *addr))
+            .collect();
+        // A node still joining has no configuration yet: it keeps the links it was given.
+        if !members.ids().is_empty() {
+            let gone: Vec<u64> = self
+                .peers
+                .keys()
+                .filter(|id| !wanted.contains_key(id))
+                .copied()
+                .collect();
+            for peer in gone {
+                self.peers.remove(&peer);
+                self.transport.remove_peer(peer);
+                if let Some(lag) = self.metrics.peer_lag.remove(&peer) {
+                    lag.set(0);
+                }
+                tracing::info!(peer, "unlinked a node that left the cluster");
+            }
+        }
+        for (peer, addr) in &wanted {
+            if self.peers.get(peer).is_some_and(|(_, linked)| linked == addr) {
+                continue;
+            }
+            let queue = self.transport.add_peer(*peer, *addr);
+            self.peers.insert(*peer, (queue, *addr));
+            self.metrics
+                .peer_lag
+                .entry(*peer)
+                .or_insert_with(|| peer_lag_gauge(*peer));
+            tracing::info!(peer, %addr, "linked a member");
+        }
+        let mut shipper_peers: HashMap<u64, SocketAddr> =
+            self.peers.iter().map(|(id, (_, addr))| (*id, *addr)).collect();
+        shipper_peers.retain(|id, _| *id != self.config.id);
+        self.shipper.set_peers(shipper_peers);
+        let cs = &members.conf_state;
+        self.metrics
+            .voters
+            .set((cs.voters.len() + cs.voters_outgoing.iter().filter(|v| !cs.voters.contains(v)).count()) as i64);
+        self.metrics
+            .learners
+            .set((cs.learners.len() + cs.learners_next.len()) as i64);
+        self.metrics.conf_index.set(members.conf_index as i64);
+        self.members.send_replace(members);
+        self.answer_member_waits();
+    }
+
+    /// On the leader: proposes `change`; returns the index its entry will have.
+    fn propose_member_change(&mut self, change: &MemberChange) -> Result<u64, NodeError> {
+        let refuse = |reason: String| Err(NodeError::MembershipRefused(reason));
+        if self.raw.raft.state != StateRole::Leader {
+            return refuse(match self.raw.raft.leader_id {
+                raft::INVALID_ID => "no leader is known; retry in a moment".to_string(),
+                leader => format!("node {} is not the leader; ask node {leader}", self.config.id),
+            });
+        }
+        let members = self.raw.store().members().clone();
+        if members.joint() || self.raw.raft.has_pending_conf() {
+            return refuse("another membership change is under way; retry once it is done".into());
+        }
+        let cs = &members.conf_state;
+        match change {
+            MemberChange::AddLearner { id, .. } => {
+                if members.ids().contains(id) {
+                    return refuse(format!("node {id} is already a member"));
                 }
             }
-            EntryType::EntryConfChangeV2 => {
-                let mut cc = ConfChangeV2::default();
-                if protobuf::Message::merge_from_bytes(&mut cc, &entry.data).is_ok() {
-                    self.apply_conf_change(&cc);
+            MemberChange::Promote(ids) => {
+                for id in ids {
+                    if !cs.learners.contains(id) {
+                        return refuse(format!("node {id} is not a learner; add it first"));
+                    }
+                    let matched = self.raw.raft.prs().get(*id).map_or(0, |p| p.matched);
+                    let lag = self.raw.raft.raft_log.last_index().saturating_sub(matched);
+                    if lag > PROMOTE_MAX_LAG_ENTRIES {
+                        return refuse(format!(
+                            "node {id} is {lag} entries behind the leader; promote it once it caught up"
+                        ));
+                    }
+                }
+            }
+            MemberChange::Remove(ids) => {
+                if ids.contains(&self.config.id) {
+                    return refuse(format!(
+                        "node {} leads; hand the leadership to another voter first (POST /failover on its metrics port)",
+                        self.config.id
+                    ));
+                }
+                if let Some(id) = ids.iter().find(|id| !members.ids().contains(id)) {
+                    return refuse(format!("node {id} is not a member"));
+                }
+                if cs.voters.iter().all(|v| ids.contains(v)) {
+                    return refuse("that would leave no voter".into());
                 }
             }
         }
+        let (cc, added) = change.to_raft();
+        let before = self.raw.raft.raft_log.last_index();
+        if let Err(e) = self.raw.propose_conf_change(membership::encode_context(&added), cc) {
+            return refuse(format!("raft refused the change ({e}); retry"));
+        }
+        let index = self.raw.raft.raft_log.last_index();
+        assert_eq!(index, before + 1, "a membership change is one entry");
+        tracing::info!(?change, index, "membership change proposed");
+        Ok(index)
     }
 
-    fn apply_conf_change(&mut self, cc: &impl raft_proto::ConfChangeI) {
-        match self.raw.apply_conf_change(cc) {
-            Ok(cs) => self.raw.mut_store().set_conf_state(cs),
-            Err(e) => tracing::error!(error = %e, "conf change rejected"),
+    /// Answers the membership changes that applied (and left any joint configuration).
+    fn answer_member_waits(&mut self) {
+        let members = self.raw.store().members();
+        if members.joint() {
+            return;
+        }
+        let applied = members.conf_index;
+        let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.member_waits)
+            .into_iter()
+            .partition(|w| w.index <= applied);
+        self.member_waits = waiting;
+        for wait in done {
+            let _ = wait.reply.send(Ok(members.clone()));
+        }
+    }
+
+    fn expire_member_waits(&mut self) {
+        let now = Instant::now();
+        let term = self.raw.raft.term;
+        let timeout_ms = self.config.request_timeout_ms;
+        self.member_waits.retain_mut(|wait| {
+            let outcome = if wait.term != term {
+                NodeError::LeaderChanged
+            } else if now >= wait.deadline {
+                NodeError::Timeout { waited_ms: timeout_ms }
+            } else {
+                return true;
+            };
+            let (reply, _) = oneshot::channel();
+            let _ = std::mem::replace(&mut wait.reply, reply).send(Err(outcome));
+            false
+        });
+    }
+
+    /// On the leader: whether a learner holding nothing yet needs a snapshot that names it. A
+    /// new node starts from a snapshot (the initial configuration is in no entry), and raft
+    /// installs only one whose configuration includes the node.
+    fn snapshot_for_new_members(&mut self) {
+        let prs = self.raw.raft.prs();
+        let snapshotted = membership::member_ids(self.raw.store().latest_snapshot().get_metadata().get_conf_state());
+        self.snapshot_for_learner = self.raw.raft.state == StateRole::Leader
+            && prs
+                .conf()
+                .learners()
+                .iter()
+                .any(|id| prs.get(*id).is_some_and(|p| p.matched == 0) && snapshotted.binary_search(id).is_err());
+    }
+
+    /// A leader that inherited a joint configuration leaves it (raft leaves it by itself only
+    /// on the leader that entered it).
+    fn leave_joint_configuration(&mut self) {
+        if self.raw.raft.state != StateRole::Leader
+            || !self.raw.store().members().joint()
+            || self.raw.raft.has_pending_conf()
+        {
+            return;
+        }
+        match self.raw.propose_conf_change(Vec::new(), ConfChangeV2::default()) {
+            Ok(()) => tracing::info!("leaving the joint configuration a former leader entered"),
+            Err(e) => tracing::warn!(error = %e, "cannot propose leaving the joint configuration yet"),
         }
     }
 
@@ -2220,14 +2544,23 @@ impl<SM: StateMachine> RaftLoop<SM> {
         }
         let store = self.raw.store();
         let snapshot_index = store.latest_snapshot().get_metadata().index;
+        let forced = self.snapshot_for_learner && snapshot_index < store.members().conf_index;
+        if self.snapshot_for_learner && !forced && store.first_entry_index() <= 1 && snapshot_index > 0 {
+            // Dropping the first entry is enough: a new node then needs the snapshot.
+            if let Err(e) = self.raw.mut_store().compact(2) {
+                panic!("raft log compaction failed: {e}");
+            }
+            tracing::info!(snapshot_index, "log compacted so a new node starts from the snapshot");
+        }
         let entries_since = self.applied_index.saturating_sub(snapshot_index);
         if entries_since == 0
-            || (entries_since < self.config.snapshot_interval_entries
+            || (!forced
+                && entries_since < self.config.snapshot_interval_entries
                 && self.applied_bytes_since_snapshot < self.config.snapshot_interval_bytes)
         {
             return;
         }
-        if self.applied_bytes_since_snapshot < self.sm.snapshot_cost_bytes() || !self.sm.snapshot_ready() {
+        if (!forced && self.applied_bytes_since_snapshot < self.sm.snapshot_cost_bytes()) || !self.sm.snapshot_ready() {
             return;
         }
         let store = self.raw.store();
@@ -2241,13 +2574,14 @@ impl<SM: StateMachine> RaftLoop<SM> {
         // write happen on the writer thread.
         let serialise_state = self.sm.snapshot_later();
         let codec_state = self.codec.snapshot();
+        let addresses = store.members().addresses.clone();
         self.applied_bytes_since_snapshot = 0;
         let dir = store.dir().to_path_buf();
         let (done, job) = oneshot::channel();
         std::thread::Builder::new()
             .name("snapshot-writer".into())
             .spawn(move || {
-                snapshot.data = Bytes::from(join_snapshot(&serialise_state(), &codec_state));
+                snapshot.data = Bytes::from(join_snapshot(&serialise_state(), &codec_state, &addresses));
                 let result = write_snapshot_file(&dir, &snapshot).map(|_| snapshot);
                 let _ = done.send(result);
             })
@@ -2283,7 +2617,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
     }
 
     fn snapshot_persisted(&mut self, data: &[u8]) {
-        let (sm_state, _) = split_snapshot(data).expect("a snapshot this node wrote splits");
+        let (sm_state, _, _) = split_snapshot(data).expect("a snapshot this node wrote splits");
         self.sm.snapshot_persisted(sm_state);
     }
 

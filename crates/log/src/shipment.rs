@@ -368,6 +368,11 @@ impl Shipper {
     /// Ships `msg` and `files` to `to` on a thread of its own; the outcome comes back as
     /// `PeerEvent::SnapshotSent`, except for a shipment superseded by a newer one (raft already
     /// moved on from it).
+    /// Where each peer listens, after a membership change.
+    pub fn set_peers(&mut self, peers: HashMap<u64, SocketAddr>) {
+        self.peers = peers;
+    }
+
     pub fn ship(&mut self, to: u64, msg: Message, files: SnapshotFiles) {
         let Some(addr) = self.peers.get(&to).copied() else {
             tracing::warn!(to, "snapshot for an unknown peer dropped");

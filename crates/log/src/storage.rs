@@ -45,10 +45,13 @@ use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Snapshot, SnapshotMe
 use raft::{GetEntriesContext, RaftState};
 
 use crate::error::{io_error, DecodeError, StorageError};
+use crate::membership::{decode_members, encode_members, Addresses, Members};
 use crate::wal_writer::WalWriter;
 use crate::wire::{put_blob, put_u32, put_u64, Reader};
 
-const WAL_MAGIC: &[u8; 8] = b"CHWAL001";
+const WAL_MAGIC: &[u8; 8] = b"CHWAL002";
+/// Segments of builds before membership records: read, never written.
+const WAL_MAGIC_V1: &[u8; 8] = b"CHWAL001";
 const SNAPSHOT_MAGIC: &[u8; 8] = b"CHSNP001";
 const RECORD_HEADER_BYTES: usize = 8;
 /// No single record may exceed this; a larger length field is treated as garbage.
@@ -58,6 +61,8 @@ const KIND_ENTRIES: u8 = 1;
 const KIND_HARD_STATE: u8 = 2;
 const KIND_CONF_STATE: u8 = 3;
 const KIND_TRUNCATED: u8 = 4;
+/// The configuration with its index and the members' addresses (`membership`); since CHWAL002.
+const KIND_MEMBERS: u8 = 5;
 
 const SPARE_NAME: &str = "wal-spare.prealloc";
 const SPARE_TMP_NAME: &str = "wal-spare.tmp";
@@ -108,7 +113,7 @@ pub struct DiskStorage {
     dir: PathBuf,
     options: StorageOptions,
     hard_state: HardState,
-    conf_state: ConfState,
+    members: Members,
     /// Index and term of the entry just before `entries[0]` (the compaction point).
     truncated_index: u64,
     truncated_term: u64,
@@ -382,7 +387,7 @@ fn encode_truncated(index: u64, term: u64) -> Vec<u8> {
 enum Record {
     Entries(Vec<Entry>),
     HardState(HardState),
-    ConfState(ConfState),
+    Members(Members),
     Truncated { index: u64, term: u64 },
 }
 
@@ -413,7 +418,11 @@ fn read_record(buf: &[u8]) -> Result<Option<(Record, usize)>, DecodeError> {
     let record = match body[0] {
         KIND_ENTRIES => Record::Entries(decode_entries(payload)?),
         KIND_HARD_STATE => Record::HardState(decode_hard_state(payload)?),
-        KIND_CONF_STATE => Record::ConfState(decode_conf_state(payload)?),
+        KIND_CONF_STATE => Record::Members(Members {
+            conf_state: decode_conf_state(payload)?,
+            ..Members::default()
+        }),
+        KIND_MEMBERS => Record::Members(decode_members(payload)?),
         KIND_TRUNCATED => {
             let mut r = Reader::new(payload);
             let (index, term) = (r.u64()?, r.u64()?);
@@ -497,6 +506,14 @@ fn read_snapshot_file(path: &Path) -> Result<Snapshot, StorageError> {
 
 /// Checks a file's 8-byte magic: five letters naming the format, three digits its version. A
 /// file of the format in another version is refused as such, not as garbage.
+/// A raft log segment's magic, of this version or the one before it.
+fn check_wal_magic(buf: &[u8]) -> Result<(), DecodeError> {
+    if buf.get(..WAL_MAGIC_V1.len()) == Some(WAL_MAGIC_V1.as_slice()) {
+        return Ok(());
+    }
+    check_magic(buf, WAL_MAGIC, "raft log segment")
+}
+
 fn check_magic(buf: &[u8], magic: &[u8; 8], what: &'static str) -> Result<(), DecodeError> {
     let Some(found) = buf.get(..8) else {
         return Err(DecodeError::BadMagic);
@@ -542,7 +559,7 @@ pub fn decode_snapshot(buf: &[u8]) -> Result<Snapshot, DecodeError> {
 /// Decodes the records of a segment's bytes the way recovery reads them, stopping at the first
 /// incomplete or bad record; returns how many decoded. Recovery's reader, for fuzzing.
 pub fn decode_segment(buf: &[u8]) -> Result<u64, DecodeError> {
-    check_magic(buf, WAL_MAGIC, "raft log segment")?;
+    check_wal_magic(buf)?;
     let mut offset = WAL_MAGIC.len();
     let mut records = 0;
     while !zero_tail(buf, offset) {
@@ -594,11 +611,14 @@ impl DiskStorage {
                 )));
             }
             report.fresh = true;
-            let cs = ConfState {
-                voters: initial_voters.to_vec(),
-                ..Default::default()
+            let members = Members {
+                conf_state: ConfState {
+                    voters: initial_voters.to_vec(),
+                    ..Default::default()
+                },
+                ..Members::default()
             };
-            let storage = Self::create_fresh(dir, options, cs)?;
+            let storage = Self::create_fresh(dir, options, members)?;
             return Ok((storage, report));
         }
 
@@ -609,7 +629,7 @@ impl DiskStorage {
         report.snapshot_index = snapshot.get_metadata().index;
 
         let mut hard_state = HardState::default();
-        let mut conf_state = ConfState::default();
+        let mut members = Members::default();
         let (mut truncated_index, mut truncated_term) = (0u64, 0u64);
         let mut entries: VecDeque<Entry> = VecDeque::new();
         let mut segments = Vec::new();
@@ -632,7 +652,7 @@ impl DiskStorage {
                 offset: offset as u64,
                 reason,
             };
-            check_magic(&buf, WAL_MAGIC, "raft log segment").map_err(|e| corrupt(0, e))?;
+            check_wal_magic(&buf).map_err(|e| corrupt(0, e))?;
             let mut offset = WAL_MAGIC.len();
             let mut max_entry_index = 0;
             loop {
@@ -691,7 +711,7 @@ impl DiskStorage {
                         entries.extend(new.into_iter().filter(|e| e.index > truncated_index));
                     }
                     Record::HardState(hs) => hard_state = hs,
-                    Record::ConfState(cs) => conf_state = cs,
+                    Record::Members(recorded) => members = recorded,
                     Record::Truncated { index, term } => {
                         if unconfirmed_truncation.is_some_and(|gap| index >= gap) {
                             unconfirmed_truncation = None;
@@ -746,7 +766,9 @@ impl DiskStorage {
             }
             truncated_index = snap_meta.index;
             truncated_term = snap_meta.term;
-            conf_state = snap_meta.get_conf_state().clone();
+            // The addresses stay those last recorded: the node takes the snapshot's own.
+            members.conf_index = snap_meta.index;
+            members.conf_state = snap_meta.get_conf_state().clone();
         }
         hard_state.commit = hard_state.commit.max(snap_meta.index);
         let last_index = entries.back().map_or(truncated_index, |e| e.index);
@@ -769,7 +791,7 @@ impl DiskStorage {
             dir: dir.to_path_buf(),
             options,
             hard_state,
-            conf_state,
+            members,
             truncated_index,
             truncated_term,
             entries,
@@ -874,7 +896,7 @@ impl DiskStorage {
         Ok(self.active_len + needed <= segment_bytes)
     }
 
-    fn create_fresh(dir: &Path, options: StorageOptions, conf_state: ConfState) -> Result<DiskStorage, StorageError> {
+    fn create_fresh(dir: &Path, options: StorageOptions, members: Members) -> Result<DiskStorage, StorageError> {
         let path = segment_path(dir, 1);
         let active = OpenOptions::new()
             .create_new(true)
@@ -886,7 +908,7 @@ impl DiskStorage {
             dir: dir.to_path_buf(),
             options,
             hard_state: HardState::default(),
-            conf_state,
+            members,
             truncated_index: 0,
             truncated_term: 0,
             entries: VecDeque::new(),
@@ -923,7 +945,7 @@ impl DiskStorage {
             &encode_truncated(self.truncated_index, self.truncated_term),
         );
         encode_record(&mut self.pending, KIND_HARD_STATE, &encode_hard_state(&self.hard_state));
-        encode_record(&mut self.pending, KIND_CONF_STATE, &encode_conf_state(&self.conf_state));
+        encode_record(&mut self.pending, KIND_MEMBERS, &encode_members(&self.members));
         self.active_len = 0;
         self.tail_block.clear();
         self.submit_pending(true);
@@ -939,7 +961,12 @@ impl DiskStorage {
     }
 
     pub fn conf_state(&self) -> &ConfState {
-        &self.conf_state
+        &self.members.conf_state
+    }
+
+    /// The configuration in force, with its index and the members' addresses.
+    pub fn members(&self) -> &Members {
+        &self.members
     }
 
     /// The latest durable snapshot (default/empty if none).
@@ -1007,9 +1034,16 @@ impl DiskStorage {
         }
     }
 
-    pub fn set_conf_state(&mut self, cs: ConfState) {
-        encode_record(&mut self.pending, KIND_CONF_STATE, &encode_conf_state(&cs));
-        self.conf_state = cs;
+    /// Records a new configuration; durable with the next persist.
+    pub fn set_members(&mut self, members: Members) {
+        assert!(
+            members.conf_index >= self.members.conf_index,
+            "configuration index went backward: {} after {}",
+            members.conf_index,
+            self.members.conf_index
+        );
+        encode_record(&mut self.pending, KIND_MEMBERS, &encode_members(&members));
+        self.members = members;
     }
 
     /// Drops the write buffers a burst grew, when no write is waiting to be written: the
@@ -1170,7 +1204,8 @@ impl DiskStorage {
     }
 
     /// Installs a snapshot received from the leader: durable file first, then the log is reset to it.
-    pub fn apply_snapshot(&mut self, snapshot: Snapshot) -> Result<(), StorageError> {
+    /// Installs a leader's snapshot; `addresses` are the members' it carries.
+    pub fn apply_snapshot(&mut self, snapshot: Snapshot, addresses: Addresses) -> Result<(), StorageError> {
         let meta = snapshot.get_metadata().clone();
         assert!(
             meta.index >= self.truncated_index,
@@ -1191,7 +1226,11 @@ impl DiskStorage {
         hs.term = hs.term.max(meta.term);
         hs.commit = hs.commit.max(meta.index);
         self.set_hard_state(&hs);
-        self.set_conf_state(meta.get_conf_state().clone());
+        self.set_members(Members {
+            conf_index: meta.index,
+            conf_state: meta.get_conf_state().clone(),
+            addresses,
+        });
         self.persist(true)?;
         self.replace_snapshot(snapshot);
         self.delete_covered_segments()
@@ -1275,7 +1314,7 @@ impl Drop for DiskStorage {
 
 impl raft::Storage for DiskStorage {
     fn initial_state(&self) -> raft::Result<RaftState> {
-        Ok(RaftState::new(self.hard_state.clone(), self.conf_state.clone()))
+        Ok(RaftState::new(self.hard_state.clone(), self.members.conf_state.clone()))
     }
 
     fn entries(
@@ -1329,8 +1368,12 @@ impl raft::Storage for DiskStorage {
         Ok(self.last_entry_index())
     }
 
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        if self.snapshot.get_metadata().index < request_index.max(1) {
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
+        let meta = self.snapshot.get_metadata();
+        // A node the snapshot's configuration does not name would not install it: it is a new
+        // member, and the leader takes a newer snapshot for it.
+        let names_to = crate::membership::member_ids(meta.get_conf_state()).contains(&to);
+        if meta.index < request_index.max(1) || !names_to {
             return Err(raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable));
         }
         Ok(self.snapshot.clone())
@@ -1341,6 +1384,7 @@ impl raft::Storage for DiskStorage {
 mod tests {
     use super::*;
     use raft::Storage;
+    use std::net::{Ipv4Addr, SocketAddrV4};
 
     fn entry(index: u64, term: u64, data: &str) -> Entry {
         Entry {
@@ -1376,13 +1420,13 @@ mod tests {
 
     #[test]
     fn a_file_of_another_format_version_is_refused_as_such() {
-        let refused = decode_segment(b"CHWAL002 and then records").unwrap_err();
+        let refused = decode_segment(b"CHWAL003 and then records").unwrap_err();
         assert_eq!(
             refused,
             DecodeError::UnsupportedVersion {
                 what: "raft log segment",
-                found: 2,
-                supported: 1
+                found: 3,
+                supported: 2
             }
         );
         assert!(refused.to_string().contains("upgrade"), "{refused}");
@@ -1425,6 +1469,54 @@ mod tests {
         let data: Vec<_> = es.iter().map(|e| e.data.clone()).collect();
         assert_eq!(data, vec!["a", "b", "c2", "d"]);
         assert_eq!(s.term(3).unwrap(), 2);
+    }
+
+    #[test]
+    fn the_membership_survives_reopen_and_segment_rolls_and_old_segments_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let grown = Members {
+            conf_index: 7,
+            conf_state: ConfState {
+                voters: vec![1, 2, 3],
+                learners: vec![4],
+                ..Default::default()
+            },
+            addresses: (1..=4)
+                .map(|id| (id, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 7000 + id as u16).into()))
+                .collect(),
+        };
+        {
+            let (mut s, _) = DiskStorage::open(dir.path(), &[1, 2, 3], plain(4096)).unwrap();
+            assert_eq!(s.members().conf_index, 0);
+            s.set_members(grown.clone());
+            // Enough entries to roll to new segments: each new one restates the membership.
+            for index in 1..=64 {
+                s.append(&[entry(index, 1, &"x".repeat(200))]).unwrap();
+                s.persist(true).unwrap();
+            }
+            assert!(s.segments.len() > 3, "segments rolled");
+            s.compact(1).unwrap();
+        }
+        let (s, _) = DiskStorage::open(dir.path(), &[1, 2, 3], plain(4096)).unwrap();
+        assert_eq!(*s.members(), grown);
+        assert_eq!(s.initial_state().unwrap().conf_state.learners, vec![4]);
+
+        // A segment written before membership records: CHWAL001 with a bare ConfState.
+        let old = tempfile::tempdir().unwrap();
+        let mut bytes = WAL_MAGIC_V1.to_vec();
+        let cs = ConfState {
+            voters: vec![1, 2],
+            ..Default::default()
+        };
+        encode_record(&mut bytes, KIND_CONF_STATE, &encode_conf_state(&cs));
+        std::fs::write(segment_path(old.path(), 1), &bytes).unwrap();
+        let (s, _) = DiskStorage::open(old.path(), &[9], plain(4096)).unwrap();
+        assert_eq!(s.members().conf_state.voters, vec![1, 2]);
+        assert_eq!(s.members().conf_index, 0);
+        assert!(
+            s.members().addresses.is_empty(),
+            "the node fills them in from its configuration"
+        );
     }
 
     #[test]
@@ -1612,7 +1704,8 @@ mod tests {
             let (mut s, _) = open(dir.path());
             s.append(&[entry(1, 1, "a"), entry(2, 1, "b")]).unwrap();
             s.persist(true).unwrap();
-            s.apply_snapshot(snapshot_at(100, 3, "state@100")).unwrap();
+            s.apply_snapshot(snapshot_at(100, 3, "state@100"), Addresses::new())
+                .unwrap();
             assert_eq!(s.last_entry_index(), 100);
             s.append(&[entry(101, 3, "x")]).unwrap();
             s.persist(true).unwrap();
@@ -1628,7 +1721,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         {
             let (mut s, _) = open(dir.path());
-            s.apply_snapshot(snapshot_at(5, 1, "state")).unwrap();
+            s.apply_snapshot(snapshot_at(5, 1, "state"), Addresses::new()).unwrap();
         }
         let path = snapshot_path(dir.path(), 5);
         let mut bytes = fs::read(&path).unwrap();

@@ -10,7 +10,10 @@
 //! Every connection also carries a ping twice a second, which the peer's receiving task answers
 //! with a pong on its own connection back. Their round trip — the network plus whatever queues
 //! in both directions, but neither raft loop nor any fsync — is the link's measured RTT
-//! (`LinkRtts`), which UniCache's auto-tune reads.
+//! (`Transport::rtts`), which UniCache's auto-tune reads.
+//!
+//! Peers come and go with the cluster's membership (`Transport::add_peer`, `remove_peer`); a
+//! connection from a node that is not (yet) a peer is refused, and the node dials again.
 //!
 //! With a cluster secret, a connection carries nothing until both ends proved they hold it
 //! (`peer_auth`); an inbound connection that fails to is closed and counted.
@@ -24,7 +27,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use chorus_metrics::{labeled_counter, labeled_gauge, Counter, Gauge};
@@ -42,6 +45,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// A connection that lasted this long worked: the next failure starts the backoff afresh.
+const LASTING_CONNECTION: Duration = Duration::from_secs(1);
 /// Coalesce queued messages into one write up to this many bytes.
 const WRITE_BATCH_BYTES: usize = 1024 * 1024;
 /// Inbound frames are read through a buffer this large, so a burst of frames costs one read.
@@ -52,9 +57,6 @@ const PONG_QUEUE: usize = 16;
 /// Service requests and responses waiting to go out per peer; a request beyond it fails at once
 /// (`CallError::Overloaded`), a response beyond it is dropped (its caller times out).
 const SERVICE_QUEUE: usize = 4096;
-
-/// Smoothed round trip to each peer in microseconds (0 until measured).
-pub type LinkRtts = Arc<HashMap<u64, Arc<AtomicU64>>>;
 
 fn probe_clock() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -72,7 +74,7 @@ pub enum PeerEvent {
 pub struct TransportConfig {
     pub node_id: u64,
     pub listen_addr: SocketAddr,
-    /// Every other voter.
+    /// Every other member at start (`Transport::add_peer` adds more).
     pub peers: Vec<(u64, SocketAddr)>,
     pub max_frame_bytes: usize,
     pub queue_messages: usize,
@@ -143,16 +145,22 @@ fn rejected_frames() -> Arc<Counter> {
     )
 }
 
-/// Per-peer state shared by the sending and receiving tasks.
+/// What the sending and receiving tasks of one peer share.
+struct Link {
+    metrics: PeerMetrics,
+    /// Stamps of the peer's pings to answer.
+    pongs: mpsc::Sender<u64>,
+    /// Smoothed round trip in µs (0 until measured).
+    rtt_us: AtomicU64,
+    /// When the peer last answered a ping (`probe_clock` µs; 0: never).
+    last_pong_us: AtomicU64,
+    /// Service frames (requests, responses) to send to the peer.
+    service: mpsc::Sender<(FrameKind, Vec<u8>)>,
+}
+
+/// The peers' links, and what is shared by all.
 struct Peers {
-    metrics: HashMap<u64, PeerMetrics>,
-    /// Stamps of pings to answer, by the peer that sent them.
-    pongs: HashMap<u64, mpsc::Sender<u64>>,
-    rtts: LinkRtts,
-    /// When each peer last answered a ping (`probe_clock` µs; 0: never).
-    last_pong_us: HashMap<u64, AtomicU64>,
-    /// Service frames (requests, responses) to send to each peer.
-    service: HashMap<u64, mpsc::Sender<(FrameKind, Vec<u8>)>>,
+    links: RwLock<HashMap<u64, Arc<Link>>>,
     /// Calls awaiting their response, by request id.
     pending: Mutex<HashMap<u64, oneshot::Sender<Vec<u8>>>>,
     /// Where requests from peers go.
@@ -178,6 +186,12 @@ pub struct PeerRequest {
     pub body: Vec<u8>,
     id: u64,
     reply_to: mpsc::Sender<(FrameKind, Vec<u8>)>,
+}
+
+impl Peers {
+    fn link(&self, peer: u64) -> Option<Arc<Link>> {
+        self.links.read().expect("not poisoned").get(&peer).cloned()
+    }
 }
 
 impl PeerRequest {
@@ -220,14 +234,18 @@ impl Drop for PendingCall<'_> {
 impl PeerCalls {
     /// The link's measured round trip to `peer` (`None` until measured).
     pub fn rtt(&self, peer: u64) -> Option<Duration> {
-        let rtt_us = self.peers.rtts.get(&peer)?.load(Ordering::Relaxed);
+        let rtt_us = self.peers.link(peer)?.rtt_us.load(Ordering::Relaxed);
         (rtt_us > 0).then(|| Duration::from_micros(rtt_us))
     }
 
     /// Whether `peer` answered a ping within `within` (pings go out every 500 ms): a caller
     /// may skip a peer that did not rather than wait for its call to time out.
     pub fn heard_within(&self, peer: u64, within: Duration) -> bool {
-        let Some(last_us) = self.peers.last_pong_us.get(&peer).map(|at| at.load(Ordering::Relaxed)) else {
+        let Some(last_us) = self
+            .peers
+            .link(peer)
+            .map(|link| link.last_pong_us.load(Ordering::Relaxed))
+        else {
             return false;
         };
         last_us > 0 && probe_clock().saturating_sub(last_us) <= within.as_micros() as u64
@@ -235,12 +253,12 @@ impl PeerCalls {
 
     /// Sends `body` to `service` on `peer` and awaits the response body.
     pub async fn call(&self, peer: u64, service: u8, body: &[u8], timeout: Duration) -> Result<Vec<u8>, CallError> {
-        let queue = self.peers.service.get(&peer).ok_or(CallError::UnknownPeer(peer))?;
+        let link = self.peers.link(peer).ok_or(CallError::UnknownPeer(peer))?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.peers.pending.lock().expect("not poisoned").insert(id, tx);
         let _pending = PendingCall { peers: &self.peers, id };
-        queue
+        link.service
             .try_send((FrameKind::Request, frame::encode_request(id, service, body)))
             .map_err(|_| CallError::Overloaded(peer))?;
         match tokio::time::timeout(timeout, rx).await {
@@ -253,45 +271,81 @@ impl PeerCalls {
     }
 }
 
-/// Binds the peer listener and starts one sender task per peer. Returns the per-peer queues,
-/// the links' measured round trips, and the means to call peers' services; peers' requests to
-/// this node's go to `services`.
+/// The peer links of a node: their raft queues are the raft loop's, and it adds and removes
+/// peers as the membership changes.
+pub struct Transport {
+    node_id: u64,
+    secret: Option<ClusterSecret>,
+    queue_messages: usize,
+    events: mpsc::UnboundedSender<PeerEvent>,
+    peers: Arc<Peers>,
+}
+
+impl Transport {
+    /// Starts the sender task of a new peer at `addr`; its raft messages go into the queue
+    /// returned. A peer already linked is linked anew (its address may have changed).
+    pub fn add_peer(&self, peer: u64, addr: SocketAddr) -> mpsc::Sender<Message> {
+        assert_ne!(peer, self.node_id, "a node is not its own peer");
+        let (pongs, pong_rx) = mpsc::channel(PONG_QUEUE);
+        let (service, service_rx) = mpsc::channel(SERVICE_QUEUE);
+        let (raft, raft_rx) = mpsc::channel(self.queue_messages);
+        let link = Arc::new(Link {
+            metrics: PeerMetrics::new(peer),
+            pongs,
+            rtt_us: AtomicU64::new(0),
+            last_pong_us: AtomicU64::new(0),
+            service,
+        });
+        self.peers
+            .links
+            .write()
+            .expect("not poisoned")
+            .insert(peer, link.clone());
+        tokio::spawn(sender_loop(
+            peer,
+            addr,
+            self.node_id,
+            self.secret.clone(),
+            Queues {
+                raft: raft_rx,
+                pongs: pong_rx,
+                service: service_rx,
+            },
+            self.events.clone(),
+            link,
+        ));
+        raft
+    }
+
+    /// Forgets a peer: calls to it fail at once, its connections from now on are refused, and
+    /// its sender task ends once the raft queue `add_peer` gave is dropped.
+    pub fn remove_peer(&self, peer: u64) {
+        self.peers.links.write().expect("not poisoned").remove(&peer);
+    }
+
+    /// The measured round trip to each peer that has one, in µs.
+    pub fn rtts(&self) -> Vec<(u64, u64)> {
+        let links = self.peers.links.read().expect("not poisoned");
+        links
+            .iter()
+            .map(|(peer, link)| (*peer, link.rtt_us.load(Ordering::Relaxed)))
+            .filter(|(_, rtt_us)| *rtt_us > 0)
+            .collect()
+    }
+}
+
+/// Binds the peer listener and links the configured peers. Returns their raft queues, the
+/// transport (to link more), and the means to call peers' services; peers' requests to this
+/// node's go to `services`.
 pub async fn start(
     config: TransportConfig,
     inbound: mpsc::Sender<Message>,
     events: mpsc::UnboundedSender<PeerEvent>,
     services: Services,
-) -> std::io::Result<(HashMap<u64, mpsc::Sender<Message>>, LinkRtts, Arc<PeerCalls>)> {
+) -> std::io::Result<(HashMap<u64, mpsc::Sender<Message>>, Transport, Arc<PeerCalls>)> {
     let listener = TcpListener::bind(config.listen_addr).await?;
-    let mut pong_queues = HashMap::new();
-    let mut pongs = HashMap::new();
-    let mut service_queues = HashMap::new();
-    let mut service = HashMap::new();
-    for (peer, _) in &config.peers {
-        let (tx, rx) = mpsc::channel(PONG_QUEUE);
-        pongs.insert(*peer, tx);
-        pong_queues.insert(*peer, rx);
-        let (tx, rx) = mpsc::channel(SERVICE_QUEUE);
-        service.insert(*peer, tx);
-        service_queues.insert(*peer, rx);
-    }
-    let rtts: LinkRtts = Arc::new(
-        config
-            .peers
-            .iter()
-            .map(|(id, _)| (*id, Arc::new(AtomicU64::new(0))))
-            .collect(),
-    );
     let shared = Arc::new(Peers {
-        metrics: config
-            .peers
-            .iter()
-            .map(|(id, _)| (*id, PeerMetrics::new(*id)))
-            .collect(),
-        pongs,
-        rtts: rtts.clone(),
-        last_pong_us: config.peers.iter().map(|(id, _)| (*id, AtomicU64::new(0))).collect(),
-        service,
+        links: RwLock::new(HashMap::new()),
         pending: Mutex::new(HashMap::new()),
         services,
         requests_dropped: chorus_metrics::counter(
@@ -306,31 +360,23 @@ pub async fn start(
         inbound.clone(),
     ));
     tokio::spawn(accept_loop(listener, config.clone(), shared.clone(), inbound, receiver));
-    let mut queues = HashMap::new();
-    for (peer, addr) in &config.peers {
-        let (tx, rx) = mpsc::channel(config.queue_messages);
-        queues.insert(*peer, tx);
-        let pong_rx = pong_queues.remove(peer).expect("a pong queue per peer");
-        let service_rx = service_queues.remove(peer).expect("a service queue per peer");
-        tokio::spawn(sender_loop(
-            *peer,
-            *addr,
-            config.node_id,
-            config.cluster_secret.clone(),
-            Queues {
-                raft: rx,
-                pongs: pong_rx,
-                service: service_rx,
-            },
-            events.clone(),
-            shared.clone(),
-        ));
-    }
+    let transport = Transport {
+        node_id: config.node_id,
+        secret: config.cluster_secret.clone(),
+        queue_messages: config.queue_messages,
+        events,
+        peers: shared.clone(),
+    };
+    let queues = config
+        .peers
+        .iter()
+        .map(|(peer, addr)| (*peer, transport.add_peer(*peer, *addr)))
+        .collect();
     let calls = Arc::new(PeerCalls {
         peers: shared,
         next_id: AtomicU64::new(1),
     });
-    Ok((queues, rtts, calls))
+    Ok((queues, transport, calls))
 }
 
 struct Queues {
@@ -408,10 +454,10 @@ async fn receive_from(
         Some((kind, _)) => return Err(format!("expected hello, got {kind:?}")),
         None => return Ok(()),
     };
-    let metrics = peers
-        .metrics
-        .get(&from)
-        .ok_or_else(|| format!("hello from unknown node {from}"))?;
+    let link = peers
+        .link(from)
+        .ok_or_else(|| format!("hello from node {from}, which is not a member (yet)"))?;
+    let metrics = &link.metrics;
     if let Err(reason) = accept_handshake(&mut stream, config, from, nonce).await {
         unauthenticated_peers().inc();
         return Err(reason);
@@ -431,18 +477,17 @@ async fn receive_from(
             FrameKind::Ping => {
                 let stamp = frame::decode_probe(&payload).map_err(|e| format!("bad ping: {e}"))?;
                 // Answer on our own connection to the peer; a full queue skips this one.
-                let _ = peers.pongs[&from].try_send(stamp);
+                let _ = link.pongs.try_send(stamp);
                 continue;
             }
             FrameKind::Pong => {
                 let stamp = frame::decode_probe(&payload).map_err(|e| format!("bad pong: {e}"))?;
                 let now_us = probe_clock();
-                peers.last_pong_us[&from].store(now_us, Ordering::Relaxed);
+                link.last_pong_us.store(now_us, Ordering::Relaxed);
                 let sample_us = now_us.saturating_sub(stamp).max(1);
-                let rtt = &peers.rtts[&from];
-                let old = rtt.load(Ordering::Relaxed);
+                let old = link.rtt_us.load(Ordering::Relaxed);
                 let smoothed = if old == 0 { sample_us } else { (old * 4 + sample_us) / 5 };
-                rtt.store(smoothed, Ordering::Relaxed);
+                link.rtt_us.store(smoothed, Ordering::Relaxed);
                 metrics.rtt_us.set(smoothed as i64);
                 continue;
             }
@@ -453,7 +498,7 @@ async fn receive_from(
                     service,
                     body: body.to_vec(),
                     id,
-                    reply_to: peers.service[&from].clone(),
+                    reply_to: link.service.clone(),
                 };
                 let to = if service < FIRST_APPLICATION_SERVICE {
                     &peers.services.log
@@ -593,11 +638,14 @@ async fn sender_loop(
     secret: Option<ClusterSecret>,
     mut queues: Queues,
     events: mpsc::UnboundedSender<PeerEvent>,
-    peers: Arc<Peers>,
+    link: Arc<Link>,
 ) {
-    let metrics = &peers.metrics[&peer];
+    let metrics = &link.metrics;
     let mut backoff = BACKOFF_MIN;
     let mut reported_down = false;
+    // Whether the last connection closed soon after its handshake, as a node that does not
+    // take this one as a member (yet) closes it: not reachable, so the backoff goes on.
+    let mut closed_young = false;
     loop {
         let connected = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await;
         let outcome = match connected {
@@ -605,12 +653,18 @@ async fn sender_loop(
                 let _ = stream.set_nodelay(true);
                 match dial_handshake(&mut stream, node_id, peer, secret.as_ref()).await {
                     Ok(()) => {
-                        backoff = BACKOFF_MIN;
-                        if reported_down {
+                        if reported_down && !closed_young {
                             tracing::info!(peer, %addr, "peer reachable again");
                             reported_down = false;
                         }
-                        send_to(stream, &mut queues, metrics).await
+                        let connected_at = Instant::now();
+                        let sent = send_to(stream, &mut queues, metrics).await;
+                        closed_young = connected_at.elapsed() < LASTING_CONNECTION;
+                        if !closed_young {
+                            backoff = BACKOFF_MIN;
+                            reported_down = false;
+                        }
+                        sent
                     }
                     Err(reason) => Err(reason),
                 }
