@@ -98,6 +98,22 @@ enum ClusterCommand {
         #[arg(long)]
         rolling: bool,
     },
+    /// Add nodes to the running cluster in DIR: each joins as a learner, catches up, and then
+    /// all become voters together (through a joint configuration when more than one).
+    AddNode {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 1)]
+        count: usize,
+    },
+    /// Remove node NODE from the running cluster in DIR and stop it (a leader hands its
+    /// leadership over first).
+    RemoveNode {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        node: u64,
+    },
     /// One line per node: id, role, pid, RESP address.
     Status {
         #[arg(long)]
@@ -230,6 +246,18 @@ fn main() -> anyhow::Result<()> {
                 }
                 ClusterCommand::Stop { dir } => cluster::stop(&dir),
                 ClusterCommand::Kill { dir, node } => cluster::kill_node(&dir, node),
+                ClusterCommand::AddNode { dir, count } => {
+                    cluster::members::add_nodes(&dir, count, std::time::Duration::from_secs(60)).await?;
+                    let file = cluster::load(&dir)?;
+                    cluster::print_status(&file, &cluster::status(&dir, &file).await);
+                    Ok(())
+                }
+                ClusterCommand::RemoveNode { dir, node } => {
+                    cluster::members::remove_node(&dir, node, std::time::Duration::from_secs(60)).await?;
+                    let file = cluster::load(&dir)?;
+                    cluster::print_status(&file, &cluster::status(&dir, &file).await);
+                    Ok(())
+                }
             },
             Commands::Demo(args) => demo::run(args).await,
             Commands::Bench { command } => chorus_bench::cli::run(*command).await,

@@ -3265,3 +3265,123 @@ async fn write_until_the_disk_fills(c: &mut Client, disk: &chorus_powercut::Disk
         }
     }
 }
+
+/// The cluster's nodes as `cluster.toml` lists them now.
+fn listed_nodes(cluster: &Cluster) -> Vec<NodeEntry> {
+    let file: ClusterFile =
+        toml::from_str(&std::fs::read_to_string(Path::new(cluster.dir()).join("cluster.toml")).unwrap()).unwrap();
+    file.nodes
+}
+
+/// `GET /members` on a node's metrics port: (id, role) per member.
+fn members_of(node: &NodeEntry) -> Vec<(u64, String)> {
+    let mut stream = TcpStream::connect(node.metrics_addr).unwrap();
+    stream
+        .write_all(b"GET /members HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let body = answer.split_once("\r\n\r\n").unwrap().1;
+    body.lines()
+        .skip(1)
+        .map(|line| {
+            let words: Vec<&str> = line.split(' ').collect();
+            (words[0].parse().unwrap(), words[2].to_string())
+        })
+        .collect()
+}
+
+/// Membership changes under a write load: 3 → 5 voters (two learners caught up, then promoted
+/// through one joint configuration), a new node restarted (it finds its peers in what it
+/// recorded, not in its config), then 5 → 3 by removing the leader (after it hands over) and
+/// another original node. No write fails for good, and every acknowledged one is on every
+/// remaining node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_grows_to_five_and_shrinks_to_three_under_load_losing_no_write() {
+    let cluster = Cluster::start(3, &[]);
+    let addrs: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.resp_addr).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|w| tokio::spawn(write_until(addrs.clone(), format!("grow{w}-"), stop.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let dir = cluster.dir().to_string();
+    let chorus = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || run_chorus(&args.iter().map(String::as_str).collect::<Vec<_>>()))
+    };
+    let said = chorus(vec![
+        "cluster".into(),
+        "add-node".into(),
+        "--dir".into(),
+        dir.clone(),
+        "--count".into(),
+        "2".into(),
+    ])
+    .await
+    .unwrap();
+    assert!(
+        said.contains("node(s) 4,5: voters, through a joint configuration"),
+        "{said}"
+    );
+    let nodes = listed_nodes(&cluster);
+    assert_eq!(nodes.len(), 5);
+    for node in &nodes {
+        let members = members_of(node);
+        assert_eq!(members.len(), 5, "node {}: {members:?}", node.id);
+        assert!(
+            members.iter().all(|(_, role)| role == "voter"),
+            "node {}: {members:?}",
+            node.id
+        );
+    }
+    // A new node restarted knows its peers from its own records (its config names only the
+    // members it joined).
+    run_chorus(&["cluster", "kill", "--dir", &dir, "--node", "5"]);
+    cluster.restart_stopped();
+    let leader_id = cluster.info_u64(3, "raft_leader_id").await;
+    assert!(leader_id > 0);
+    let other = [1, 2, 3].into_iter().find(|id| *id != leader_id).unwrap();
+    for id in [leader_id, other] {
+        let said = chorus(vec![
+            "cluster".into(),
+            "remove-node".into(),
+            "--dir".into(),
+            dir.clone(),
+            "--node".into(),
+            id.to_string(),
+        ])
+        .await
+        .unwrap();
+        assert!(said.contains(&format!("node {id}: removed")), "{said}");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut acknowledged = Vec::new();
+    for writer in writers {
+        acknowledged.push(writer.await.unwrap());
+    }
+    let remaining = listed_nodes(&cluster);
+    assert_eq!(remaining.len(), 3);
+    assert!(remaining.iter().all(|n| n.id != leader_id && n.id != other));
+    for node in &remaining {
+        let members: Vec<u64> = members_of(node).into_iter().map(|(id, _)| id).collect();
+        assert_eq!(
+            members,
+            remaining.iter().map(|n| n.id).collect::<Vec<_>>(),
+            "node {}",
+            node.id
+        );
+        let mut c = Client::connect(node.resp_addr).await.unwrap();
+        for (w, count) in acknowledged.iter().enumerate() {
+            assert!(*count > 0, "writer {w} wrote");
+            for i in 0..*count {
+                assert_eq!(
+                    c.command(&["GET", &format!("grow{w}-{i}")]).await.unwrap(),
+                    bulk("x"),
+                    "node {}",
+                    node.id
+                );
+            }
+        }
+    }
+}

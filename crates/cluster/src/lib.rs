@@ -10,6 +10,7 @@
 //! through a client proxy whose address `status` prints. Node 1 sits where the profile puts the
 //! leader, so `start` hands leadership to node 1.
 
+pub mod members;
 pub mod metrics;
 pub mod netem;
 pub mod ports;
@@ -195,6 +196,9 @@ struct NodeConfigFile {
     pg_addr: Option<SocketAddr>,
     metrics_addr: SocketAddr,
     peers: String,
+    /// Set on a node added to a running cluster (`members`).
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    join: bool,
 }
 
 /// The name of the link carrying node `from`'s messages to node `to`.
@@ -263,46 +267,55 @@ fn create(
         }
         None => None,
     };
-    for n in &entries {
-        let peers = entries
-            .iter()
-            .map(|p| {
-                let addr = match &net_entry {
-                    Some(net) if p.id != n.id => {
-                        let name = peer_link_name(n.id, p.id);
-                        net.links
-                            .iter()
-                            .find(|l| l.name == name)
-                            .expect("a link per pair")
-                            .listen
-                    }
-                    _ => p.peer_addr,
-                };
-                format!("{}={addr}", p.id)
-            })
-            .collect::<Vec<_>>()
-            .join(",");
-        let ndir = node_dir(dir, n.id);
-        std::fs::create_dir_all(&ndir)?;
-        let config = NodeConfigFile {
-            id: n.id,
-            data_dir: ndir.join("data"),
-            resp_addr: (!sql).then_some(n.resp_addr),
-            pg_addr: sql.then_some(n.resp_addr),
-            metrics_addr: n.metrics_addr,
-            peers,
-        };
-        let config = toml::to_string(&config)?;
-        std::fs::write(ndir.join("chorus.toml"), config)?;
-    }
     let file = ClusterFile {
         sql,
         server_args,
         nodes: entries,
         net: net_entry,
     };
+    for n in &file.nodes {
+        write_node_config(dir, &file, n.id, false)?;
+    }
     std::fs::write(cluster_file(dir), toml::to_string(&file)?)?;
     Ok(file)
+}
+
+/// Writes node `id`'s `chorus.toml`: its addresses, and every node of `file` as its peers
+/// (through the node's own proxies under a network profile).
+fn write_node_config(dir: &Path, file: &ClusterFile, id: u64, join: bool) -> anyhow::Result<()> {
+    let n = file.node(id).expect("a listed node");
+    let peers = file
+        .nodes
+        .iter()
+        .map(|p| {
+            let addr = match &file.net {
+                Some(net) if p.id != n.id => {
+                    let name = peer_link_name(n.id, p.id);
+                    net.links
+                        .iter()
+                        .find(|l| l.name == name)
+                        .expect("a link per pair")
+                        .listen
+                }
+                _ => p.peer_addr,
+            };
+            format!("{}={addr}", p.id)
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    let ndir = node_dir(dir, n.id);
+    std::fs::create_dir_all(&ndir)?;
+    let config = NodeConfigFile {
+        id: n.id,
+        data_dir: ndir.join("data"),
+        resp_addr: (!file.sql).then_some(n.resp_addr),
+        pg_addr: file.sql.then_some(n.resp_addr),
+        metrics_addr: n.metrics_addr,
+        peers,
+        join,
+    };
+    std::fs::write(ndir.join("chorus.toml"), toml::to_string(&config)?)?;
+    Ok(())
 }
 
 fn spawn_node(dir: &Path, file: &ClusterFile, id: u64) -> anyhow::Result<u32> {
@@ -463,18 +476,34 @@ fn why_it_stopped(log: &str) -> String {
     lines[from..lines.len().min(from + LINES)].join("\n")
 }
 
-/// POST /failover on a node's metrics port (SQL nodes have no RESP port, and a RESP port may
-/// want a login); the answer does not matter, the caller watches the roles.
-async fn ask_failover_over_http(metrics_addr: SocketAddr) {
+/// A request with no body to a node's metrics port (SQL nodes have no RESP port, and a RESP
+/// port may want a login): the status code and body of the answer.
+async fn http_request(metrics_addr: SocketAddr, method: &str, path: &str) -> anyhow::Result<(u16, String)> {
     let ask = async {
         let mut stream = tokio::net::TcpStream::connect(metrics_addr).await?;
-        stream
-            .write_all(b"POST /failover HTTP/1.1\r\nHost: chorus\r\nContent-Length: 0\r\n\r\n")
-            .await?;
+        let request = format!("{method} {path} HTTP/1.1\r\nHost: chorus\r\nContent-Length: 0\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
         let mut answer = Vec::new();
-        stream.read_to_end(&mut answer).await.map(drop)
+        stream.read_to_end(&mut answer).await.map(|_| answer)
     };
-    let _ = tokio::time::timeout(Duration::from_secs(5), ask).await;
+    let answer = tokio::time::timeout(Duration::from_secs(10), ask)
+        .await
+        .with_context(|| format!("{metrics_addr} did not answer {method} {path} within 10 s"))?
+        .with_context(|| format!("{method} {path} to {metrics_addr}"))?;
+    let answer = String::from_utf8_lossy(&answer);
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .with_context(|| format!("{metrics_addr} answered {method} {path} with no HTTP status"))?;
+    Ok((code, body.to_string()))
+}
+
+/// POST /failover on a node's metrics port; the answer does not matter, the caller watches the
+/// roles.
+async fn ask_failover_over_http(metrics_addr: SocketAddr) {
+    let _ = http_request(metrics_addr, "POST", "/failover").await;
 }
 
 /// Hands leadership to node `to` (POST /failover on its metrics port) and waits until it leads.
