@@ -270,7 +270,26 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         tokio::spawn(curp.clone().recover_as_leader());
         curp
     });
-    tokio::spawn(serve_metrics(metrics_listener, node.clone()));
+    if let Some(ldc) = &ldc {
+        let (ldc, mut members) = (ldc.clone(), node.members_watch());
+        tokio::spawn(async move {
+            loop {
+                let voters = members.borrow_and_update().conf_state.voters.clone();
+                ldc.set_voters(voters);
+                if members.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    // CURP's witnesses are fixed at start: a configuration change could leave a write that
+    // completed on the fast path recorded on too few of the new voters' witnesses.
+    let membership_refusal = curp.is_some().then(|| {
+        "this cluster runs CURP, whose witness sets do not follow membership changes yet; \
+         restart it with curp off to change its members"
+            .to_string()
+    });
+    tokio::spawn(serve_metrics(metrics_listener, node.clone(), membership_refusal));
     let options = FrontEndOptions {
         default_consistency,
         limits: Limits {
@@ -303,7 +322,12 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
 /// to place the leader and hand it over in a rolling restart); GET /members and POST
 /// /members/... change the membership (`members_admin`); 404 otherwise. The port is an operator's:
 /// bind it where only operators reach it.
-pub(crate) async fn serve_metrics<S: StateMachine>(listener: TcpListener, node: NodeHandle<S>) {
+/// `membership_refusal`: why this node takes no membership change, if it takes none.
+pub(crate) async fn serve_metrics<S: StateMachine>(
+    listener: TcpListener,
+    node: NodeHandle<S>,
+    membership_refusal: Option<String>,
+) {
     let rates = Arc::new(crate::status_page::Rates::default());
     let sampled = (rates.clone(), node.clone());
     tokio::spawn(async move {
@@ -319,6 +343,7 @@ pub(crate) async fn serve_metrics<S: StateMachine>(listener: TcpListener, node: 
         };
         let node = node.clone();
         let rates = rates.clone();
+        let membership_refusal = membership_refusal.clone();
         tokio::spawn(async move {
             let mut request = Vec::with_capacity(1024);
             let mut chunk = [0u8; 1024];
@@ -349,7 +374,9 @@ pub(crate) async fn serve_metrics<S: StateMachine>(listener: TcpListener, node: 
                     Ok(()) => ("200 OK", "this node leads\n".to_string()),
                     Err(e) => ("503 Service Unavailable", format!("{e}\n")),
                 }
-            } else if let Some(answer) = crate::members_admin::answer(&request, &node).await {
+            } else if let Some(answer) =
+                crate::members_admin::answer(&request, &node, membership_refusal.as_deref()).await
+            {
                 answer
             } else {
                 (

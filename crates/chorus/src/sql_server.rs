@@ -77,7 +77,9 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     )
     .await
     .context("cannot start the SQL node")?;
-    tokio::spawn(serve_metrics(metrics_listener, node));
+    // Conflict classes' owners and the nodes' sequences of ids are fixed at start.
+    let membership_refusal = Some("membership changes of SQL clusters are not built yet".to_string());
+    tokio::spawn(serve_metrics(metrics_listener, node, membership_refusal));
     tracing::info!(
         id = config.id, pg = %config.pg_addr, metrics = %config.metrics_addr,
         data_dir = %config.data_dir.display(), "chorus SQL node serving"

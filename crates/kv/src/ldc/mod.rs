@@ -1,5 +1,6 @@
 //! LDC (`--cache-mode ldc`, issue 14; the plan is `docs/ldc.md`): the nodes' object caches
-//! managed as one logical cache. Each key has one owner, a hash of the key over the voters; only
+//! managed as one logical cache. Each key has one owner, a hash of the key over the voters (as
+//! the membership changes, so do the owners: placement only, as versions keep answers right); only
 //! the owner caches the key's value, besides the hot set the cost-benefit admission
 //! (`admission.rs`) has every node cache (a written value that neither leaves memory once durable
 //! on the others: quick demotion), and a node that misses a key it does not own asks the owner's
@@ -15,7 +16,7 @@
 mod admission;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -54,15 +55,20 @@ struct Queue {
     ready: tokio::sync::Notify,
 }
 
+/// Who owns which keys: every voter, sorted (the same list, so the same owners, on every node
+/// that applied the same configuration), and the fetches waiting for each other one.
+struct Owners {
+    voters: Vec<u64>,
+    queues: HashMap<u64, Arc<Queue>>,
+}
+
 pub struct Ldc {
     me: u64,
-    /// Every voter, sorted: the same list, so the same owners, on every node.
-    voters: Vec<u64>,
+    owners: RwLock<Arc<Owners>>,
     /// Set once the node runs: how to reach peers, and a handle to its runtime for the blocking
     /// threads that fetch.
     peers: OnceLock<(Arc<PeerCalls>, tokio::runtime::Handle)>,
     skipped_until: Mutex<HashMap<u64, Instant>>,
-    queues: HashMap<u64, Arc<Queue>>,
     /// Which keys this node caches besides its own: the cost-benefit admission's hot set (none
     /// without it).
     admission: Mutex<Option<Admission>>,
@@ -97,8 +103,7 @@ impl Ldc {
             .collect();
         Arc::new(Ldc {
             me,
-            queues,
-            voters,
+            owners: RwLock::new(Arc::new(Owners { voters, queues })),
             peers: OnceLock::new(),
             skipped_until: Mutex::new(HashMap::new()),
             admission: Mutex::new(cost_benefit.then(Admission::default)),
@@ -147,9 +152,50 @@ impl Ldc {
         })
     }
 
+    fn owners(&self) -> Arc<Owners> {
+        self.owners.read().expect("not poisoned").clone()
+    }
+
     /// The node the store key `key` belongs to.
     pub fn owner(&self, key: &[u8]) -> u64 {
-        self.voters[(fnv1a_64(key) % self.voters.len() as u64) as usize]
+        let owners = self.owners.read().expect("not poisoned");
+        owners.voters[(fnv1a_64(key) % owners.voters.len() as u64) as usize]
+    }
+
+    /// The voters changed: keys are owned over the new ones from now on. Values cached by a
+    /// node that no longer owns them leave as the cache evicts them.
+    pub fn set_voters(self: &Arc<Self>, mut voters: Vec<u64>) {
+        voters.sort_unstable();
+        if voters.is_empty() || voters == self.owners().voters {
+            return;
+        }
+        let (new, gone) = {
+            let mut owners = self.owners.write().expect("not poisoned");
+            let mut queues = owners.queues.clone();
+            let gone: Vec<Arc<Queue>> = queues
+                .extract_if(|id, _| !voters.contains(id))
+                .map(|(_, queue)| queue)
+                .collect();
+            let new: Vec<u64> = voters
+                .iter()
+                .filter(|id| **id != self.me && !queues.contains_key(id))
+                .copied()
+                .collect();
+            for id in &new {
+                queues.insert(*id, Arc::default());
+            }
+            *owners = Arc::new(Owners { voters, queues });
+            (new, gone)
+        };
+        // Their senders see they are gone and stop.
+        for queue in gone {
+            queue.ready.notify_one();
+        }
+        if let Some((_, runtime)) = self.peers.get() {
+            for owner in new {
+                runtime.spawn(self.clone().send_fetches(owner));
+            }
+        }
     }
 
     pub fn owns(&self, key: &[u8]) -> bool {
@@ -195,7 +241,7 @@ impl Ldc {
             return;
         };
         let shape = CacheShape {
-            nodes: self.voters.len(),
+            nodes: self.owners().voters.len(),
             capacity_objects,
             keys,
         };
@@ -217,7 +263,7 @@ impl Ldc {
         if self.peers.set((peers, runtime.clone())).is_err() {
             return;
         }
-        for owner in self.queues.keys() {
+        for owner in self.owners().queues.keys() {
             runtime.spawn(self.clone().send_fetches(*owner));
         }
     }
@@ -226,7 +272,7 @@ impl Ldc {
     /// answers in time.
     pub fn fetch(&self, owner: u64, key: &[u8], version: u64) -> Option<Bytes> {
         let (_, runtime) = self.peers.get()?;
-        let queue = self.queues.get(&owner)?;
+        let queue = self.owners().queues.get(&owner)?.clone();
         if self.backing_off(owner) {
             self.metrics.remote_failed.inc();
             return None;
@@ -274,10 +320,19 @@ impl Ldc {
 
     /// Sends the fetches waiting for `owner`, a batch per call, one call at a time.
     async fn send_fetches(self: Arc<Self>, owner: u64) {
-        let queue = self.queues[&owner].clone();
+        let Some(queue) = self.owners().queues.get(&owner).cloned() else {
+            return;
+        };
         let (peers, _) = self.peers.get().expect("connected").clone();
         loop {
             queue.ready.notified().await;
+            if !self.owners().queues.get(&owner).is_some_and(|q| Arc::ptr_eq(q, &queue)) {
+                // No longer a voter: the fetches still waiting go to the device.
+                for waiting in queue.waiting.lock().expect("not poisoned").drain(..) {
+                    let _ = waiting.answer.send(None);
+                }
+                return;
+            }
             loop {
                 let batch: Vec<Waiting> = {
                     let mut waiting = queue.waiting.lock().expect("not poisoned");
@@ -434,6 +489,21 @@ mod tests {
             owned[owner as usize - 1] += 1;
         }
         assert!(owned.iter().all(|n| (800..1_200).contains(n)), "{owned:?}");
+    }
+
+    #[test]
+    fn owners_follow_the_voters_as_membership_changes() {
+        let node = Ldc::new(1, vec![1, 2, 3], false);
+        let owner_of = |i: usize| node.owner(format!("k{i}").as_bytes());
+        node.set_voters(vec![4, 2, 1, 3, 5]);
+        let grown: Vec<u64> = (0..1_000).map(owner_of).collect();
+        assert!(grown.contains(&4) && grown.contains(&5), "new voters own keys");
+        assert_eq!(node.owners().queues.len(), 4, "a fetch queue per other voter");
+        node.set_voters(vec![1, 5]);
+        assert!((0..1_000).map(owner_of).all(|owner| owner == 1 || owner == 5));
+        assert_eq!(node.owners().queues.keys().copied().collect::<Vec<_>>(), vec![5]);
+        node.set_voters(Vec::new());
+        assert_eq!(node.owners().voters, vec![1, 5], "a configuration without voters is not taken");
     }
 
     #[test]
