@@ -9,6 +9,9 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+
 use anyhow::{bail, Context};
 use chorus_cluster::{process, ClusterFile, NetOptions};
 use serde::{Deserialize, Serialize};
@@ -44,6 +47,11 @@ pub enum FaultKind {
     /// makes it reset and recover from its WAL); the node fails on its broken connections and
     /// is restarted when the fault ends.
     CrashPostgresRandom,
+    /// Change the membership: a new node joins (a learner, caught up, then a voter) and a random
+    /// other one is removed (a leader hands its leadership over first) and stopped. Needs a
+    /// network without per-pair proxies (every member dials a node at the one address the log
+    /// records) and the registers workload, whose clients follow the membership.
+    ReplaceRandom,
 }
 
 impl FaultKind {
@@ -63,6 +71,14 @@ impl FaultKind {
     /// Needs each node's data on a power-cut disk.
     pub fn cuts_power(self) -> bool {
         matches!(self, FaultKind::PowerCutRandom | FaultKind::PowerCutAll)
+    }
+
+    /// Cuts links between nodes, which needs a proxy on every link.
+    pub fn cuts_links(self) -> bool {
+        matches!(
+            self,
+            FaultKind::PartitionMajority | FaultKind::PartitionLeader | FaultKind::PartitionBridge
+        )
     }
 
     /// Needs each node to replicate into a PostgreSQL server of its own.
@@ -130,18 +146,30 @@ pub struct Applied {
     pub rolled_back_by_cut: usize,
 }
 
+/// The nodes clients may reach, (id, client address) each, as the membership changes.
+pub type NodeList = Arc<RwLock<Vec<(u64, SocketAddr)>>>;
+
 /// The cluster faults are done to.
 pub struct Target<'a> {
     pub dir: &'a Path,
-    pub file: &'a ClusterFile,
     pub net: &'a NetOptions,
     /// The nodes' power-cut disks, when the run's faults cut power.
     pub disks: Option<&'a Mutex<PowerCutDisks>>,
+    /// Where the clients connect; a membership change updates it.
+    pub nodes: NodeList,
 }
 
+/// How long one step of a membership change (adding, catching up, promoting, removing) may take.
+const MEMBERSHIP_STEP_TIMEOUT: Duration = Duration::from_secs(30);
+
 impl Target<'_> {
+    /// The cluster as its file lists it now (membership changes rewrite it).
+    pub fn file(&self) -> anyhow::Result<ClusterFile> {
+        chorus_cluster::load(self.dir)
+    }
+
     fn ids(&self) -> Vec<u64> {
-        self.file.nodes.iter().map(|n| n.id).collect()
+        self.file().map_or_else(|_| Vec::new(), |file| file.nodes.iter().map(|n| n.id).collect())
     }
 
     fn pid(&self, id: u64) -> anyhow::Result<u32> {
@@ -149,7 +177,7 @@ impl Target<'_> {
     }
 
     pub async fn leader(&self) -> Option<u64> {
-        let states = chorus_cluster::status(self.dir, self.file).await;
+        let states = chorus_cluster::status(self.dir, &self.file().ok()?).await;
         states.iter().find(|s| s.is_leader()).map(|s| s.entry.id)
     }
 
@@ -251,6 +279,7 @@ impl Target<'_> {
                 crash_postgres(&chorus_cluster::node_dir(self.dir, random))?;
                 applied.nodes.push(random);
             }
+            FaultKind::ReplaceRandom => applied.nodes = self.replace(random).await?,
         }
         Ok(applied)
     }
@@ -335,14 +364,26 @@ impl Target<'_> {
                     proxy.set_enabled(&chorus_cluster::peer_link_name(*from, *to), true)?;
                 }
             }
+            // A change of members is not undone; the next fault finds the new ones.
+            FaultKind::ReplaceRandom => {}
         }
         Ok(())
     }
 
+    /// A new node joins, then `leaving` is removed; the clients follow. Returns [leaving, new].
+    async fn replace(&self, leaving: u64) -> anyhow::Result<Vec<u64>> {
+        let added = chorus_cluster::members::add_nodes(self.dir, 1, MEMBERSHIP_STEP_TIMEOUT).await?;
+        chorus_cluster::members::remove_node(self.dir, leaving, MEMBERSHIP_STEP_TIMEOUT).await?;
+        let file = self.file()?;
+        *self.nodes.write().expect("node list") = file.nodes.iter().map(|n| (n.id, n.resp_addr)).collect();
+        Ok([vec![leaving], added].concat())
+    }
+
     /// Starts every node that is not running and waits for a leader.
     pub async fn restart_stopped(&self) -> anyhow::Result<()> {
-        let nodes = self.file.nodes.len();
-        if self.file.sql {
+        let file = self.file()?;
+        let nodes = file.nodes.len();
+        if file.sql {
             chorus_cluster::start_sql(self.dir, nodes, Vec::new(), self.net).await?;
         } else {
             chorus_cluster::start(self.dir, nodes, Vec::new(), self.net).await?;

@@ -192,11 +192,23 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
         profile: Some(args.net.clone()),
         bandwidth_mbit: None,
     };
-    if !net.resolve()?.is_some_and(|profile| profile.proxied) {
+    let proxied = net.resolve()?.is_some_and(|profile| profile.proxied);
+    if kinds.iter().any(|k| k.cuts_links()) && !proxied {
         bail!(
-            "chaos runs need a network profile with proxies on every link (proxied = true), not '{}'",
+            "partition faults need a network profile with proxies on every link (proxied = true), not '{}'",
             args.net
         );
+    }
+    if kinds.contains(&FaultKind::ReplaceRandom) {
+        if proxied {
+            bail!(
+                "replace-random changes members, whose peers reach them at the one address the log records: \
+                 run it with --net lan and without partition faults"
+            );
+        }
+        if args.workload != Workload::Registers || kinds.iter().any(|k| k.cuts_power()) {
+            bail!("replace-random runs with the registers workload and without power cuts (new nodes have no power-cut disk)");
+        }
     }
     let plan = faults::schedule(args.seed, &kinds, Duration::from_secs(args.duration_secs));
     std::fs::write(dir.join("schedule.json"), serde_json::to_string_pretty(&plan)?)?;
@@ -222,9 +234,11 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
         Ok(file) => {
             let target = Target {
                 dir: &cluster_dir,
-                file: &file,
                 net: &net,
                 disks: disks.as_ref(),
+                nodes: Arc::new(std::sync::RwLock::new(
+                    file.nodes.iter().map(|n| (n.id, n.resp_addr)).collect(),
+                )),
             };
             // Interrupted (Ctrl-C, or SIGTERM as `timeout` sends), the run still stops its nodes,
             // unmounts its disks and keeps its records.
@@ -349,10 +363,10 @@ async fn drive(
     bank_log: &Arc<bank::Log>,
     applied: &mut Vec<Applied>,
 ) -> anyhow::Result<(usize, Vec<String>)> {
-    let file = target.file;
+    let file = target.file()?;
     // Straight to the nodes: a client proxy would accept connections for a node that is down,
     // and every request sent that way would end with an unknown outcome.
-    let nodes: Vec<_> = file.nodes.iter().map(|n| (n.id, n.resp_addr)).collect();
+    let nodes: Vec<_> = target.nodes.read().expect("node list").clone();
     // Both sets abort their tasks when dropped, so a run cut short leaves nothing running.
     let mut clients = tokio::task::JoinSet::new();
     if args.workload == Workload::Idioms {
@@ -385,7 +399,7 @@ async fn drive(
             id,
             mix,
             id < args.resending.min(args.clients) as u64,
-            nodes.clone(),
+            target.nodes.clone(),
             args.keys,
             args.seed,
         ));
@@ -449,7 +463,7 @@ async fn drive(
     let rolled_back = target.full_restart().await?;
     let mut violations = Vec::new();
     match args.workload {
-        Workload::Registers => final_reads(recorder, file, args.keys).await?,
+        Workload::Registers => final_reads(recorder, &target.file()?, args.keys).await?,
         Workload::Idioms => {
             let addrs: Vec<_> = nodes.iter().map(|(_, addr)| *addr).collect();
             idioms::drain(idiom_log, &addrs).await?;

@@ -272,7 +272,7 @@ pub async fn client_loop(
     id: u64,
     mix: Mix,
     resends: bool,
-    nodes: Vec<(u64, SocketAddr)>,
+    nodes: crate::faults::NodeList,
     keys: usize,
     seed: u64,
 ) {
@@ -281,6 +281,8 @@ pub async fn client_loop(
     let mut connection = None;
     let mut session = None;
     while !recorder.stop.load(Ordering::Relaxed) {
+        // The members as they are now: a node that left is stopped, a new one is listed.
+        let nodes = nodes.read().expect("node list").clone();
         if connection.is_none() {
             connection = connect_to_any(&nodes, &mut rng).await;
             continue;
