@@ -169,7 +169,8 @@ impl Target<'_> {
     }
 
     fn ids(&self) -> Vec<u64> {
-        self.file().map_or_else(|_| Vec::new(), |file| file.nodes.iter().map(|n| n.id).collect())
+        self.file()
+            .map_or_else(|_| Vec::new(), |file| file.nodes.iter().map(|n| n.id).collect())
     }
 
     fn pid(&self, id: u64) -> anyhow::Result<u32> {

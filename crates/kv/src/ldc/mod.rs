@@ -503,7 +503,11 @@ mod tests {
         assert!((0..1_000).map(owner_of).all(|owner| owner == 1 || owner == 5));
         assert_eq!(node.owners().queues.keys().copied().collect::<Vec<_>>(), vec![5]);
         node.set_voters(Vec::new());
-        assert_eq!(node.owners().voters, vec![1, 5], "a configuration without voters is not taken");
+        assert_eq!(
+            node.owners().voters,
+            vec![1, 5],
+            "a configuration without voters is not taken"
+        );
     }
 
     #[test]
