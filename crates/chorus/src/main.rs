@@ -1,5 +1,6 @@
 //! The `chorus` command: run a node, manage a local cluster, or watch the demo.
 
+mod backup;
 mod config;
 mod demo;
 mod members_admin;
@@ -48,6 +49,10 @@ enum Commands {
         #[command(subcommand)]
         command: ClusterCommand,
     },
+    /// Back up a running cluster's state, at a linearizable point, into one checksummed file.
+    Backup(backup::BackupArgs),
+    /// Build a new local cluster from a backup.
+    Restore(backup::RestoreArgs),
     /// Start a local 3-node cluster, drive a workload, crash and restart the leader, verify.
     Demo(demo::DemoArgs),
     /// Proof under faults: record a history under crashes, pauses and partitions, check it.
@@ -260,6 +265,8 @@ fn main() -> anyhow::Result<()> {
                 }
             },
             Commands::Demo(args) => demo::run(args).await,
+            Commands::Backup(args) => backup::backup(args).await,
+            Commands::Restore(args) => backup::restore(args).await,
             Commands::Bench { command } => chorus_bench::cli::run(*command).await,
             Commands::Chaos { command } => chorus_chaos::run::main(command).await,
         }

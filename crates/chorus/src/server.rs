@@ -317,9 +317,54 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Answers GET /backup: a backup of the state at a linearizable point (`chorus_log::backup`),
+/// streamed from disk as it is read; the node's error, if it cannot take one.
+async fn send_backup<S: StateMachine>(mut stream: tokio::net::TcpStream, node: &NodeHandle<S>) {
+    let source = match node.backup().await {
+        Ok(source) => source,
+        Err(e) => {
+            let body = format!("{e}\n");
+            let response = format!(
+                "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+            return;
+        }
+    };
+    let length = chorus_log::backup::encode_header(&source.header).len() as u64
+        + source.header.files.iter().map(|(_, size)| size).sum::<u64>()
+        + 32;
+    let head = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {length}\r\nX-Chorus-Backup-Index: {}\r\nConnection: close\r\n\r\n",
+        source.header.index
+    );
+    if stream.write_all(head.as_bytes()).await.is_err() {
+        return;
+    }
+    // The files are read and written with blocking calls, off the runtime's threads.
+    let Ok(stream) = stream.into_std() else {
+        return;
+    };
+    let written = tokio::task::spawn_blocking(move || {
+        stream.set_nonblocking(false)?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, stream);
+        chorus_log::backup::write_backup(&source.header, &source.paths, &mut out)?;
+        drop(source.pin);
+        std::io::Write::flush(&mut out)
+    })
+    .await;
+    match written {
+        Ok(Ok(())) => tracing::info!("backup sent"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "backup broken off"),
+        Err(e) => tracing::warn!(error = %e, "backup writer failed"),
+    }
+}
+
 /// A minimal HTTP/1.1 responder: GET / the status page (`status_page`), GET /metrics in
 /// Prometheus text format; POST /failover makes this node the leader (what `chorus cluster` uses
-/// to place the leader and hand it over in a rolling restart); GET /members and POST
+/// to place the leader and hand it over in a rolling restart); GET /backup streams a backup
+/// (`chorus backup`); GET /members and POST
 /// /members/... change the membership (`members_admin`); 404 otherwise. The port is an operator's:
 /// bind it where only operators reach it.
 /// `membership_refusal`: why this node takes no membership change, if it takes none.
@@ -358,6 +403,10 @@ pub(crate) async fn serve_metrics<S: StateMachine>(
                 Ok::<_, std::io::Error>(())
             };
             if tokio::time::timeout(Duration::from_secs(5), read_head).await.is_err() {
+                return;
+            }
+            if request.starts_with(b"GET /backup ") {
+                send_backup(stream, &node).await;
                 return;
             }
             let mut content_type = "text/plain; version=0.0.4";

@@ -4,7 +4,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -2258,8 +2258,14 @@ async fn the_status_page_shows_the_leader_its_peers_and_throughput_in_a_headless
 
 /// Writes `prefix0, prefix1, …` as exactly-once RIFL writes until `stop`, each sent again to the
 /// next node while it gets no answer (a lost connection, a node restarting: the retries a client
-/// library makes); the number acknowledged. Panics if one goes unacknowledged for 30 s.
-async fn write_until(addrs: Vec<SocketAddr>, prefix: String, stop: Arc<AtomicBool>) -> u64 {
+/// library makes); the number acknowledged, also kept in `acknowledged_so_far` as it grows.
+/// Panics if one goes unacknowledged for 30 s.
+async fn write_until(
+    addrs: Vec<SocketAddr>,
+    prefix: String,
+    stop: Arc<AtomicBool>,
+    acknowledged_so_far: Arc<AtomicU64>,
+) -> u64 {
     let mut node = 0;
     let mut client = loop {
         if let Ok(client) = Client::connect(addrs[node % addrs.len()]).await {
@@ -2292,6 +2298,7 @@ async fn write_until(addrs: Vec<SocketAddr>, prefix: String, stop: Arc<AtomicBoo
         }
         session.answered(&write);
         acknowledged += 1;
+        acknowledged_so_far.store(acknowledged, Ordering::Relaxed);
     }
     acknowledged
 }
@@ -2306,7 +2313,14 @@ async fn a_rolling_restart_under_load_loses_and_fails_no_write() {
     let pids_before: Vec<u32> = (1..=3).map(|id| node_pid(&cluster, id)).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> = (0..4)
-        .map(|w| tokio::spawn(write_until(addrs.clone(), format!("roll{w}-"), stop.clone())))
+        .map(|w| {
+            tokio::spawn(write_until(
+                addrs.clone(),
+                format!("roll{w}-"),
+                stop.clone(),
+                Arc::default(),
+            ))
+        })
         .collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let dir = cluster.dir().to_string();
@@ -3302,7 +3316,14 @@ async fn a_cluster_grows_to_five_and_shrinks_to_three_under_load_losing_no_write
     let addrs: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.resp_addr).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> = (0..4)
-        .map(|w| tokio::spawn(write_until(addrs.clone(), format!("grow{w}-"), stop.clone())))
+        .map(|w| {
+            tokio::spawn(write_until(
+                addrs.clone(),
+                format!("grow{w}-"),
+                stop.clone(),
+                Arc::default(),
+            ))
+        })
         .collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let dir = cluster.dir().to_string();
@@ -3384,4 +3405,84 @@ async fn a_cluster_grows_to_five_and_shrinks_to_three_under_load_losing_no_write
             }
         }
     }
+}
+
+/// `chorus backup` of a cluster under writes, `chorus restore` into a new one: the restored
+/// cluster holds the source's state at the backup's index — of each writer's sequence of
+/// writes, every one acknowledged before the backup began and none sent after it ended, a
+/// prefix with no gap — and takes writes of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_under_writes_restores_into_a_new_cluster_equal_at_its_index() {
+    let cluster = Cluster::start(3, &[]);
+    let addrs: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.resp_addr).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let progress: Vec<Arc<AtomicU64>> = (0..3).map(|_| Arc::default()).collect();
+    let writers: Vec<_> = (0..3)
+        .map(|w| {
+            tokio::spawn(write_until(
+                addrs.clone(),
+                format!("bk{w}-"),
+                stop.clone(),
+                progress[w].clone(),
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let backup_file = cluster.dir.path().join("backup.chorus");
+    let acknowledged_before: Vec<u64> = progress.iter().map(|p| p.load(Ordering::Relaxed)).collect();
+    let (dir, to) = (cluster.dir().to_string(), backup_file.to_str().unwrap().to_string());
+    let said = tokio::task::spawn_blocking(move || run_chorus(&["backup", "--cluster", &dir, "--to", &to]))
+        .await
+        .unwrap();
+    assert!(said.contains("its SHA-256 checked"), "{said}");
+    // Each writer has at most one write in flight: none past this was sent before the end.
+    let sent_by_end: Vec<u64> = progress.iter().map(|p| p.load(Ordering::Relaxed) + 1).collect();
+    stop.store(true, Ordering::Relaxed);
+    for writer in writers {
+        writer.await.unwrap();
+    }
+
+    let restored_dir = tempfile::tempdir().unwrap();
+    let restored_path = restored_dir.path().to_path_buf();
+    let said = run_chorus(&[
+        "restore",
+        "--from",
+        backup_file.to_str().unwrap(),
+        "--dir",
+        restored_path.to_str().unwrap(),
+    ]);
+    assert!(said.contains("restored index"), "{said}");
+    let file: ClusterFile =
+        toml::from_str(&std::fs::read_to_string(restored_path.join("cluster.toml")).unwrap()).unwrap();
+    let restored = Cluster {
+        dir: restored_dir,
+        nodes: file.nodes,
+    };
+    for id in 1..=3 {
+        let mut c = restored.client(id).await;
+        for w in 0..3 {
+            let mut n = 0;
+            while c.command(&["EXISTS", &format!("bk{w}-{n}")]).await.unwrap() == Value::Integer(1) {
+                n += 1;
+            }
+            assert!(
+                n >= acknowledged_before[w] && n <= sent_by_end[w],
+                "node {id}, writer {w}: {n} writes, acknowledged before {}, sent by the end {}",
+                acknowledged_before[w],
+                sent_by_end[w]
+            );
+            for later in n..sent_by_end[w] + 2 {
+                assert_eq!(
+                    c.command(&["EXISTS", &format!("bk{w}-{later}")]).await.unwrap(),
+                    Value::Integer(0),
+                    "no gap: write {later} of writer {w} on node {id}"
+                );
+            }
+        }
+    }
+    let mut c = restored.client(2).await;
+    assert_eq!(
+        c.command(&["SET", "after-restore", "1"]).await.unwrap(),
+        Value::Simple("OK".into())
+    );
 }

@@ -206,6 +206,17 @@ pub fn peer_link_name(from: u64, to: u64) -> String {
     format!("peer-{from}-to-{to}")
 }
 
+/// Creates a key-value cluster in `dir` without starting it (`start` starts it), for a caller
+/// that puts something in the nodes' data directories first (`chorus restore`).
+pub fn create_stopped(
+    dir: &Path,
+    nodes: usize,
+    server_args: Vec<String>,
+    net: &NetOptions,
+) -> anyhow::Result<ClusterFile> {
+    create(dir, nodes, server_args, net, false)
+}
+
 fn create(
     dir: &Path,
     nodes: usize,

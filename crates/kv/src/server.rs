@@ -721,7 +721,9 @@ fn node_error(e: NodeError) -> Value {
         NodeError::Timeout { .. } => "TIMEOUT",
         NodeError::LeaderChanged => "UNCERTAIN",
         NodeError::DiskFull { .. } => "NOSPACE",
-        NodeError::ShuttingDown | NodeError::NotAVoter(_) | NodeError::MembershipRefused(_) => "ERR",
+        NodeError::ShuttingDown | NodeError::NotAVoter(_) | NodeError::MembershipRefused(_) | NodeError::Refused(_) => {
+            "ERR"
+        }
     };
     Value::error(format!("{prefix} {e}"))
 }

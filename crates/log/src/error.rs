@@ -78,6 +78,9 @@ pub enum NodeError {
          resume by themselves) or make another node the leader"
     )]
     DiskFull { node_id: u64 },
+    /// A request this node cannot serve as asked; the text says why and what to do.
+    #[error("{0}")]
+    Refused(String),
     /// A membership change this node will not make as asked; the text says why and what to do.
     #[error("membership change refused: {0}")]
     MembershipRefused(String),

@@ -1,6 +1,7 @@
 //! The replicated log: a raft node (TiKV's `raft` crate) with durable storage, a TCP peer
 //! transport and an entry-codec seam. It knows nothing about what the commands mean.
 
+pub mod backup;
 pub mod batch;
 pub mod codec;
 mod curp_leader;
@@ -21,7 +22,8 @@ mod wire;
 pub use codec::{CodecError, EntryCodec, IdentityCodec, LogView, RaftLogView, CODEC_ENTRY};
 pub use error::{DecodeError, NodeError, StorageError};
 pub use node::{
-    start, FinishRead, NodeConfig, NodeHandle, NodeStatus, ReadConsistency, Role, SlowRead, StartError, StateMachine,
+    start, BackupSource, FinishRead, NodeConfig, NodeHandle, NodeStatus, ReadConsistency, Role, SlowRead, StartError,
+    StateMachine,
 };
 pub use shipment::SnapshotFiles;
 pub use transport::{CallError, PeerCalls, PeerRequest};

@@ -28,6 +28,7 @@ use raft::eraftpb::{ConfChange, ConfChangeV2, Entry, EntryType, Message, Message
 use raft::{RawNode, ReadState, SnapshotStatus, StateRole};
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::backup::{self, BackupHeader};
 use crate::batch::{self, Origin, BATCH_HEADER_BYTES, COMMAND_OVERHEAD_BYTES};
 use crate::codec::{EntryCodec, Prepared, Preparer, RaftLogView, CODEC_ENTRY};
 use crate::curp_leader::CurpLeader;
@@ -265,6 +266,11 @@ enum Request<SM: StateMachine> {
         to: u64,
         reply: Reply<()>,
     },
+    /// A snapshot of the state at a linearizable point (at least the index a ReadIndex confirms
+    /// once this node asks), with its files, pinned.
+    Backup {
+        reply: Reply<BackupSource>,
+    },
     /// On the leader: propose `change`; answered once it applied (and, when it went through a
     /// joint configuration, once that was left).
     ChangeMembers {
@@ -416,6 +422,17 @@ impl<SM: StateMachine> NodeHandle<SM> {
     /// The configuration this node has applied, and its members' addresses.
     pub fn members(&self) -> Members {
         self.members.borrow().clone()
+    }
+
+    /// A backup of the state at a linearizable point: it holds every write acknowledged before
+    /// this call. Any node may take one (its ReadIndex goes through the leader).
+    pub async fn backup(&self) -> Result<BackupSource, NodeError> {
+        let (reply, rx) = oneshot::channel();
+        self.requests
+            .send(Request::Backup { reply })
+            .await
+            .map_err(|_| NodeError::ShuttingDown)?;
+        rx.await.unwrap_or(Err(NodeError::ShuttingDown))
     }
 
     /// Follows the configuration as this node applies changes to it.
@@ -734,6 +751,22 @@ impl LogMetrics {
     }
 }
 
+/// What a backup is written from (`backup::write_backup`): the header, each file's path, and
+/// what keeps the files from being deleted meanwhile.
+pub struct BackupSource {
+    pub header: BackupHeader,
+    pub paths: Vec<PathBuf>,
+    pub pin: Box<dyn std::any::Any + Send>,
+}
+
+/// How long a backup may wait for its ReadIndex, apply and a snapshot.
+const BACKUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+struct BackupWait {
+    reply: Reply<BackupSource>,
+    arrived: Instant,
+}
+
 struct MemberWait {
     index: u64,
     term: u64,
@@ -823,6 +856,13 @@ struct RaftLoop<SM: StateMachine> {
     /// On the leader, a learner holding nothing yet needs a snapshot that names it, and a log
     /// that does not start at index 1 (`snapshot_for_new_members`).
     snapshot_for_learner: bool,
+    /// Backups waiting for a ReadIndex to be issued, for its answer (by context), and for apply
+    /// and a snapshot to reach its index.
+    backups_unissued: Vec<BackupWait>,
+    backups_issued: HashMap<u64, Vec<BackupWait>>,
+    backups_ready: Vec<(u64, BackupWait)>,
+    /// A backup needs a snapshot newer than the latest.
+    snapshot_for_backup: bool,
     metrics: LogMetrics,
     next_request_id: u64,
     /// Writes waiting for a leader (or for group commit), in arrival order.
@@ -941,10 +981,29 @@ pub async fn start<SM: StateMachine>(
         snapshot_index = report.snapshot_index, first = storage.first_entry_index(),
         last = storage.last_entry_index(), "raft log recovered"
     );
+    let mut codec = codec;
+    let mut open_state = Some(open_state);
+    let mut open_state = |snapshot: Option<&[u8]>| open_state.take().expect("the state opens once")(snapshot);
+    let restore_dir = config.data_dir.join(backup::RESTORE_DIR);
+    let restored = if storage.latest_snapshot().get_metadata().index == 0
+        && storage.last_entry_index() == 0
+        && restore_dir.join(backup::HEADER_FILE).exists()
+    {
+        Some(restore(
+            &config,
+            &restore_dir,
+            &mut storage,
+            &mut codec,
+            &mut open_state,
+        )?)
+    } else {
+        None
+    };
     let snapshot = storage.latest_snapshot().clone();
     let applied = snapshot.get_metadata().index;
-    let mut codec = codec;
-    let (sm, snapshot_addresses) = if applied > 0 {
+    let (sm, snapshot_addresses) = if let Some(sm) = restored {
+        (sm, None)
+    } else if applied > 0 {
         let (sm_state, codec_state, addresses) = split_snapshot(&snapshot.data).map_err(StartError::Restore)?;
         codec.restore(codec_state, applied).map_err(StartError::Restore)?;
         (open_state(Some(sm_state)).map_err(StartError::Restore)?, addresses)
@@ -1057,6 +1116,10 @@ pub async fn start<SM: StateMachine>(
         members: members_tx,
         member_waits: Vec::new(),
         snapshot_for_learner: false,
+        backups_unissued: Vec::new(),
+        backups_issued: HashMap::new(),
+        backups_ready: Vec::new(),
+        snapshot_for_backup: false,
         metrics,
         next_request_id: 1,
         unproposed: VecDeque::new(),
@@ -1102,6 +1165,50 @@ pub async fn start<SM: StateMachine>(
         peer_calls,
         members: members_rx,
     })
+}
+
+/// Installs the backup unpacked in `restore_dir` (`chorus restore`) into a node with an empty
+/// log, as a leader's snapshot, under this cluster's configuration: the nodes of `config.peers`
+/// as voters, at their addresses. Every node of the new cluster does the same from the same
+/// backup, so all start from one state at one index.
+fn restore<SM: StateMachine>(
+    config: &NodeConfig,
+    restore_dir: &Path,
+    storage: &mut DiskStorage,
+    codec: &mut Box<dyn EntryCodec>,
+    open_state: impl FnOnce(Option<&[u8]>) -> Result<SM, String>,
+) -> Result<SM, StartError> {
+    let header_path = restore_dir.join(backup::HEADER_FILE);
+    let bytes = std::fs::read(&header_path).map_err(|source| StorageError::Io {
+        path: header_path.clone(),
+        source,
+    })?;
+    let header =
+        backup::decode_header(&bytes).map_err(|e| StartError::Restore(format!("{}: {e}", header_path.display())))?;
+    let (sm_state, codec_state, _) = split_snapshot(&header.data).map_err(StartError::Restore)?;
+    let mut sm = open_state(None).map_err(StartError::Restore)?;
+    sm.install_snapshot(sm_state, restore_dir)
+        .map_err(StartError::Restore)?;
+    codec.restore(codec_state, header.index).map_err(StartError::Restore)?;
+    let addresses: Addresses = config.peers.iter().copied().collect();
+    let mut snapshot = Snapshot::default();
+    snapshot.mut_metadata().index = header.index;
+    snapshot.mut_metadata().term = header.term;
+    snapshot.mut_metadata().mut_conf_state().voters = addresses.keys().copied().collect();
+    snapshot.data = Bytes::from(join_snapshot(sm_state, codec_state, &addresses));
+    storage.apply_snapshot(snapshot, addresses)?;
+    sm.snapshot_persisted(sm_state);
+    std::fs::remove_dir_all(restore_dir).map_err(|source| StorageError::Io {
+        path: restore_dir.to_path_buf(),
+        source,
+    })?;
+    tracing::info!(
+        index = header.index,
+        term = header.term,
+        voters = ?config.peers.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        "restored from a backup"
+    );
+    Ok(sm)
 }
 
 const SNAPSHOT_DATA_MAGIC: &[u8; 4] = b"CHSD";
@@ -1254,6 +1361,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             self.answer_replica_waits();
             self.update_refill();
             self.note_leadership_transfer();
+            self.serve_backups();
             self.maybe_snapshot();
             self.publish_status();
         }
@@ -1362,6 +1470,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             Request::TransferLeader { to, reply } => {
                 let _ = reply.send(self.transfer_leader(to));
             }
+            Request::Backup { reply } => self.backups_unissued.push(BackupWait { reply, arrived }),
             Request::ChangeMembers { change, reply } => match self.propose_member_change(&change) {
                 Ok(index) => self.member_waits.push(MemberWait {
                     index,
@@ -1906,6 +2015,13 @@ impl<SM: StateMachine> RaftLoop<SM> {
     /// arriving meanwhile share the next one (one heartbeat round per batch of reads, not per
     /// loop iteration), and on a slow one a read never waits for a round trip before its own.
     fn issue_reads(&mut self) {
+        if !self.backups_unissued.is_empty() && self.leader_known() && self.curp_recovered() {
+            let ctx = self.next_read_ctx;
+            self.next_read_ctx += 1;
+            self.backups_issued
+                .insert(ctx, std::mem::take(&mut self.backups_unissued));
+            self.raw.read_index(ctx.to_le_bytes().to_vec());
+        }
         if self.reads_unissued.is_empty() || !self.leader_known() || self.read_index_deadline().is_some() {
             return;
         }
@@ -2007,7 +2123,12 @@ impl<SM: StateMachine> RaftLoop<SM> {
             let Ok(ctx) = <[u8; 8]>::try_from(state.request_ctx.as_slice()) else {
                 continue;
             };
-            if let Some(issued) = self.reads_issued.remove(&u64::from_le_bytes(ctx)) {
+            let ctx = u64::from_le_bytes(ctx);
+            if let Some(backups) = self.backups_issued.remove(&ctx) {
+                self.backups_ready.extend(backups.into_iter().map(|b| (state.index, b)));
+                continue;
+            }
+            if let Some(issued) = self.reads_issued.remove(&ctx) {
                 let raft = &self.raw.raft;
                 if self.config.read_lease && raft.state == StateRole::Leader && issued.term == raft.term {
                     let until = issued.issued_at + self.read_lease_span();
@@ -2486,6 +2607,68 @@ impl<SM: StateMachine> RaftLoop<SM> {
         });
     }
 
+    /// Answers the backups whose ReadIndex this node has applied, from the latest snapshot if it
+    /// covers that index, else asks for a new one (fails those that waited too long).
+    fn serve_backups(&mut self) {
+        if self.backups_ready.is_empty() && self.backups_unissued.is_empty() && self.backups_issued.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let expired = |wait: &BackupWait| now.duration_since(wait.arrived) >= BACKUP_TIMEOUT;
+        let timeout = || NodeError::Timeout {
+            waited_ms: BACKUP_TIMEOUT.as_millis() as u64,
+        };
+        for wait in self.backups_unissued.extract_if(.., |w| expired(w)) {
+            let _ = wait.reply.send(Err(timeout()));
+        }
+        for waits in self.backups_issued.values_mut() {
+            for wait in waits.extract_if(.., |w| expired(w)) {
+                let _ = wait.reply.send(Err(timeout()));
+            }
+        }
+        self.backups_issued.retain(|_, waits| !waits.is_empty());
+        let snapshot_index = self.raw.store().latest_snapshot().get_metadata().index;
+        let applied = self.applied_index;
+        self.snapshot_for_backup = false;
+        for (index, wait) in std::mem::take(&mut self.backups_ready) {
+            if expired(&wait) {
+                let _ = wait.reply.send(Err(timeout()));
+            } else if index <= snapshot_index {
+                let _ = wait.reply.send(self.backup_source());
+            } else {
+                self.snapshot_for_backup |= index <= applied;
+                self.backups_ready.push((index, wait));
+            }
+        }
+    }
+
+    /// The latest snapshot as a backup.
+    fn backup_source(&mut self) -> Result<BackupSource, NodeError> {
+        let snapshot = self.raw.store().latest_snapshot().clone();
+        let failed = |e: String| NodeError::Refused(format!("the backup cannot be taken: {e}"));
+        let (sm_state, _, _) = split_snapshot(&snapshot.data).map_err(failed)?;
+        let files = self.sm.snapshot_files(sm_state).map_err(failed)?;
+        let mut sizes = Vec::with_capacity(files.files.len());
+        for (name, path) in &files.files {
+            let size = std::fs::metadata(path)
+                .map_err(|e| failed(format!("{}: {e}", path.display())))?
+                .len();
+            sizes.push((name.clone(), size));
+        }
+        let meta = snapshot.get_metadata();
+        Ok(BackupSource {
+            header: BackupHeader {
+                index: meta.index,
+                term: meta.term,
+                conf_state: meta.get_conf_state().clone(),
+                data: snapshot.data.to_vec(),
+                files: sizes,
+            },
+            paths: files.files.into_iter().map(|(_, path)| path).collect(),
+            pin: files.pin,
+        })
+    }
+
     /// On the leader: whether a learner holding nothing yet needs a snapshot that names it. A
     /// new node starts from a snapshot (the initial configuration is in no entry), and raft
     /// installs only one whose configuration includes the node.
@@ -2544,7 +2727,8 @@ impl<SM: StateMachine> RaftLoop<SM> {
         }
         let store = self.raw.store();
         let snapshot_index = store.latest_snapshot().get_metadata().index;
-        let forced = self.snapshot_for_learner && snapshot_index < store.members().conf_index;
+        let forced =
+            (self.snapshot_for_learner && snapshot_index < store.members().conf_index) || self.snapshot_for_backup;
         if self.snapshot_for_learner && !forced && store.first_entry_index() <= 1 && snapshot_index > 0 {
             // Dropping the first entry is enough: a new node then needs the snapshot.
             if let Err(e) = self.raw.mut_store().compact(2) {
@@ -2644,6 +2828,9 @@ impl<SM: StateMachine> RaftLoop<SM> {
             // A ReadIndex in flight when leadership moves may never be answered: ask again.
             for (_, issued) in self.reads_issued.drain() {
                 self.reads_unissued.extend(issued.reads);
+            }
+            for (_, backups) in self.backups_issued.drain() {
+                self.backups_unissued.extend(backups);
             }
         }
         let m = &self.metrics;
