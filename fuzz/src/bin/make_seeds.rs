@@ -17,8 +17,10 @@ use chorus_fuzz::{append_after_resume, entry, resumed_codec, OneEntryLog, CACHE}
 use chorus_kv::command::{encode_args, encode_curp_recovered, encode_enveloped, encode_register, encode_renew};
 use chorus_kv::unicache::KvPreprocessor;
 use chorus_kv::KvState;
+use chorus_log::backup::{encode_header, BackupHeader};
 use chorus_log::batch::{self, Origin};
 use chorus_log::frame::{encode_frame, encode_hello, encode_request, encode_response, FrameKind};
+use chorus_log::membership::{encode_context, encode_members, Addresses, Members};
 use chorus_log::peer_auth::{encode_challenge, CODE_BYTES, NONCE_BYTES};
 use chorus_log::shipment::{encode_chunk, encode_offer, encode_resume, Offer};
 use chorus_log::storage::{write_snapshot_file, DiskStorage, StorageOptions};
@@ -34,7 +36,7 @@ use chorus_unicache::{
     absorb_command, encode_command, CsvPreprocessor, ItemCache, Preprocessor, SqlParams, SqlPreprocessor,
 };
 use protobuf::Message as _;
-use raft::eraftpb::{Entry, HardState, Message, MessageType, Snapshot};
+use raft::eraftpb::{ConfState, Entry, HardState, Message, MessageType, Snapshot};
 
 fn write(dir: &Path, target: &str, name: &str, bytes: &[u8]) {
     let dir = dir.join(target);
@@ -464,7 +466,37 @@ fn main() {
     timestamptz.extend_from_slice(&851_765_460_123_000i64.to_be_bytes());
     write(&out, "pg_values", "timestamptz", &timestamptz);
     write(&out, "pg_values", "int4", &[2, 0, 0, 1, 0]);
+    membership_seeds(&out);
     println!("seeds written under {}", out.display());
+}
+
+/// `membership` seeds: a change's context, a members record, a backup header.
+fn membership_seeds(out: &Path) {
+    let addresses: Addresses = [
+        (4, "127.0.0.4:7400".parse().expect("address")),
+        (5, "[::1]:7500".parse().expect("address")),
+    ]
+    .into();
+    write(out, "membership", "context", &encode_context(&addresses));
+    let conf_state = ConfState {
+        voters: vec![1, 2, 3],
+        learners: vec![4, 5],
+        ..ConfState::default()
+    };
+    let members = Members {
+        conf_index: 42,
+        conf_state: conf_state.clone(),
+        addresses,
+    };
+    write(out, "membership", "members", &encode_members(&members));
+    let header = BackupHeader {
+        index: 302,
+        term: 2,
+        conf_state,
+        data: vec![9; 16],
+        files: vec![("seg-000001.log".into(), 4_096), ("manifest".into(), 120)],
+    };
+    write(out, "membership", "backup-header", &encode_header(&header));
 }
 
 /// `pg_write_set` seeds: a write-set in the log's form (first byte 0), and lines of
