@@ -359,9 +359,113 @@ impl LoginThrottle {
     }
 }
 
+/// The user and password of an HTTP `Authorization: Basic …` header's value (RFC 7617);
+/// None for another scheme or malformed base64.
+pub fn basic_credentials(header_value: &str) -> Option<(Vec<u8>, Vec<u8>)> {
+    let (scheme, encoded) = header_value.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = decode_base64(encoded.trim())?;
+    let colon = decoded.iter().position(|&b| b == b':')?;
+    Some((decoded[..colon].to_vec(), decoded[colon + 1..].to_vec()))
+}
+
+/// The `Authorization` header's value that logs `user` in with `password` (HTTP Basic).
+pub fn basic_authorization(user: &str, password: &str) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let plain = format!("{user}:{password}");
+    let mut encoded = String::from("Basic ");
+    for chunk in plain.as_bytes().chunks(3) {
+        let mut three = [0u8; 3];
+        three[..chunk.len()].copy_from_slice(chunk);
+        let bits = u32::from_be_bytes([0, three[0], three[1], three[2]]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                encoded.push(ALPHABET[(bits >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                encoded.push('=');
+            }
+        }
+    }
+    encoded
+}
+
+/// Standard base64 with padding (RFC 4648 §4); None on any other input.
+fn decode_base64(text: &str) -> Option<Vec<u8>> {
+    let text = text.as_bytes();
+    if !text.len().is_multiple_of(4) {
+        return None;
+    }
+    let padding = text.iter().rev().take_while(|&&b| b == b'=').count();
+    if padding > 2 {
+        return None;
+    }
+    let sextet = |b: u8| match b {
+        b'A'..=b'Z' => Some(b - b'A'),
+        b'a'..=b'z' => Some(b - b'a' + 26),
+        b'0'..=b'9' => Some(b - b'0' + 52),
+        b'+' => Some(62),
+        b'/' => Some(63),
+        _ => None,
+    };
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    for (i, quad) in text.chunks(4).enumerate() {
+        let last = (i + 1) * 4 == text.len();
+        let pads = if last { padding } else { 0 };
+        let mut bits = 0u32;
+        for &b in &quad[..4 - pads] {
+            bits = bits << 6 | u32::from(sextet(b)?);
+        }
+        bits <<= 6 * pads as u32;
+        let bytes = bits.to_be_bytes();
+        out.extend_from_slice(&bytes[1..4 - pads]);
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn basic_credentials_decode_and_malformed_ones_are_none() {
+        // "aladdin:open sesame" and "admin:" (an empty password), as browsers and curl send them.
+        assert_eq!(
+            basic_credentials("Basic YWxhZGRpbjpvcGVuIHNlc2FtZQ=="),
+            Some((b"aladdin".to_vec(), b"open sesame".to_vec()))
+        );
+        assert_eq!(
+            basic_credentials("basic YWRtaW46"),
+            Some((b"admin".to_vec(), Vec::new()))
+        );
+        assert_eq!(
+            basic_credentials("Basic dTpwOnE="),
+            Some((b"u".to_vec(), b"p:q".to_vec()))
+        );
+        assert_eq!(
+            basic_authorization("aladdin", "open sesame"),
+            "Basic YWxhZGRpbjpvcGVuIHNlc2FtZQ=="
+        );
+        for password in ["", "p", "pw", "pw3", "a longer one: with colons"] {
+            assert_eq!(
+                basic_credentials(&basic_authorization("u", password)),
+                Some((b"u".to_vec(), password.as_bytes().to_vec()))
+            );
+        }
+        for bad in [
+            "Bearer YWRtaW46",
+            "Basic YWRtaW46=",
+            "Basic YWRt!W46",
+            "Basic ====",
+            "Basic YWRtaW4=",
+            "Basic",
+            "",
+            "Basic YQ==YQ==",
+        ] {
+            assert_eq!(basic_credentials(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn without_configuration_the_default_user_needs_no_password_and_may_write() {

@@ -81,7 +81,7 @@ async fn download(addr: std::net::SocketAddr, to: &Path) -> anyhow::Result<(u64,
         .await
         .with_context(|| format!("cannot reach the node's metrics port {addr}"))?;
     stream
-        .write_all(b"GET /backup HTTP/1.1\r\nHost: chorus\r\nContent-Length: 0\r\n\r\n")
+        .write_all(chorus_cluster::metrics_port_request("GET", "/backup").as_bytes())
         .await?;
     let mut reader = BufReader::with_capacity(1 << 20, stream);
     let mut status = String::new();

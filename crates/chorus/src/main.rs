@@ -1,5 +1,6 @@
 //! The `chorus` command: run a node, manage a local cluster, or watch the demo.
 
+mod admin_gate;
 mod backup;
 mod config;
 mod demo;

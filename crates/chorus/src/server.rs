@@ -19,6 +19,7 @@ use chorus_unicache::CacheConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+use crate::admin_gate::AdminGate;
 use crate::config::{parse_peers, ServerConfig};
 
 /// Most bytes of records a node's CURP witness holds; past it, fast-path writes take the
@@ -289,7 +290,12 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
          restart it with curp off to change its members"
             .to_string()
     });
-    tokio::spawn(serve_metrics(metrics_listener, node.clone(), membership_refusal));
+    tokio::spawn(serve_metrics(
+        metrics_listener,
+        node.clone(),
+        membership_refusal,
+        AdminGate::new(users.clone()),
+    ));
     let options = FrontEndOptions {
         default_consistency,
         limits: Limits {
@@ -372,7 +378,9 @@ pub(crate) async fn serve_metrics<S: StateMachine>(
     listener: TcpListener,
     node: NodeHandle<S>,
     membership_refusal: Option<String>,
+    gate: Option<AdminGate>,
 ) {
+    let gate = gate.map(Arc::new);
     let rates = Arc::new(crate::status_page::Rates::default());
     let sampled = (rates.clone(), node.clone());
     tokio::spawn(async move {
@@ -383,12 +391,13 @@ pub(crate) async fn serve_metrics<S: StateMachine>(
         }
     });
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
+        let Ok((mut stream, remote)) = listener.accept().await else {
             continue;
         };
         let node = node.clone();
         let rates = rates.clone();
         let membership_refusal = membership_refusal.clone();
+        let gate = gate.clone();
         tokio::spawn(async move {
             let mut request = Vec::with_capacity(1024);
             let mut chunk = [0u8; 1024];
@@ -405,12 +414,15 @@ pub(crate) async fn serve_metrics<S: StateMachine>(
             if tokio::time::timeout(Duration::from_secs(5), read_head).await.is_err() {
                 return;
             }
-            if request.starts_with(b"GET /backup ") {
+            let refusal = gate.as_ref().and_then(|gate| gate.check(&request, remote.ip()).err());
+            if refusal.is_none() && request.starts_with(b"GET /backup ") {
                 send_backup(stream, &node).await;
                 return;
             }
             let mut content_type = "text/plain; version=0.0.4";
-            let (status, body) = if request.starts_with(b"GET /metrics ") {
+            let (status, body) = if let Some(refusal) = refusal {
+                (refusal.status, refusal.body)
+            } else if request.starts_with(b"GET /metrics ") {
                 ("200 OK", chorus_metrics::render())
             } else if request.starts_with(b"GET / ") {
                 content_type = "text/html; charset=utf-8";
@@ -433,8 +445,13 @@ pub(crate) async fn serve_metrics<S: StateMachine>(
                     "try GET / (the status page), GET /metrics, POST /failover or GET /members\n".to_string(),
                 )
             };
+            let challenge = if status.starts_with("401") {
+                "WWW-Authenticate: Basic realm=\"chorus\"\r\n"
+            } else {
+                ""
+            };
             let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                "HTTP/1.1 {status}\r\n{challenge}Content-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
             let _ = stream.write_all(response.as_bytes()).await;

@@ -10,6 +10,7 @@ use chorus_sql::postgres::PgServer;
 use chorus_sql::{Database, SqlOptions};
 use tokio::net::TcpListener;
 
+use crate::admin_gate::AdminGate;
 use crate::config::{parse_peers, ServerConfig};
 use crate::server::{node_config, serve_metrics};
 
@@ -28,6 +29,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         .sql_mode
         .parse()
         .map_err(|e: String| anyhow::anyhow!("--sql-mode: {e}"))?;
+    let users = std::sync::Arc::new(crate::server::users(&config)?);
     let options = SqlOptions {
         mode,
         read_consistency: config.read_consistency()?,
@@ -39,7 +41,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         lock_wait: Duration::from_millis(config.request_timeout_ms),
         forward: config.sql_forward,
         on_diverged: Box::new(restart_in_place),
-        users: std::sync::Arc::new(crate::server::users(&config)?),
+        users: users.clone(),
         tls: crate::server::client_tls(&config)?,
     };
     let sql_dir = config.data_dir.join("sql");
@@ -79,7 +81,12 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     .context("cannot start the SQL node")?;
     // Conflict classes' owners and the nodes' sequences of ids are fixed at start.
     let membership_refusal = Some("membership changes of SQL clusters are not built yet".to_string());
-    tokio::spawn(serve_metrics(metrics_listener, node, membership_refusal));
+    tokio::spawn(serve_metrics(
+        metrics_listener,
+        node,
+        membership_refusal,
+        AdminGate::new(users),
+    ));
     tracing::info!(
         id = config.id, pg = %config.pg_addr, metrics = %config.metrics_addr,
         data_dir = %config.data_dir.display(), "chorus SQL node serving"

@@ -2201,6 +2201,36 @@ async fn resp_users_log_in_and_a_read_only_user_cannot_write() {
     );
     // The cluster was never disturbed.
     assert_eq!(redis_cli(port(2), admin, &["SET", "after", "1"]), "OK");
+
+    // The metrics port: looking is open; acting (here a backup of every key) needs a user with
+    // every right, given as chorus's commands take it.
+    assert!(http_get(cluster.node(2).metrics_addr, "/members").starts_with("HTTP/1.1 200"));
+    let backup_file = acl_dir.path().join("backup.chorus");
+    let backup_as = |login: Option<(&str, &str)>| {
+        let mut command = Command::new(CHORUS);
+        command.args([
+            "backup",
+            "--cluster",
+            cluster.dir(),
+            "--node",
+            "2",
+            "--to",
+            backup_file.to_str().unwrap(),
+        ]);
+        command.env_remove("CHORUS_USER").env_remove("CHORUS_PASSWORD");
+        if let Some((user, password)) = login {
+            command.env("CHORUS_USER", user).env("CHORUS_PASSWORD", password);
+        }
+        let out = command.output().unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+    };
+    let said = backup_as(None);
+    assert!(said.contains("401 Unauthorized"), "{said}");
+    let said = backup_as(reader);
+    assert!(said.contains("403 Forbidden"), "{said}");
+    assert!(!backup_file.exists(), "nothing was written for a refused backup");
+    let said = backup_as(admin);
+    assert!(said.contains("its SHA-256 checked"), "{said}");
 }
 
 /// The status page on a node's metrics port, drawn by a real headless browser (chromium): the

@@ -487,12 +487,33 @@ fn why_it_stopped(log: &str) -> String {
     lines[from..lines.len().min(from + LINES)].join("\n")
 }
 
+/// Where the commands that act through a node's metrics port (failover, membership, backup)
+/// find the credentials a node with users asks for: a user with every right.
+pub const ADMIN_USER_ENV: &str = "CHORUS_USER";
+pub const ADMIN_PASSWORD_ENV: &str = "CHORUS_PASSWORD";
+
+/// A request with no body to a node's metrics port, as its head is sent: logged in as
+/// `$CHORUS_USER` (default `default`) if `$CHORUS_PASSWORD` is set.
+pub fn metrics_port_request(method: &str, path: &str) -> String {
+    let login = match std::env::var(ADMIN_PASSWORD_ENV) {
+        Ok(password) => {
+            let user = std::env::var(ADMIN_USER_ENV).unwrap_or_else(|_| "default".into());
+            format!(
+                "Authorization: {}\r\n",
+                chorus_auth::basic_authorization(&user, &password)
+            )
+        }
+        Err(_) => String::new(),
+    };
+    format!("{method} {path} HTTP/1.1\r\nHost: chorus\r\n{login}Content-Length: 0\r\n\r\n")
+}
+
 /// A request with no body to a node's metrics port (SQL nodes have no RESP port, and a RESP
 /// port may want a login): the status code and body of the answer.
 async fn http_request(metrics_addr: SocketAddr, method: &str, path: &str) -> anyhow::Result<(u16, String)> {
     let ask = async {
         let mut stream = tokio::net::TcpStream::connect(metrics_addr).await?;
-        let request = format!("{method} {path} HTTP/1.1\r\nHost: chorus\r\nContent-Length: 0\r\n\r\n");
+        let request = metrics_port_request(method, path);
         stream.write_all(request.as_bytes()).await?;
         let mut answer = Vec::new();
         stream.read_to_end(&mut answer).await.map(|_| answer)
