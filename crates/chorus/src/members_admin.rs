@@ -8,7 +8,7 @@
 //!   configuration);
 //! - `POST /members/remove?ids=4`: remove members (not the leader: hand leadership over first).
 //!
-//! Changes go to the leader; any other node answers 409 naming it.
+//! Any node takes them: one that does not lead hands them to the leader over the peer link.
 
 use std::net::SocketAddr;
 

@@ -158,6 +158,15 @@ fn http_get(addr: SocketAddr, path: &str) -> String {
     body
 }
 
+/// A request with no body; the whole answer, head and body.
+fn http_request(addr: SocketAddr, method: &str, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).expect("metrics connect");
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    answer
+}
+
 fn metric_value(metrics: &str, name: &str) -> f64 {
     metrics
         .lines()
@@ -3435,6 +3444,58 @@ async fn a_cluster_grows_to_five_and_shrinks_to_three_under_load_losing_no_write
             }
         }
     }
+}
+
+/// A membership change asked of a follower (its metrics port, as an operator would with curl)
+/// is handed to the leader and made: the follower answers with the new configuration, every
+/// node applies it, and the cluster keeps taking writes on its two remaining nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_hands_a_membership_change_to_the_leader() {
+    let cluster = Cluster::start(3, &[]);
+    let (leader, followers) = cluster.leader_and_followers().await;
+    let (asked, removed) = (followers[0], followers[1]);
+    let answer = http_request(
+        cluster.node(asked).metrics_addr,
+        "POST",
+        &format!("/members/remove?ids={removed}"),
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let voters = |listing: &str| -> Vec<u64> {
+        listing
+            .lines()
+            .filter(|line| line.contains("voter"))
+            .filter_map(|line| line.split_whitespace().next()?.parse().ok())
+            .collect()
+    };
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let mut expected = vec![leader, asked];
+    expected.sort();
+    assert_eq!(voters(body), expected, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for id in [leader, asked] {
+        loop {
+            let listing = http_get(cluster.node(id).metrics_addr, "/members");
+            if voters(&listing) == expected {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} never applied the change: {listing}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let mut c = cluster.client(asked).await;
+    assert_eq!(c.command(&["SET", "after-removal", "1"]).await.unwrap(), ok());
+    assert_eq!(
+        cluster
+            .client(leader)
+            .await
+            .command(&["GET", "after-removal"])
+            .await
+            .unwrap(),
+        bulk("1")
+    );
 }
 
 /// `chorus backup` of a cluster under writes, `chorus restore` into a new one: the restored

@@ -27,6 +27,8 @@ pub const BACKUP_MAGIC: &[u8; 8] = b"CHBAK001";
 pub const RESTORE_DIR: &str = "restore";
 /// The header's file in `RESTORE_DIR`.
 pub const HEADER_FILE: &str = "backup.header";
+/// Where, in `RESTORE_DIR`, the state is given links to the backup's files to install.
+pub const INSTALLING_DIR: &str = "installing";
 const DIGEST_BYTES: usize = 32;
 /// Most bytes a header may claim: its snapshot data is held in memory.
 const MAX_HEADER_BYTES: usize = 1 << 30;
@@ -124,6 +126,7 @@ fn plain_file_name(name: &str) -> bool {
         && name != "."
         && name != ".."
         && name != HEADER_FILE
+        && name != INSTALLING_DIR
         && !name.contains(['/', '\0'])
 }
 

@@ -183,6 +183,118 @@ pub fn decode_members(payload: &[u8]) -> Result<Members, DecodeError> {
     })
 }
 
+/// The peer service through which a node that does not lead hands a membership change to the
+/// leader. The log's own, beside `replica_wait::SERVICE`: the last number, so applications'
+/// services keep theirs.
+pub const SERVICE: u8 = u8::MAX;
+
+const CHANGE_ADD_LEARNER: u8 = 1;
+const CHANGE_PROMOTE: u8 = 2;
+const CHANGE_REMOVE: u8 = 3;
+
+/// A change as a follower sends it to the leader.
+pub fn encode_change(change: &MemberChange) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32);
+    let put_ids = |out: &mut Vec<u8>, ids: &[u64]| {
+        put_u32(out, ids.len() as u32);
+        for id in ids {
+            put_u64(out, *id);
+        }
+    };
+    match change {
+        MemberChange::AddLearner { id, addr } => {
+            out.push(CHANGE_ADD_LEARNER);
+            put_u64(&mut out, *id);
+            put_blob(&mut out, addr.to_string().as_bytes());
+        }
+        MemberChange::Promote(ids) => {
+            out.push(CHANGE_PROMOTE);
+            put_ids(&mut out, ids);
+        }
+        MemberChange::Remove(ids) => {
+            out.push(CHANGE_REMOVE);
+            put_ids(&mut out, ids);
+        }
+    }
+    out
+}
+
+pub fn decode_change(body: &[u8]) -> Result<MemberChange, DecodeError> {
+    let mut r = Reader::new(body);
+    let ids = |r: &mut Reader<'_>| -> Result<Vec<u64>, DecodeError> {
+        let count = r.u32()? as usize;
+        if count > MAX_MEMBERS {
+            return Err(DecodeError::TooLarge {
+                size: count,
+                limit: MAX_MEMBERS,
+            });
+        }
+        (0..count).map(|_| r.u64()).collect()
+    };
+    let change = match r.u8()? {
+        CHANGE_ADD_LEARNER => MemberChange::AddLearner {
+            id: r.u64()?,
+            addr: std::str::from_utf8(r.blob()?)
+                .ok()
+                .and_then(|text| text.parse().ok())
+                .ok_or(DecodeError::Invalid("member address"))?,
+        },
+        CHANGE_PROMOTE => MemberChange::Promote(ids(&mut r)?),
+        CHANGE_REMOVE => MemberChange::Remove(ids(&mut r)?),
+        _ => return Err(DecodeError::Invalid("membership change kind")),
+    };
+    r.finish()?;
+    Ok(change)
+}
+
+const ANSWER_DONE: u8 = 0;
+const ANSWER_REFUSED: u8 = 1;
+const ANSWER_FAILED: u8 = 2;
+
+/// What the leader made of a forwarded change: the configuration once applied, a refusal (the
+/// change cannot be made as asked), or another failure (a timeout, a leader change).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChangeAnswer {
+    Done(Members),
+    Refused(String),
+    Failed(String),
+}
+
+pub fn encode_answer(answer: &ChangeAnswer) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    match answer {
+        ChangeAnswer::Done(members) => {
+            out.push(ANSWER_DONE);
+            out.extend_from_slice(&encode_members(members));
+        }
+        ChangeAnswer::Refused(reason) => {
+            out.push(ANSWER_REFUSED);
+            put_blob(&mut out, reason.as_bytes());
+        }
+        ChangeAnswer::Failed(reason) => {
+            out.push(ANSWER_FAILED);
+            put_blob(&mut out, reason.as_bytes());
+        }
+    }
+    out
+}
+
+pub fn decode_answer(body: &[u8]) -> Result<ChangeAnswer, DecodeError> {
+    let (&kind, rest) = body.split_first().ok_or(DecodeError::Invalid("empty answer"))?;
+    let text = |rest: &[u8]| -> Result<String, DecodeError> {
+        let mut r = Reader::new(rest);
+        let text = String::from_utf8_lossy(r.blob()?).into_owned();
+        r.finish()?;
+        Ok(text)
+    };
+    Ok(match kind {
+        ANSWER_DONE => ChangeAnswer::Done(decode_members(rest)?),
+        ANSWER_REFUSED => ChangeAnswer::Refused(text(rest)?),
+        ANSWER_FAILED => ChangeAnswer::Failed(text(rest)?),
+        _ => return Err(DecodeError::Invalid("membership answer kind")),
+    })
+}
+
 /// The addresses of the configuration `cs` makes, after a change that brought `added`: known
 /// ones kept, new ones added, those of nodes that left dropped.
 pub fn addresses_after(known: &Addresses, added: &Addresses, cs: &ConfState) -> Addresses {
@@ -198,6 +310,44 @@ pub fn addresses_after(known: &Addresses, added: &Addresses, cs: &ConfState) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn forwarded_changes_and_answers_round_trip_and_cut_ones_are_errors() {
+        let changes = [
+            MemberChange::AddLearner {
+                id: 4,
+                addr: "127.0.0.4:7004".parse().unwrap(),
+            },
+            MemberChange::Promote(vec![4, 5]),
+            MemberChange::Remove(vec![1]),
+        ];
+        for change in changes {
+            let bytes = encode_change(&change);
+            assert_eq!(decode_change(&bytes).unwrap(), change);
+            for cut in 0..bytes.len() {
+                assert!(decode_change(&bytes[..cut]).is_err(), "cut at {cut}");
+            }
+        }
+        let answers = [
+            ChangeAnswer::Done(Members {
+                conf_index: 9,
+                conf_state: ConfState {
+                    voters: vec![1, 2, 3],
+                    ..ConfState::default()
+                },
+                addresses: [(1, "127.0.0.1:7001".parse().unwrap())].into(),
+            }),
+            ChangeAnswer::Refused("another membership change is under way".into()),
+            ChangeAnswer::Failed("timed out".into()),
+        ];
+        for answer in answers {
+            let bytes = encode_answer(&answer);
+            assert_eq!(decode_answer(&bytes).unwrap(), answer);
+            assert!(decode_answer(&bytes[..bytes.len() - 1]).is_err());
+        }
+        assert!(decode_change(&[9]).is_err());
+        assert!(decode_answer(&[]).is_err());
+    }
 
     fn addr(port: u16) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], port))

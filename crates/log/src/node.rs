@@ -33,7 +33,7 @@ use crate::batch::{self, Origin, BATCH_HEADER_BYTES, COMMAND_OVERHEAD_BYTES};
 use crate::codec::{EntryCodec, Prepared, Preparer, RaftLogView, CODEC_ENTRY};
 use crate::curp_leader::CurpLeader;
 use crate::error::{NodeError, StorageError};
-use crate::membership::{self, Addresses, MemberChange, Members};
+use crate::membership::{self, Addresses, ChangeAnswer, MemberChange, Members};
 use crate::replica_wait;
 use crate::shipment::{self, Shipper, SnapshotFiles};
 use crate::storage::{write_snapshot_file, DiskStorage, StorageOptions};
@@ -297,6 +297,8 @@ pub struct NodeHandle<SM: StateMachine> {
     leader_wait: Duration,
     peer_calls: Arc<PeerCalls>,
     members: watch::Receiver<Members>,
+    /// How long the leader may take to make a membership change (its request timeout).
+    member_change_timeout: Duration,
 }
 
 impl<SM: StateMachine> Clone for NodeHandle<SM> {
@@ -305,6 +307,7 @@ impl<SM: StateMachine> Clone for NodeHandle<SM> {
             requests: self.requests.clone(),
             status: self.status.clone(),
             members: self.members.clone(),
+            member_change_timeout: self.member_change_timeout,
             preparer: self.preparer.clone(),
             leader_wait: self.leader_wait,
             peer_calls: self.peer_calls.clone(),
@@ -435,14 +438,39 @@ impl<SM: StateMachine> NodeHandle<SM> {
         rx.await.unwrap_or(Err(NodeError::ShuttingDown))
     }
 
+    async fn forward_member_change(&self, leader: u64, change: &MemberChange) -> Result<Members, NodeError> {
+        // The leader answers within its request timeout; a little more covers the round trip.
+        let timeout = self.member_change_timeout + Duration::from_secs(1);
+        let body = self
+            .peer_calls
+            .call(leader, membership::SERVICE, &membership::encode_change(change), timeout)
+            .await
+            .map_err(|e| NodeError::Refused(format!("cannot hand the change to the leader (node {leader}): {e}")))?;
+        match membership::decode_answer(&body) {
+            Ok(ChangeAnswer::Done(members)) => Ok(members),
+            Ok(ChangeAnswer::Refused(reason)) => Err(NodeError::MembershipRefused(reason)),
+            Ok(ChangeAnswer::Failed(reason)) => {
+                Err(NodeError::Refused(format!("the leader (node {leader}): {reason}")))
+            }
+            Err(e) => Err(NodeError::Refused(format!(
+                "the leader (node {leader}) answered the change malformed: {e}"
+            ))),
+        }
+    }
+
     /// Follows the configuration as this node applies changes to it.
     pub fn members_watch(&self) -> watch::Receiver<Members> {
         self.members.clone()
     }
 
-    /// On the leader: makes the membership change, through the log (raft's joint consensus
-    /// when it changes more than one voter). Returns the configuration once applied here.
+    /// Makes the membership change, through the log (raft's joint consensus when it changes
+    /// more than one voter): on the leader, or handed to it by another node. Returns the
+    /// configuration once the leader applied it.
     pub async fn change_members(&self, change: MemberChange) -> Result<Members, NodeError> {
+        let status = self.status();
+        if status.role != Role::Leader && status.leader_id != 0 {
+            return self.forward_member_change(status.leader_id, &change).await;
+        }
         let (reply, rx) = oneshot::channel();
         self.requests
             .send(Request::ChangeMembers { change, reply })
@@ -576,11 +604,15 @@ const REPLICA_WAIT_SLACK: Duration = Duration::from_secs(1);
 const REPLICA_WAIT_RETRY: Duration = Duration::from_millis(100);
 
 /// Answers followers' replica-wait questions (this node's log service) through its raft loop.
-async fn serve_replica_waits<SM: StateMachine>(
+async fn serve_log_requests<SM: StateMachine>(
     mut questions: mpsc::Receiver<PeerRequest>,
     requests: mpsc::Sender<Request<SM>>,
 ) {
     while let Some(request) = questions.recv().await {
+        if request.service == membership::SERVICE {
+            tokio::spawn(serve_forwarded_change(request, requests.clone()));
+            continue;
+        }
         let question = match replica_wait::Question::decode(&request.body) {
             Ok(question) => question,
             Err(e) => {
@@ -607,6 +639,28 @@ async fn serve_replica_waits<SM: StateMachine>(
             request.respond(&replica_wait::encode_response(answer));
         });
     }
+}
+
+/// A membership change another node forwarded: made here if this node leads (refused
+/// otherwise, as a change asked of it directly would be), answered once applied.
+async fn serve_forwarded_change<SM: StateMachine>(request: PeerRequest, requests: mpsc::Sender<Request<SM>>) {
+    let change = match membership::decode_change(&request.body) {
+        Ok(change) => change,
+        Err(e) => {
+            tracing::warn!(from = request.from, error = %e, "malformed forwarded membership change; ignored");
+            return;
+        }
+    };
+    let (reply, rx) = oneshot::channel();
+    let answer = match requests.send(Request::ChangeMembers { change, reply }).await {
+        Err(_) => Err(NodeError::ShuttingDown),
+        Ok(()) => rx.await.unwrap_or(Err(NodeError::ShuttingDown)),
+    };
+    request.respond(&membership::encode_answer(&match answer {
+        Ok(members) => ChangeAnswer::Done(members),
+        Err(NodeError::MembershipRefused(reason)) => ChangeAnswer::Refused(reason),
+        Err(e) => ChangeAnswer::Failed(e.to_string()),
+    }));
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -997,6 +1051,10 @@ pub async fn start<SM: StateMachine>(
             &mut open_state,
         )?)
     } else {
+        if restore_dir.exists() {
+            // A restore that recorded its snapshot and stopped before deleting the backup.
+            finish_restore(&restore_dir, storage.latest_snapshot().get_metadata().index)?;
+        }
         None
     };
     let snapshot = storage.latest_snapshot().clone();
@@ -1092,6 +1150,7 @@ pub async fn start<SM: StateMachine>(
         .unwrap_or(1);
     let preparer = codec.preparer();
     let leader_wait_ms = config.leader_wait_ms;
+    let member_change_timeout = Duration::from_millis(config.request_timeout_ms);
     let metrics = LogMetrics::new(linked.iter().map(|(id, _)| *id));
     let peers = linked
         .iter()
@@ -1155,7 +1214,7 @@ pub async fn start<SM: StateMachine>(
         slow_reads_waiting: VecDeque::new(),
     };
     raft_loop.publish_status();
-    tokio::spawn(serve_replica_waits(replica_questions, request_tx.clone()));
+    tokio::spawn(serve_log_requests(replica_questions, request_tx.clone()));
     tokio::spawn(raft_loop.run(request_rx, peer_rx, event_rx, finished_reads));
     Ok(NodeHandle {
         requests: request_tx,
@@ -1164,6 +1223,7 @@ pub async fn start<SM: StateMachine>(
         leader_wait: Duration::from_millis(leader_wait_ms),
         peer_calls,
         members: members_rx,
+        member_change_timeout,
     })
 }
 
@@ -1186,8 +1246,22 @@ fn restore<SM: StateMachine>(
     let header =
         backup::decode_header(&bytes).map_err(|e| StartError::Restore(format!("{}: {e}", header_path.display())))?;
     let (sm_state, codec_state, _) = split_snapshot(&header.data).map_err(StartError::Restore)?;
+    // The state takes its files by moving them: it is given links, so that the backup stays
+    // whole until the snapshot is recorded, and a restore cut short runs again.
+    let installing = restore_dir.join(backup::INSTALLING_DIR);
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| StorageError::Io { path, source }
+    };
+    if installing.exists() {
+        std::fs::remove_dir_all(&installing).map_err(io(&installing))?;
+    }
+    std::fs::create_dir(&installing).map_err(io(&installing))?;
+    for (name, _) in &header.files {
+        std::fs::hard_link(restore_dir.join(name), installing.join(name)).map_err(io(&restore_dir.join(name)))?;
+    }
     let mut sm = open_state(None).map_err(StartError::Restore)?;
-    sm.install_snapshot(sm_state, restore_dir)
+    sm.install_snapshot(sm_state, &installing)
         .map_err(StartError::Restore)?;
     codec.restore(codec_state, header.index).map_err(StartError::Restore)?;
     let addresses: Addresses = config.peers.iter().copied().collect();
@@ -1198,10 +1272,7 @@ fn restore<SM: StateMachine>(
     snapshot.data = Bytes::from(join_snapshot(sm_state, codec_state, &addresses));
     storage.apply_snapshot(snapshot, addresses)?;
     sm.snapshot_persisted(sm_state);
-    std::fs::remove_dir_all(restore_dir).map_err(|source| StorageError::Io {
-        path: restore_dir.to_path_buf(),
-        source,
-    })?;
+    finish_restore(restore_dir, header.index)?;
     tracing::info!(
         index = header.index,
         term = header.term,
@@ -1209,6 +1280,28 @@ fn restore<SM: StateMachine>(
         "restored from a backup"
     );
     Ok(sm)
+}
+
+/// Deletes the backup in `restore_dir` once the log's snapshot is the one restored from it
+/// (at `snapshot_index`); refuses to start on a backup left beside other data.
+fn finish_restore(restore_dir: &Path, snapshot_index: u64) -> Result<(), StartError> {
+    let header_path = restore_dir.join(backup::HEADER_FILE);
+    let header = std::fs::read(&header_path)
+        .ok()
+        .and_then(|bytes| backup::decode_header(&bytes).ok());
+    if header.is_none_or(|header| header.index != snapshot_index) {
+        return Err(StartError::Restore(format!(
+            "{} holds a backup, but this node already has data of its own: restore into a new \
+             directory (`chorus restore --dir`), or delete {} to keep the data",
+            restore_dir.display(),
+            restore_dir.display()
+        )));
+    }
+    std::fs::remove_dir_all(restore_dir).map_err(|source| StorageError::Io {
+        path: restore_dir.to_path_buf(),
+        source,
+    })?;
+    Ok(())
 }
 
 const SNAPSHOT_DATA_MAGIC: &[u8; 4] = b"CHSD";

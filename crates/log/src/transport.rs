@@ -500,7 +500,7 @@ async fn receive_from(
                     id,
                     reply_to: link.service.clone(),
                 };
-                let to = if service < FIRST_APPLICATION_SERVICE {
+                let to = if service < FIRST_APPLICATION_SERVICE || service == crate::membership::SERVICE {
                     &peers.services.log
                 } else {
                     &peers.services.application

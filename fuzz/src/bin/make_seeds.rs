@@ -20,7 +20,9 @@ use chorus_kv::KvState;
 use chorus_log::backup::{encode_header, BackupHeader};
 use chorus_log::batch::{self, Origin};
 use chorus_log::frame::{encode_frame, encode_hello, encode_request, encode_response, FrameKind};
-use chorus_log::membership::{encode_context, encode_members, Addresses, Members};
+use chorus_log::membership::{
+    encode_answer, encode_change, encode_context, encode_members, Addresses, ChangeAnswer, MemberChange, Members,
+};
 use chorus_log::peer_auth::{encode_challenge, CODE_BYTES, NONCE_BYTES};
 use chorus_log::shipment::{encode_chunk, encode_offer, encode_resume, Offer};
 use chorus_log::storage::{write_snapshot_file, DiskStorage, StorageOptions};
@@ -489,6 +491,18 @@ fn membership_seeds(out: &Path) {
         addresses,
     };
     write(out, "membership", "members", &encode_members(&members));
+    write(
+        out,
+        "membership",
+        "forwarded-change",
+        &encode_change(&MemberChange::Promote(vec![4, 5])),
+    );
+    write(
+        out,
+        "membership",
+        "answer",
+        &encode_answer(&ChangeAnswer::Done(members.clone())),
+    );
     let header = BackupHeader {
         index: 302,
         term: 2,
