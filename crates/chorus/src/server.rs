@@ -338,9 +338,7 @@ async fn send_backup<S: StateMachine>(mut stream: tokio::net::TcpStream, node: &
             return;
         }
     };
-    let length = chorus_log::backup::encode_header(&source.header).len() as u64
-        + source.header.files.iter().map(|(_, size)| size).sum::<u64>()
-        + 32;
+    let length = chorus_log::backup::backup_bytes(&source.header);
     let head = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {length}\r\nX-Chorus-Backup-Index: {}\r\nConnection: close\r\n\r\n",
         source.header.index

@@ -130,6 +130,11 @@ fn plain_file_name(name: &str) -> bool {
         && !name.contains(['/', '\0'])
 }
 
+/// The bytes of the backup of `header`: what `write_backup` writes.
+pub fn backup_bytes(header: &BackupHeader) -> u64 {
+    encode_header(header).len() as u64 + header.files.iter().map(|(_, size)| size).sum::<u64>() + DIGEST_BYTES as u64
+}
+
 /// Writes the backup of `header`, whose files are read from `paths` (in its order), to `out`,
 /// digest last.
 pub fn write_backup(header: &BackupHeader, paths: &[PathBuf], out: &mut impl Write) -> std::io::Result<()> {
@@ -283,6 +288,11 @@ mod tests {
         let written = header(vec![("seg-1".into(), 3_000_000), ("seg-2".into(), 3)]);
         let mut bytes = Vec::new();
         write_backup(&written, &[a, b], &mut bytes).unwrap();
+        assert_eq!(
+            backup_bytes(&written),
+            bytes.len() as u64,
+            "the length announced up front"
+        );
         let backup = dir.path().join("backup.chorus");
         std::fs::write(&backup, &bytes).unwrap();
         let into = dir.path().join("restore");
