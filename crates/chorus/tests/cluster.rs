@@ -3576,4 +3576,15 @@ async fn a_backup_under_writes_restores_into_a_new_cluster_equal_at_its_index() 
         c.command(&["SET", "after-restore", "1"]).await.unwrap(),
         Value::Simple("OK".into())
     );
+
+    // A restore that recorded its snapshot and stopped before deleting the backup finishes on
+    // the next start: the leftover goes, the state stays.
+    let keys = c.command(&["DBSIZE"]).await.unwrap();
+    restored.kill(1);
+    let leftover = restored_path.join("node1/data").join(chorus_log::backup::RESTORE_DIR);
+    chorus_log::backup::unpack(&backup_file, &leftover).unwrap();
+    restored.restart_stopped();
+    assert!(!leftover.exists(), "the finished restore's backup was deleted");
+    let mut c = restored.client(1).await;
+    assert_eq!(c.command(&["DBSIZE"]).await.unwrap(), keys);
 }
