@@ -9,7 +9,10 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use chorus_metrics::{labeled_counter, Counter};
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
@@ -356,6 +359,82 @@ impl LoginThrottle {
 
     pub fn succeeded(&mut self, address: IpAddr) {
         self.by_address.remove(&address);
+    }
+}
+
+/// One port's logins (RESP, PostgreSQL, the metrics port's actions): the node's users, the
+/// throttle of failed attempts per client address, and the refusals counted in
+/// `<failures_metric>{reason="wrong_password"|"throttled"}`.
+pub struct Logins {
+    users: Arc<Users>,
+    throttle: Mutex<LoginThrottle>,
+    wrong_password: Arc<Counter>,
+    throttled: Arc<Counter>,
+}
+
+/// Why a login was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoginRefused {
+    /// The address failed too often lately: the password was not even checked.
+    Throttled { wait: Duration },
+    /// A wrong password, or a user who does not exist or is disabled.
+    WrongPassword,
+}
+
+impl Logins {
+    pub fn new(users: Arc<Users>, failures_metric: &'static str, help: &'static str) -> Logins {
+        let failures = |reason| labeled_counter(failures_metric, help, Some(("reason", reason)));
+        Logins {
+            users,
+            throttle: Mutex::new(LoginThrottle::default()),
+            wrong_password: failures("wrong_password"),
+            throttled: failures("throttled"),
+        }
+    }
+
+    pub fn users(&self) -> &Users {
+        &self.users
+    }
+
+    fn throttle(&self) -> std::sync::MutexGuard<'_, LoginThrottle> {
+        self.throttle.lock().expect("login throttle poisoned")
+    }
+
+    /// How long `remote` must wait before its next attempt is checked (counted as a throttled
+    /// login); None if it may try now.
+    pub fn must_wait(&self, remote: IpAddr) -> Option<Duration> {
+        let wait = self.throttle().must_wait(remote, Instant::now());
+        if wait.is_some() {
+            self.throttled.inc();
+        }
+        wait
+    }
+
+    /// Records a wrong password from `remote` (for logins checked elsewhere, as SCRAM's are).
+    pub fn failed(&self, remote: IpAddr) {
+        self.throttle().failed(remote, Instant::now());
+        self.wrong_password.inc();
+    }
+
+    pub fn succeeded(&self, remote: IpAddr) {
+        self.throttle().succeeded(remote);
+    }
+
+    /// Logs `remote` in as `name` if `password` is theirs, unless it must wait.
+    pub fn log_in(&self, name: &[u8], password: &[u8], remote: IpAddr) -> Result<&User, LoginRefused> {
+        if let Some(wait) = self.must_wait(remote) {
+            return Err(LoginRefused::Throttled { wait });
+        }
+        match self.users.authenticate(name, password) {
+            Some(user) => {
+                self.succeeded(remote);
+                Ok(user)
+            }
+            None => {
+                self.failed(remote);
+                Err(LoginRefused::WrongPassword)
+            }
+        }
     }
 }
 

@@ -4,17 +4,12 @@
 //! node has users. Failed logins are throttled per address and counted, as on the client ports.
 
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::Arc;
 
-use chorus_auth::{basic_credentials, LoginThrottle, Rights, Users};
-use chorus_metrics::{labeled_counter, Counter};
+use chorus_auth::{basic_credentials, LoginRefused, Logins, Rights, Users};
 
 pub struct AdminGate {
-    users: Arc<Users>,
-    throttle: Mutex<LoginThrottle>,
-    wrong_password: Arc<Counter>,
-    throttled: Arc<Counter>,
+    logins: Logins,
 }
 
 /// Why a request was not let through: the HTTP status line and body to answer with.
@@ -29,18 +24,12 @@ impl AdminGate {
         if users.open_to_anyone() {
             return None;
         }
-        let failures = |reason| {
-            labeled_counter(
+        Some(AdminGate {
+            logins: Logins::new(
+                users,
                 "chorus_admin_login_failures_total",
                 "Metrics-port actions refused for their credentials, by why",
-                Some(("reason", reason)),
-            )
-        };
-        Some(AdminGate {
-            users,
-            throttle: Mutex::new(LoginThrottle::default()),
-            wrong_password: failures("wrong_password"),
-            throttled: failures("throttled"),
+            ),
         })
     }
 
@@ -50,35 +39,25 @@ impl AdminGate {
         if only_looks(request) {
             return Ok(());
         }
-        let now = Instant::now();
-        let mut throttle = self.throttle.lock().expect("admin login throttle poisoned");
-        if let Some(wait) = throttle.must_wait(remote, now) {
-            self.throttled.inc();
-            return Err(Refusal {
-                status: "429 Too Many Requests",
-                body: format!(
-                    "too many failed logins from {remote}: try again in {} ms\n",
-                    wait.as_millis().max(1)
-                ),
-            });
-        }
         let Some((user, password)) = authorization(request).and_then(basic_credentials) else {
             return Err(unauthorized(
                 "this node has users: act as one with every right (HTTP Basic)",
             ));
         };
-        match self.users.authenticate(&user, &password) {
-            Some(user) if user.rights == Rights::ReadWrite => {
-                throttle.succeeded(remote);
-                Ok(())
-            }
-            Some(user) => Err(Refusal {
+        match self.logins.log_in(&user, &password, remote) {
+            Ok(user) if user.rights == Rights::ReadWrite => Ok(()),
+            Ok(user) => Err(Refusal {
                 status: "403 Forbidden",
                 body: format!("user {} may not act on the cluster: it needs every right\n", user.name),
             }),
-            None => {
-                throttle.failed(remote, now);
-                self.wrong_password.inc();
+            Err(LoginRefused::Throttled { wait }) => Err(Refusal {
+                status: "429 Too Many Requests",
+                body: format!(
+                    "too many failed logins from {remote}: try again in {} ms\n",
+                    wait.as_millis().max(1)
+                ),
+            }),
+            Err(LoginRefused::WrongPassword) => {
                 tracing::info!(%remote, user = %String::from_utf8_lossy(&user), "metrics-port login refused");
                 Err(unauthorized("invalid username-password pair or user is disabled"))
             }

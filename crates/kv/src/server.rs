@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use chorus_auth::{LoginThrottle, Rights, Users};
+use chorus_auth::{LoginRefused, Logins, Rights, Users};
 use chorus_curp::rifl::{ClientId, Envelope};
 use chorus_log::{NodeError, NodeHandle, ReadConsistency, Role};
 use chorus_metrics::{labeled_counter, labeled_histogram, Counter, Histogram};
@@ -179,8 +179,6 @@ struct FrontEndMetrics {
     protocol_errors: Arc<Counter>,
     write_retries: Arc<Counter>,
     uncertain_writes: Arc<Counter>,
-    login_failures: Arc<Counter>,
-    logins_throttled: Arc<Counter>,
     refused_unauthenticated: Arc<Counter>,
     tls_handshake_failures: Arc<Counter>,
 }
@@ -192,13 +190,6 @@ impl FrontEndMetrics {
                 "chorus_command_duration_seconds",
                 "Time from receipt to reply, by kind",
                 Some(("kind", kind)),
-            )
-        };
-        let login_failures = |reason| {
-            labeled_counter(
-                "chorus_resp_login_failures_total",
-                "AUTH and HELLO AUTH attempts refused, by why",
-                Some(("reason", reason)),
             )
         };
         FrontEndMetrics {
@@ -231,8 +222,6 @@ impl FrontEndMetrics {
                 "chorus_rifl_uncertain_writes_total",
                 "Writes answered UNCERTAIN: retrying within the window did not settle them",
             ),
-            login_failures: login_failures("wrong_password"),
-            logins_throttled: login_failures("throttled"),
             tls_handshake_failures: chorus_metrics::counter(
                 "chorus_resp_tls_handshake_failures_total",
                 "RESP connections closed because their TLS handshake failed (a plaintext client, say)",
@@ -271,7 +260,7 @@ struct Shared {
     connections: Mutex<RiflConnections>,
     /// Client-owned incarnations used through this node, and when last.
     client_incarnations: Mutex<HashMap<u64, Instant>>,
-    login_throttle: Mutex<LoginThrottle>,
+    logins: Logins,
 }
 
 /// The RIFL client ids this node has handed to connections.
@@ -482,6 +471,11 @@ pub async fn serve(
     curp: Option<Arc<Curp>>,
     listeners: Arc<Hub>,
 ) {
+    let logins = Logins::new(
+        options.users.clone(),
+        "chorus_resp_login_failures_total",
+        "AUTH and HELLO AUTH attempts refused, by why",
+    );
     let shared = Arc::new(Shared {
         node,
         listeners,
@@ -497,7 +491,7 @@ pub async fn serve(
             open: BTreeSet::new(),
         }),
         client_incarnations: Mutex::new(HashMap::new()),
-        login_throttle: Mutex::new(LoginThrottle::default()),
+        logins,
     });
     let renewing = shared.clone();
     tokio::spawn(async move {
@@ -1658,26 +1652,17 @@ impl Connection {
     /// AUTH: logs the connection in as `user` if `password` is theirs, unless its address
     /// failed too often lately (`LoginThrottle`), in which case the password is not checked.
     fn log_in(&mut self, user: &[u8], password: &[u8]) -> Value {
-        let users = &self.shared.options.users;
-        let now = Instant::now();
-        let mut throttle = self.shared.login_throttle.lock().expect("login throttle poisoned");
-        if let Some(wait) = throttle.must_wait(self.remote, now) {
-            self.shared.metrics.logins_throttled.inc();
-            return Value::error(format!(
-                "ERR too many failed logins from {}: try again in {} ms",
-                self.remote,
-                wait.as_millis().max(1)
-            ));
-        }
-        match users.authenticate(user, password) {
-            Some(user) => {
-                throttle.succeeded(self.remote);
+        match self.shared.logins.log_in(user, password, self.remote) {
+            Ok(user) => {
                 self.user = Some((user.name.clone(), user.rights));
                 Value::ok()
             }
-            None => {
-                throttle.failed(self.remote, now);
-                self.shared.metrics.login_failures.inc();
+            Err(LoginRefused::Throttled { wait }) => Value::error(format!(
+                "ERR too many failed logins from {}: try again in {} ms",
+                self.remote,
+                wait.as_millis().max(1)
+            )),
+            Err(LoginRefused::WrongPassword) => {
                 tracing::info!(remote = %self.remote, user = %String::from_utf8_lossy(user), "RESP login refused");
                 Value::error("WRONGPASS invalid username-password pair or user is disabled.")
             }

@@ -47,7 +47,7 @@ mod login;
 pub use forward::{serve_forwarded, ForwardReply, ForwardRequest, Start};
 use forward::{Forwarder, Unanswered};
 use login::Login;
-pub use login::Logins;
+pub use login::{logins, Logins};
 
 /// What every session of a node shares.
 pub struct Shared {

@@ -152,7 +152,7 @@ pub async fn start(
             node_ids,
         }),
         front::Access {
-            logins: front::Logins::new(options.users.clone()),
+            logins: front::logins(options.users.clone()),
             tls: options.tls.clone(),
         },
     );

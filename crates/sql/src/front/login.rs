@@ -7,12 +7,10 @@
 
 use std::fmt::Debug;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::Arc;
 
 use async_trait::async_trait;
-use chorus_auth::{LoginThrottle, Rights, Users, SCRAM_ITERATIONS};
-use chorus_metrics::{labeled_counter, Counter};
+use chorus_auth::{Rights, Users, SCRAM_ITERATIONS};
 use futures::Sink;
 use pgwire::api::auth::sasl::scram::ScramAuth;
 use pgwire::api::auth::sasl::SASLAuthStartupHandler;
@@ -24,37 +22,18 @@ use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use super::Session;
 
 /// The node's users and what their logins have done lately.
-pub struct Logins {
-    users: Arc<Users>,
-    throttle: Mutex<LoginThrottle>,
-    wrong_password: Arc<Counter>,
-    throttled: Arc<Counter>,
-}
+pub type Logins = chorus_auth::Logins;
 
-impl Logins {
-    /// None when anyone may connect without a password and write: nothing to check.
-    pub fn new(users: Arc<Users>) -> Option<Arc<Logins>> {
-        if users.open_to_anyone() {
-            return None;
-        }
-        let failures = |reason| {
-            labeled_counter(
-                "chorus_sql_login_failures_total",
-                "PostgreSQL logins refused, by why",
-                Some(("reason", reason)),
-            )
-        };
-        Some(Arc::new(Logins {
-            users,
-            throttle: Mutex::new(LoginThrottle::default()),
-            wrong_password: failures("wrong_password"),
-            throttled: failures("throttled"),
-        }))
+/// None when anyone may connect without a password and write: nothing to check.
+pub fn logins(users: Arc<Users>) -> Option<Arc<Logins>> {
+    if users.open_to_anyone() {
+        return None;
     }
-
-    fn throttle(&self) -> std::sync::MutexGuard<'_, LoginThrottle> {
-        self.throttle.lock().expect("login throttle poisoned")
-    }
+    Some(Arc::new(Logins::new(
+        users,
+        "chorus_sql_login_failures_total",
+        "PostgreSQL logins refused, by why",
+    )))
 }
 
 /// SCRAM's view of the users: each one's salt and salted password.
@@ -72,8 +51,7 @@ impl AuthSource for ScramSource {
     async fn get_password(&self, login: &LoginInfo) -> PgWireResult<Password> {
         let logins = &self.0;
         if let Ok(address) = login.host().parse::<IpAddr>() {
-            if let Some(wait) = logins.throttle().must_wait(address, Instant::now()) {
-                logins.throttled.inc();
+            if let Some(wait) = logins.must_wait(address) {
                 return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
                     "FATAL".into(),
                     "28000".into(),
@@ -86,7 +64,7 @@ impl AuthSource for ScramSource {
         }
         // An unknown or disabled user, or one with no password in the clear, gets a decoy no
         // password matches: the client learns only that the login failed.
-        let (secret, _) = logins.users.scram_secret(login.user().unwrap_or(""));
+        let (secret, _) = logins.users().scram_secret(login.user().unwrap_or(""));
         Ok(Password::new(
             Some(secret.salt.to_vec()),
             secret.salted_password.to_vec(),
@@ -129,10 +107,10 @@ impl StartupHandler for Login {
             let rights = client
                 .metadata()
                 .get(METADATA_USER)
-                .and_then(|name| logins.users.get(name))
+                .and_then(|name| logins.users().get(name))
                 .map_or(Rights::None, |user| user.rights);
             self.session.logged_in(rights);
-            logins.throttle().succeeded(client.socket_addr().ip());
+            logins.succeeded(client.socket_addr().ip());
         }
         Ok(())
     }
@@ -147,8 +125,7 @@ impl ErrorHandler for Login {
             return;
         };
         if let PgWireError::InvalidPassword(user) = error {
-            logins.throttle().failed(client.socket_addr().ip(), Instant::now());
-            logins.wrong_password.inc();
+            logins.failed(client.socket_addr().ip());
             tracing::info!(remote = %client.socket_addr(), user = %user, "SQL login refused");
         }
     }
