@@ -151,11 +151,7 @@ impl Drop for Cluster {
 }
 
 fn http_get(addr: SocketAddr, path: &str) -> String {
-    let mut s = TcpStream::connect(addr).expect("metrics connect");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body
+    http_request(addr, "GET", path)
 }
 
 /// A request with no body; the whole answer, head and body.
