@@ -233,7 +233,7 @@ fn remote_fetches(args: &LdcCostsArgs, batch: usize, duration: Duration) -> anyh
         max_frame_bytes: 1 << 20,
         queue_messages: 1024,
         incoming_dir: incoming.clone(),
-        cluster_secret: None,
+        credentials: Default::default(),
     };
     let map = Arc::new(value_map(args));
     // The remote end: its own thread and runtime, as a node's.

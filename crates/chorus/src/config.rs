@@ -217,6 +217,16 @@ server_options! {
     tls_cert_file: PathBuf = PathBuf::new();
     /// The private key of tls_cert_file (PEM).
     tls_key_file: PathBuf = PathBuf::new();
+    /// Mutual TLS on peer links: this node's certificate chain (PEM), presented both when it
+    /// dials a peer and when a peer dials it, and valid for the address peers dial it at. With
+    /// peer_tls_key_file and peer_tls_ca_file every peer connection is TLS and takes only a
+    /// peer whose certificate chains to that CA; the files are read again when they change.
+    /// `chorus cluster start --tls` makes them for local clusters. See docs/security.md.
+    peer_tls_cert_file: PathBuf = PathBuf::new();
+    /// The private key of peer_tls_cert_file (PEM).
+    peer_tls_key_file: PathBuf = PathBuf::new();
+    /// The CA certificate(s) (PEM) every peer's certificate must chain to.
+    peer_tls_ca_file: PathBuf = PathBuf::new();
     /// Default read consistency for new connections: "linearizable" or "stale" (RESP clients
     /// switch with READONLY / READWRITE, SQL sessions with SET chorus.read_consistency).
     read_consistency: String = "linearizable".into();

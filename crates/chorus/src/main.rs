@@ -210,6 +210,12 @@ fn main() -> anyhow::Result<()> {
                             ca.node_cert.display().to_string(),
                             "--tls-key-file".to_string(),
                             ca.node_key.display().to_string(),
+                            "--peer-tls-cert-file".to_string(),
+                            ca.peer_cert.display().to_string(),
+                            "--peer-tls-key-file".to_string(),
+                            ca.peer_key.display().to_string(),
+                            "--peer-tls-ca-file".to_string(),
+                            ca.ca_cert.display().to_string(),
                         ]);
                         println!(
                             "TLS: clients verify the nodes with {} (redis-cli --tls --cacert FILE; psql \"sslmode=verify-full sslrootcert=FILE\")",

@@ -11,7 +11,7 @@ use chorus_kv::ldc::Ldc;
 use chorus_kv::listeners::Hub;
 use chorus_kv::unicache::{parse_keyspaces, KvPreprocessor};
 use chorus_kv::{FrontEndOptions, KvState};
-use chorus_log::peer_auth::ClusterSecret;
+use chorus_log::peer_auth::{ClusterSecret, PeerCredentials};
 use chorus_log::{EntryCodec, IdentityCodec, NodeConfig, NodeHandle, StateMachine, UniCacheCodec, UniCacheSettings};
 use chorus_resp::Limits;
 use chorus_storage::{CachePolicy, StoreOptions};
@@ -83,8 +83,30 @@ pub(crate) fn node_config(
         max_frame_bytes: config.max_frame_bytes,
         snapshot_ship_bytes_per_sec: config.snapshot_ship_bytes_per_sec,
         peer_queue_messages: config.peer_queue_messages,
-        cluster_secret: cluster_secret(config)?,
+        credentials: PeerCredentials {
+            secret: cluster_secret(config)?,
+            tls: peer_tls(config)?,
+        },
     })
+}
+
+/// Mutual TLS on peer links, if `peer_tls_cert_file`, `peer_tls_key_file` and
+/// `peer_tls_ca_file` are set (all three or none), watched for changes.
+fn peer_tls(config: &ServerConfig) -> anyhow::Result<Option<Arc<chorus_tls::PeerTls>>> {
+    let files = [
+        &config.peer_tls_cert_file,
+        &config.peer_tls_key_file,
+        &config.peer_tls_ca_file,
+    ];
+    match files.iter().filter(|file| !file.as_os_str().is_empty()).count() {
+        0 => Ok(None),
+        3 => {
+            let tls = chorus_tls::PeerTls::load(files[0], files[1], files[2]).map_err(anyhow::Error::msg)?;
+            tokio::spawn(tls.clone().watch(chorus_tls::RELOAD_EVERY));
+            Ok(Some(tls))
+        }
+        _ => bail!("peer TLS needs all of peer_tls_cert_file, peer_tls_key_file and peer_tls_ca_file"),
+    }
 }
 
 /// The secret peers prove to each other, from `cluster_secret_file` (none if unset).
@@ -130,9 +152,6 @@ fn store_options(config: &ServerConfig) -> anyhow::Result<StoreOptions> {
     })
 }
 
-/// How often a node looks whether its TLS certificate or key file changed.
-const TLS_RELOAD_EVERY: Duration = Duration::from_secs(10);
-
 /// TLS for the client port, if `tls_cert_file` and `tls_key_file` are set (both or neither),
 /// watched for changes.
 pub(crate) fn client_tls(config: &ServerConfig) -> anyhow::Result<Option<Arc<chorus_tls::ServerTls>>> {
@@ -141,7 +160,7 @@ pub(crate) fn client_tls(config: &ServerConfig) -> anyhow::Result<Option<Arc<cho
         (true, true) => Ok(None),
         (false, false) => {
             let tls = chorus_tls::ServerTls::load(cert, key).map_err(anyhow::Error::msg)?;
-            tokio::spawn(tls.clone().watch(TLS_RELOAD_EVERY));
+            tokio::spawn(tls.clone().watch(chorus_tls::RELOAD_EVERY));
             Ok(Some(tls))
         }
         _ => bail!("TLS needs both tls_cert_file and tls_key_file"),

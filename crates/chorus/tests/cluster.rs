@@ -2528,6 +2528,88 @@ async fn peers_without_the_cluster_secret_are_refused_and_change_nothing() {
     }
 }
 
+/// With peer TLS, raft traffic and snapshot shipments cross only between nodes whose
+/// certificates chain to the cluster's CA: a plaintext hello on a peer port is closed (counted),
+/// an impostor node 3 with another CA's certificate gets no entry and moves no term, and the real
+/// node 3, behind the compacted log, catches up by a snapshot shipped over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_with_tls_take_only_certificates_of_the_clusters_ca_and_ship_snapshots_over_it() {
+    let certs = tempfile::tempdir().unwrap();
+    let ours = chorus_tls::write_local_ca(&certs.path().join("ours")).unwrap();
+    let theirs = chorus_tls::write_local_ca(&certs.path().join("theirs")).unwrap();
+    let peer_flags = |ca: &chorus_tls::LocalCa| {
+        [
+            ("--peer-tls-cert-file", &ca.peer_cert),
+            ("--peer-tls-key-file", &ca.peer_key),
+            ("--peer-tls-ca-file", &ca.ca_cert),
+        ]
+        .iter()
+        .flat_map(|(flag, file)| [flag.to_string(), file.display().to_string()])
+        .collect::<Vec<_>>()
+    };
+    let mut server_args = peer_flags(&ours);
+    server_args.extend(["--snapshot-interval-entries", "50", "--log-keep-entries", "10"].map(String::from));
+    let cluster = Cluster::start_with(3, &[], &server_args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut c = cluster.client(1).await;
+    assert_eq!(c.command(&["SET", "before", "1"]).await.unwrap(), ok());
+
+    // A plaintext hello never gets past the TLS handshake.
+    let mut outsider = TcpStream::connect(cluster.node(1).peer_addr).unwrap();
+    outsider.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    outsider.write_all(&chorus_log::frame::encode_hello(2, None)).unwrap();
+    let closed = outsider.read_to_end(&mut Vec::new());
+    assert!(closed.is_ok(), "closed at once, not left open: {closed:?}");
+
+    cluster.kill(3);
+    let leader = cluster.wait_for_leader(&[1, 2], Duration::from_secs(10)).await;
+    let term = cluster.info_u64(leader, "raft_term").await;
+    let impostor_dir = tempfile::tempdir().unwrap();
+    let node3_config = Path::new(cluster.dir()).join("node3").join("chorus.toml");
+    let mut impostor = Command::new(CHORUS)
+        .args(["server", "--config", node3_config.to_str().unwrap()])
+        .args(peer_flags(&theirs))
+        .arg("--data-dir")
+        .arg(impostor_dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut c = cluster.client(leader).await;
+    // 4 KiB values: the leader compacts past node 3's log and ships it the state.
+    let value = |i: usize| format!("{i:04096}");
+    for i in 0..400 {
+        assert_eq!(c.command(&["SET", &format!("s{i}"), &value(i)]).await.unwrap(), ok());
+    }
+    let mut seen_by_impostor = RawConnection::connect(cluster.node(3).resp_addr);
+    seen_by_impostor.expect(&["READONLY"], b"+OK\r\n");
+    seen_by_impostor.expect(&["DBSIZE"], b":0\r\n");
+    impostor.kill().unwrap();
+    impostor.wait().unwrap();
+    assert_eq!(
+        cluster.info_u64(leader, "raft_term").await,
+        term,
+        "the impostor's votes never reached a node"
+    );
+    let refused: f64 = [1, 2]
+        .iter()
+        .map(|id| metric_value(&cluster.metrics(*id), "chorus_peer_auth_failures_total"))
+        .sum();
+    assert!(refused >= 2.0, "the outsider and the impostor were counted: {refused}");
+
+    cluster.restart_stopped();
+    let target = cluster.info_u64(leader, "raft_commit_index").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cluster.info_u64(3, "raft_applied_index").await < target {
+        assert!(Instant::now() < deadline, "node 3 did not catch up over TLS");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let received = metric_value(&cluster.metrics(3), "chorus_snapshot_bytes_received_total");
+    assert!(received >= 1_000_000.0, "the state was shipped: {received} bytes");
+    let mut three = cluster.client(3).await;
+    assert_eq!(three.command(&["READONLY"]).await.unwrap(), ok());
+    assert_eq!(three.command(&["GET", "s399"]).await.unwrap(), bulk(&value(399)));
+}
+
 #[test]
 fn server_rejects_a_bad_config_with_a_clear_message() {
     let dir = tempfile::tempdir().unwrap();

@@ -10,6 +10,7 @@ pub mod frame;
 pub mod membership;
 pub mod node;
 pub mod peer_auth;
+pub mod peer_stream;
 mod raft_log;
 mod replica_wait;
 pub mod shipment;

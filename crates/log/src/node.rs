@@ -173,8 +173,9 @@ pub struct NodeConfig {
     /// Most bytes per second shipped to one lagging follower (0: no cap).
     pub snapshot_ship_bytes_per_sec: u64,
     pub peer_queue_messages: usize,
-    /// Peers prove they hold it before anything crosses a connection (`peer_auth`).
-    pub cluster_secret: Option<crate::peer_auth::ClusterSecret>,
+    /// What peers prove to each other before anything crosses a connection: the cluster
+    /// secret (`peer_auth`), a certificate of the cluster's CA (`peer_stream`), both or neither.
+    pub credentials: crate::peer_auth::PeerCredentials,
 }
 
 impl NodeConfig {
@@ -1114,7 +1115,7 @@ pub async fn start<SM: StateMachine>(
         .collect();
     let shipper = Shipper::new(
         config.id,
-        config.cluster_secret.clone(),
+        config.credentials.clone(),
         linked.iter().copied().collect(),
         config.max_frame_bytes,
         config.snapshot_ship_bytes_per_sec,
@@ -1127,7 +1128,7 @@ pub async fn start<SM: StateMachine>(
         max_frame_bytes: config.max_frame_bytes,
         queue_messages: config.peer_queue_messages,
         incoming_dir: incoming_dir.clone(),
-        cluster_secret: config.cluster_secret.clone(),
+        credentials: config.credentials.clone(),
     };
     let (replica_questions_tx, replica_questions) = mpsc::channel(REPLICA_QUESTION_QUEUE);
     let services = transport::Services {

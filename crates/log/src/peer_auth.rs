@@ -15,6 +15,9 @@
 //!
 //! This authenticates peers; it does not hide or protect the traffic that follows (TLS does that).
 
+use std::sync::Arc;
+
+use chorus_tls::PeerTls;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
@@ -31,6 +34,14 @@ const DIALER_TAG: &[u8] = b"chorus peer dialer v1";
 
 pub type Nonce = [u8; NONCE_BYTES];
 pub type Code = [u8; CODE_BYTES];
+
+/// What a node shows its peers and asks of them: the cluster secret, mutual TLS
+/// (`peer_stream`), both or neither.
+#[derive(Clone, Debug, Default)]
+pub struct PeerCredentials {
+    pub secret: Option<ClusterSecret>,
+    pub tls: Option<Arc<PeerTls>>,
+}
 
 /// The secret every node of a cluster shares.
 #[derive(Clone)]

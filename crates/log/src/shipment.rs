@@ -39,7 +39,8 @@ use tokio::sync::mpsc;
 
 use crate::error::DecodeError;
 use crate::frame::{self, FrameKind, FRAME_HEADER_BYTES};
-use crate::peer_auth::{ClusterSecret, Dial};
+use crate::peer_auth::{ClusterSecret, Dial, PeerCredentials};
+use crate::peer_stream::BlockingPeerStream;
 use crate::storage::sync_dir;
 use crate::transport::PeerEvent;
 use crate::wire::{put_blob, put_u32, put_u64, Reader};
@@ -176,10 +177,14 @@ impl ShipMetrics {
     }
 }
 
-fn write_frame(stream: &mut TcpStream, kind: FrameKind, payload: &[u8], buf: &mut Vec<u8>) -> Result<(), String> {
+fn write_frame(stream: &mut impl Write, kind: FrameKind, payload: &[u8], buf: &mut Vec<u8>) -> Result<(), String> {
     buf.clear();
     frame::encode_frame(kind, payload, buf);
-    stream.write_all(buf).map_err(|e| format!("write failed: {e}"))
+    // Flushed: TLS holds records back until then.
+    stream
+        .write_all(buf)
+        .and_then(|_| stream.flush())
+        .map_err(|e| format!("write failed: {e}"))
 }
 
 /// Reads one frame; the connection ending here is an error, since both sides know what comes next.
@@ -224,7 +229,7 @@ pub struct ShipLimits {
 #[allow(clippy::too_many_arguments)]
 pub fn send_snapshot(
     node_id: u64,
-    secret: Option<&ClusterSecret>,
+    credentials: &PeerCredentials,
     to: u64,
     addr: SocketAddr,
     limits: ShipLimits,
@@ -249,14 +254,14 @@ pub fn send_snapshot(
         index: meta.index,
         files: offered,
     };
-    let mut stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(|e| format!("connect: {e}"))?;
-    stream
-        .set_read_timeout(Some(IO_TIMEOUT))
-        .and_then(|_| stream.set_write_timeout(Some(IO_TIMEOUT)))
-        .and_then(|_| stream.set_nodelay(true))
+    let tcp = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(|e| format!("connect: {e}"))?;
+    tcp.set_read_timeout(Some(IO_TIMEOUT))
+        .and_then(|_| tcp.set_write_timeout(Some(IO_TIMEOUT)))
+        .and_then(|_| tcp.set_nodelay(true))
         .map_err(|e| e.to_string())?;
+    let mut stream = BlockingPeerStream::dial(tcp, addr, credentials.tls.as_deref())?;
     let mut buf = Vec::new();
-    dial_handshake(&mut stream, node_id, secret, to, &mut buf)?;
+    dial_handshake(&mut stream, node_id, credentials.secret.as_ref(), to, &mut buf)?;
     write_frame(&mut stream, FrameKind::ShipOffer, &encode_offer(&offer), &mut buf)?;
     let held = match read_frame(&mut stream, max_frame_bytes)? {
         (FrameKind::ShipResume, payload) => decode_resume(&payload).map_err(|e| format!("bad resume: {e}"))?,
@@ -313,7 +318,7 @@ pub fn send_snapshot(
 
 /// The dialer's half of the peer handshake (`peer_auth`; the transport's, blocking).
 fn dial_handshake(
-    stream: &mut TcpStream,
+    stream: &mut BlockingPeerStream,
     node_id: u64,
     secret: Option<&ClusterSecret>,
     to: u64,
@@ -322,6 +327,7 @@ fn dial_handshake(
     let Some(secret) = secret else {
         return stream
             .write_all(&frame::encode_hello(node_id, None))
+            .and_then(|_| stream.flush())
             .map_err(|e| format!("write failed: {e}"));
     };
     let (dial, hello) = Dial::start(secret, node_id, to);
@@ -336,7 +342,7 @@ fn dial_handshake(
 /// Starts one sender thread per shipment; a newer shipment to the same peer supersedes the older.
 pub struct Shipper {
     node_id: u64,
-    secret: Option<ClusterSecret>,
+    credentials: PeerCredentials,
     peers: HashMap<u64, SocketAddr>,
     limits: ShipLimits,
     events: mpsc::UnboundedSender<PeerEvent>,
@@ -346,7 +352,7 @@ pub struct Shipper {
 impl Shipper {
     pub fn new(
         node_id: u64,
-        secret: Option<ClusterSecret>,
+        credentials: PeerCredentials,
         peers: HashMap<u64, SocketAddr>,
         max_frame_bytes: usize,
         bytes_per_sec: u64,
@@ -354,7 +360,7 @@ impl Shipper {
     ) -> Shipper {
         Shipper {
             node_id,
-            secret,
+            credentials,
             peers,
             limits: ShipLimits {
                 max_frame_bytes,
@@ -383,13 +389,13 @@ impl Shipper {
             previous.store(true, Ordering::Relaxed);
         }
         let (node_id, limits, events) = (self.node_id, self.limits, self.events.clone());
-        let secret = self.secret.clone();
+        let credentials = self.credentials.clone();
         let spawned = std::thread::Builder::new()
             .name("snapshot-sender".into())
             .spawn(move || {
                 let metrics = ShipMetrics::get();
                 let index = msg.get_snapshot().get_metadata().index;
-                let outcome = send_snapshot(node_id, secret.as_ref(), to, addr, limits, &msg, &files.files, &cancel);
+                let outcome = send_snapshot(node_id, &credentials, to, addr, limits, &msg, &files.files, &cancel);
                 drop(files);
                 match &outcome {
                     Ok(stats) => {
@@ -446,7 +452,7 @@ impl Receiver {
 
     /// Receives the shipment `offer` opened on `stream` from node `from`, as the module comment
     /// describes. Blocking: run it off the async runtime.
-    pub fn receive(&self, mut stream: TcpStream, from: u64, offer: &[u8]) -> Result<ShipStats, String> {
+    pub fn receive(&self, mut stream: BlockingPeerStream, from: u64, offer: &[u8]) -> Result<ShipStats, String> {
         let offer = decode_offer(offer).map_err(|e| format!("bad offer: {e}"))?;
         // A receiver that failed (even by panicking) leaves nothing half-done that the next
         // offer does not check, so a poisoned lock is simply taken.
@@ -455,9 +461,10 @@ impl Receiver {
             Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Err("another snapshot is being received".into()),
         };
-        stream
+        let socket = stream.socket();
+        socket
             .set_read_timeout(Some(IO_TIMEOUT))
-            .and_then(|_| stream.set_write_timeout(Some(IO_TIMEOUT)))
+            .and_then(|_| socket.set_write_timeout(Some(IO_TIMEOUT)))
             .map_err(|e| e.to_string())?;
         let dir = staging_dir(&self.incoming, offer.term, offer.index);
         let mut held = self
@@ -631,7 +638,7 @@ mod tests {
         let (from, _) = frame::decode_hello(&hello).unwrap();
         let (kind, offer) = read_frame(&mut stream, 1 << 20)?;
         assert_eq!(kind, FrameKind::ShipOffer);
-        receiver.receive(stream, from, &offer)
+        receiver.receive(BlockingPeerStream::Plain(stream), from, &offer)
     }
 
     fn snapshot_message(term: u64, index: u64) -> Message {
@@ -716,7 +723,16 @@ mod tests {
         let started = std::time::Instant::now();
         let (sent, received) = std::thread::scope(|scope| {
             let receiving = scope.spawn(|| accept_one(&listener, &receiver));
-            let sent = send_snapshot(1, None, 2, addr, limits, &msg, &files, &AtomicBool::new(false));
+            let sent = send_snapshot(
+                1,
+                &PeerCredentials::default(),
+                2,
+                addr,
+                limits,
+                &msg,
+                &files,
+                &AtomicBool::new(false),
+            );
             (sent, receiving.join().unwrap())
         });
         let total: u64 = sizes.iter().map(|s| *s as u64).sum();

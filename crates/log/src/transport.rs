@@ -15,8 +15,9 @@
 //! Peers come and go with the cluster's membership (`Transport::add_peer`, `remove_peer`); a
 //! connection from a node that is not (yet) a peer is refused, and the node dials again.
 //!
-//! With a cluster secret, a connection carries nothing until both ends proved they hold it
-//! (`peer_auth`); an inbound connection that fails to is closed and counted.
+//! With peer TLS, connections are TLS and both ends' certificates must chain to the cluster's CA
+//! (`peer_stream`); with a cluster secret, a connection carries nothing until both ends proved
+//! they hold it (`peer_auth`). An inbound connection that fails either is closed and counted.
 //!
 //! Services other than raft (CURP's witnesses, for one) share the connections: [`PeerCalls`]
 //! sends a request and awaits its response, which the peer sends back on its own connection; a
@@ -38,7 +39,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::frame::{self, FrameKind, FRAME_HEADER_BYTES};
-use crate::peer_auth::{self, Accept, ClusterSecret, Dial};
+use crate::peer_auth::{self, Accept, ClusterSecret, Dial, PeerCredentials};
+use crate::peer_stream::PeerStream;
 use crate::shipment::Receiver;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -80,8 +82,8 @@ pub struct TransportConfig {
     pub queue_messages: usize,
     /// Where snapshot files shipped by a leader land (see `shipment`).
     pub incoming_dir: std::path::PathBuf,
-    /// Peers prove they hold it before anything else crosses a connection.
-    pub cluster_secret: Option<ClusterSecret>,
+    /// What peers prove to each other before anything else crosses a connection.
+    pub credentials: PeerCredentials,
 }
 
 struct PeerMetrics {
@@ -134,7 +136,7 @@ fn unauthenticated_peers() -> Arc<Counter> {
     chorus_metrics::counter(
         "chorus_peer_auth_failures_total",
         "Peer connections closed because the other end did not prove it holds the cluster secret \
-         (or sent one where this node has none)",
+         (or sent one where this node has none) or had no certificate of the cluster's CA",
     )
 }
 
@@ -275,7 +277,7 @@ impl PeerCalls {
 /// peers as the membership changes.
 pub struct Transport {
     node_id: u64,
-    secret: Option<ClusterSecret>,
+    credentials: PeerCredentials,
     queue_messages: usize,
     events: mpsc::UnboundedSender<PeerEvent>,
     peers: Arc<Peers>,
@@ -305,7 +307,7 @@ impl Transport {
             peer,
             addr,
             self.node_id,
-            self.secret.clone(),
+            self.credentials.clone(),
             Queues {
                 raft: raft_rx,
                 pongs: pong_rx,
@@ -362,7 +364,7 @@ pub async fn start(
     tokio::spawn(accept_loop(listener, config.clone(), shared.clone(), inbound, receiver));
     let transport = Transport {
         node_id: config.node_id,
-        secret: config.cluster_secret.clone(),
+        credentials: config.credentials.clone(),
         queue_messages: config.queue_messages,
         events,
         peers: shared.clone(),
@@ -404,6 +406,23 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let (config, peers, inbound, receiver) = (config.clone(), peers.clone(), inbound.clone(), receiver.clone());
         tokio::spawn(async move {
+            let accepted = tokio::time::timeout(
+                HELLO_TIMEOUT,
+                PeerStream::accept(stream, config.credentials.tls.as_deref()),
+            );
+            let stream = match accepted.await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(reason)) => {
+                    unauthenticated_peers().inc();
+                    tracing::warn!(%remote, %reason, "closed inbound peer connection");
+                    return;
+                }
+                Err(_) => {
+                    unauthenticated_peers().inc();
+                    tracing::warn!(%remote, "closed inbound peer connection: no TLS handshake within 5 s");
+                    return;
+                }
+            };
             if let Err(reason) = receive_from(stream, &config, &peers, &inbound, receiver).await {
                 rejected_frames().inc();
                 tracing::warn!(%remote, %reason, "closed inbound peer connection");
@@ -439,7 +458,7 @@ async fn read_frame<R: tokio::io::AsyncRead + Unpin>(
 }
 
 async fn receive_from(
-    stream: TcpStream,
+    stream: PeerStream,
     config: &TransportConfig,
     peers: &Peers,
     inbound: &mpsc::Sender<Message>,
@@ -545,14 +564,13 @@ async fn receive_from(
 
 /// Hands a connection that opened with a shipment offer to a blocking receiver (file writes and
 /// fsyncs stay off the runtime); a failed shipment is logged, and the next one resumes it.
-async fn receive_shipment(stream: BufReader<TcpStream>, from: u64, offer: Vec<u8>, receiver: Arc<Receiver>) {
+async fn receive_shipment(stream: BufReader<PeerStream>, from: u64, offer: Vec<u8>, receiver: Arc<Receiver>) {
     let outcome = async {
         if !stream.buffer().is_empty() {
             return Err("bytes after a shipment offer, before its resume".to_string());
         }
-        let tcp = stream.into_inner().into_std().map_err(|e| e.to_string())?;
-        tcp.set_nonblocking(false).map_err(|e| e.to_string())?;
-        tokio::task::spawn_blocking(move || receiver.receive(tcp, from, &offer))
+        let blocking = stream.into_inner().into_blocking()?;
+        tokio::task::spawn_blocking(move || receiver.receive(blocking, from, &offer))
             .await
             .map_err(|e| format!("receiver thread: {e}"))?
     }
@@ -571,20 +589,21 @@ async fn receive_shipment(stream: BufReader<TcpStream>, from: u64, offer: Vec<u8
 /// The acceptor's half of the handshake (`peer_auth`), after the hello of node `from` carrying
 /// `nonce`: nothing, without a secret on either side.
 async fn accept_handshake(
-    stream: &mut BufReader<TcpStream>,
+    stream: &mut BufReader<PeerStream>,
     config: &TransportConfig,
     from: u64,
     nonce: Option<peer_auth::Nonce>,
 ) -> Result<(), String> {
-    let Some((accept, challenge)) = Accept::start(config.cluster_secret.as_ref(), config.node_id, from, nonce)? else {
+    let Some((accept, challenge)) = Accept::start(config.credentials.secret.as_ref(), config.node_id, from, nonce)?
+    else {
         return Ok(());
     };
     let mut frame_bytes = Vec::new();
     frame::encode_frame(FrameKind::Challenge, &challenge, &mut frame_bytes);
-    stream
-        .get_mut()
-        .write_all(&frame_bytes)
-        .await
+    let writer = stream.get_mut();
+    let written = writer.write_all(&frame_bytes).await;
+    written
+        .and(writer.flush().await)
         .map_err(|e| format!("write failed: {e}"))?;
     let proof = tokio::time::timeout(HELLO_TIMEOUT, read_frame(stream, 64))
         .await
@@ -599,21 +618,18 @@ async fn accept_handshake(
 /// The dialer's half: the hello, and with a secret, checking the challenge of node `peer` and
 /// answering it. Nothing else is sent to a peer that cannot show the secret.
 async fn dial_handshake(
-    stream: &mut TcpStream,
+    stream: &mut PeerStream,
     node_id: u64,
     peer: u64,
     secret: Option<&ClusterSecret>,
 ) -> Result<(), String> {
     let Some(secret) = secret else {
-        return stream
-            .write_all(&frame::encode_hello(node_id, None))
-            .await
-            .map_err(|e| e.to_string());
+        return write_flushed(stream, &frame::encode_hello(node_id, None)).await;
     };
     let (dial, hello) = Dial::start(secret, node_id, peer);
     let mut frame_bytes = Vec::new();
     frame::encode_frame(FrameKind::Hello, &hello, &mut frame_bytes);
-    stream.write_all(&frame_bytes).await.map_err(|e| e.to_string())?;
+    write_flushed(stream, &frame_bytes).await?;
     let challenge = tokio::time::timeout(HELLO_TIMEOUT, read_frame(stream, 64))
         .await
         .map_err(|_| format!("node {peer} sent no challenge within 5 s"))??;
@@ -628,14 +644,23 @@ async fn dial_handshake(
     };
     frame_bytes.clear();
     frame::encode_frame(FrameKind::Proof, &proof, &mut frame_bytes);
-    stream.write_all(&frame_bytes).await.map_err(|e| e.to_string())
+    write_flushed(stream, &frame_bytes).await
+}
+
+/// Writes `bytes` and flushes them (TLS holds records back until flushed).
+async fn write_flushed(stream: &mut PeerStream, bytes: &[u8]) -> Result<(), String> {
+    stream
+        .write_all(bytes)
+        .await
+        .map_err(|e| format!("write failed: {e}"))?;
+    stream.flush().await.map_err(|e| format!("write failed: {e}"))
 }
 
 async fn sender_loop(
     peer: u64,
     addr: SocketAddr,
     node_id: u64,
-    secret: Option<ClusterSecret>,
+    credentials: PeerCredentials,
     mut queues: Queues,
     events: mpsc::UnboundedSender<PeerEvent>,
     link: Arc<Link>,
@@ -649,10 +674,20 @@ async fn sender_loop(
     loop {
         let connected = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await;
         let outcome = match connected {
-            Ok(Ok(mut stream)) => {
-                let _ = stream.set_nodelay(true);
-                match dial_handshake(&mut stream, node_id, peer, secret.as_ref()).await {
-                    Ok(()) => {
+            Ok(Ok(tcp)) => {
+                let _ = tcp.set_nodelay(true);
+                let dialed =
+                    tokio::time::timeout(HELLO_TIMEOUT, PeerStream::dial(tcp, addr, credentials.tls.as_deref()))
+                        .await
+                        .unwrap_or_else(|_| Err("no TLS handshake within 5 s".into()));
+                let handshaken = match dialed {
+                    Ok(mut stream) => dial_handshake(&mut stream, node_id, peer, credentials.secret.as_ref())
+                        .await
+                        .map(|()| stream),
+                    Err(reason) => Err(reason),
+                };
+                match handshaken {
+                    Ok(stream) => {
                         if reported_down && !closed_young {
                             tracing::info!(peer, %addr, "peer reachable again");
                             reported_down = false;
@@ -700,7 +735,7 @@ async fn sender_loop(
 
 /// Streams queued messages, and pings, to a connected peer. `Ok` means the queue closed
 /// (shutdown).
-async fn send_to(mut stream: TcpStream, queues: &mut Queues, metrics: &PeerMetrics) -> Result<(), String> {
+async fn send_to(mut stream: PeerStream, queues: &mut Queues, metrics: &PeerMetrics) -> Result<(), String> {
     let mut buf = Vec::with_capacity(64 * 1024);
     let mut ping = tokio::time::interval(PING_INTERVAL);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -743,10 +778,10 @@ async fn send_to(mut stream: TcpStream, queues: &mut Queues, metrics: &PeerMetri
                 next = queues.raft.try_recv().ok();
             }
         }
-        let written = stream.write_all(&buf).await;
+        let written = write_flushed(&mut stream, &buf).await;
         metrics.bytes_sent.add(buf.len() as u64);
         buf.clear();
-        written.map_err(|e| e.to_string())?;
+        written?;
     }
 }
 
@@ -759,13 +794,16 @@ mod tests {
         listener.local_addr().unwrap()
     }
 
+    /// A transport for node `id` and its calls; its inbound raft messages go to the receiver
+    /// returned.
     async fn node(
         id: u64,
         addrs: &[(u64, SocketAddr)],
         requests: Option<mpsc::Sender<PeerRequest>>,
         dir: &std::path::Path,
-    ) -> Arc<PeerCalls> {
-        let (raft_tx, _raft_rx) = mpsc::channel(16);
+        credentials: PeerCredentials,
+    ) -> (Arc<PeerCalls>, mpsc::Receiver<Message>) {
+        let (raft_tx, raft_rx) = mpsc::channel(16);
         let (events_tx, _events_rx) = mpsc::unbounded_channel();
         let config = TransportConfig {
             node_id: id,
@@ -774,26 +812,21 @@ mod tests {
             max_frame_bytes: 1 << 20,
             queue_messages: 16,
             incoming_dir: dir.to_path_buf(),
-            cluster_secret: None,
+            credentials,
         };
         let services = Services {
             log: None,
             application: requests,
         };
         let (raft_queues, _, calls) = start(config, raft_tx, events_tx, services).await.unwrap();
-        // The raft side is not under test; its channels live as long as the test (a closed raft
-        // queue is how a sender task learns of shutdown).
-        std::mem::forget((raft_queues, _raft_rx));
-        calls
+        // The outgoing raft queues live as long as the test (a closed one is how a sender task
+        // learns of shutdown).
+        std::mem::forget(raft_queues);
+        (calls, raft_rx)
     }
 
-    #[tokio::test]
-    async fn a_call_gets_its_peers_response_and_fails_clearly_without_one() {
-        let dir = tempfile::tempdir().unwrap();
-        let addrs = [(1, free_addr()), (2, free_addr()), (3, free_addr())];
-        let (requests_tx, mut requests) = mpsc::channel(16);
-        let one = node(1, &addrs, None, dir.path()).await;
-        let _two = node(2, &addrs, Some(requests_tx), dir.path()).await;
+    /// Answers every request to a node with its service, body and sender.
+    fn echo(mut requests: mpsc::Receiver<PeerRequest>) {
         tokio::spawn(async move {
             while let Some(request) = requests.recv().await {
                 let mut body = vec![request.service];
@@ -802,6 +835,16 @@ mod tests {
                 request.respond(&body);
             }
         });
+    }
+
+    #[tokio::test]
+    async fn a_call_gets_its_peers_response_and_fails_clearly_without_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let addrs = [(1, free_addr()), (2, free_addr()), (3, free_addr())];
+        let (requests_tx, requests) = mpsc::channel(16);
+        let (one, _) = node(1, &addrs, None, dir.path(), PeerCredentials::default()).await;
+        let _two = node(2, &addrs, Some(requests_tx), dir.path(), PeerCredentials::default()).await;
+        echo(requests);
         let second = Duration::from_secs(1);
         // Requests queued while the connection is not up yet are dropped, like raft messages.
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -839,5 +882,78 @@ mod tests {
             !one.heard_within(3, Duration::from_secs(60)),
             "node 3 never answered a ping"
         );
+    }
+
+    /// With peer TLS, calls and a snapshot shipment (the blocking sender, and the receiver the
+    /// transport hands an accepted TLS connection to) cross between nodes of one CA; a node with
+    /// another CA's certificate reaches nobody and nobody reaches it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_peer_tls_calls_and_shipments_cross_and_another_cas_node_gets_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let credentials = |ca: &chorus_tls::LocalCa| PeerCredentials {
+            secret: None,
+            tls: Some(chorus_tls::PeerTls::load(&ca.peer_cert, &ca.peer_key, &ca.ca_cert).unwrap()),
+        };
+        let ours = credentials(&chorus_tls::write_local_ca(&dir.path().join("ours")).unwrap());
+        let theirs = credentials(&chorus_tls::write_local_ca(&dir.path().join("theirs")).unwrap());
+        let addrs = [(1, free_addr()), (2, free_addr()), (3, free_addr())];
+        let (requests_tx, requests) = mpsc::channel(16);
+        let (one, _) = node(1, &addrs, None, &dir.path().join("in1"), ours.clone()).await;
+        let (_two, mut two_raft) = node(2, &addrs, Some(requests_tx), &dir.path().join("in2"), ours.clone()).await;
+        echo(requests);
+        let (outsider_requests_tx, mut outsider_requests) = mpsc::channel(16);
+        let (outsider, _) = node(
+            3,
+            &addrs,
+            Some(outsider_requests_tx),
+            &dir.path().join("in3"),
+            theirs.clone(),
+        )
+        .await;
+
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while one.call(2, 7, b"up?", Duration::from_millis(100)).await.is_err() {
+            assert!(Instant::now() < deadline, "node 2 never answered over TLS");
+        }
+        let mut expected = vec![7, b'x'];
+        expected.extend_from_slice(&1u64.to_le_bytes());
+        assert_eq!(one.call(2, 7, b"x", Duration::from_secs(1)).await.unwrap(), expected);
+        for _ in 0..5 {
+            assert!(one.call(3, 7, b"x", Duration::from_millis(200)).await.is_err());
+            assert!(outsider.call(2, 7, b"x", Duration::from_millis(200)).await.is_err());
+        }
+        assert!(outsider_requests.try_recv().is_err(), "no request reached the outsider");
+
+        let file = dir.path().join("0.seg");
+        let content: Vec<u8> = (0..3_000_000u32).map(|b| (b % 251) as u8).collect();
+        std::fs::write(&file, &content).unwrap();
+        let mut msg = Message::default();
+        msg.set_msg_type(MessageType::MsgSnapshot);
+        msg.from = 1;
+        msg.to = 2;
+        msg.mut_snapshot().mut_metadata().term = 2;
+        msg.mut_snapshot().mut_metadata().index = 30;
+        let limits = crate::shipment::ShipLimits {
+            max_frame_bytes: 1 << 20,
+            bytes_per_sec: 0,
+        };
+        let files = vec![("0.seg".to_string(), file)];
+        let ship = |credentials: PeerCredentials| {
+            let (msg, files) = (msg.clone(), files.clone());
+            let to = addrs[1].1;
+            tokio::task::spawn_blocking(move || {
+                let cancel = std::sync::atomic::AtomicBool::new(false);
+                crate::shipment::send_snapshot(1, &credentials, 2, to, limits, &msg, &files, &cancel)
+            })
+        };
+        assert!(ship(theirs).await.unwrap().is_err(), "another CA's node ships nothing");
+        let stats = ship(ours).await.unwrap().unwrap();
+        assert_eq!(stats.bytes_shipped, content.len() as u64);
+        let received = tokio::time::timeout(Duration::from_secs(5), two_raft.recv())
+            .await
+            .unwrap();
+        assert_eq!(received.unwrap(), msg);
+        let landed = crate::shipment::staging_dir(&dir.path().join("in2"), 2, 30).join("0.seg");
+        assert_eq!(std::fs::read(landed).unwrap(), content);
     }
 }
