@@ -285,7 +285,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     let curp = witness.map(|witness| {
         let timeout = Duration::from_millis(config.request_timeout_ms);
         let min_rtt = Duration::from_micros(config.curp_fast_path_min_rtt_us);
-        let curp = Arc::new(Curp::new(node.clone(), witness, applies, voters, timeout, min_rtt));
+        let curp = Arc::new(Curp::new(node.clone(), witness, applies, timeout, min_rtt));
         tokio::spawn(serve_peer_requests(curp.clone(), requests));
         tokio::spawn(curp.clone().recover_as_leader());
         curp
@@ -302,17 +302,10 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
             }
         });
     }
-    // CURP's witnesses are fixed at start: a configuration change could leave a write that
-    // completed on the fast path recorded on too few of the new voters' witnesses.
-    let membership_refusal = curp.is_some().then(|| {
-        "this cluster runs CURP, whose witness sets do not follow membership changes yet; \
-         restart it with curp off to change its members"
-            .to_string()
-    });
     tokio::spawn(serve_metrics(
         metrics_listener,
         node.clone(),
-        membership_refusal,
+        None,
         AdminGate::new(users.clone()),
     ));
     let options = FrontEndOptions {
@@ -526,11 +519,24 @@ mod tests {
         let mut register = node.submit_write(encode_register()).await.unwrap();
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(register.try_recv().is_err(), "a write went ahead of the recovery");
-        node.submit_recovery(term, vec![encode_curp_recovered(term)])
+        // The witnesses to collect: the voters, once an entry of this term has applied.
+        let witnesses = loop {
+            match node.curp_recovery_witnesses(term).await {
+                Ok(witnesses) => break witnesses,
+                Err(chorus_log::NodeError::Refused(_)) => tokio::time::sleep(Duration::from_millis(10)).await,
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert_eq!(witnesses, Some(vec![1]));
+        assert!(
+            node.submit_recovery(term, Some(vec![1, 2]), Vec::new()).await.is_err(),
+            "a recovery from other witnesses than the voters is refused"
+        );
+        node.submit_recovery(term, witnesses.clone(), vec![encode_curp_recovered(term)])
             .await
             .unwrap();
         assert!(
-            node.submit_recovery(term, Vec::new()).await.is_err(),
+            node.submit_recovery(term, witnesses, Vec::new()).await.is_err(),
             "one recovery per term"
         );
         let Ok(Ok(Value::Integer(incarnation))) = register.await else {
@@ -552,7 +558,8 @@ mod tests {
         };
         let mut submitted = Vec::new();
         for (seq, key) in [(1, "a"), (2, "a"), (3, "b"), (4, "c")] {
-            submitted.push(node.submit_speculative_write(write(seq, key), term).await.unwrap());
+            let pair = node.submit_speculative_write(write(seq, key), term, vec![1]).await;
+            submitted.push(pair.unwrap());
         }
         let mut speculated = 0;
         for (n, (applied, speculative)) in submitted.into_iter().enumerate() {
@@ -567,5 +574,12 @@ mod tests {
             speculated >= 3,
             "only {speculated} of 4 writes were answered speculatively"
         );
+        // Recorded by witnesses that are not the voters: answered once applied, never before.
+        let (applied, speculative) = node
+            .submit_speculative_write(write(5, "d"), term, vec![1, 2])
+            .await
+            .unwrap();
+        assert!(speculative.await.is_err(), "speculated on other witnesses' record");
+        assert_eq!(applied.await.unwrap().unwrap(), Value::Integer(1));
     }
 }

@@ -2939,6 +2939,30 @@ async fn a_curp_client_writes_in_one_round_trip_and_exactly_once_through_a_leade
     let addrs: Vec<_> = (1..=3).map(|id| cluster.node(id).resp_addr).collect();
     let mut session = CurpSession::connect(&addrs, Duration::from_secs(10)).await.unwrap();
     let (leader, followers) = cluster.leader_and_followers().await;
+    // The leader speculates only on a write whose witnesses, as the PROPOSE names them, are its
+    // voters.
+    let leader = recovered_leader(&cluster, Duration::from_secs(10))
+        .await
+        .unwrap_or(leader);
+    let mut raw = cluster.client(leader).await;
+    let mut rifl = RiflSession::register(&mut raw).await.unwrap();
+    let term = cluster.info_u64(leader, "raft_term").await.to_string();
+    for (witnesses, answered) in [("1,2", "APPLIED"), ("3,1,2", "SPECULATED"), ("1,2,3,4", "APPLIED")] {
+        let write = rifl.wrap(&["SET", "named-witnesses", witnesses]);
+        let mut propose = vec![
+            b"CURP".to_vec(),
+            b"PROPOSE".to_vec(),
+            term.clone().into_bytes(),
+            witnesses.as_bytes().to_vec(),
+        ];
+        propose.extend(write.command[2..].iter().cloned());
+        let reply = raw.command(&propose).await.unwrap();
+        assert!(
+            matches!(&reply, Value::Array(Some(items)) if items[0] == bulk(answered)),
+            "witnesses {witnesses}: {reply:?}"
+        );
+        rifl.answered(&write);
+    }
     let mut counts = [0i64; 7];
     let mut fast = 0;
     for i in 0..400 {
@@ -3429,17 +3453,93 @@ fn members_of(node: &NodeEntry) -> Vec<(u64, String)> {
 /// remaining node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_grows_to_five_and_shrinks_to_three_under_load_losing_no_write() {
-    let cluster = Cluster::start(3, &[]);
+    grow_to_five_and_shrink_to_three_under_load(&Cluster::start(3, &[]), |_| {}).await;
+}
+
+/// The same with CURP's fast path taken by every follower: the witnesses follow the voters —
+/// writes complete in one round trip under the five voters' witnesses and again under the last
+/// three's, across a leader that hands over and recovers — and none is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_curp_the_witnesses_follow_the_voters_through_growth_and_shrinkage() {
+    let cluster = Cluster::start(3, CURP_ON);
+    let fast_writes = |nodes: &[NodeEntry]| -> f64 {
+        nodes
+            .iter()
+            .map(|n| {
+                metric_value(
+                    &http_get(n.metrics_addr, "/metrics"),
+                    "chorus_curp_fast_path_writes_total",
+                )
+            })
+            .sum()
+    };
+    let mut fast_when_shrunk = 0.0;
+    grow_to_five_and_shrink_to_three_under_load(&cluster, |phase| match phase {
+        Phase::Grown(nodes) => {
+            // The writers' followers go on taking the fast path, now recorded by five witnesses:
+            // the new nodes' too.
+            let before = fast_writes(nodes);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            tokio::task::block_in_place(|| {
+                while fast_writes(nodes) <= before {
+                    assert!(Instant::now() < deadline, "no fast-path write under five voters");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            });
+            for node in nodes.iter().filter(|n| n.id > 3) {
+                let accepted = metric_value(
+                    &http_get(node.metrics_addr, "/metrics"),
+                    "chorus_curp_witness_accepted_total",
+                );
+                assert!(accepted > 0.0, "node {}'s witness recorded no write", node.id);
+            }
+        }
+        Phase::Shrunk(nodes) => fast_when_shrunk = fast_writes(nodes),
+    })
+    .await;
+    // Writes go on in one round trip under the last three voters' witnesses.
+    let remaining = listed_nodes(&cluster);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut written = 0;
+    while fast_writes(&remaining) <= fast_when_shrunk {
+        assert!(
+            Instant::now() < deadline,
+            "no fast-path write under the last three voters"
+        );
+        for node in &remaining {
+            let mut c = Client::connect(node.resp_addr).await.unwrap();
+            assert_eq!(
+                c.command(&["SET", &format!("after{written}"), "y"]).await.unwrap(),
+                ok()
+            );
+            written += 1;
+        }
+    }
+    let mut c = Client::connect(remaining[0].resp_addr).await.unwrap();
+    for i in 0..written {
+        assert_eq!(c.command(&["GET", &format!("after{i}")]).await.unwrap(), bulk("y"));
+    }
+}
+
+/// Where `grow_to_five_and_shrink_to_three_under_load` stands, with the members then.
+enum Phase<'a> {
+    Grown(&'a [NodeEntry]),
+    Shrunk(&'a [NodeEntry]),
+}
+
+/// Grows `cluster` from 3 to 5 voters and shrinks it back to 3 (removing its leader and another
+/// original node) under four exactly-once writers, telling `at` of each phase; checks every
+/// acknowledged write is on every remaining node.
+async fn grow_to_five_and_shrink_to_three_under_load(cluster: &Cluster, mut at: impl FnMut(Phase)) {
     let addrs: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.resp_addr).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> = (0..4)
         .map(|w| {
-            tokio::spawn(write_until(
-                addrs.clone(),
-                format!("grow{w}-"),
-                stop.clone(),
-                Arc::default(),
-            ))
+            // Each starts on another node, so followers take writes too.
+            let mut addrs = addrs.clone();
+            let first = w % addrs.len();
+            addrs.rotate_left(first);
+            tokio::spawn(write_until(addrs, format!("grow{w}-"), stop.clone(), Arc::default()))
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -3461,7 +3561,7 @@ async fn a_cluster_grows_to_five_and_shrinks_to_three_under_load_losing_no_write
         said.contains("node(s) 4,5: voters, through a joint configuration"),
         "{said}"
     );
-    let nodes = listed_nodes(&cluster);
+    let nodes = listed_nodes(cluster);
     assert_eq!(nodes.len(), 5);
     for node in &nodes {
         let members = members_of(node);
@@ -3472,6 +3572,8 @@ async fn a_cluster_grows_to_five_and_shrinks_to_three_under_load_losing_no_write
             node.id
         );
     }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    at(Phase::Grown(&nodes));
     // A new node restarted knows its peers from its own records (its config names only the
     // members it joined).
     run_chorus(&["cluster", "kill", "--dir", &dir, "--node", "5"]);
@@ -3498,9 +3600,10 @@ async fn a_cluster_grows_to_five_and_shrinks_to_three_under_load_losing_no_write
     for writer in writers {
         acknowledged.push(writer.await.unwrap());
     }
-    let remaining = listed_nodes(&cluster);
+    let remaining = listed_nodes(cluster);
     assert_eq!(remaining.len(), 3);
     assert!(remaining.iter().all(|n| n.id != leader_id && n.id != other));
+    at(Phase::Shrunk(&remaining));
     for node in &remaining {
         let members: Vec<u64> = members_of(node).into_iter().map(|(id, _)| id).collect();
         assert_eq!(

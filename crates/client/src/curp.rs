@@ -4,6 +4,10 @@
 //! (all 3 of 3, 4 of 5). Otherwise it sends the write again as a `RIFL WRITE` under the same id,
 //! which executes it once. Writes go one at a time, so every earlier write is answered before the
 //! next is sent (the order a fast-path reply relies on).
+//!
+//! The witnesses are the voters of the cluster's configuration, as the leader reports them: a
+//! write is recorded by those among the addresses given, and the leader speculates only if they
+//! are still its voters (a membership change since sends the write the slow way, once).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -50,8 +54,8 @@ struct Node {
 pub struct CurpSession {
     rifl: RiflSession,
     nodes: Vec<Node>,
-    /// The leader (an index into `nodes`) and its term, as last learned.
-    leader: Option<(usize, u64)>,
+    /// The leader (an index into `nodes`), its term and its voters, as last learned.
+    leader: Option<(usize, u64, Vec<u64>)>,
     /// Requests still out when the last write was decided; their connections come back here.
     in_flight: JoinSet<Returned>,
     timeout: Duration,
@@ -122,18 +126,29 @@ impl CurpSession {
         Ok(session)
     }
 
-    /// Asks every node whom it follows; the leader of the highest term any reports.
-    async fn find_leader(&mut self) -> Result<(usize, u64), ClientError> {
+    /// Asks every node whom it follows; the leader of the highest term any reports, and its
+    /// voters as the leader itself reports them.
+    async fn find_leader(&mut self) -> Result<(usize, u64, Vec<u64>), ClientError> {
         let mut best: Option<(u64, u64)> = None;
+        let mut voters_by_node = Vec::new();
         for node in &mut self.nodes {
             let Some(client) = node.record.as_mut() else {
                 continue;
             };
             if let Ok(Value::Array(Some(items))) = client.command(&["CURP", "STATUS"]).await {
-                if let [_, Value::Integer(leader), Value::Integer(term)] = items.as_slice() {
+                if let [_, Value::Integer(leader), Value::Integer(term), Value::Array(Some(voters))] = items.as_slice()
+                {
                     if *leader > 0 && best.is_none_or(|(t, _)| (*term as u64) > t) {
                         best = Some((*term as u64, *leader as u64));
                     }
+                    let voters: Vec<u64> = voters
+                        .iter()
+                        .filter_map(|v| match v {
+                            Value::Integer(id) => Some(*id as u64),
+                            _ => None,
+                        })
+                        .collect();
+                    voters_by_node.push((node.id, voters));
                 }
             }
         }
@@ -142,8 +157,13 @@ impl CurpSession {
             self.nodes.iter().position(|n| n.id == leader_id).ok_or_else(|| {
                 ClientError::Server(format!("the leader, node {leader_id}, is not among the addresses"))
             })?;
-        self.leader = Some((index, term));
-        Ok((index, term))
+        // None while a change is half done: those writes take the slow way.
+        let voters = voters_by_node
+            .into_iter()
+            .find_map(|(id, voters)| (id == leader_id).then_some(voters))
+            .unwrap_or_default();
+        self.leader = Some((index, term, voters.clone()));
+        Ok((index, term, voters))
     }
 
     /// Takes back the connections of requests still out, reconnecting those that failed.
@@ -206,19 +226,28 @@ impl CurpSession {
     /// One fast-path attempt of the write whose `RIFL WRITE` arguments are `envelope_and_command`
     /// (incarnation, seq, first_unacked, command...).
     async fn try_fast(&mut self, envelope_and_command: &[Vec<u8>]) -> Attempt {
-        let known = match self.leader {
+        let known = match self.leader.clone() {
             Some(known) => Some(known),
             None => self.find_leader().await.ok(),
         };
-        let Some((leader, term)) = known else {
+        let Some((leader, term, voters)) = known else {
             return Attempt::Failed;
         };
+        if voters.is_empty() {
+            // A membership change is half done; ask again next time.
+            self.leader = None;
+            return Attempt::Failed;
+        }
+        let witnesses = voters.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
         let with_half = |half: &str| {
             let mut command = vec![
                 b"CURP".to_vec(),
                 half.as_bytes().to_vec(),
                 term.to_string().into_bytes(),
             ];
+            if half == "PROPOSE" {
+                command.push(witnesses.clone().into_bytes());
+            }
             command.extend_from_slice(envelope_and_command);
             command
         };
@@ -227,11 +256,14 @@ impl CurpSession {
         };
         self.send(leader, Half::Propose, client, with_half("PROPOSE"));
         for index in 0..self.nodes.len() {
+            if !voters.contains(&self.nodes[index].id) {
+                continue;
+            }
             if let Ok(client) = self.connection(index, Half::Record).await {
                 self.send(index, Half::Record, client, with_half("RECORD"));
             }
         }
-        let needed = superquorum(self.nodes.len());
+        let needed = superquorum(voters.len());
         let (mut accepted, mut refused) = (0, 0);
         let mut speculated = None;
         while let Some(Ok(returned)) = self.in_flight.join_next().await {
@@ -258,7 +290,7 @@ impl CurpSession {
                 if accepted >= needed {
                     return Attempt::Fast(reply.clone());
                 }
-                if self.nodes.len() - refused < needed {
+                if voters.len() - refused < needed {
                     return Attempt::Failed;
                 }
             }
@@ -268,7 +300,7 @@ impl CurpSession {
 
     /// Sends the write as `RIFL WRITE` until a node answers: the leader first, then the others.
     async fn resend(&mut self, command: &[Vec<u8>]) -> Result<Value, ClientError> {
-        let first = self.leader.map_or(0, |(index, _)| index);
+        let first = self.leader.as_ref().map_or(0, |(index, ..)| *index);
         let mut last_error = None;
         for attempt in 0..self.nodes.len() * 3 {
             let index = (first + attempt) % self.nodes.len();

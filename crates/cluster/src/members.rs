@@ -128,14 +128,6 @@ fn refuse_unsupported(dir: &Path, file: &ClusterFile) -> anyhow::Result<()> {
     if file.sql {
         bail!("membership changes of SQL clusters are not built yet (conflict-class owners are fixed at start)");
     }
-    let args = &file.server_args;
-    let curp = args.windows(2).any(|w| w[0] == "--curp" && w[1] == "on") || args.iter().any(|a| a == "--curp=on");
-    if curp {
-        bail!(
-            "the cluster in {} runs CURP, whose witness sets do not follow membership changes yet",
-            dir.display()
-        );
-    }
     Ok(())
 }
 

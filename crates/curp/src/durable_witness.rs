@@ -70,6 +70,7 @@ struct Shared {
 pub struct DurableWitness {
     shared: Arc<Shared>,
     dir: PathBuf,
+    accepted: Arc<chorus_metrics::Counter>,
 }
 
 impl DurableWitness {
@@ -125,6 +126,10 @@ impl DurableWitness {
         Ok(DurableWitness {
             shared,
             dir: dir.to_path_buf(),
+            accepted: chorus_metrics::counter(
+                "chorus_curp_witness_accepted_total",
+                "Records this node's witness accepted (held durably) for fast-path writes",
+            ),
         })
     }
 
@@ -153,6 +158,7 @@ impl DurableWitness {
             self.persist(&event)
         };
         synced.await.expect("the witness sync thread outlives its witness");
+        self.accepted.inc();
         Ok(())
     }
 

@@ -18,6 +18,13 @@
 //!   write found in enough of them, ahead of any client write, then `CurpRecovered`, whose apply
 //!   makes every witness drop the older terms' records. Until that applies it speculates on
 //!   nothing and serves no read (`chorus_log`'s `curp_leader`).
+//! - **Membership.** The witnesses are the voters of the configuration in force. A write is
+//!   recorded by the witnesses of the configuration this node has applied, and the leader
+//!   speculates on it only if those are its voters and no change is under way; a change is
+//!   proposed only after the leader's recovery, so it commits only with every write that
+//!   completed under the old witnesses, and the new ones never need to know of those. A new
+//!   leader collects the witnesses of the configuration its whole log makes (see
+//!   `NodeHandle::curp_recovery_witnesses`).
 //!
 //! Peers' requests to this node's services arrive through [`serve_peer_requests`].
 
@@ -158,6 +165,8 @@ pub enum SlowReason {
     WitnessTimeout,
     /// The leader's answer did not come, or it was an error.
     LeaderUnanswered,
+    /// A membership change is under way: no write completes in one round trip until it is done.
+    MembershipChanging,
 }
 
 impl SlowReason {
@@ -167,6 +176,7 @@ impl SlowReason {
             SlowReason::WitnessRejected => "witness_rejected",
             SlowReason::WitnessTimeout => "witness_timeout",
             SlowReason::LeaderUnanswered => "leader_unanswered",
+            SlowReason::MembershipChanging => "membership_changing",
         }
     }
 }
@@ -188,6 +198,7 @@ impl CurpMetrics {
             SlowReason::WitnessRejected,
             SlowReason::WitnessTimeout,
             SlowReason::LeaderUnanswered,
+            SlowReason::MembershipChanging,
         ];
         CurpMetrics {
             fast: counter(
@@ -243,8 +254,6 @@ pub struct Curp {
     node: KvNode,
     witness: Arc<DurableWitness>,
     watch: Arc<ApplyWatch>,
-    /// Every voter's id, this node's included.
-    voters: Vec<u64>,
     request_timeout: Duration,
     fast_path_min_rtt: Duration,
     metrics: CurpMetrics,
@@ -255,7 +264,6 @@ impl Curp {
         node: KvNode,
         witness: Arc<DurableWitness>,
         watch: Arc<ApplyWatch>,
-        voters: Vec<u64>,
         request_timeout: Duration,
         fast_path_min_rtt: Duration,
     ) -> Curp {
@@ -263,7 +271,6 @@ impl Curp {
             node,
             witness,
             watch,
-            voters,
             request_timeout,
             fast_path_min_rtt,
             metrics: CurpMetrics::new(),
@@ -281,8 +288,16 @@ impl Curp {
         rtt >= self.fast_path_min_rtt
     }
 
-    fn failures_tolerated(&self) -> usize {
-        (self.voters.len() - 1) / 2
+    /// The witnesses a write is recorded by: the voters of the configuration this node has
+    /// applied (sorted); none while a membership change is half done.
+    fn witnesses(&self) -> Option<Vec<u64>> {
+        let members = self.node.members();
+        if members.joint() {
+            return None;
+        }
+        let mut voters = members.conf_state.voters;
+        voters.sort_unstable();
+        Some(voters)
     }
 
     /// One fast-path attempt of the enveloped write `command` of `(client, seq)`, touching
@@ -324,16 +339,23 @@ impl Curp {
                 applied: None,
             };
         }
+        let Some(witnesses) = self.witnesses() else {
+            return FastOutcome::Slow {
+                reason: SlowReason::MembershipChanging,
+                in_doubt: false,
+                applied: None,
+            };
+        };
         let started = Instant::now();
         let record = Record::new(client, seq, status.term, keys, command.clone());
-        let mut verdicts = self.record_everywhere(record);
-        let leader = self.propose(status.leader_id, status.term, command);
+        let mut verdicts = self.record_everywhere(record, &witnesses);
+        let leader = self.propose(status.leader_id, status.term, &witnesses, command);
         tokio::pin!(leader);
         // A leader that dies does not answer; its successor is known an election timeout later,
         // well before the request timeout.
         let moved = self.node.leadership_moved(status.leader_id, status.term);
         tokio::pin!(moved);
-        let needed = superquorum(self.failures_tolerated());
+        let needed = superquorum(failures_tolerated(witnesses.len()));
         let (mut accepted, mut refused) = (0, 0);
         let mut speculated: Option<Value> = None;
         let mut witness_deadline: Option<tokio::time::Instant> = None;
@@ -345,7 +367,7 @@ impl Curp {
                     return FastOutcome::Fast(reply.clone(), applied_here);
                 }
             }
-            if self.voters.len() - refused < needed {
+            if witnesses.len() - refused < needed {
                 if speculated.is_none() && !leader_done {
                     // The leader's answer will say whether it could speculate; wait for it.
                     return match (&mut leader).await {
@@ -406,15 +428,15 @@ impl Curp {
         }
     }
 
-    /// Sends `record` to every voter's witness; each verdict (accepted or not) arrives on the
+    /// Sends `record` to every one of `witnesses`; each verdict (accepted or not) arrives on the
     /// receiver as it comes.
-    fn record_everywhere(self: &Arc<Self>, record: Record) -> mpsc::Receiver<bool> {
-        let (tx, rx) = mpsc::channel(self.voters.len());
+    fn record_everywhere(self: &Arc<Self>, record: Record, witnesses: &[u64]) -> mpsc::Receiver<bool> {
+        let (tx, rx) = mpsc::channel(witnesses.len());
         let mut body = Vec::new();
         file::encode(&Event::Accepted(record.clone()), &mut body);
         let body = Bytes::from(body);
         let own_id = self.node.status().id;
-        for &voter in &self.voters {
+        for &voter in witnesses {
             let (curp, tx, body, record) = (self.clone(), tx.clone(), body.clone(), record.clone());
             tokio::spawn(async move {
                 let accepted = if voter == own_id {
@@ -436,13 +458,11 @@ impl Curp {
         rx
     }
 
-    async fn propose(&self, leader: u64, term: u64, command: Bytes) -> ProposeReply {
+    async fn propose(&self, leader: u64, term: u64, witnesses: &[u64], command: Bytes) -> ProposeReply {
         if leader == self.node.status().id {
-            return propose_locally(&self.node, command, term).await;
+            return propose_locally(&self.node, command, term, witnesses.to_vec()).await;
         }
-        let mut body = Vec::with_capacity(8 + command.len());
-        body.extend_from_slice(&term.to_le_bytes());
-        body.extend_from_slice(&command);
+        let body = encode_propose(term, witnesses, &command);
         match self
             .node
             .peer_calls()
@@ -454,9 +474,11 @@ impl Curp {
         }
     }
 
-    /// `CURP PROPOSE` from a client: `[SPECULATED reply]` or `[APPLIED reply]`.
-    pub async fn propose_for_client(&self, command: Bytes, term: u64) -> Value {
-        match propose_locally(&self.node, command, term).await {
+    /// `CURP PROPOSE` from a client that asked `witnesses` to record the write:
+    /// `[SPECULATED reply]` or `[APPLIED reply]`.
+    pub async fn propose_for_client(&self, command: Bytes, term: u64, mut witnesses: Vec<u64>) -> Value {
+        witnesses.sort_unstable();
+        match propose_locally(&self.node, command, term, witnesses).await {
             ProposeReply::Speculated(reply) => Value::array(vec![Value::bulk("SPECULATED"), reply]),
             ProposeReply::Applied(reply) => Value::array(vec![Value::bulk("APPLIED"), reply]),
             ProposeReply::InDoubt => Value::error("TRYAGAIN the write's outcome at the leader is unknown"),
@@ -504,11 +526,43 @@ impl Curp {
     }
 
     async fn recover(&self, term: u64) -> Result<(), String> {
-        let f = self.failures_tolerated();
+        let witnesses = loop {
+            match self.node.curp_recovery_witnesses(term).await {
+                Ok(witnesses) => break witnesses,
+                // Not yet applied an entry of its term: it will have shortly.
+                Err(NodeError::Refused(_)) => self.node.status_changed(Duration::from_millis(20)).await,
+                Err(e) => return Err(e.to_string()),
+            }
+        };
+        let (pools, records) = match &witnesses {
+            Some(witnesses) => self.collect(term, witnesses).await?,
+            None => (Vec::new(), Vec::new()),
+        };
+        let count = records.len();
+        let mut commands: Vec<Bytes> = records.into_iter().map(|r| r.command).collect();
+        commands.push(encode_curp_recovered(term));
+        self.node
+            .submit_recovery(term, witnesses, commands)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.metrics.recoveries.inc();
+        self.metrics.recovered_writes.add(count as u64);
+        tracing::info!(term, pools = pools.len(), writes = count, "CURP recovery proposed");
+        Ok(())
+    }
+
+    /// Collects the pools of a majority of `witnesses` (this node's among them) for `term`, and
+    /// the writes found in enough of them.
+    async fn collect(&self, term: u64, witnesses: &[u64]) -> Result<(Vec<Vec<Record>>, Vec<Record>), String> {
+        let f = failures_tolerated(witnesses.len());
         let own_id = self.node.status().id;
+        assert!(
+            witnesses.contains(&own_id),
+            "a leader is a voter: node {own_id} leads with voters {witnesses:?}"
+        );
         let mut pools = vec![self.witness.collect(term).await];
-        let (tx, mut rx) = mpsc::channel(self.voters.len());
-        for &voter in self.voters.iter().filter(|v| **v != own_id) {
+        let (tx, mut rx) = mpsc::channel(witnesses.len());
+        for &voter in witnesses.iter().filter(|v| **v != own_id) {
             let tx = tx.clone();
             let calls = self.node.peer_calls().clone();
             let timeout = self.request_timeout;
@@ -539,18 +593,42 @@ impl Curp {
             }
         }
         let records = recoverable(&pools, f).map_err(|e| format!("the witness pools are inconsistent: {e}"))?;
-        let count = records.len();
-        let mut commands: Vec<Bytes> = records.into_iter().map(|r| r.command).collect();
-        commands.push(encode_curp_recovered(term));
-        self.node
-            .submit_recovery(term, commands)
-            .await
-            .map_err(|e| e.to_string())?;
-        self.metrics.recoveries.inc();
-        self.metrics.recovered_writes.add(count as u64);
-        tracing::info!(term, pools = pools.len(), writes = count, "CURP recovery proposed");
-        Ok(())
+        Ok((pools, records))
     }
+}
+
+/// Failures `voters` witnesses tolerate.
+fn failures_tolerated(voters: usize) -> usize {
+    voters.saturating_sub(1) / 2
+}
+
+/// Most witnesses a `PROPOSE` names.
+const MAX_WITNESSES: usize = 255;
+
+/// A `PROPOSE` body: `[term u64][witnesses u8][witness id u64]…[command]`.
+fn encode_propose(term: u64, witnesses: &[u64], command: &[u8]) -> Vec<u8> {
+    assert!(witnesses.len() <= MAX_WITNESSES, "{} witnesses", witnesses.len());
+    let mut body = Vec::with_capacity(9 + 8 * witnesses.len() + command.len());
+    body.extend_from_slice(&term.to_le_bytes());
+    body.push(witnesses.len() as u8);
+    for id in witnesses {
+        body.extend_from_slice(&id.to_le_bytes());
+    }
+    body.extend_from_slice(command);
+    body
+}
+
+/// The term, witnesses and command of a `PROPOSE` body; `None` if it is malformed.
+fn decode_propose(body: &[u8]) -> Option<(u64, Vec<u64>, &[u8])> {
+    let (term, rest) = body.split_first_chunk::<8>()?;
+    let (&count, mut rest) = rest.split_first()?;
+    let mut witnesses = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let (id, after) = rest.split_first_chunk::<8>()?;
+        witnesses.push(u64::from_le_bytes(*id));
+        rest = after;
+    }
+    Some((u64::from_le_bytes(*term), witnesses, rest))
 }
 
 fn decode_pool(body: &[u8]) -> Option<Vec<Record>> {
@@ -609,10 +687,10 @@ impl ProposeReply {
     }
 }
 
-/// Submits `command` to this node's raft loop asking for a speculative reply as leader of `term`:
-/// that reply if it comes, else the applied one.
-async fn propose_locally(node: &KvNode, command: Bytes, term: u64) -> ProposeReply {
-    let (applied, speculated) = match node.submit_speculative_write(command, term).await {
+/// Submits `command` to this node's raft loop asking for a speculative reply as leader of `term`
+/// whose voters are `witnesses` (sorted): that reply if it comes, else the applied one.
+async fn propose_locally(node: &KvNode, command: Bytes, term: u64, witnesses: Vec<u64>) -> ProposeReply {
+    let (applied, speculated) = match node.submit_speculative_write(command, term, witnesses).await {
         Ok(pair) => pair,
         Err(_) => return ProposeReply::InDoubt,
     };
@@ -641,12 +719,11 @@ pub async fn serve_peer_requests(curp: Arc<Curp>, mut requests: mpsc::Receiver<P
         let curp = curp.clone();
         tokio::spawn(async move {
             if request.service == SERVICE_PROPOSE {
-                let Some((term, command)) = request.body.split_first_chunk::<8>() else {
+                let Some((term, witnesses, command)) = decode_propose(&request.body) else {
                     tracing::warn!(from = request.from, "malformed PROPOSE; ignored");
                     return;
                 };
-                let reply =
-                    propose_locally(&curp.node, Bytes::copy_from_slice(command), u64::from_le_bytes(*term)).await;
+                let reply = propose_locally(&curp.node, Bytes::copy_from_slice(command), term, witnesses).await;
                 request.respond(&reply.encode());
             } else {
                 durable_witness::serve_one(&curp.witness, request).await;
@@ -684,6 +761,19 @@ mod tests {
         let pending = watch.pending(watch.register(client, 3), Duration::from_millis(20));
         assert!(matches!(pending.await.unwrap(), Err(NodeError::Timeout { .. })));
         assert_eq!(watch.count.load(Ordering::Relaxed), 0, "a timed-out watch is forgotten");
+    }
+
+    #[test]
+    fn propose_bodies_round_trip_and_short_ones_are_refused() {
+        let body = encode_propose(7, &[1, 2, 5], b"SET k v");
+        assert_eq!(decode_propose(&body), Some((7, vec![1, 2, 5], &b"SET k v"[..])));
+        assert_eq!(
+            decode_propose(&encode_propose(1, &[], b"")),
+            Some((1, vec![], &b""[..]))
+        );
+        for cut in 0..9 + 3 * 8 {
+            assert_eq!(decode_propose(&body[..cut]), None, "cut at {cut}");
+        }
     }
 
     #[test]

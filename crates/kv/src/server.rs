@@ -435,6 +435,17 @@ fn client_owned_write(args: &[Bytes]) -> Option<Result<(Envelope, Vec<Bytes>), V
 }
 
 /// A decimal argument, or the usage as the error.
+/// Node ids separated by commas (`1,2,3`), at most 255 of them, each once.
+fn parse_ids(arg: &[u8]) -> Option<Vec<u64>> {
+    let ids: Vec<u64> = std::str::from_utf8(arg)
+        .ok()?
+        .split(',')
+        .map(|id| id.parse().ok())
+        .collect::<Option<_>>()?;
+    let unique: std::collections::HashSet<_> = ids.iter().collect();
+    (ids.len() <= 255 && unique.len() == ids.len()).then_some(ids)
+}
+
 fn number_arg(args: &[Bytes], at: usize, usage: &str) -> Result<u64, Value> {
     args.get(at)
         .and_then(|a| std::str::from_utf8(a).ok()?.parse::<u64>().ok())
@@ -1610,24 +1621,48 @@ impl Connection {
     }
 
     /// `CURP STATUS | PROPOSE | RECORD`: the two halves of the fast path for a client that
-    /// talks to the leader and the witnesses itself (`chorus_client::CurpSession`).
+    /// talks to the leader and the witnesses itself (`chorus_client::CurpSession`). STATUS
+    /// answers `[id, leader, term, [voter…]]` (no voters while a membership change is half
+    /// done); PROPOSE names the voters whose witnesses the client asked to RECORD the write.
     async fn curp_command(&mut self, sub: &str, rest: &[Bytes]) -> Value {
-        const USAGE: &str = "CURP takes STATUS, or PROPOSE|RECORD term incarnation seq first_unacked command...";
+        const USAGE: &str = "CURP takes STATUS, PROPOSE term witness,witness,... incarnation seq first_unacked \
+                             command..., or RECORD term incarnation seq first_unacked command...";
         let Some(curp) = self.shared.curp.clone() else {
             return Value::error("ERR CURP is off on this node (--curp on)");
         };
         if sub == "status" && rest.len() == 1 {
             let status = self.shared.node.status();
+            let members = self.shared.node.members();
+            let voters = if members.joint() {
+                Vec::new()
+            } else {
+                members
+                    .conf_state
+                    .voters
+                    .iter()
+                    .map(|id| Value::Integer(*id as i64))
+                    .collect()
+            };
             return Value::array(vec![
                 Value::Integer(status.id as i64),
                 Value::Integer(status.leader_id as i64),
                 Value::Integer(status.term as i64),
+                Value::array(voters),
             ]);
         }
         if sub != "propose" && sub != "record" {
             return Value::error(format!("ERR {USAGE}"));
         }
-        let parsed = number_arg(rest, 1, USAGE).and_then(|term| Ok((term, owned_envelope(rest, 2, USAGE)?)));
+        let witnesses = if sub == "propose" {
+            match rest.get(2).and_then(|arg| parse_ids(arg)) {
+                Some(witnesses) => Some(witnesses),
+                None => return Value::error(format!("ERR {USAGE}")),
+            }
+        } else {
+            None
+        };
+        let envelope_at = if witnesses.is_some() { 3 } else { 2 };
+        let parsed = number_arg(rest, 1, USAGE).and_then(|term| Ok((term, owned_envelope(rest, envelope_at, USAGE)?)));
         let (term, (envelope, args)) = match parsed {
             Ok(parsed) => parsed,
             Err(e) => return e,
@@ -1642,8 +1677,8 @@ impl Connection {
         }
         self.shared.note_client_incarnation(envelope.client.incarnation);
         let command = encode_enveloped(&envelope, &args);
-        if sub == "propose" {
-            curp.propose_for_client(command, term).await
+        if let Some(witnesses) = witnesses {
+            curp.propose_for_client(command, term, witnesses).await
         } else {
             curp.record_for_client(&envelope, term, write.keys(), command).await
         }

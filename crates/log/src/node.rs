@@ -240,9 +240,12 @@ pub enum ReadConsistency {
 type Reply<O> = oneshot::Sender<Result<O, NodeError>>;
 pub type Pending<O> = oneshot::Receiver<Result<O, NodeError>>;
 
-/// Where a speculative reply goes, if the leader of `term` gives one.
+/// Where a speculative reply goes, if the leader of `term` gives one: only while `witnesses`,
+/// the voters whose witnesses were asked to record the write, are its voters, and no
+/// membership change is under way.
 struct Speculative<O> {
     term: u64,
+    witnesses: Vec<u64>,
     reply: oneshot::Sender<O>,
 }
 
@@ -255,8 +258,13 @@ enum Request<SM: StateMachine> {
     },
     Recover {
         term: u64,
+        witnesses: Option<Vec<u64>>,
         commands: Vec<Bytes>,
         reply: Reply<()>,
+    },
+    CurpWitnesses {
+        term: u64,
+        reply: Reply<Option<Vec<u64>>>,
     },
     Read {
         query: SM::Query,
@@ -323,26 +331,55 @@ impl<SM: StateMachine> NodeHandle<SM> {
     }
 
     /// Queues a write like `submit_write`; if this node is the recovered leader of `term` (with
-    /// `curp` on) when it proposes the write and the state machine knows the write's reply then,
-    /// the second receiver gets that reply at once, before the write commits. It is dropped
-    /// unanswered otherwise.
+    /// `curp` on) when it proposes the write, its voters are `witnesses` (sorted: the nodes whose
+    /// witnesses were asked to record it) with no membership change under way, and the state
+    /// machine knows the write's reply then, the second receiver gets that reply at once, before
+    /// the write commits. It is dropped unanswered otherwise.
     pub async fn submit_speculative_write(
         &self,
         command: Bytes,
         term: u64,
+        witnesses: Vec<u64>,
     ) -> Result<(Pending<SM::Output>, oneshot::Receiver<SM::Output>), NodeError> {
         let (reply, speculated) = oneshot::channel();
-        let applied = self.queue_write(command, Some(Speculative { term, reply })).await?;
+        let speculative = Speculative { term, witnesses, reply };
+        let applied = self.queue_write(command, Some(speculative)).await?;
         Ok((applied, speculated))
     }
 
-    /// As the new leader of `term` (with `curp` on), proposes what it recovered from the
-    /// witnesses, ahead of every client write; once these entries apply it may speculate and
-    /// serve reads. Fails if this node is not that leader (any more) or has already recovered.
-    pub async fn submit_recovery(&self, term: u64, commands: Vec<Bytes>) -> Result<(), NodeError> {
+    /// As the new leader of `term` (with `curp` on), the voters whose witnesses its recovery
+    /// must collect: those of the configuration its whole log before its term makes, which it
+    /// has applied by then (so it first waits, failing with `Refused` until an entry of its term
+    /// has applied). `None` in a joint configuration: a fast-path write completes only under a
+    /// configuration no change is under way in, and every one before the change committed with
+    /// it, so there is nothing to collect.
+    pub async fn curp_recovery_witnesses(&self, term: u64) -> Result<Option<Vec<u64>>, NodeError> {
         let (reply, rx) = oneshot::channel();
         self.requests
-            .send(Request::Recover { term, commands, reply })
+            .send(Request::CurpWitnesses { term, reply })
+            .await
+            .map_err(|_| NodeError::ShuttingDown)?;
+        rx.await.unwrap_or(Err(NodeError::ShuttingDown))
+    }
+
+    /// As the new leader of `term` (with `curp` on), proposes what it recovered from the
+    /// `witnesses` (`curp_recovery_witnesses`), ahead of every client write; once these entries
+    /// apply it may speculate and serve reads. Fails if this node is not that leader (any more),
+    /// has already recovered, or its configuration is no longer the one collected.
+    pub async fn submit_recovery(
+        &self,
+        term: u64,
+        witnesses: Option<Vec<u64>>,
+        commands: Vec<Bytes>,
+    ) -> Result<(), NodeError> {
+        let (reply, rx) = oneshot::channel();
+        self.requests
+            .send(Request::Recover {
+                term,
+                witnesses,
+                commands,
+                reply,
+            })
             .await
             .map_err(|_| NodeError::ShuttingDown)?;
         rx.await.unwrap_or(Err(NodeError::ShuttingDown))
@@ -1558,8 +1595,16 @@ impl<SM: StateMachine> RaftLoop<SM> {
                     None => self.reads_unissued.push(read),
                 }
             }
-            Request::Recover { term, commands, reply } => {
-                let _ = reply.send(self.propose_recovery(term, commands));
+            Request::Recover {
+                term,
+                witnesses,
+                commands,
+                reply,
+            } => {
+                let _ = reply.send(self.propose_recovery(term, witnesses, commands));
+            }
+            Request::CurpWitnesses { term, reply } => {
+                let _ = reply.send(self.curp_recovery_witnesses(term));
             }
             Request::TransferLeader { to, reply } => {
                 let _ = reply.send(self.transfer_leader(to));
@@ -1625,10 +1670,38 @@ impl<SM: StateMachine> RaftLoop<SM> {
             });
     }
 
-    /// Proposes a new leader's recovered writes, ahead of every client write it holds.
-    fn propose_recovery(&mut self, term: u64, commands: Vec<Bytes>) -> Result<(), NodeError> {
+    /// See `NodeHandle::curp_recovery_witnesses`.
+    fn curp_recovery_witnesses(&mut self, term: u64) -> Result<Option<Vec<u64>>, NodeError> {
         if self.curp_leading_term() != Some(term) || self.curp.recovery_proposed(term) {
             return Err(NodeError::LeaderChanged);
+        }
+        if self.raw.raft.raft_log.term(self.applied_index).ok() != Some(term) {
+            return Err(NodeError::Refused(format!(
+                "the leader of term {term} has not applied an entry of its term yet"
+            )));
+        }
+        let members = self.raw.store().members();
+        Ok((!members.joint()).then(|| sorted_voters(members)))
+    }
+
+    /// The voters whose witnesses a fast-path write must have been recorded by for this leader
+    /// to speculate on it now: none while a membership change is under way.
+    fn speculation_witnesses(&self) -> Option<Vec<u64>> {
+        let members = self.raw.store().members();
+        (!members.joint() && !self.raw.raft.has_pending_conf()).then(|| sorted_voters(members))
+    }
+
+    /// Proposes a new leader's recovered writes, ahead of every client write it holds.
+    fn propose_recovery(
+        &mut self,
+        term: u64,
+        witnesses: Option<Vec<u64>>,
+        commands: Vec<Bytes>,
+    ) -> Result<(), NodeError> {
+        if self.curp_recovery_witnesses(term)? != witnesses {
+            return Err(NodeError::Refused(
+                "the configuration changed while the witnesses were collected".into(),
+            ));
         }
         let mut rest = commands.as_slice();
         while !rest.is_empty() {
@@ -1917,6 +1990,11 @@ impl<SM: StateMachine> RaftLoop<SM> {
             let commands = self.unproposed.iter().take(take).map(|w| (w.id, w.command.as_ref()));
             let data = batch::encode_commands(self.origin, stamp_ms, commands);
             let speculating = self.speculating();
+            let witnesses = if speculating {
+                self.speculation_witnesses()
+            } else {
+                None
+            };
             if speculating {
                 // What joined the log before this entry is noted before it is.
                 self.note_log_tail(self.raw.raft.raft_log.last_index());
@@ -1929,7 +2007,11 @@ impl<SM: StateMachine> RaftLoop<SM> {
                     let index = self.raw.raft.raft_log.last_index();
                     for mut write in self.unproposed.drain(..take) {
                         if speculating {
-                            if let Some(asked) = write.speculative.take().filter(|s| s.term == term) {
+                            let asked = write
+                                .speculative
+                                .take()
+                                .filter(|s| s.term == term && witnesses.as_ref().is_some_and(|w| *w == s.witnesses));
+                            if let Some(asked) = asked {
                                 if let Some(reply) = self.sm.speculate(index, &write.command) {
                                     if asked.reply.send(reply).is_ok() {
                                         self.curp.speculated_through = index;
@@ -2620,6 +2702,13 @@ impl<SM: StateMachine> RaftLoop<SM> {
         if members.joint() || self.raw.raft.has_pending_conf() {
             return refuse("another membership change is under way; retry once it is done".into());
         }
+        // A change must follow the recovered writes in the log: it commits only with them, so
+        // no write that completed under the old witnesses is left for the new ones to find.
+        if let Some(term) = self.curp_leading_term() {
+            if !self.curp.recovered(term, self.applied_index) {
+                return refuse("the new leader is still recovering CURP's witnesses; retry in a moment".into());
+            }
+        }
         let cs = &members.conf_state;
         match change {
             MemberChange::AddLearner { id, .. } => {
@@ -2956,4 +3045,11 @@ impl<SM: StateMachine> RaftLoop<SM> {
             }
         });
     }
+}
+
+/// A configuration's voters, sorted.
+fn sorted_voters(members: &Members) -> Vec<u64> {
+    let mut voters = members.conf_state.voters.clone();
+    voters.sort_unstable();
+    voters
 }
