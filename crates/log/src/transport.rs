@@ -600,11 +600,7 @@ async fn accept_handshake(
     };
     let mut frame_bytes = Vec::new();
     frame::encode_frame(FrameKind::Challenge, &challenge, &mut frame_bytes);
-    let writer = stream.get_mut();
-    let written = writer.write_all(&frame_bytes).await;
-    written
-        .and(writer.flush().await)
-        .map_err(|e| format!("write failed: {e}"))?;
+    write_flushed(stream.get_mut(), &frame_bytes).await?;
     let proof = tokio::time::timeout(HELLO_TIMEOUT, read_frame(stream, 64))
         .await
         .map_err(|_| "no proof of the cluster secret within 5 s".to_string())??;
