@@ -606,7 +606,7 @@ fn failures_tolerated(voters: usize) -> usize {
 const MAX_WITNESSES: usize = 255;
 
 /// A `PROPOSE` body: `[term u64][witnesses u8][witness id u64]…[command]`.
-fn encode_propose(term: u64, witnesses: &[u64], command: &[u8]) -> Vec<u8> {
+pub fn encode_propose(term: u64, witnesses: &[u64], command: &[u8]) -> Vec<u8> {
     assert!(witnesses.len() <= MAX_WITNESSES, "{} witnesses", witnesses.len());
     let mut body = Vec::with_capacity(9 + 8 * witnesses.len() + command.len());
     body.extend_from_slice(&term.to_le_bytes());
@@ -619,7 +619,7 @@ fn encode_propose(term: u64, witnesses: &[u64], command: &[u8]) -> Vec<u8> {
 }
 
 /// The term, witnesses and command of a `PROPOSE` body; `None` if it is malformed.
-fn decode_propose(body: &[u8]) -> Option<(u64, Vec<u64>, &[u8])> {
+pub fn decode_propose(body: &[u8]) -> Option<(u64, Vec<u64>, &[u8])> {
     let (term, rest) = body.split_first_chunk::<8>()?;
     let (&count, mut rest) = rest.split_first()?;
     let mut witnesses = Vec::with_capacity(count as usize);

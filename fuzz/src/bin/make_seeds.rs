@@ -289,6 +289,12 @@ fn main() {
         witness_file::encode(&event, &mut witness_file);
     }
     write(&out, "witness", "events", &witness_file);
+    write(
+        &out,
+        "witness",
+        "propose",
+        &chorus_kv::curp::encode_propose(3, &[1, 2, 3], &encode_enveloped(&envelope, &incr)),
+    );
     write(&out, "segment", "manifest", &manifest);
 
     // UniCache: encoded commands for each preprocessor, an encoded append entry, cache state.
