@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use chorus_log::IdentityCodec;
 use chorus_sql::postgres::PgServer;
-use chorus_sql::{Database, SqlOptions};
+use chorus_sql::{Database, ReplicationMode, SqlOptions};
 use tokio::net::TcpListener;
 
 use crate::admin_gate::AdminGate;
@@ -25,7 +25,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     let metrics_listener = TcpListener::bind(config.metrics_addr)
         .await
         .with_context(|| format!("cannot serve metrics on {}", config.metrics_addr))?;
-    let mode = config
+    let mode: ReplicationMode = config
         .sql_mode
         .parse()
         .map_err(|e: String| anyhow::anyhow!("--sql-mode: {e}"))?;
@@ -79,8 +79,13 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     )
     .await
     .context("cannot start the SQL node")?;
-    // Conflict classes' owners and the nodes' sequences of ids are fixed at start.
-    let membership_refusal = Some("membership changes of SQL clusters are not built yet".to_string());
+    // Only hybrid replication knows the nodes: its conflict classes' owners are fixed at start.
+    // In the other modes the leader executes and every node applies the log, whoever they are.
+    let membership_refusal = (mode == ReplicationMode::Hybrid).then(|| {
+        "membership changes of SQL clusters in hybrid mode are not built yet (conflict classes' owners \
+         are placed over the nodes at start)"
+            .to_string()
+    });
     tokio::spawn(serve_metrics(
         metrics_listener,
         node,

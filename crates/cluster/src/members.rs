@@ -29,15 +29,17 @@ pub async fn add_nodes(dir: &Path, count: usize, within: Duration) -> anyhow::Re
         .find(|id| file.nodes.iter().all(|n| n.id < *id) && !node_dir(dir, *id).exists())
         .expect("an unused id");
     let ids: Vec<u64> = (first_id..first_id + count as u64).collect();
-    let ports = ports::free_loopback_ports(count * 3)?;
+    // A cluster on the PostgreSQL engine gives each new node a server of its own, as at start.
+    let with_postgres = file.nodes.iter().any(|n| n.postgres_addr.is_some());
+    let ports = ports::free_loopback_ports(count * 4)?;
     for (i, id) in ids.iter().enumerate() {
         let entry = NodeEntry {
             id: *id,
-            resp_addr: loopback(ports[i * 3]),
-            peer_addr: loopback(ports[i * 3 + 1]),
-            metrics_addr: loopback(ports[i * 3 + 2]),
-            client_addr: loopback(ports[i * 3]),
-            postgres_addr: None,
+            resp_addr: loopback(ports[i * 4]),
+            peer_addr: loopback(ports[i * 4 + 1]),
+            metrics_addr: loopback(ports[i * 4 + 2]),
+            client_addr: loopback(ports[i * 4]),
+            postgres_addr: with_postgres.then(|| loopback(ports[i * 4 + 3])),
         };
         file.nodes.push(entry);
         // The members it reaches, and itself; once added it learns the membership from the log.
@@ -108,6 +110,9 @@ pub async fn remove_node(dir: &Path, id: u64, within: Duration) -> anyhow::Resul
     if let Some(pid) = read_pid(dir, id) {
         stop_nodes(dir, &[(id, pid)]);
     }
+    if file.node(id).is_some_and(|n| n.postgres_addr.is_some()) {
+        crate::postgres::stop(&node_dir(dir, id));
+    }
     file.nodes.retain(|n| n.id != id);
     std::fs::write(cluster_file(dir), toml::to_string(&file)?)?;
     println!(
@@ -125,8 +130,15 @@ fn refuse_unsupported(dir: &Path, file: &ClusterFile) -> anyhow::Result<()> {
             dir.display()
         );
     }
-    if file.sql {
-        bail!("membership changes of SQL clusters are not built yet (conflict-class owners are fixed at start)");
+    let args = &file.server_args;
+    let hybrid = args.windows(2).any(|w| w[0] == "--sql-mode" && w[1] == "hybrid")
+        || args.iter().any(|a| a == "--sql-mode=hybrid");
+    if file.sql && hybrid {
+        bail!(
+            "the SQL cluster in {} runs hybrid replication, whose conflict classes' owners are placed over \
+             the nodes at start; membership changes need another --sql-mode",
+            dir.display()
+        );
     }
     Ok(())
 }
