@@ -131,13 +131,7 @@ impl SqlCluster {
     }
 
     fn gauge(&self, id: u64, name: &str) -> Option<u64> {
-        let metrics = http_get(self.node(id).metrics, "/metrics")?;
-        let prefix = format!("{name} ");
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(prefix.as_str()))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .map(|v| v as u64)
+        metric_at(self.node(id).metrics, name)
     }
 
     /// The last lines of node `id`'s log, for failure messages.
@@ -342,14 +336,7 @@ impl SqlCluster {
 
     /// A client of node `id`, if it takes connections.
     async fn try_client(&self, id: u64) -> Option<Client> {
-        let node = self.node(id);
-        let config = format!(
-            "host=127.0.0.1 port={} user=chorus dbname=chorus connect_timeout=5",
-            node.pg.port()
-        );
-        let (client, connection) = tokio_postgres::connect(&config, NoTls).await.ok()?;
-        tokio::spawn(connection);
-        Some(client)
+        try_pg_client(self.node(id).pg).await
     }
 
     fn psql(&self, id: u64, script: &str) -> String {
@@ -403,6 +390,17 @@ impl Drop for SqlCluster {
             chorus_cluster::postgres::stop(server_dir);
         }
     }
+}
+
+/// The unlabelled metric `name` on the metrics port `addr`, if it answers.
+fn metric_at(addr: SocketAddr, name: &str) -> Option<u64> {
+    let metrics = http_get(addr, "/metrics")?;
+    let prefix = format!("{name} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
 }
 
 fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
@@ -1902,13 +1900,7 @@ impl ClusterDir {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             for node in self.nodes() {
-                let role = http_get(node.metrics_addr, "/metrics").and_then(|metrics| {
-                    metrics
-                        .lines()
-                        .find_map(|l| l.strip_prefix("chorus_raft_role "))
-                        .and_then(|v| v.trim().parse::<f64>().ok())
-                });
-                if role == Some(3.0) {
+                if metric_at(node.metrics_addr, "chorus_raft_role") == Some(3) {
                     return (node.id, pg_client(node.client_addr).await);
                 }
             }
@@ -1942,13 +1934,18 @@ impl Drop for ClusterDir {
 }
 
 async fn pg_client(addr: SocketAddr) -> Client {
+    try_pg_client(addr).await.expect("connect")
+}
+
+/// A client of the node whose PostgreSQL port is `addr`, if it takes connections.
+async fn try_pg_client(addr: SocketAddr) -> Option<Client> {
     let config = format!(
         "host=127.0.0.1 port={} user=chorus dbname=chorus connect_timeout=5",
         addr.port()
     );
-    let (client, connection) = tokio_postgres::connect(&config, NoTls).await.expect("connect");
+    let (client, connection) = tokio_postgres::connect(&config, NoTls).await.ok()?;
     tokio::spawn(connection);
-    client
+    Some(client)
 }
 
 /// A SQL cluster in active replication changes its membership online, as a key-value one does:
