@@ -218,8 +218,10 @@ fn main() -> anyhow::Result<()> {
                             ca.ca_cert.display().to_string(),
                         ]);
                         println!(
-                            "TLS: clients verify the nodes with {} (redis-cli --tls --cacert FILE; psql \"sslmode=verify-full sslrootcert=FILE\")",
-                            ca.ca_cert.display()
+                            "TLS: clients verify the nodes with {} (redis-cli --tls --cacert FILE; psql \"sslmode=verify-full sslrootcert=FILE\"); \
+                             peer links are mutual TLS with {}",
+                            ca.ca_cert.display(),
+                            ca.peer_cert.display()
                         );
                     }
                     let net = cluster::NetOptions {
