@@ -168,7 +168,7 @@ pub fn render(status: &NodeStatus, metrics: &str, rates: &Rates) -> String {
     if refused > 0.0 {
         let _ = write!(
             page,
-            "<p class=\"warn\">{refused:.0} peer connection(s) refused for want of the cluster secret</p>"
+            "<p class=\"warn\">{refused:.0} peer connection(s) refused for want of the cluster secret or a certificate of its CA</p>"
         );
     }
     for (title, prefix) in SECTIONS {
