@@ -2455,6 +2455,61 @@ fn a_tls_cluster_serves_tls_clients_only_and_reloads_a_replaced_certificate() {
     assert!(!ok, "the old CA no longer verifies the node: {said}");
 }
 
+/// A process started in node 3's place (its address and config, a data directory of its own)
+/// with other credentials, after node 3 was killed.
+struct Impostor {
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+    /// The leader among nodes 1 and 2 when it started, and its term.
+    leader: u64,
+    term: u64,
+}
+
+impl Impostor {
+    async fn in_place_of_node3(cluster: &Cluster, credentials: &[String]) -> Impostor {
+        cluster.kill(3);
+        let leader = cluster.wait_for_leader(&[1, 2], Duration::from_secs(10)).await;
+        let term = cluster.info_u64(leader, "raft_term").await;
+        let dir = tempfile::tempdir().unwrap();
+        let node3_config = Path::new(cluster.dir()).join("node3").join("chorus.toml");
+        let child = Command::new(CHORUS)
+            .args(["server", "--config", node3_config.to_str().unwrap()])
+            .args(credentials)
+            .arg("--data-dir")
+            .arg(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        Impostor {
+            child,
+            _dir: dir,
+            leader,
+            term,
+        }
+    }
+
+    /// Checks it holds no key, stops it, and checks its votes moved no term and nodes 1 and 2
+    /// counted it (and the outsider before it) among the refused.
+    async fn got_nothing(mut self, cluster: &Cluster) {
+        let mut seen_by_impostor = RawConnection::connect(cluster.node(3).resp_addr);
+        seen_by_impostor.expect(&["READONLY"], b"+OK\r\n");
+        seen_by_impostor.expect(&["DBSIZE"], b":0\r\n");
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        assert_eq!(
+            cluster.info_u64(self.leader, "raft_term").await,
+            self.term,
+            "the impostor's votes never reached a node"
+        );
+        let refused: f64 = [1, 2]
+            .iter()
+            .map(|id| metric_value(&cluster.metrics(*id), "chorus_peer_auth_failures_total"))
+            .sum();
+        assert!(refused >= 2.0, "the outsider and the impostor were counted: {refused}");
+    }
+}
+
 /// With a cluster secret, a process without it can neither join nor read the replication
 /// stream: a raw connection claiming to be node 2 is closed at its hello, and an impostor node 3
 /// (node 3's address and config, another secret) gets no entry while the other two go on and
@@ -2479,45 +2534,19 @@ async fn peers_without_the_cluster_secret_are_refused_and_change_nothing() {
     assert!(closed.is_ok(), "closed at once, not left open: {closed:?}");
     assert!(answer.is_empty(), "nothing is sent before a proof: {answer:?}");
 
-    cluster.kill(3);
-    let leader = cluster.wait_for_leader(&[1, 2], Duration::from_secs(10)).await;
-    let term = cluster.info_u64(leader, "raft_term").await;
-    let impostor_dir = tempfile::tempdir().unwrap();
-    let node3_config = Path::new(cluster.dir()).join("node3").join("chorus.toml");
-    let mut impostor = Command::new(CHORUS)
-        .args([
-            "server",
-            "--config",
-            node3_config.to_str().unwrap(),
-            "--cluster-secret-file",
-        ])
-        .arg(&wrong)
-        .arg("--data-dir")
-        .arg(impostor_dir.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let impostor = Impostor::in_place_of_node3(
+        &cluster,
+        &["--cluster-secret-file".to_string(), wrong.display().to_string()],
+    )
+    .await;
     for i in 0..20 {
         assert_eq!(c.command(&["SET", &format!("during{i}"), "x"]).await.unwrap(), ok());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let mut seen_by_impostor = RawConnection::connect(cluster.node(3).resp_addr);
     seen_by_impostor.expect(&["READONLY"], b"+OK\r\n");
-    seen_by_impostor.expect(&["DBSIZE"], b":0\r\n");
     seen_by_impostor.expect(&["GET", "before"], b"$-1\r\n");
-    impostor.kill().unwrap();
-    impostor.wait().unwrap();
-    assert_eq!(
-        cluster.info_u64(leader, "raft_term").await,
-        term,
-        "the impostor's votes never reached a node"
-    );
-    let refused: f64 = [1, 2]
-        .iter()
-        .map(|id| metric_value(&cluster.metrics(*id), "chorus_peer_auth_failures_total"))
-        .sum();
-    assert!(refused >= 2.0, "the outsider and the impostor were counted: {refused}");
+    impostor.got_nothing(&cluster).await;
 
     cluster.restart_stopped();
     let mut three = cluster.client(3).await;
@@ -2560,41 +2589,15 @@ async fn peers_with_tls_take_only_certificates_of_the_clusters_ca_and_ship_snaps
     let closed = outsider.read_to_end(&mut Vec::new());
     assert!(closed.is_ok(), "closed at once, not left open: {closed:?}");
 
-    cluster.kill(3);
-    let leader = cluster.wait_for_leader(&[1, 2], Duration::from_secs(10)).await;
-    let term = cluster.info_u64(leader, "raft_term").await;
-    let impostor_dir = tempfile::tempdir().unwrap();
-    let node3_config = Path::new(cluster.dir()).join("node3").join("chorus.toml");
-    let mut impostor = Command::new(CHORUS)
-        .args(["server", "--config", node3_config.to_str().unwrap()])
-        .args(peer_flags(&theirs))
-        .arg("--data-dir")
-        .arg(impostor_dir.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let impostor = Impostor::in_place_of_node3(&cluster, &peer_flags(&theirs)).await;
+    let leader = impostor.leader;
     let mut c = cluster.client(leader).await;
     // 4 KiB values: the leader compacts past node 3's log and ships it the state.
     let value = |i: usize| format!("{i:04096}");
     for i in 0..400 {
         assert_eq!(c.command(&["SET", &format!("s{i}"), &value(i)]).await.unwrap(), ok());
     }
-    let mut seen_by_impostor = RawConnection::connect(cluster.node(3).resp_addr);
-    seen_by_impostor.expect(&["READONLY"], b"+OK\r\n");
-    seen_by_impostor.expect(&["DBSIZE"], b":0\r\n");
-    impostor.kill().unwrap();
-    impostor.wait().unwrap();
-    assert_eq!(
-        cluster.info_u64(leader, "raft_term").await,
-        term,
-        "the impostor's votes never reached a node"
-    );
-    let refused: f64 = [1, 2]
-        .iter()
-        .map(|id| metric_value(&cluster.metrics(*id), "chorus_peer_auth_failures_total"))
-        .sum();
-    assert!(refused >= 2.0, "the outsider and the impostor were counted: {refused}");
+    impostor.got_nothing(&cluster).await;
 
     cluster.restart_stopped();
     let target = cluster.info_u64(leader, "raft_commit_index").await;

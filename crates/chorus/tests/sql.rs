@@ -1880,6 +1880,15 @@ async fn a_sql_node_with_a_certificate_takes_tls_clients_only() {
 struct ClusterDir(tempfile::TempDir);
 
 impl ClusterDir {
+    /// `chorus cluster start --sql` in a new directory, `server_args` given to every node.
+    fn start_sql(server_args: &[&str]) -> ClusterDir {
+        let cluster = ClusterDir(tempfile::tempdir().unwrap());
+        let mut args = vec!["cluster", "start", "--sql", "--dir", cluster.path(), "--"];
+        args.extend_from_slice(server_args);
+        cluster.chorus(&args);
+        cluster
+    }
+
     fn path(&self) -> &str {
         self.0.path().to_str().expect("utf-8 path")
     }
@@ -1954,8 +1963,7 @@ async fn try_pg_client(addr: SocketAddr) -> Option<Client> {
 /// row written before, between and after. Hybrid clusters refuse, saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sql_cluster_grows_and_shrinks_online_and_every_node_has_every_row() {
-    let cluster = ClusterDir(tempfile::tempdir().unwrap());
-    cluster.chorus(&["cluster", "start", "--sql", "--dir", cluster.path()]);
+    let cluster = ClusterDir::start_sql(&[]);
     cluster
         .write("CREATE TABLE items (id int PRIMARY KEY, name text)")
         .await;
@@ -1996,19 +2004,7 @@ async fn a_sql_cluster_grows_and_shrinks_online_and_every_node_has_every_row() {
         }
     }
 
-    let hybrid = ClusterDir(tempfile::tempdir().unwrap());
-    hybrid.chorus(&[
-        "cluster",
-        "start",
-        "--sql",
-        "--dir",
-        hybrid.path(),
-        "--",
-        "--sql-mode",
-        "hybrid",
-        "--sql-conflict-classes",
-        "items.id",
-    ]);
+    let hybrid = ClusterDir::start_sql(&["--sql-mode", "hybrid", "--sql-conflict-classes", "items.id"]);
     let out = Command::new(CHORUS)
         .args(["cluster", "add-node", "--dir", hybrid.path()])
         .output()
@@ -2021,17 +2017,7 @@ async fn a_sql_cluster_grows_and_shrinks_online_and_every_node_has_every_row() {
 /// once caught up, and a removed node's server is stopped with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_the_postgres_engine_a_joining_node_gets_its_own_server_and_a_removed_one_stops_its() {
-    let cluster = ClusterDir(tempfile::tempdir().unwrap());
-    cluster.chorus(&[
-        "cluster",
-        "start",
-        "--sql",
-        "--dir",
-        cluster.path(),
-        "--",
-        "--sql-engine",
-        "postgres",
-    ]);
+    let cluster = ClusterDir::start_sql(&["--sql-engine", "postgres"]);
     cluster
         .write("CREATE TABLE items (id serial PRIMARY KEY, name text)")
         .await;

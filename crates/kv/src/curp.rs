@@ -288,18 +288,6 @@ impl Curp {
         rtt >= self.fast_path_min_rtt
     }
 
-    /// The witnesses a write is recorded by: the voters of the configuration this node has
-    /// applied (sorted); none while a membership change is half done.
-    fn witnesses(&self) -> Option<Vec<u64>> {
-        let members = self.node.members();
-        if members.joint() {
-            return None;
-        }
-        let mut voters = members.conf_state.voters;
-        voters.sort_unstable();
-        Some(voters)
-    }
-
     /// One fast-path attempt of the enveloped write `command` of `(client, seq)`, touching
     /// `keys`.
     pub async fn write(self: &Arc<Self>, command: Bytes, client: ClientId, seq: u64, keys: Vec<Bytes>) -> FastOutcome {
@@ -339,7 +327,8 @@ impl Curp {
                 applied: None,
             };
         }
-        let Some(witnesses) = self.witnesses() else {
+        // The witnesses are the voters of the configuration this node has applied.
+        let Some(witnesses) = self.node.settled_voters() else {
             return FastOutcome::Slow {
                 reason: SlowReason::MembershipChanging,
                 in_doubt: false,

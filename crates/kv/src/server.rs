@@ -1632,17 +1632,8 @@ impl Connection {
         };
         if sub == "status" && rest.len() == 1 {
             let status = self.shared.node.status();
-            let members = self.shared.node.members();
-            let voters = if members.joint() {
-                Vec::new()
-            } else {
-                members
-                    .conf_state
-                    .voters
-                    .iter()
-                    .map(|id| Value::Integer(*id as i64))
-                    .collect()
-            };
+            let voters = self.shared.node.settled_voters().unwrap_or_default();
+            let voters = voters.into_iter().map(|id| Value::Integer(id as i64)).collect();
             return Value::array(vec![
                 Value::Integer(status.id as i64),
                 Value::Integer(status.leader_id as i64),

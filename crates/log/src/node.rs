@@ -354,12 +354,7 @@ impl<SM: StateMachine> NodeHandle<SM> {
     /// configuration no change is under way in, and every one before the change committed with
     /// it, so there is nothing to collect.
     pub async fn curp_recovery_witnesses(&self, term: u64) -> Result<Option<Vec<u64>>, NodeError> {
-        let (reply, rx) = oneshot::channel();
-        self.requests
-            .send(Request::CurpWitnesses { term, reply })
-            .await
-            .map_err(|_| NodeError::ShuttingDown)?;
-        rx.await.unwrap_or(Err(NodeError::ShuttingDown))
+        ask(&self.requests, |reply| Request::CurpWitnesses { term, reply }).await
     }
 
     /// As the new leader of `term` (with `curp` on), proposes what it recovered from the
@@ -372,17 +367,13 @@ impl<SM: StateMachine> NodeHandle<SM> {
         witnesses: Option<Vec<u64>>,
         commands: Vec<Bytes>,
     ) -> Result<(), NodeError> {
-        let (reply, rx) = oneshot::channel();
-        self.requests
-            .send(Request::Recover {
-                term,
-                witnesses,
-                commands,
-                reply,
-            })
-            .await
-            .map_err(|_| NodeError::ShuttingDown)?;
-        rx.await.unwrap_or(Err(NodeError::ShuttingDown))
+        ask(&self.requests, |reply| Request::Recover {
+            term,
+            witnesses,
+            commands,
+            reply,
+        })
+        .await
     }
 
     async fn queue_write(
@@ -390,18 +381,14 @@ impl<SM: StateMachine> NodeHandle<SM> {
         command: Bytes,
         speculative: Option<Speculative<SM::Output>>,
     ) -> Result<Pending<SM::Output>, NodeError> {
-        let (reply, rx) = oneshot::channel();
         let prepared = self.preparer.as_ref().map(|prepare| prepare(&command));
-        self.requests
-            .send(Request::Write {
-                command,
-                prepared,
-                reply,
-                speculative,
-            })
-            .await
-            .map_err(|_| NodeError::ShuttingDown)?;
-        Ok(rx)
+        submit(&self.requests, |reply| Request::Write {
+            command,
+            prepared,
+            reply,
+            speculative,
+        })
+        .await
     }
 
     pub async fn submit_read(
@@ -409,16 +396,12 @@ impl<SM: StateMachine> NodeHandle<SM> {
         query: SM::Query,
         consistency: ReadConsistency,
     ) -> Result<Pending<SM::Output>, NodeError> {
-        let (reply, rx) = oneshot::channel();
-        self.requests
-            .send(Request::Read {
-                query,
-                consistency,
-                reply,
-            })
-            .await
-            .map_err(|_| NodeError::ShuttingDown)?;
-        Ok(rx)
+        submit(&self.requests, |reply| Request::Read {
+            query,
+            consistency,
+            reply,
+        })
+        .await
     }
 
     pub async fn write(&self, command: Bytes) -> Result<SM::Output, NodeError> {
@@ -448,12 +431,7 @@ impl<SM: StateMachine> NodeHandle<SM> {
                 waited_ms: self.leader_wait.as_millis() as u64,
             });
         }
-        let (reply, rx) = oneshot::channel();
-        self.requests
-            .send(Request::TransferLeader { to, reply })
-            .await
-            .map_err(|_| NodeError::ShuttingDown)?;
-        rx.await.unwrap_or(Err(NodeError::ShuttingDown))
+        ask(&self.requests, |reply| Request::TransferLeader { to, reply }).await
     }
 
     pub fn status(&self) -> NodeStatus {
@@ -468,12 +446,7 @@ impl<SM: StateMachine> NodeHandle<SM> {
     /// A backup of the state at a linearizable point: it holds every write acknowledged before
     /// this call. Any node may take one (its ReadIndex goes through the leader).
     pub async fn backup(&self) -> Result<BackupSource, NodeError> {
-        let (reply, rx) = oneshot::channel();
-        self.requests
-            .send(Request::Backup { reply })
-            .await
-            .map_err(|_| NodeError::ShuttingDown)?;
-        rx.await.unwrap_or(Err(NodeError::ShuttingDown))
+        ask(&self.requests, |reply| Request::Backup { reply }).await
     }
 
     async fn forward_member_change(&self, leader: u64, change: &MemberChange) -> Result<Members, NodeError> {
@@ -496,6 +469,13 @@ impl<SM: StateMachine> NodeHandle<SM> {
         }
     }
 
+    /// The voters of the configuration this node has applied, sorted; none while a change is
+    /// half done (joint). Without copying the members' addresses.
+    pub fn settled_voters(&self) -> Option<Vec<u64>> {
+        let members = self.members.borrow();
+        (!members.joint()).then(|| sorted_voters(&members))
+    }
+
     /// Follows the configuration as this node applies changes to it.
     pub fn members_watch(&self) -> watch::Receiver<Members> {
         self.members.clone()
@@ -509,12 +489,7 @@ impl<SM: StateMachine> NodeHandle<SM> {
         if status.role != Role::Leader && status.leader_id != 0 {
             return self.forward_member_change(status.leader_id, &change).await;
         }
-        let (reply, rx) = oneshot::channel();
-        self.requests
-            .send(Request::ChangeMembers { change, reply })
-            .await
-            .map_err(|_| NodeError::ShuttingDown)?;
-        rx.await.unwrap_or(Err(NodeError::ShuttingDown))
+        ask(&self.requests, |reply| Request::ChangeMembers { change, reply }).await
     }
 
     /// Waits until the status changes, or `within` passes.
@@ -586,17 +561,13 @@ impl<SM: StateMachine> NodeHandle<SM> {
         replicas: usize,
         deadline: Instant,
     ) -> Result<replica_wait::Answer, NodeError> {
-        let (reply, rx) = oneshot::channel();
-        self.requests
-            .send(Request::AwaitReplicas {
-                target,
-                replicas,
-                deadline: Some(deadline),
-                reply,
-            })
-            .await
-            .map_err(|_| NodeError::ShuttingDown)?;
-        rx.await.unwrap_or(Err(NodeError::ShuttingDown))
+        ask(&self.requests, |reply| Request::AwaitReplicas {
+            target,
+            replicas,
+            deadline: Some(deadline),
+            reply,
+        })
+        .await
     }
 
     async fn ask_leader(
@@ -661,22 +632,38 @@ async fn serve_log_requests<SM: StateMachine>(
         let requests = requests.clone();
         tokio::spawn(async move {
             let timeout = Duration::from_millis(question.timeout_ms).min(REPLICA_WAIT_ROUND);
-            let (reply, rx) = oneshot::channel();
-            let asked = requests
-                .send(Request::AwaitReplicas {
-                    target: question.target,
-                    replicas: question.replicas as usize,
-                    deadline: Some(Instant::now() + timeout),
-                    reply,
-                })
-                .await;
-            let answer = match asked {
-                Ok(()) => rx.await.ok().and_then(Result::ok),
-                Err(_) => None,
-            };
+            let answer = ask(&requests, |reply| Request::AwaitReplicas {
+                target: question.target,
+                replicas: question.replicas as usize,
+                deadline: Some(Instant::now() + timeout),
+                reply,
+            })
+            .await
+            .ok();
             request.respond(&replica_wait::encode_response(answer));
         });
     }
+}
+
+/// Hands the raft loop the request `make` builds around its reply channel; the reply's receiver.
+async fn submit<SM: StateMachine, T>(
+    requests: &mpsc::Sender<Request<SM>>,
+    make: impl FnOnce(Reply<T>) -> Request<SM>,
+) -> Result<Pending<T>, NodeError> {
+    let (reply, rx) = oneshot::channel();
+    requests.send(make(reply)).await.map_err(|_| NodeError::ShuttingDown)?;
+    Ok(rx)
+}
+
+/// `submit`, then the reply.
+async fn ask<SM: StateMachine, T>(
+    requests: &mpsc::Sender<Request<SM>>,
+    make: impl FnOnce(Reply<T>) -> Request<SM>,
+) -> Result<T, NodeError> {
+    submit(requests, make)
+        .await?
+        .await
+        .unwrap_or(Err(NodeError::ShuttingDown))
 }
 
 /// A membership change another node forwarded: made here if this node leads (refused
@@ -689,11 +676,7 @@ async fn serve_forwarded_change<SM: StateMachine>(request: PeerRequest, requests
             return;
         }
     };
-    let (reply, rx) = oneshot::channel();
-    let answer = match requests.send(Request::ChangeMembers { change, reply }).await {
-        Err(_) => Err(NodeError::ShuttingDown),
-        Ok(()) => rx.await.unwrap_or(Err(NodeError::ShuttingDown)),
-    };
+    let answer = ask(&requests, |reply| Request::ChangeMembers { change, reply }).await;
     request.respond(&membership::encode_answer(&match answer {
         Ok(members) => ChangeAnswer::Done(members),
         Err(NodeError::MembershipRefused(reason)) => ChangeAnswer::Refused(reason),
