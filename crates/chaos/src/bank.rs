@@ -19,6 +19,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
+use crate::faults::NodeList;
 use crate::workload::{Recorder, Rng};
 
 const ACCOUNTS: u64 = 8;
@@ -119,24 +120,32 @@ fn refused(error: &tokio_postgres::Error) -> bool {
     })
 }
 
-/// Transfers (or, for a reader, sums) until the run stops, each client on one node at a time.
+/// Transfers (or, for a reader, sums) until the run stops, each client on one node at a time,
+/// moving to the next of the members `nodes` lists (a membership change updates it) when one
+/// fails it.
 pub async fn client_loop(
     recorder: Arc<Recorder>,
     log: Arc<Log>,
     client_id: u64,
     reader: bool,
-    nodes: Vec<(u64, SocketAddr)>,
+    nodes: NodeList,
     seed: u64,
 ) {
     let mut rng = Rng::new(seed ^ (client_id + 1).wrapping_mul(0x51_7cc1_b727_220a));
-    let mut node = rng.below(nodes.len() as u64) as usize;
+    let mut node = rng.below(1 << 16) as usize;
+    let mut connected_to = 0;
     let mut client: Option<Client> = None;
     let mut next = 0u64;
     while !recorder.stop.load(Ordering::Relaxed) {
         let Some(connected) = &client else {
-            client = connect(nodes[node].1).await;
+            let (id, addr) = {
+                let members = nodes.read().expect("node list");
+                members[node % members.len()]
+            };
+            connected_to = id;
+            client = connect(addr).await;
             if client.is_none() {
-                node = (node + 1) % nodes.len();
+                node += 1;
                 tokio::time::sleep(RECONNECT_PAUSE).await;
             }
             continue;
@@ -156,12 +165,12 @@ pub async fn client_loop(
                     log.reads.fetch_add(1, Ordering::Relaxed);
                     recorder.completed.fetch_add(1, Ordering::Relaxed);
                     if total != ACCOUNTS as i64 * INITIAL_BALANCE {
-                        log.bad_totals.lock().expect("bank log").push((nodes[node].0, total));
+                        log.bad_totals.lock().expect("bank log").push((connected_to, total));
                     }
                 }
                 _ => {
                     client = None;
-                    node = (node + 1) % nodes.len();
+                    node += 1;
                 }
             }
             continue;
@@ -203,7 +212,7 @@ pub async fn client_loop(
                 // A replica, or a node in trouble: try the next one on a new connection (a
                 // refused transaction may have left this one inside a failed block).
                 client = None;
-                node = (node + 1) % nodes.len();
+                node += 1;
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }

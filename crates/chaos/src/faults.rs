@@ -50,7 +50,7 @@ pub enum FaultKind {
     /// Change the membership: a new node joins (a learner, caught up, then a voter) and a random
     /// other one is removed (a leader hands its leadership over first) and stopped. Needs a
     /// network without per-pair proxies (every member dials a node at the one address the log
-    /// records) and the registers workload, whose clients follow the membership.
+    /// records) and the registers or bank workload, whose clients follow the membership.
     ReplaceRandom,
 }
 

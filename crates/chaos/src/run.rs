@@ -206,8 +206,11 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunSummary> {
                  run it with --net lan and without partition faults"
             );
         }
-        if args.workload != Workload::Registers || kinds.iter().any(|k| k.cuts_power()) {
-            bail!("replace-random runs with the registers workload and without power cuts (new nodes have no power-cut disk)");
+        if args.workload == Workload::Idioms || kinds.iter().any(|k| k.cuts_power()) {
+            bail!(
+                "replace-random runs with the registers or bank workload and without power cuts (new nodes have no \
+                 power-cut disk)"
+            );
         }
     }
     let plan = faults::schedule(args.seed, &kinds, Duration::from_secs(args.duration_secs));
@@ -381,7 +384,8 @@ async fn drive(
         for id in 0..(args.clients + args.readers) as u64 {
             let (recorder, log) = (recorder.clone(), bank_log.clone());
             let reader = id >= args.clients as u64;
-            clients.spawn(bank::client_loop(recorder, log, id, reader, nodes.clone(), args.seed));
+            let members = target.nodes.clone();
+            clients.spawn(bank::client_loop(recorder, log, id, reader, members, args.seed));
         }
     }
     let register_clients = match args.workload {
@@ -468,7 +472,10 @@ async fn drive(
             let addrs: Vec<_> = nodes.iter().map(|(_, addr)| *addr).collect();
             idioms::drain(idiom_log, &addrs).await?;
         }
-        Workload::Bank => violations = bank::check(bank_log, &nodes).await?,
+        Workload::Bank => {
+            let members = target.nodes.read().expect("node list").clone();
+            violations = bank::check(bank_log, &members).await?;
+        }
     }
     recorder.curp.sample(&metrics_addrs).await;
     Ok((rolled_back, violations))

@@ -16,12 +16,7 @@ use chorus_log::membership::{MemberChange, Members};
 use chorus_log::{NodeError, NodeHandle, StateMachine};
 
 /// The status line and body for a membership request, or `None` for another request.
-/// A node with a `refusal` lists its members but changes none.
-pub async fn answer<S: StateMachine>(
-    request: &[u8],
-    node: &NodeHandle<S>,
-    refusal: Option<&str>,
-) -> Option<(&'static str, String)> {
+pub async fn answer<S: StateMachine>(request: &[u8], node: &NodeHandle<S>) -> Option<(&'static str, String)> {
     let line = request.split(|b| *b == b'\r').next()?;
     let line = std::str::from_utf8(line).ok()?;
     let mut words = line.split(' ');
@@ -35,9 +30,6 @@ pub async fn answer<S: StateMachine>(
     }
     if method != "POST" {
         return Some(("405 Method Not Allowed", "membership changes are POSTs\n".into()));
-    }
-    if let Some(refusal) = refusal {
-        return Some(("403 Forbidden", format!("{refusal}\n")));
     }
     let change = match parse_change(path, query) {
         Ok(change) => change,

@@ -305,7 +305,6 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     tokio::spawn(serve_metrics(
         metrics_listener,
         node.clone(),
-        None,
         AdminGate::new(users.clone()),
     ));
     let options = FrontEndOptions {
@@ -383,11 +382,9 @@ async fn send_backup<S: StateMachine>(mut stream: tokio::net::TcpStream, node: &
 /// (`chorus backup`); GET /members and POST
 /// /members/... change the membership (`members_admin`); 404 otherwise. The port is an operator's:
 /// bind it where only operators reach it.
-/// `membership_refusal`: why this node takes no membership change, if it takes none.
 pub(crate) async fn serve_metrics<S: StateMachine>(
     listener: TcpListener,
     node: NodeHandle<S>,
-    membership_refusal: Option<String>,
     gate: Option<AdminGate>,
 ) {
     let gate = gate.map(Arc::new);
@@ -406,7 +403,6 @@ pub(crate) async fn serve_metrics<S: StateMachine>(
         };
         let node = node.clone();
         let rates = rates.clone();
-        let membership_refusal = membership_refusal.clone();
         let gate = gate.clone();
         tokio::spawn(async move {
             let mut request = Vec::with_capacity(1024);
@@ -445,9 +441,7 @@ pub(crate) async fn serve_metrics<S: StateMachine>(
                     Ok(()) => ("200 OK", "this node leads\n".to_string()),
                     Err(e) => ("503 Service Unavailable", format!("{e}\n")),
                 }
-            } else if let Some(answer) =
-                crate::members_admin::answer(&request, &node, membership_refusal.as_deref()).await
-            {
+            } else if let Some(answer) = crate::members_admin::answer(&request, &node).await {
                 answer
             } else {
                 (

@@ -79,19 +79,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     )
     .await
     .context("cannot start the SQL node")?;
-    // Only hybrid replication knows the nodes: its conflict classes' owners are fixed at start.
-    // In the other modes the leader executes and every node applies the log, whoever they are.
-    let membership_refusal = (mode == ReplicationMode::Hybrid).then(|| {
-        "membership changes of SQL clusters in hybrid mode are not built yet (conflict classes' owners \
-         are placed over the nodes at start)"
-            .to_string()
-    });
-    tokio::spawn(serve_metrics(
-        metrics_listener,
-        node,
-        membership_refusal,
-        AdminGate::new(users),
-    ));
+    tokio::spawn(serve_metrics(metrics_listener, node, AdminGate::new(users)));
     tracing::info!(
         id = config.id, pg = %config.pg_addr, metrics = %config.metrics_addr,
         data_dir = %config.data_dir.display(), "chorus SQL node serving"

@@ -130,16 +130,6 @@ fn refuse_unsupported(dir: &Path, file: &ClusterFile) -> anyhow::Result<()> {
             dir.display()
         );
     }
-    let args = &file.server_args;
-    let hybrid = args.windows(2).any(|w| w[0] == "--sql-mode" && w[1] == "hybrid")
-        || args.iter().any(|a| a == "--sql-mode=hybrid");
-    if file.sql && hybrid {
-        bail!(
-            "the SQL cluster in {} runs hybrid replication, whose conflict classes' owners are placed over \
-             the nodes at start; membership changes need another --sql-mode",
-            dir.display()
-        );
-    }
     Ok(())
 }
 

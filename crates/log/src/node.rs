@@ -97,6 +97,10 @@ pub trait StateMachine: Send + 'static {
     fn out_of_space(&self) -> bool {
         false
     }
+    /// The voters of the configuration in force (the incoming ones while a change is half
+    /// done), sorted: told once when the node starts, then whenever a membership change applies
+    /// or a snapshot replaces the configuration, in log order.
+    fn voters_changed(&mut self, _voters: &[u64]) {}
     /// Called once per raft tick: background work of the state's own that must not wait for
     /// the next entry to be applied, which on an idle node may never come.
     fn tick(&mut self) {}
@@ -1385,6 +1389,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
         let tick = Duration::from_millis(self.config.tick_ms);
         let mut next_tick = tokio::time::Instant::now() + tick;
         let writes_done = self.raw.store().write_notify();
+        self.tell_voters();
         loop {
             let wake_at = match self.group_commit_deadline() {
                 Some(deadline) => next_tick.min(deadline.into()),
@@ -2670,6 +2675,18 @@ impl<SM: StateMachine> RaftLoop<SM> {
         self.metrics.conf_index.set(members.conf_index as i64);
         self.members.send_replace(members);
         self.answer_member_waits();
+        self.tell_voters();
+    }
+
+    /// Tells the state machine the voters in force; a node still joining has no configuration
+    /// yet and tells nothing.
+    fn tell_voters(&mut self) {
+        let mut voters = self.raw.store().members().conf_state.voters.clone();
+        if voters.is_empty() {
+            return;
+        }
+        voters.sort_unstable();
+        self.sm.voters_changed(&voters);
     }
 
     /// On the leader: proposes `change`; returns the index its entry will have.

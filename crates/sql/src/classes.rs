@@ -67,16 +67,18 @@ pub fn owner_index(class: &str, nodes: usize) -> usize {
     placement(class, nodes).0
 }
 
-/// Which node owns `class` while the nodes at the places in `down` are taken for down (the log
-/// said so, see `writer::Ownership`): its owner by `owner_index` if that one is up, else one of
-/// the nodes up, spread evenly (an integer class by its value's quotient by `nodes`, any other
-/// by its hash), so a down node's classes do not all land on one survivor.
-pub fn owner_among(class: &str, nodes: usize, down: &BTreeSet<usize>) -> usize {
-    let (owner, spread) = placement(class, nodes);
+/// Which of the `voters` (node ids, sorted) owns `class` while the nodes in `down` are taken for
+/// down (the log said so, see `writer::Ownership`): the voter at its place by `owner_index` if
+/// that one is up, else one of the voters up, spread evenly (an integer class by its value's
+/// quotient by the voter count, any other by its hash), so a down node's classes do not all
+/// land on one survivor. A membership change moves classes by changing `voters`.
+pub fn owner_among(class: &str, voters: &[u64], down: &BTreeSet<u64>) -> u64 {
+    let (place, spread) = placement(class, voters.len());
+    let owner = voters[place];
     if !down.contains(&owner) {
         return owner;
     }
-    let up: Vec<usize> = (0..nodes).filter(|node| !down.contains(node)).collect();
+    let up: Vec<u64> = voters.iter().copied().filter(|node| !down.contains(node)).collect();
     if up.is_empty() {
         return owner;
     }
@@ -618,30 +620,48 @@ mod tests {
 
     #[test]
     fn a_down_nodes_classes_spread_over_the_nodes_up_and_the_others_stay() {
-        let down = BTreeSet::from([1]);
-        let mut per_node = [0; 3];
+        let voters = [1, 2, 3];
+        let down = BTreeSet::from([2]);
+        let mut per_node = BTreeMap::new();
         for w in 1..=12 {
             let class = w.to_string();
-            let owner = owner_among(&class, 3, &down);
-            if owner_index(&class, 3) == 1 {
-                assert_ne!(owner, 1, "warehouse {w}");
+            let owner = owner_among(&class, &voters, &down);
+            let by_place = voters[owner_index(&class, 3)];
+            if by_place == 2 {
+                assert_ne!(owner, 2, "warehouse {w}");
             } else {
-                assert_eq!(owner, owner_index(&class, 3), "warehouse {w}");
+                assert_eq!(owner, by_place, "warehouse {w}");
             }
-            per_node[owner] += 1;
+            *per_node.entry(owner).or_insert(0) += 1;
         }
-        assert_eq!(per_node, [6, 0, 6]);
+        assert_eq!(per_node, BTreeMap::from([(1, 6), (3, 6)]));
         for class in ["north", "south", "east", "west"] {
-            assert!(!down.contains(&owner_among(class, 3, &down)), "{class}");
+            assert!(!down.contains(&owner_among(class, &voters, &down)), "{class}");
         }
         assert_eq!(
-            owner_among("4", 3, &BTreeSet::from([0, 1, 2])),
-            1,
+            owner_among("4", &voters, &BTreeSet::from([1, 2, 3])),
+            2,
             "none up: as if all were"
         );
     }
 
+    #[test]
+    fn a_joining_voter_takes_its_share_of_the_classes_and_a_leaving_one_hands_its_share_on() {
+        let count = |voters: &[u64]| {
+            (1..=12).fold(BTreeMap::new(), |mut counts, w| {
+                *counts
+                    .entry(owner_among(&w.to_string(), voters, &BTreeSet::new()))
+                    .or_insert(0) += 1;
+                counts
+            })
+        };
+        assert_eq!(count(&[1, 2, 3]), BTreeMap::from([(1, 4), (2, 4), (3, 4)]));
+        assert_eq!(count(&[1, 2, 3, 7]), BTreeMap::from([(1, 3), (2, 3), (3, 3), (7, 3)]));
+        assert_eq!(count(&[2, 7]), BTreeMap::from([(2, 6), (7, 6)]));
+    }
+
     use super::*;
+    use std::collections::BTreeMap;
 
     const TPCC_RULES: &str = "warehouse.w_id, district.d_w_id, customer.c_w_id, history.h_w_id, \
                               new_order.no_w_id, orders.o_w_id, order_line.ol_w_id, stock.s_w_id";

@@ -74,8 +74,6 @@ pub struct Access {
 /// Forwarding a hybrid transaction to its classes' owner (`chorus sql --sql-forward`).
 pub struct Forwarding {
     pub calls: Arc<chorus_log::PeerCalls>,
-    /// Every node's id, this one's too.
-    pub node_ids: Vec<u64>,
 }
 
 /// The session setting choosing between linearizable and stale reads, as the key-value side's
@@ -98,7 +96,7 @@ impl Shared {
         // A forwarded statement may wait for the write lock, for classes it borrows (as long
         // again) and, a COMMIT, for the log.
         let forward_timeout = writer.lock_wait() * 2 + commit_timeout + Duration::from_secs(1);
-        let forwarder = forwarding.map(|f| Arc::new(Forwarder::new(f.calls, f.node_ids, forward_timeout)));
+        let forwarder = forwarding.map(|f| Arc::new(Forwarder::new(f.calls, forward_timeout)));
         Arc::new(Shared {
             forwarder,
             access,

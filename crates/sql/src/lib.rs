@@ -119,6 +119,7 @@ pub async fn start(
             mode: options.mode,
             labeller: (!options.conflict_classes.is_empty()).then(|| classes::Labeller::new(options.conflict_classes)),
             ownership: (options.mode == ReplicationMode::Hybrid).then(|| ownership(&node_config)),
+            voters: start_voters(&node_config),
         },
         proposals,
     )
@@ -126,7 +127,6 @@ pub async fn start(
     let readers = Arc::new(readers::Readers::new(database));
     let (state_writer, state_readers, state_dir) = (writer.clone(), readers.clone(), sql_dir.to_path_buf());
     let forwards = options.mode == ReplicationMode::Hybrid && options.forward;
-    let node_ids: Vec<u64> = node_config.peers.iter().map(|(id, _)| *id).collect();
     let (peer_requests, forwarded) = tokio::sync::mpsc::channel(FORWARDED_QUEUE);
     let node = chorus_log::start(
         node_config,
@@ -149,7 +149,6 @@ pub async fn start(
         options.read_consistency,
         forwards.then(|| front::Forwarding {
             calls: node.peer_calls().clone(),
-            node_ids,
         }),
         front::Access {
             logins: front::logins(options.users.clone()),
@@ -166,18 +165,20 @@ pub async fn start(
 /// Forwarded statements from peers waiting to be taken (each then runs in a task of its own).
 const FORWARDED_QUEUE: usize = 1024;
 
-/// Hybrid replication's class owners over the cluster's nodes in id order. A transaction waits
-/// for a class it borrows about as long as a few log round trips on a slow link; an owner lends
-/// one for longer than a transaction on it takes.
-fn ownership(node_config: &NodeConfig) -> writer::Ownership {
+/// The nodes a node is started with (itself among them), sorted: the voters hybrid replication
+/// places classes over until the raft loop tells the configuration in force.
+fn start_voters(node_config: &NodeConfig) -> Vec<u64> {
     let mut ids: Vec<u64> = node_config.peers.iter().map(|(id, _)| *id).collect();
     ids.sort_unstable();
+    ids
+}
+
+/// Hybrid replication's class owners. A transaction waits for a class it borrows about as long
+/// as a few log round trips on a slow link; an owner lends one for longer than a transaction on
+/// it takes.
+fn ownership(node_config: &NodeConfig) -> writer::Ownership {
     writer::Ownership {
-        me: ids
-            .iter()
-            .position(|&id| id == node_config.id)
-            .expect("a node is among its peers"),
-        nodes: ids.len(),
+        me: node_config.id,
         borrow_wait: Duration::from_millis(500),
         silent_for: Duration::from_secs(5),
         lend_for: Duration::from_secs(2),

@@ -77,6 +77,10 @@ impl StateMachine for SqlState {
         self.writer.apply(index, command)
     }
 
+    fn voters_changed(&mut self, voters: &[u64]) {
+        self.writer.voters_changed(voters);
+    }
+
     fn entry_applied(&mut self, _index: u64) {
         self.writer.entry_applied();
     }

@@ -99,11 +99,11 @@ pub enum ClassMessage {
     Lend { ticket: Ticket, class: String },
     /// The transaction is done with what it asked for (its write-set is ordered before this).
     Release { ticket: Ticket },
-    /// The node at place `node` (in id order) seems down (it lent nothing while a transaction
-    /// waited for its class): its classes move to the nodes up until it says it is back.
-    OwnerDown { node: u64 },
-    /// The node at place `node` is back and owns its classes again.
-    OwnerBack { node: u64 },
+    /// `node` seems down (it lent nothing while a transaction waited for its class): its
+    /// classes move to the nodes up until it says it is back.
+    OwnerDown { node: NodeRef },
+    /// `node` is back and owns its classes again.
+    OwnerBack { node: NodeRef },
     /// A transaction that may touch any class (global) asks every node up for all of theirs,
     /// as `Borrow` does for some.
     BorrowAll {
@@ -111,9 +111,34 @@ pub enum ClassMessage {
         holding: Vec<String>,
         sent_at_ms: u64,
     },
-    /// The node at place `node` lends all its classes: its own transactions are ordered
-    /// before this, and it starts none until the `Release`.
-    LendAll { ticket: Ticket, node: u64 },
+    /// `node` lends all its classes: its own transactions are ordered before this, and it
+    /// starts none until the `Release`.
+    LendAll { ticket: Ticket, node: NodeRef },
+}
+
+/// A node a class message names: by its id, or — in entries of builds from before hybrid
+/// clusters changed membership — by its place among the voters in id order, which in such a
+/// cluster never changed (the writer resolves it over the voters it has).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeRef {
+    Id(u64),
+    Place(u64),
+}
+
+impl NodeRef {
+    /// The message's tag: the kind by place (as older builds wrote it) or its kind by id.
+    fn tag(self, by_place: u8, by_id: u8) -> u8 {
+        match self {
+            NodeRef::Place(_) => by_place,
+            NodeRef::Id(_) => by_id,
+        }
+    }
+
+    fn number(self) -> u64 {
+        match self {
+            NodeRef::Id(n) | NodeRef::Place(n) => n,
+        }
+    }
 }
 
 /// What replicas do with a transaction.
@@ -171,21 +196,21 @@ impl Command {
                 Some(ticket)
             }
             ClassMessage::OwnerDown { node } => {
-                out.push(3);
-                out.extend_from_slice(&node.to_le_bytes());
+                out.push(node.tag(3, 7));
+                out.extend_from_slice(&node.number().to_le_bytes());
                 None
             }
             ClassMessage::OwnerBack { node } => {
-                out.push(4);
-                out.extend_from_slice(&node.to_le_bytes());
+                out.push(node.tag(4, 8));
+                out.extend_from_slice(&node.number().to_le_bytes());
                 None
             }
             ClassMessage::BorrowAll { ticket, .. } => {
                 out.push(5);
                 Some(ticket)
             }
-            ClassMessage::LendAll { ticket, .. } => {
-                out.push(6);
+            ClassMessage::LendAll { ticket, node } => {
+                out.push(node.tag(6, 9));
                 Some(ticket)
             }
         };
@@ -218,7 +243,7 @@ impl Command {
                     put_bytes(&mut out, class.as_bytes());
                 }
             }
-            ClassMessage::LendAll { node, .. } => out.extend_from_slice(&node.to_le_bytes()),
+            ClassMessage::LendAll { node, .. } => out.extend_from_slice(&node.number().to_le_bytes()),
             ClassMessage::Release { .. } | ClassMessage::OwnerDown { .. } | ClassMessage::OwnerBack { .. } => {}
         }
         out
@@ -231,8 +256,18 @@ impl Command {
         let mut r = Reader::new(&bytes[4..]);
         let kind = r.take(1)?[0];
         let message = match kind {
-            3 => ClassMessage::OwnerDown { node: r.u64()? },
-            4 => ClassMessage::OwnerBack { node: r.u64()? },
+            3 => ClassMessage::OwnerDown {
+                node: NodeRef::Place(r.u64()?),
+            },
+            4 => ClassMessage::OwnerBack {
+                node: NodeRef::Place(r.u64()?),
+            },
+            7 => ClassMessage::OwnerDown {
+                node: NodeRef::Id(r.u64()?),
+            },
+            8 => ClassMessage::OwnerBack {
+                node: NodeRef::Id(r.u64()?),
+            },
             _ => Self::decode_ticketed(kind, &mut r)?,
         };
         r.finished()?;
@@ -272,7 +307,14 @@ impl Command {
                     sent_at_ms,
                 }
             }
-            6 => ClassMessage::LendAll { ticket, node: r.u64()? },
+            6 => ClassMessage::LendAll {
+                ticket,
+                node: NodeRef::Place(r.u64()?),
+            },
+            9 => ClassMessage::LendAll {
+                ticket,
+                node: NodeRef::Id(r.u64()?),
+            },
             tag => return Err(DecodeError::Tag(tag)),
         })
     }
@@ -602,15 +644,21 @@ mod tests {
                 class: "3".into(),
             }),
             Command::Class(ClassMessage::Release { ticket }),
-            Command::Class(ClassMessage::OwnerDown { node: 2 }),
-            Command::Class(ClassMessage::OwnerBack { node: 2 }),
             Command::Class(ClassMessage::BorrowAll {
                 ticket,
                 holding: vec!["2".into()],
                 sent_at_ms: 1_764_000_000_000,
             }),
-            Command::Class(ClassMessage::LendAll { ticket, node: 1 }),
         ]
+        .into_iter()
+        .chain([NodeRef::Id(7), NodeRef::Place(2)].into_iter().flat_map(|node| {
+            [
+                Command::Class(ClassMessage::OwnerDown { node }),
+                Command::Class(ClassMessage::OwnerBack { node }),
+                Command::Class(ClassMessage::LendAll { ticket, node }),
+            ]
+        }))
+        .collect()
     }
 
     #[test]

@@ -39,7 +39,7 @@ use crate::classes::{Label, Labeller};
 use crate::engine::{AppliedMark, Engine, Outcome, Recorded};
 use crate::error::SqlError;
 use crate::text::{Analysis, FixedClock, StatementKind};
-use crate::txn::{Body, Certify, ClassMessage, Command, Statement, Ticket, Txn, TxnId, Value};
+use crate::txn::{Body, Certify, ClassMessage, Command, NodeRef, Statement, Ticket, Txn, TxnId, Value};
 pub use owners::Ownership;
 use owners::{holds, Asked, Borrowed, Suspended};
 
@@ -199,16 +199,16 @@ impl WriterHandle {
             .map_or_else(Label::default, |labeller| labeller.label(sql, kind, params))
     }
 
-    /// Hybrid with owners: the node (its place in id order) owning every class `label` names,
-    /// if that is another node — where a transaction starting with it is best run. None for a
-    /// global label, one naming no class, or classes of several owners.
-    pub fn owner_elsewhere(&self, label: &Label) -> Option<usize> {
+    /// Hybrid with owners: the node (its id) owning every class `label` names, if that is
+    /// another node — where a transaction starting with it is best run. None for a global
+    /// label, one naming no class, or classes of several owners.
+    pub fn owner_elsewhere(&self, label: &Label) -> Option<u64> {
         let writer = self.writer();
         let ownership = writer.ownership.as_ref()?;
         if label.global {
             return None;
         }
-        let mut owners = label.classes.iter().map(|class| writer.owner_of(class, ownership));
+        let mut owners = label.classes.iter().map(|class| writer.owner_of(class));
         let owner = owners.next()?;
         (owner != ownership.me && owners.all(|other| other == owner)).then_some(owner)
     }
@@ -404,7 +404,7 @@ impl WriterHandle {
         writer.back_proposed = None;
         if let Some(ownership) = writer.ownership.clone() {
             writer.propose_class(ClassMessage::OwnerBack {
-                node: ownership.me as u64,
+                node: NodeRef::Id(ownership.me),
             });
         }
         for (_, mut suspended) in writer.suspended.drain() {
@@ -431,6 +431,14 @@ impl WriterHandle {
         let applied = writer.apply(index, logged.into());
         writer.after_release();
         applied
+    }
+
+    /// Hybrid: a membership change applied (or the node started): the classes are placed over
+    /// `voters` (ids, sorted) from here on.
+    pub fn voters_changed(&self, voters: &[u64]) {
+        let mut writer = self.writer();
+        writer.voters_changed(voters.to_vec());
+        writer.after_release();
     }
 
     /// Every transaction of a log entry is applied: the engine commits them.
@@ -469,6 +477,9 @@ pub struct WriterOptions {
     pub labeller: Option<Labeller>,
     /// Hybrid: which classes this node owns. None: every node runs any class optimistically.
     pub ownership: Option<Ownership>,
+    /// Hybrid: the voters the node starts with (ids, sorted), over which the classes are placed
+    /// until the raft loop tells the configuration in force (`WriterHandle::voters_changed`).
+    pub voters: Vec<u64>,
 }
 
 struct WriterMetrics {
@@ -487,6 +498,8 @@ struct WriterMetrics {
     lent: Arc<chorus_metrics::Counter>,
     /// Nodes the log takes for down, whose classes the others own meanwhile.
     owners_down: Arc<chorus_metrics::Gauge>,
+    /// Voters the classes are placed over.
+    owner_voters: Arc<chorus_metrics::Gauge>,
     /// Hybrid transactions this node certified (every node certifies every one), by outcome.
     certified_committed: Arc<chorus_metrics::Counter>,
     certified_void: Arc<chorus_metrics::Counter>,
@@ -547,6 +560,11 @@ impl WriterMetrics {
                 "chorus_sql_class_owners_down",
                 "Nodes the log takes for down (a transaction waited for their class in vain): the \
                  others own their classes until they say they are back",
+            ),
+            owner_voters: chorus_metrics::gauge(
+                "chorus_sql_class_owner_voters",
+                "Hybrid: the voters conflict classes are placed over (one owner each), as the \
+                 log's last membership change left them",
             ),
         }
     }
@@ -669,13 +687,16 @@ struct Writer {
     suspended: HashMap<u64, Suspended>,
     /// Suspended ones that may go on, in order: they take the write lock before new ones.
     resuming: VecDeque<u64>,
-    /// Per owner, until when it is not asked for classes (it let a transaction wait in vain
-    /// and lent nothing to anyone meanwhile: it may be down), and when it last lent one.
-    silent_until: Vec<Option<Instant>>,
-    last_lent: Vec<Option<Instant>>,
-    /// Nodes (places in id order) the log took for down: their classes are owned by the others
+    /// Per owner (node id), until when it is not asked for classes (it let a transaction wait
+    /// in vain and lent nothing to anyone meanwhile: it may be down), and when it last lent one.
+    silent_until: HashMap<u64, Instant>,
+    last_lent: HashMap<u64, Instant>,
+    /// The voters classes are placed over (ids, sorted), as the log's membership changes leave
+    /// them.
+    voters: Vec<u64>,
+    /// Voters the log took for down: their classes are owned by the others
     /// (`classes::owner_among`) until they say they are back.
-    owners_down: BTreeSet<usize>,
+    owners_down: BTreeSet<u64>,
     /// This node's word that it is back, if the log took it for down: when it was proposed (it
     /// is proposed again if it was lost).
     back_proposed: Option<Instant>,
@@ -699,6 +720,11 @@ pub fn start(
         certified: watch::Sender::new(0),
     });
     let borrow_wait = options.ownership.as_ref().map(|o| o.borrow_wait);
+    if options.ownership.is_some() {
+        assert!(!options.voters.is_empty(), "hybrid ownership needs the voters");
+    }
+    let metrics = WriterMetrics::new();
+    metrics.owner_voters.set(options.voters.len() as i64);
     let writer = Writer {
         engine,
         mode: options.mode,
@@ -716,7 +742,7 @@ pub fn start(
         wants_checkpoint: false,
         group: None,
         progress: progress.clone(),
-        metrics: WriterMetrics::new(),
+        metrics,
         proposals,
         sequences_unsynced: true,
         on_diverged: Some(options.on_diverged),
@@ -728,8 +754,9 @@ pub fn start(
         outcomes: HashMap::new(),
         own_in_flight: VecDeque::new(),
         chain_broken: false,
-        silent_until: vec![None; options.ownership.as_ref().map_or(0, |o| o.nodes)],
-        last_lent: vec![None; options.ownership.as_ref().map_or(0, |o| o.nodes)],
+        silent_until: HashMap::new(),
+        last_lent: HashMap::new(),
+        voters: options.voters,
         owners_down: BTreeSet::new(),
         back_proposed: None,
         queue_logged_at: None,
@@ -1662,6 +1689,7 @@ pub(super) mod tests {
                 on_diverged: Box::new(move || flag.store(true, Ordering::SeqCst)),
                 mode,
                 ownership,
+                voters: vec![0, 1, 2],
             },
             proposals_tx,
         )

@@ -331,8 +331,6 @@ fn read_outcome(r: &mut Reader<'_>) -> Result<Outcome, DecodeError> {
 /// The forwarding side: whom to forward to, and the calls.
 pub(super) struct Forwarder {
     calls: Arc<PeerCalls>,
-    /// The nodes' ids in id order: class owners are places in it.
-    node_ids: Vec<u64>,
     /// How long a forwarded statement may take on its owner (a COMMIT waits for the log).
     timeout: Duration,
     next_txn: AtomicU64,
@@ -351,11 +349,9 @@ pub(super) enum Unanswered {
 }
 
 impl Forwarder {
-    pub(super) fn new(calls: Arc<PeerCalls>, mut node_ids: Vec<u64>, timeout: Duration) -> Forwarder {
-        node_ids.sort_unstable();
+    pub(super) fn new(calls: Arc<PeerCalls>, timeout: Duration) -> Forwarder {
         Forwarder {
             calls,
-            node_ids,
             timeout,
             next_txn: AtomicU64::new(1),
             silent_until: Mutex::new(HashMap::new()),
@@ -371,17 +367,15 @@ impl Forwarder {
         }
     }
 
-    /// The node to forward a transaction to whose classes node place `owner` owns, unless it
-    /// seems down.
-    pub(super) fn reachable(&self, owner: usize) -> Option<u64> {
-        let node = *self.node_ids.get(owner)?;
+    /// `owner`, to forward a transaction of its classes to, unless it seems down.
+    pub(super) fn reachable(&self, owner: u64) -> Option<u64> {
         let silent = self
             .silent_until
             .lock()
             .expect("never poisoned")
-            .get(&node)
+            .get(&owner)
             .is_some_and(|until| Instant::now() < *until);
-        (!silent && self.calls.heard_within(node, OWNER_HEARD_WITHIN)).then_some(node)
+        (!silent && self.calls.heard_within(owner, OWNER_HEARD_WITHIN)).then_some(owner)
     }
 
     /// A fresh number for a transaction forwarded to some owner.

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use super::tests::{node_over, Node};
 use super::*;
 use crate::engine::Sqlite;
-use crate::txn::ClassMessage;
+use crate::txn::{ClassMessage, NodeRef};
 
 fn hybrid_node() -> Node {
     hybrid_node_in(tempfile::tempdir().unwrap())
@@ -24,12 +24,11 @@ fn hybrid_node_in(dir: tempfile::TempDir) -> Node {
     )
 }
 
-/// Node `me` of three that own the classes (class % 3: see `owner_index`).
-fn owning_node(me: usize) -> Node {
+/// Node `me` of three (ids 0, 1, 2) that own the classes (class % 3: see `owner_index`).
+fn owning_node(me: u64) -> Node {
     let labeller = Labeller::new("acct.class,hist.class".parse().unwrap());
     let ownership = Ownership {
         me,
-        nodes: 3,
         borrow_wait: Duration::from_millis(500),
         silent_for: Duration::from_secs(5),
         lend_for: Duration::from_secs(60),
@@ -794,8 +793,7 @@ async fn an_owner_taken_for_down_has_its_classes_move_to_the_nodes_up_until_it_s
     let (mut nodes, index) = cluster_of((0..3).map(owning_node).collect()).await;
     let owners = |node: &Node| {
         let writer = node.writer.writer();
-        let ownership = writer.ownership.clone().unwrap();
-        ["1", "4", "7"].map(|class| writer.owner_of(class, &ownership))
+        ["1", "4", "7"].map(|class| writer.owner_of(class))
     };
     // Node 1 does not answer: node 2's transaction waits for its class 4, node 0's for its
     // class 1.
@@ -817,7 +815,7 @@ async fn an_owner_taken_for_down_has_its_classes_move_to_the_nodes_up_until_it_s
     let proposed: Vec<Command> = std::iter::from_fn(|| nodes[0].proposals.try_recv().ok().map(|(c, _)| c)).collect();
     assert!(proposed
         .iter()
-        .any(|c| matches!(class_message(c), Some(ClassMessage::OwnerDown { node: 1 }))));
+        .any(|c| matches!(class_message(c), Some(ClassMessage::OwnerDown { node: NodeRef::Id(1) }))));
     for (offset, command) in proposed.iter().enumerate() {
         deliver(&nodes, index + offset as u64, command);
     }
@@ -835,7 +833,7 @@ async fn an_owner_taken_for_down_has_its_classes_move_to_the_nodes_up_until_it_s
     let back: Vec<Command> = std::iter::from_fn(|| nodes[1].proposals.try_recv().ok().map(|(c, _)| c)).collect();
     assert_eq!(
         back.iter().filter_map(class_message).collect::<Vec<_>>(),
-        [&ClassMessage::OwnerBack { node: 1 }]
+        [&ClassMessage::OwnerBack { node: NodeRef::Id(1) }]
     );
     deliver(&nodes, index, &back[0]);
     for node in &nodes {
@@ -875,7 +873,10 @@ async fn a_global_transaction_borrows_every_class_and_runs_when_every_node_is_do
     let lend_all = nodes[1].proposals.try_recv().unwrap().0;
     assert!(matches!(
         class_message(&lend_all),
-        Some(ClassMessage::LendAll { node: 1, .. })
+        Some(ClassMessage::LendAll {
+            node: NodeRef::Id(1),
+            ..
+        })
     ));
     deliver(&nodes, index, &deposit);
     deliver(&nodes, index + 1, &lend_all);
@@ -906,7 +907,11 @@ async fn a_global_transaction_waits_for_its_own_nodes_loan_even_when_the_log_too
     // Under load every borrower gave up on the owner it waited for: the log takes all three
     // for down, node 0 before its global transaction starts or after (each then says it is
     // back; those words are late here).
-    let down = |node: u64| Command::Class(ClassMessage::OwnerDown { node });
+    let down = |node: u64| {
+        Command::Class(ClassMessage::OwnerDown {
+            node: NodeRef::Id(node),
+        })
+    };
     deliver(&nodes, index, &down(1));
     deliver(&nodes, index + 1, &down(2));
     let index = index + 2;
@@ -936,5 +941,59 @@ async fn a_global_transaction_waits_for_its_own_nodes_loan_even_when_the_log_too
     assert!(
         matches!(global.try_recv(), Ok(Ok(()))),
         "its own node lent: it runs (and does not wait until its client gives up)"
+    );
+}
+
+#[tokio::test]
+async fn a_membership_change_places_the_classes_over_the_new_voters_and_a_waiting_transaction_follows_its_class() {
+    let (mut nodes, index) = cluster_of((0..3).map(owning_node).collect()).await;
+    let owners = |node: &Node| {
+        let writer = node.writer.writer();
+        (0..8)
+            .map(|class| writer.owner_of(&class.to_string()))
+            .collect::<Vec<u64>>()
+    };
+    // Node 0's transaction on its class 0 reaches class 4, node 1's over voters 0, 1, 2.
+    open_deposit(&nodes[0], 1, 1, 0, 4).await;
+    let mut on_four = reach(&nodes[0], 1, 4);
+    let index = deliver_proposed(&mut nodes, 0, index);
+    assert!(on_four.try_recv().is_err(), "it waits for node 1's loan");
+    // A fourth voter (id 3) joins: class 4 is node 0's now, on every node alike, and the
+    // transaction waiting for it goes on without a loan.
+    for node in &nodes {
+        node.writer.voters_changed(&[0, 1, 2, 3]);
+    }
+    assert!(
+        matches!(on_four.try_recv(), Ok(Ok(()))),
+        "class 4 moved to its own node"
+    );
+    for node in &nodes {
+        assert_eq!(owners(node), [0, 1, 2, 3, 0, 1, 2, 3]);
+    }
+    // Node 1 is taken for down, then leaves: its classes go to the voters left, and a node
+    // that left is not counted down.
+    deliver(
+        &nodes,
+        index,
+        &Command::Class(ClassMessage::OwnerDown { node: NodeRef::Id(1) }),
+    );
+    assert_ne!(owners(&nodes[0])[1], 1, "node 1's class 1 goes to a voter up");
+    for node in &nodes {
+        node.writer.voters_changed(&[0, 2, 3]);
+        assert!(node.writer.writer().owners_down.is_empty());
+        assert_eq!(owners(node), [0, 2, 3, 0, 2, 3, 0, 2]);
+    }
+    // An older build's message names a node by its place among the voters.
+    deliver(
+        &nodes,
+        index + 1,
+        &Command::Class(ClassMessage::OwnerDown {
+            node: NodeRef::Place(2),
+        }),
+    );
+    assert_eq!(
+        nodes[2].writer.writer().owners_down,
+        BTreeSet::from([3]),
+        "place 2 of 0, 2, 3 is node 3"
     );
 }

@@ -18,19 +18,19 @@ use super::{statement_seed, Active, Writer};
 use crate::certify::Position;
 use crate::classes::{owner_among, Label};
 use crate::error::SqlError;
-use crate::txn::{ClassMessage, Command, Ticket};
+use crate::txn::{ClassMessage, Command, NodeRef, Ticket};
 
-/// Hybrid replication's class owners: each class is owned by one node (`owner_index` over the
-/// cluster's nodes in id order). A transaction reaching a class another node owns borrows it
-/// through the log first, so it runs after the owner's transactions on it and before its next
-/// ones instead of racing them to certification. An owner that lets a borrower wait in vain is
-/// taken for down through the log (`ClassMessage::OwnerDown`): its classes move to the nodes up
+/// Hybrid replication's class owners: each class is owned by one voter (`owner_index` over the
+/// voters in id order; a membership change, applied in log order, places the classes over the
+/// new voters). A transaction reaching a class another node owns borrows it through the log
+/// first, so it runs after the owner's transactions on it and before its next ones instead of
+/// racing them to certification. An owner that lets a borrower wait in vain is taken for down
+/// through the log (`ClassMessage::OwnerDown`): its classes move to the voters up
 /// (`owner_among`) until it says it is back, which it does as soon as it reads that.
 #[derive(Debug, Clone)]
 pub struct Ownership {
-    /// This node's place among the nodes in id order.
-    pub me: usize,
-    pub nodes: usize,
+    /// This node's id.
+    pub me: u64,
     /// How long a transaction waits for a class it asked for: then it fails (40001) if the
     /// owner is alive, or goes on without it (certification decides) if the owner lent
     /// nothing to anyone meanwhile — that owner is then not asked again for `silent_for`.
@@ -102,9 +102,9 @@ pub(super) struct Suspended {
     /// Classes another suspended transaction of this node's holds: it waits until that one is
     /// done, then asks for them as for any other.
     pub(super) held_locally: BTreeSet<String>,
-    /// A global transaction: the nodes (places in id order) whose classes it waits for, all
+    /// A global transaction: the nodes (ids) whose classes it waits for, all
     /// of them (`ClassMessage::LendAll`) — its own node's too.
-    pub(super) awaiting_all: BTreeSet<usize>,
+    pub(super) awaiting_all: BTreeSet<u64>,
     /// Told once it holds the write lock again with its statements re-executed, or why it
     /// cannot go on.
     pub(super) resumed: Option<oneshot::Sender<Result<(), SqlError>>>,
@@ -166,8 +166,12 @@ impl Writer {
             // It may touch any class: it borrows them all, from every node up (its own too,
             // through the log like the others, so its node's other transactions come first —
             // even while the log takes this node for down: it lends all the same).
-            let awaiting_all: BTreeSet<usize> = (0..ownership.nodes)
-                .filter(|&node| node == ownership.me || !self.owners_down.contains(&node))
+            let awaiting_all: BTreeSet<u64> = self
+                .voters
+                .iter()
+                .copied()
+                .chain([ownership.me])
+                .filter(|node| *node == ownership.me || !self.owners_down.contains(node))
                 .collect();
             let mut active = self.active.take().expect("checked above");
             self.metrics.lock_held.observe(active.granted_at.elapsed());
@@ -240,7 +244,7 @@ impl Writer {
         active: Active,
         awaiting: BTreeSet<String>,
         held_locally: BTreeSet<String>,
-        awaiting_all: BTreeSet<usize>,
+        awaiting_all: BTreeSet<u64>,
     ) -> oneshot::Receiver<Result<(), SqlError>> {
         let (told, resumed) = oneshot::channel();
         let suspended = Suspended {
@@ -268,12 +272,12 @@ impl Writer {
         let mut ask = Vec::new();
         let mut awaiting = BTreeSet::new();
         for class in classes {
-            let owner = self.owner_of(&class, ownership);
+            let owner = self.owner_of(&class);
             if owner == ownership.me {
                 if self.lent.contains_key(&class) || self.lent_all.is_some() {
                     awaiting.insert(class);
                 }
-            } else if self.silent_until[owner].is_none_or(|until| until <= now) {
+            } else if self.silent_until.get(&owner).is_none_or(|until| *until <= now) {
                 ask.push(class.clone());
                 awaiting.insert(class);
             }
@@ -379,14 +383,17 @@ impl Writer {
             return;
         }
         let now = Instant::now();
-        let alive = |owner: usize| {
+        let alive = |owner: u64| {
             owner == ownership.me
-                || self.last_lent[owner].is_some_and(|at| now.duration_since(at) < ownership.borrow_wait)
+                || self
+                    .last_lent
+                    .get(&owner)
+                    .is_some_and(|at| now.duration_since(*at) < ownership.borrow_wait)
         };
-        let awaited_owners: BTreeSet<usize> = suspended
+        let awaited_owners: BTreeSet<u64> = suspended
             .awaiting
             .iter()
-            .map(|class| self.owner_of(class, &ownership))
+            .map(|class| self.owner_of(class))
             .chain(suspended.awaiting_all.iter().copied())
             .collect();
         if !suspended.held_locally.is_empty() || awaited_owners.iter().any(|&owner| alive(owner)) {
@@ -406,11 +413,13 @@ impl Writer {
         let ticket = suspended.active.ticket.take();
         self.metrics.borrowed[Borrowed::TimedOut as usize].inc();
         for owner in awaited_owners {
-            self.silent_until[owner] = Some(now + ownership.silent_for);
+            self.silent_until.insert(owner, now + ownership.silent_for);
             if owner != ownership.me && !self.owners_down.contains(&owner) {
                 // Once the log has it, its classes have owners up: the next transactions on
                 // them borrow from those instead of waiting in vain.
-                self.propose_class(ClassMessage::OwnerDown { node: owner as u64 });
+                self.propose_class(ClassMessage::OwnerDown {
+                    node: NodeRef::Id(owner),
+                });
             }
         }
         self.release(ticket);
@@ -457,14 +466,14 @@ impl Writer {
                 );
                 let now = Instant::now();
                 for class in classes {
-                    if self.owner_of(&class, &ownership) == ownership.me {
+                    if self.owner_of(&class) == ownership.me {
                         self.to_lend.push_back((ticket, class, at, now));
                     }
                 }
             }
             ClassMessage::Lend { ticket, class } => {
-                let owner = self.owner_of(&class, &ownership);
-                self.last_lent[owner] = Some(Instant::now());
+                let owner = self.owner_of(&class);
+                self.last_lent.insert(owner, Instant::now());
                 let waiter = self.suspended.iter_mut().find(|(_, s)| s.active.ticket == Some(ticket));
                 if let Some((&session, suspended)) = waiter {
                     if suspended.awaiting.remove(&class) {
@@ -496,10 +505,10 @@ impl Writer {
                 self.to_lend_all.push_back((ticket, at, Instant::now()));
             }
             ClassMessage::LendAll { ticket, node } => {
-                let node = node as usize;
-                if let Some(last_lent) = self.last_lent.get_mut(node) {
-                    *last_lent = Some(Instant::now());
-                }
+                let Some(node) = self.resolve(node) else {
+                    return self.try_lend();
+                };
+                self.last_lent.insert(node, Instant::now());
                 let waiter = self.suspended.iter_mut().find(|(_, s)| s.active.ticket == Some(ticket));
                 if let Some((&session, suspended)) = waiter {
                     if suspended.awaiting_all.remove(&node) && suspended.ready() {
@@ -523,17 +532,21 @@ impl Writer {
                 self.take_back(&returned);
             }
             ClassMessage::OwnerDown { node } => {
-                let mut down = self.owners_down.clone();
-                down.insert(node as usize);
-                self.owners_moved(&ownership, down);
+                if let Some(node) = self.resolve(node).filter(|node| self.voters.contains(node)) {
+                    let mut down = self.owners_down.clone();
+                    down.insert(node);
+                    self.owners_moved(&ownership, self.voters.clone(), down);
+                }
             }
             ClassMessage::OwnerBack { node } => {
-                if node as usize == ownership.me {
-                    self.back_proposed = None;
+                if let Some(node) = self.resolve(node) {
+                    if node == ownership.me {
+                        self.back_proposed = None;
+                    }
+                    let mut down = self.owners_down.clone();
+                    down.remove(&node);
+                    self.owners_moved(&ownership, self.voters.clone(), down);
                 }
-                let mut down = self.owners_down.clone();
-                down.remove(&(node as usize));
-                self.owners_moved(&ownership, down);
             }
         }
         self.try_lend();
@@ -550,28 +563,61 @@ impl Writer {
                 .back_proposed
                 .is_none_or(|at| at.elapsed() >= ownership.borrow_wait)
         {
-            let node = ownership.me as u64;
             self.back_proposed = Some(Instant::now());
-            self.propose_class(ClassMessage::OwnerBack { node });
+            self.propose_class(ClassMessage::OwnerBack {
+                node: NodeRef::Id(ownership.me),
+            });
         }
     }
 
     /// Which node owns `class` now.
-    pub(super) fn owner_of(&self, class: &str, ownership: &Ownership) -> usize {
-        owner_among(class, ownership.nodes, &self.owners_down)
+    pub(super) fn owner_of(&self, class: &str) -> u64 {
+        owner_among(class, &self.voters, &self.owners_down)
     }
 
-    /// The nodes taken for down are now `down`: a class that changed owner is no longer lent
-    /// or to be lent by its old owner, a transaction waiting for it asks its new owner (or has
-    /// it, if that is this node and it is not lent), and a global one waits for no node down.
-    fn owners_moved(&mut self, ownership: &Ownership, down: BTreeSet<usize>) {
-        if down == self.owners_down {
+    /// The id of the node a class message names (None: a place no voter stands at).
+    fn resolve(&self, node: NodeRef) -> Option<u64> {
+        match node {
+            NodeRef::Id(id) => Some(id),
+            NodeRef::Place(place) => usize::try_from(place).ok().and_then(|p| self.voters.get(p).copied()),
+        }
+    }
+
+    /// A membership change applied: the classes are placed over `voters` (sorted ids) from
+    /// here on; a node that left is no longer taken for down.
+    pub(super) fn voters_changed(&mut self, voters: Vec<u64>) {
+        let Some(ownership) = self.ownership.clone() else {
+            return;
+        };
+        if voters == self.voters {
             return;
         }
+        tracing::info!(?voters, before = ?self.voters, "conflict classes placed over new voters");
+        let down = self
+            .owners_down
+            .iter()
+            .copied()
+            .filter(|node| voters.contains(node))
+            .collect();
+        self.owners_moved(&ownership, voters, down);
+        self.try_lend();
+    }
+
+    /// The voters are now `voters` and those taken for down `down`: a class that changed owner
+    /// is no longer lent or to be lent by its old owner, a transaction waiting for it asks its
+    /// new owner (or has it, if that is this node and it is not lent), and a global one waits
+    /// for no node down or gone.
+    fn owners_moved(&mut self, ownership: &Ownership, voters: Vec<u64>, down: BTreeSet<u64>) {
+        if down == self.owners_down && voters == self.voters {
+            return;
+        }
+        let before_voters = std::mem::replace(&mut self.voters, voters);
         let before = std::mem::replace(&mut self.owners_down, down);
         self.metrics.owners_down.set(self.owners_down.len() as i64);
-        let moved = |class: &str, now: &BTreeSet<usize>| {
-            owner_among(class, ownership.nodes, &before) != owner_among(class, ownership.nodes, now)
+        self.metrics.owner_voters.set(self.voters.len() as i64);
+        let after_voters = self.voters.clone();
+        let moved = |class: &str, now: &BTreeSet<u64>| {
+            owner_among(class, &before_voters, &before) != owner_among(class, &after_voters, now)
         };
         let now = self.owners_down.clone();
         let gone: Vec<String> = self.lent.keys().filter(|class| moved(class, &now)).cloned().collect();
@@ -587,7 +633,7 @@ impl Writer {
             let waited_for_all = !suspended.awaiting_all.is_empty();
             suspended
                 .awaiting_all
-                .retain(|&node| node == ownership.me || !now.contains(&node));
+                .retain(|node| *node == ownership.me || (after_voters.contains(node) && !now.contains(node)));
             if waited_for_all && suspended.ready() {
                 self.resuming.push_back(session);
                 continue;
@@ -632,7 +678,7 @@ impl Writer {
             .suspended
             .values()
             .flat_map(|s| s.awaiting.iter())
-            .filter(|class| self.owner_of(class, ownership) == ownership.me && !self.lent.contains_key(*class))
+            .filter(|class| self.owner_of(class) == ownership.me && !self.lent.contains_key(*class))
             .cloned()
             .collect();
         self.take_back(&mine.into_iter().collect::<Vec<_>>());
@@ -696,7 +742,7 @@ impl Writer {
             self.metrics.lent.inc();
             self.propose_class(ClassMessage::LendAll {
                 ticket,
-                node: ownership.me as u64,
+                node: NodeRef::Id(ownership.me),
             });
         }
     }
