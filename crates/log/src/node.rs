@@ -56,6 +56,10 @@ pub trait StateMachine: Send + 'static {
     /// Every command of the entry at `index` has been applied; called for every entry, commands
     /// or not, in log order.
     fn entry_applied(&mut self, index: u64);
+    /// Every entry of one round of applies (those that became committed together, often
+    /// several) has been applied: a state that commits its own storage may do it once here
+    /// rather than per entry.
+    fn round_applied(&mut self) {}
     fn query(&mut self, query: &Self::Query) -> Self::Output;
     /// A read that may take a slow step (a device read) off the raft loop: `Err` with that step,
     /// which the node runs on another thread while the loop goes on, then finishes the read on
@@ -2561,6 +2565,9 @@ impl<SM: StateMachine> RaftLoop<SM> {
     }
 
     fn apply(&mut self, entries: Vec<Entry>) {
+        if entries.is_empty() {
+            return;
+        }
         for entry in entries {
             assert!(
                 entry.index == self.applied_index + 1,
@@ -2582,6 +2589,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             }
             self.sm.entry_applied(entry.index);
         }
+        self.sm.round_applied();
     }
 
     /// Applies a membership change entry: raft's configuration, the members' addresses (from

@@ -81,8 +81,12 @@ impl StateMachine for SqlState {
         self.writer.voters_changed(voters);
     }
 
-    fn entry_applied(&mut self, _index: u64) {
-        self.writer.entry_applied();
+    fn entry_applied(&mut self, _index: u64) {}
+
+    /// The engine commits what a round of entries applied at once: one commit for all of them
+    /// (the pages they share written once), and their clients told after it.
+    fn round_applied(&mut self) {
+        self.writer.entries_applied();
     }
 
     fn query(&mut self, _query: &Barrier) -> Applied {

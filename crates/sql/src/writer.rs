@@ -441,8 +441,9 @@ impl WriterHandle {
         writer.after_release();
     }
 
-    /// Every transaction of a log entry is applied: the engine commits them.
-    pub fn entry_applied(&self) {
+    /// Every transaction of the entries applied since the last call is applied: the engine
+    /// commits them.
+    pub fn entries_applied(&self) {
         let mut writer = self.writer();
         writer.close_group();
         writer.after_release();
@@ -637,9 +638,10 @@ struct Writer {
     confirmed_unrecorded: Vec<TxnId>,
     /// A checkpoint waits for the work ahead to be applied: no new transaction starts.
     wants_checkpoint: bool,
-    /// Transactions replayed from the log go into one engine transaction per log entry,
-    /// committed once the entry is applied (`entry_applied`), so pages that several of them
-    /// write (TPC-C's warehouse and district rows) reach the engine's own log once per entry.
+    /// Transactions replayed from the log go into one engine transaction per round of entries
+    /// the raft loop applies together, committed once they are applied (`entries_applied`), so
+    /// pages that several of them write (TPC-C's warehouse and district rows) reach the engine's
+    /// own log once per round.
     group: Option<Group>,
     progress: Arc<Progress>,
     metrics: WriterMetrics,
@@ -1543,7 +1545,7 @@ impl Writer {
         }
     }
 
-    /// Opens the entry's group for a transaction of this kind (statements and write-sets go to
+    /// Opens the round's group for a transaction of this kind (statements and write-sets go to
     /// different connections: a change of kind closes the group).
     fn open_group(&mut self, mark: AppliedMark, write_sets: bool) -> Result<(), SqlError> {
         if self.group.is_some_and(|group| group.write_sets != write_sets) {
@@ -1557,7 +1559,7 @@ impl Writer {
         Ok(())
     }
 
-    /// Executes (or applies) a transaction from the log in the entry's group.
+    /// Executes (or applies) a transaction from the log in the round's group.
     fn replay(&mut self, txn: &Txn, mark: AppliedMark) -> Result<(), SqlError> {
         self.open_group(mark, matches!(txn.body, Body::WriteSet(_)))?;
         match &txn.body {
@@ -1725,7 +1727,7 @@ pub(super) mod tests {
     /// Applies `txn` as the log does: then its entry is over.
     fn apply_entry(node: &Node, index: u64, txn: Txn) -> Applied {
         let applied = node.writer.apply(index, txn);
-        node.writer.entry_applied();
+        node.writer.entries_applied();
         applied
     }
 
@@ -1797,7 +1799,7 @@ pub(super) mod tests {
             (0, 1),
             "nothing of an entry commits before all of it applied"
         );
-        replica.writer.entry_applied();
+        replica.writer.entries_applied();
         assert_eq!(committed(&reader), (2, 2));
         assert_eq!(
             replica.writer.applied(),
@@ -1971,7 +1973,7 @@ pub(super) mod tests {
         for txn in [create, fixed, unfixable, again] {
             assert_eq!(one_entry.writer.apply(1, txn), Applied::Committed);
         }
-        one_entry.writer.entry_applied();
+        one_entry.writer.entries_applied();
         assert_eq!(dump(&one_entry), dump(&leader));
         assert_eq!(one_entry.writer.applied().command, 3);
 

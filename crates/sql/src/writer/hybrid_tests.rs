@@ -110,7 +110,7 @@ async fn transact(node: &mut Node, session: u64, statements: &[(&str, Vec<Value>
 fn deliver(nodes: &[Node], index: u64, command: &(impl Clone + Into<Command>)) {
     for node in nodes {
         assert_eq!(node.writer.apply(index, command.clone()), Applied::Committed);
-        node.writer.entry_applied();
+        node.writer.entries_applied();
     }
 }
 
