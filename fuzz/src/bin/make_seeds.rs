@@ -30,7 +30,8 @@ use chorus_log::{EntryCodec, StateMachine};
 use chorus_sql::engine::{Column, Engine, Outcome, Recorded, Sqlite};
 use chorus_sql::pg_write_set::{self, Change, Field, Table};
 use chorus_sql::txn::{
-    Body as SqlBody, Certify, ClassMessage, Command, Statement as SqlStatement, Ticket, Txn, TxnId, Value as SqlValue,
+    Body as SqlBody, Certify, ClassMessage, Command, NodeRef, Statement as SqlStatement, Ticket, Txn, TxnId,
+    Value as SqlValue,
 };
 use chorus_sql::{ForwardReply, ForwardRequest, ForwardStart};
 use chorus_storage::{encode_segment, segment_file_name, Reducer, StoreOptions};
@@ -442,8 +443,17 @@ fn main() {
         sent_at_ms: 1_764_000_000_000,
     });
     write(&out, "sql", "class-borrow", &borrow.encode());
-    let owner_down = Command::Class(ClassMessage::OwnerDown { node: 2 });
+    let owner_down = Command::Class(ClassMessage::OwnerDown { node: NodeRef::Id(2) });
     write(&out, "sql", "class-owner-down", &owner_down.encode());
+    // As builds before hybrid membership changes named a node: by its place among the voters.
+    let lend_all_by_place = Command::Class(ClassMessage::LendAll {
+        ticket: Ticket {
+            incarnation: 9,
+            number: 4,
+        },
+        node: NodeRef::Place(1),
+    });
+    write(&out, "sql", "class-lend-all-by-place", &lend_all_by_place.encode());
     let borrow_all = Command::Class(ClassMessage::BorrowAll {
         ticket: Ticket {
             incarnation: 9,
