@@ -567,14 +567,16 @@ pub fn fix_writes(statement: &str, clock: FixedClock, dialect: Dialect) -> Resul
 }
 
 /// A time literal as `dialect` reads it: SQLite's dates are text; PostgreSQL's untyped literal
-/// would not do in arithmetic (`now() - interval '1 day'`). The typed one is parenthesised so
-/// its type name cannot run into what follows (`now()$x` must not become `timestamptz$x`).
+/// would not do in arithmetic (`now() - interval '1 day'`). The typed one is a CAST, so that
+/// its type name cannot run into what follows (`now()$x` must not become `timestamptz$x`) and
+/// a word before it does not become a function called with it (`f CURRENT_TIME` must not
+/// become `f ('…'::time)`).
 fn time_literal(text: &str, postgres_type: &str, dialect: Dialect) -> String {
     match dialect {
         Dialect::Sqlite => format!("'{text}'"),
         // With its zone: a session's TimeZone must not move the transaction's instant.
-        Dialect::Postgres if postgres_type == "timestamptz" => format!("('{text}+00'::timestamptz)"),
-        Dialect::Postgres => format!("('{text}'::{postgres_type})"),
+        Dialect::Postgres if postgres_type == "timestamptz" => format!("CAST('{text}+00' AS timestamptz)"),
+        Dialect::Postgres => format!("CAST('{text}' AS {postgres_type})"),
     }
 }
 
@@ -896,9 +898,14 @@ mod tests {
         let pg = |sql: &str| fix_writes(sql, CLOCK, Dialect::Postgres);
         assert_eq!(
             pg("INSERT INTO t VALUES (CURRENT_TIMESTAMP, now() - interval '1 day', CURRENT_DATE, $2, $1)").unwrap(),
-            "INSERT INTO t VALUES (('2026-11-27 02:51:00.123+00'::timestamptz), \
-             ('2026-11-27 02:51:00.123+00'::timestamptz) - interval '1 day', ('2026-11-27'::date), $2, $1)"
+            "INSERT INTO t VALUES (CAST('2026-11-27 02:51:00.123+00' AS timestamptz), \
+             CAST('2026-11-27 02:51:00.123+00' AS timestamptz) - interval '1 day', CAST('2026-11-27' AS date), $2, $1)"
         );
+        // A word before a clock keyword stays a word, not a function called with the literal
+        // (found by the `sql` fuzz target: the second pass refused a `TXID_CURRENT(…)`).
+        let fixed = pg("UPDATE s SET a = TXID_CURRENT CURRENT_TIME").unwrap();
+        assert_eq!(fixed, "UPDATE s SET a = TXID_CURRENT CAST('02:51:00' AS time)");
+        assert_eq!(pg(&fixed).unwrap(), fixed);
         let fixed = pg("SELECT now()$x$ a $x$").unwrap();
         assert_eq!(
             pg(&fixed).unwrap(),
