@@ -722,11 +722,11 @@ pub fn start(
         certified: watch::Sender::new(0),
     });
     let borrow_wait = options.ownership.as_ref().map(|o| o.borrow_wait);
+    let metrics = WriterMetrics::new();
     if options.ownership.is_some() {
         assert!(!options.voters.is_empty(), "hybrid ownership needs the voters");
+        metrics.owner_voters.set(options.voters.len() as i64);
     }
-    let metrics = WriterMetrics::new();
-    metrics.owner_voters.set(options.voters.len() as i64);
     let writer = Writer {
         engine,
         mode: options.mode,
