@@ -1048,14 +1048,13 @@ async fn sigkill_of_the_leader_mid_load_loses_nothing(engine: Engine) {
     // The restarted node catches up from the log; then every node holds the same rows.
     // The new leader takes writes (once it has applied what the old one committed).
     let successor = cluster.client(new_leader).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while let Err(e) = successor
-        .batch_execute("INSERT INTO ledger VALUES (999999999, 1, 0)")
-        .await
-    {
-        assert!(Instant::now() < deadline, "the new leader takes no writes: {e}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    execute_until_taken(
+        &successor,
+        "INSERT INTO ledger VALUES (999999999, 1, 0)",
+        Duration::from_secs(10),
+        "the new leader takes no writes",
+    )
+    .await;
     let dump = "SELECT 'a', id, balance FROM accounts UNION ALL SELECT 'l', id, amount FROM ledger ORDER BY 1, 2";
     let reference = rows(&successor, dump).await;
     let ledger: std::collections::HashSet<String> = reference
@@ -2085,16 +2084,25 @@ async fn deposit_into_3(client: &Client, metrics: SocketAddr, times: usize) -> u
     let forwarded = || metric_at(metrics, "chorus_sql_transactions_forwarded_total").unwrap_or(0);
     let before = forwarded();
     for _ in 0..times {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while let Err(e) = client
-            .batch_execute("UPDATE accounts SET balance = balance + 1 WHERE branch = 3")
-            .await
-        {
-            assert!(Instant::now() < deadline, "a deposit into branch 3: {e}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        execute_until_taken(
+            client,
+            "UPDATE accounts SET balance = balance + 1 WHERE branch = 3",
+            Duration::from_secs(20),
+            "a deposit into branch 3",
+        )
+        .await;
     }
     forwarded() - before
+}
+
+/// Runs `sql` through `client` again every 100 ms until it succeeds; fails the test, saying
+/// `failing` and the last error, if it has not within `within`.
+async fn execute_until_taken(client: &Client, sql: &str, within: Duration, failing: &str) {
+    let deadline = Instant::now() + within;
+    while let Err(e) = client.batch_execute(sql).await {
+        assert!(Instant::now() < deadline, "{failing}: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// On the PostgreSQL engine a joining node gets a server of its own, draws what the leader drew
