@@ -1223,7 +1223,15 @@ async fn sigkill_mid_passive_tpcc(engine: Engine) {
     let new_leader = cluster.leader_among(&others(leader)).await;
     cluster.launch(leader);
     let successor = cluster.client(new_leader).await;
-    tpcc::check_consistency(&successor).await.unwrap();
+    if let Err(e) = tpcc::check_consistency(&successor).await {
+        panic!(
+            "the new leader {new_leader} fails the consistency check: {e:#}; the logs end:\n{}",
+            (1..=3)
+                .map(|id| format!("node {id}:\n{}", cluster.log_tail(id)))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
     // 3,000 orders per district were loaded; each acknowledged new order added one.
     let orders = rows(&successor, "SELECT count(*) FROM orders").await;
     let orders: u64 = orders[0][0].as_deref().unwrap().parse().unwrap();

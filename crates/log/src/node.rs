@@ -57,8 +57,8 @@ pub trait StateMachine: Send + 'static {
     /// or not, in log order.
     fn entry_applied(&mut self, index: u64);
     /// Every entry of one round of applies (those that became committed together, often
-    /// several) has been applied: a state that commits its own storage may do it once here
-    /// rather than per entry.
+    /// several, up to `APPLY_ROUND_MAX_BYTES` of them) has been applied: a state that commits
+    /// its own storage may do it once here rather than per entry.
     fn round_applied(&mut self) {}
     fn query(&mut self, query: &Self::Query) -> Self::Output;
     /// A read that may take a slow step (a device read) off the raft loop: `Err` with that step,
@@ -135,6 +135,13 @@ pub type FinishRead<SM> = Box<dyn FnOnce(&mut SM) -> <SM as StateMachine>::Outpu
 /// Slow read steps running off the loop at once; more wait their turn (a slow step may block on
 /// the network, so none ever runs on the loop).
 const MAX_SLOW_READS_IN_FLIGHT: usize = 64;
+
+/// At most this many bytes of committed entries are applied in one round of the raft loop
+/// (always at least one entry); the rest wait for the next round. A node with a long backlog
+/// — restarted, or a follower whose applies run behind — applies it in rounds between which it
+/// answers heartbeats, votes and reads: a state whose applies are slow (a SQL engine applying
+/// write-sets) would otherwise stall the loop for seconds and cost the cluster its leader.
+const APPLY_ROUND_MAX_BYTES: u64 = 256 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -1116,6 +1123,7 @@ pub async fn start<SM: StateMachine>(
         applied,
         max_size_per_msg: 1024 * 1024,
         max_inflight_msgs: 256,
+        max_committed_size_per_ready: APPLY_ROUND_MAX_BYTES,
         check_quorum: true,
         pre_vote: true,
         max_uncommitted_size: 256 * 1024 * 1024,
@@ -1413,6 +1421,13 @@ impl<SM: StateMachine> RaftLoop<SM> {
             let wake_at = match self.replica_waits.deadline() {
                 Some(deadline) => wake_at.min(deadline.into()),
                 None => wake_at,
+            };
+            let wake_at = if self.apply_backlogged() {
+                // The next round of applies goes on at once, after what arrived meanwhile.
+                tokio::task::yield_now().await;
+                tokio::time::Instant::now()
+            } else {
+                wake_at
             };
             tokio::select! {
                 biased;
@@ -2562,6 +2577,11 @@ impl<SM: StateMachine> RaftLoop<SM> {
             self.raw.on_persist_ready(persisted.number);
             self.send(persisted.messages);
         }
+    }
+
+    /// Whether committed entries wait for a later round of applies (`APPLY_ROUND_MAX_BYTES`).
+    fn apply_backlogged(&self) -> bool {
+        self.raw.raft.raft_log.has_next_entries_since(self.applied_index)
     }
 
     fn apply(&mut self, entries: Vec<Entry>) {
