@@ -79,7 +79,8 @@ enum ClusterCommand {
         #[command(flatten)]
         net: chorus_bench::cli::NetArgs,
         /// Nodes run `chorus sql`: PostgreSQL clients (psql -h 127.0.0.1 -p PORT) on each node's
-        /// client port, an embedded SQLite replicated over the log.
+        /// client port, an embedded SQLite replicated over the log. Taken when the cluster is
+        /// created; a restart keeps what it was created with.
         #[arg(long)]
         sql: bool,
         /// The client ports speak TLS only, with a certificate from a throwaway CA made in

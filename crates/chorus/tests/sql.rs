@@ -1964,6 +1964,43 @@ async fn try_pg_client(addr: SocketAddr) -> Option<Client> {
     Some(client)
 }
 
+/// `chorus cluster start --dir` brings a stopped SQL cluster back as it was made, rows and all,
+/// without being told `--sql` again; `--sql` on a directory holding a key-value cluster is
+/// refused, saying what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_sql_cluster_starts_again_as_it_was_made() {
+    let cluster = ClusterDir::start_sql(&[]);
+    cluster.write("CREATE TABLE items (id int PRIMARY KEY)").await;
+    cluster.write("INSERT INTO items VALUES (1), (2)").await;
+    cluster.chorus(&["cluster", "stop", "--dir", cluster.path()]);
+    cluster.chorus(&["cluster", "start", "--dir", cluster.path()]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (leader, client) = cluster.leader().await;
+        match client.query_one("SELECT count(*) FROM items", &[]).await {
+            Ok(row) => {
+                assert_eq!(row.get::<_, i64>(0), 2);
+                break;
+            }
+            Err(e) => assert!(Instant::now() < deadline, "node {leader} after the restart: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let key_value = ClusterDir(tempfile::tempdir().unwrap());
+    key_value.chorus(&["cluster", "start", "--dir", key_value.path()]);
+    let refused = Command::new(CHORUS)
+        .args(["cluster", "start", "--sql", "--dir", key_value.path()])
+        .output()
+        .expect("run chorus");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{said}");
+    assert!(
+        said.contains("holds a key-value cluster; start it without --sql"),
+        "{said}"
+    );
+}
+
 /// A SQL cluster in active replication changes its membership online, as a key-value one does:
 /// two nodes join (from the leader's checkpoint and the log) and are promoted, then the leader
 /// (after handing over) and another original node leave; every remaining node ends with every

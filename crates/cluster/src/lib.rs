@@ -424,12 +424,12 @@ async fn start_nodes(
     } else {
         create(dir, nodes, server_args, net, sql)?
     };
-    if file.sql != sql {
+    // A restart brings back what the directory holds; only asking a key-value one for SQL is
+    // a contradiction.
+    if sql && !file.sql {
         bail!(
-            "{} holds a {} cluster; start it with{} --sql",
-            dir.display(),
-            if file.sql { "SQL" } else { "key-value" },
-            if file.sql { "" } else { "out" }
+            "{} holds a key-value cluster; start it without --sql, or give --sql a new directory",
+            dir.display()
         );
     }
     let mut spawned = Vec::new();
