@@ -1965,15 +1965,45 @@ async fn try_pg_client(addr: SocketAddr) -> Option<Client> {
 }
 
 /// `chorus cluster start --dir` brings a stopped SQL cluster back as it was made, rows and all,
-/// without being told `--sql` again; `--sql` on a directory holding a key-value cluster is
-/// refused, saying what to do.
+/// without being told `--sql` again — also on the PostgreSQL engine in a directory named
+/// relative to where the command runs, whose servers start from there; `--sql` on a directory
+/// holding a key-value cluster is refused, saying what to do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_sql_cluster_starts_again_as_it_was_made() {
-    let cluster = ClusterDir::start_sql(&[]);
+    let cluster = ClusterDir(tempfile::tempdir().unwrap());
+    let (parent, name) = (
+        cluster.0.path().parent().expect("a temporary directory has a parent"),
+        cluster
+            .0
+            .path()
+            .file_name()
+            .expect("and a name")
+            .to_str()
+            .expect("utf-8 name"),
+    );
+    let relative = |args: &[&str]| {
+        let out = Command::new(CHORUS)
+            .current_dir(parent)
+            .args(args)
+            .output()
+            .expect("run chorus");
+        let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "chorus {args:?} failed:\n{said}");
+    };
+    relative(&[
+        "cluster",
+        "start",
+        "--sql",
+        "--dir",
+        name,
+        "--",
+        "--sql-engine",
+        "postgres",
+    ]);
     cluster.write("CREATE TABLE items (id int PRIMARY KEY)").await;
     cluster.write("INSERT INTO items VALUES (1), (2)").await;
-    cluster.chorus(&["cluster", "stop", "--dir", cluster.path()]);
-    cluster.chorus(&["cluster", "start", "--dir", cluster.path()]);
+    relative(&["cluster", "stop", "--dir", name]);
+    relative(&["cluster", "start", "--dir", name]);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let (leader, client) = cluster.leader().await;

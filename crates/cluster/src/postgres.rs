@@ -80,11 +80,13 @@ pub fn run_to_end(mut command: Command, what: &str, log: &Path) -> anyhow::Resul
 /// started on `addr` unless it runs, and initialised first if it never was; returns once it
 /// accepts connections.
 pub fn ensure_running(base: &Path, node_dir: &Path, addr: SocketAddr) -> anyhow::Result<()> {
-    let pg_dir = node_dir.join("postgres");
     let pid_file = pid_file(node_dir);
     if process::read_pid(&pid_file).is_some() {
         return Ok(());
     }
+    // The server runs in its data directory: a relative socket directory (a cluster given
+    // as `--dir c`) would name one that does not exist from there.
+    let pg_dir = std::path::absolute(node_dir.join("postgres"))?;
     let data = pg_dir.join("data");
     if !data.join("PG_VERSION").exists() {
         let mut initdb = Command::new(require("initdb")?);
