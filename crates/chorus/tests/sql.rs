@@ -3,7 +3,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -1901,10 +1901,7 @@ impl ClusterDir {
     }
 
     fn chorus(&self, args: &[&str]) -> String {
-        let out = Command::new(CHORUS).args(args).output().expect("run chorus");
-        let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "chorus {args:?} failed:\n{said}");
-        said
+        chorus_in(Path::new("."), args)
     }
 
     fn nodes(&self) -> Vec<chorus_cluster::NodeEntry> {
@@ -1939,6 +1936,19 @@ impl ClusterDir {
             }
         }
     }
+}
+
+/// Runs `chorus args` in the working directory `cwd`; fails the test, with what it said, unless
+/// it succeeds.
+fn chorus_in(cwd: &Path, args: &[&str]) -> String {
+    let out = Command::new(CHORUS)
+        .current_dir(cwd)
+        .args(args)
+        .output()
+        .expect("run chorus");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "chorus {args:?} failed:\n{said}");
+    said
 }
 
 impl Drop for ClusterDir {
@@ -1981,15 +1991,7 @@ async fn a_stopped_sql_cluster_starts_again_as_it_was_made() {
             .to_str()
             .expect("utf-8 name"),
     );
-    let relative = |args: &[&str]| {
-        let out = Command::new(CHORUS)
-            .current_dir(parent)
-            .args(args)
-            .output()
-            .expect("run chorus");
-        let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "chorus {args:?} failed:\n{said}");
-    };
+    let relative = |args: &[&str]| chorus_in(parent, args);
     relative(&[
         "cluster",
         "start",
