@@ -141,6 +141,14 @@ impl SqlCluster {
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
+    /// The ends of the logs of nodes `ids`, each under its node's name.
+    fn log_tails(&self, ids: &[u64]) -> String {
+        ids.iter()
+            .map(|id| format!("node {id}:\n{}", self.log_tail(*id)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// Waits until node `id` has compacted its log past `index` (snapshots are written off its
     /// main thread).
     async fn wait_for_compaction(&self, id: u64, index: u64) {
@@ -238,10 +246,7 @@ impl SqlCluster {
             assert!(
                 Instant::now() < deadline,
                 "no leader among {ids:?}; their logs end:\n{}",
-                ids.iter()
-                    .map(|id| format!("node {id}:\n{}", self.log_tail(*id)))
-                    .collect::<Vec<_>>()
-                    .join("\n")
+                self.log_tails(ids)
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -1226,10 +1231,7 @@ async fn sigkill_mid_passive_tpcc(engine: Engine) {
     if let Err(e) = tpcc::check_consistency(&successor).await {
         panic!(
             "the new leader {new_leader} fails the consistency check: {e:#}; the logs end:\n{}",
-            (1..=3)
-                .map(|id| format!("node {id}:\n{}", cluster.log_tail(id)))
-                .collect::<Vec<_>>()
-                .join("\n")
+            cluster.log_tails(&[1, 2, 3])
         );
     }
     // 3,000 orders per district were loaded; each acknowledged new order added one.
@@ -2006,18 +2008,16 @@ async fn a_stopped_sql_cluster_starts_again_as_it_was_made() {
     cluster.write("INSERT INTO items VALUES (1), (2)").await;
     relative(&["cluster", "stop", "--dir", name]);
     relative(&["cluster", "start", "--dir", name]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (leader, client) = cluster.leader().await;
-        match client.query_one("SELECT count(*) FROM items", &[]).await {
-            Ok(row) => {
-                assert_eq!(row.get::<_, i64>(0), 2);
-                break;
-            }
-            Err(e) => assert!(Instant::now() < deadline, "node {leader} after the restart: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (_, client) = cluster.leader().await;
+    execute_until_taken(
+        &client,
+        "SELECT 1 FROM items",
+        Duration::from_secs(20),
+        "the leader after the restart serves no reads",
+    )
+    .await;
+    let count = client.query_one("SELECT count(*) FROM items", &[]).await.unwrap();
+    assert_eq!(count.get::<_, i64>(0), 2);
 
     let key_value = ClusterDir(tempfile::tempdir().unwrap());
     key_value.chorus(&["cluster", "start", "--dir", key_value.path()]);
