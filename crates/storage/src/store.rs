@@ -3177,7 +3177,11 @@ mod tests {
         }
         assert!(store.stats().merges > 0);
         assert_eq!(store.stats().unwritten_batches, 0);
-        assert!(store.dirty_ratio() < 0.5, "dirty ratio {}", store.dirty_ratio());
+        // Done by the cleaner's own rules, which the timing of writes and merges does not change
+        // (a run of merges can end with fewer segments than `cleaner_min_segments` and dirt left).
+        let merges = store.stats().merges;
+        store.settle();
+        assert_eq!(store.stats().merges, merges, "the ticks left a merge undone");
     }
 
     #[test]
