@@ -137,11 +137,19 @@ pub type FinishRead<SM> = Box<dyn FnOnce(&mut SM) -> <SM as StateMachine>::Outpu
 const MAX_SLOW_READS_IN_FLIGHT: usize = 64;
 
 /// At most this many bytes of committed entries are applied in one round of the raft loop
-/// (always at least one entry); the rest wait for the next round. A node with a long backlog
-/// — restarted, or a follower whose applies run behind — applies it in rounds between which it
-/// answers heartbeats, votes and reads: a state whose applies are slow (a SQL engine applying
-/// write-sets) would otherwise stall the loop for seconds and cost the cluster its leader.
+/// (always at least one entry; fewer where applies are slow, see `APPLY_ROUND_TARGET`); the
+/// rest wait for the next round. A node with a long backlog — restarted, or a follower whose
+/// applies run behind — applies it in rounds between which it answers heartbeats, votes and
+/// reads: a state whose applies are slow (a SQL engine applying write-sets) would otherwise
+/// stall the loop for seconds and cost the cluster its leader.
 const APPLY_ROUND_MAX_BYTES: u64 = 256 * 1024;
+
+/// What a round of applies should take at most, well inside a heartbeat interval: where applies
+/// are slow the round's byte bound shrinks to what fits (`next_apply_round_bytes`).
+const APPLY_ROUND_TARGET: Duration = Duration::from_millis(50);
+
+/// The byte bound never shrinks below this: a round still applies a useful amount.
+const APPLY_ROUND_MIN_BYTES: u64 = 4 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -732,6 +740,7 @@ struct LogMetrics {
     leader_changes: Arc<Counter>,
     fsync_seconds: Arc<Histogram>,
     ready_seconds: Arc<Histogram>,
+    apply_round_max_bytes: Arc<Gauge>,
     snapshots_created: Arc<Counter>,
     snapshots_installed: Arc<Counter>,
     messages_dropped: Arc<Counter>,
@@ -805,6 +814,14 @@ impl LogMetrics {
             ),
             fsync_seconds: histogram("chorus_raft_fsync_seconds", "Time to write and fsync a Ready"),
             ready_seconds: histogram("chorus_raft_ready_seconds", "Time to handle one Ready end to end"),
+            apply_round_max_bytes: {
+                let bound = gauge(
+                    "chorus_raft_apply_round_max_bytes",
+                    "Bytes of committed entries one round of applies may take (smaller where applies are slow)",
+                );
+                bound.set(APPLY_ROUND_MAX_BYTES as i64);
+                bound
+            },
             snapshots_created: counter(
                 "chorus_raft_snapshots_created_total",
                 "Snapshots this node wrote of its state machine",
@@ -984,6 +1001,8 @@ struct RaftLoop<SM: StateMachine> {
     /// only still commit if raft appended it late; its outcome is reported as unknown.
     applied_term: u64,
     applied_bytes_since_snapshot: u64,
+    /// Bytes of committed entries the next round of applies may take (`next_apply_round_bytes`).
+    apply_round_max_bytes: u64,
     snapshot_job: Option<SnapshotJob>,
     curp: CurpLeader,
     last_leader: u64,
@@ -1234,6 +1253,7 @@ pub async fn start<SM: StateMachine>(
         applied_index: applied,
         applied_term: 0,
         applied_bytes_since_snapshot: 0,
+        apply_round_max_bytes: APPLY_ROUND_MAX_BYTES,
         snapshot_job: None,
         curp: CurpLeader::default(),
         last_leader: 0,
@@ -2579,7 +2599,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
         }
     }
 
-    /// Whether committed entries wait for a later round of applies (`APPLY_ROUND_MAX_BYTES`).
+    /// Whether committed entries wait for a later round of applies (past the round's byte bound).
     fn apply_backlogged(&self) -> bool {
         self.raw.raft.raft_log.has_next_entries_since(self.applied_index)
     }
@@ -2588,6 +2608,8 @@ impl<SM: StateMachine> RaftLoop<SM> {
         if entries.is_empty() {
             return;
         }
+        let started = Instant::now();
+        let round_bytes: u64 = entries.iter().map(|e| (e.data.len() + e.context.len()) as u64).sum();
         for entry in entries {
             assert!(
                 entry.index == self.applied_index + 1,
@@ -2610,6 +2632,12 @@ impl<SM: StateMachine> RaftLoop<SM> {
             self.sm.entry_applied(entry.index);
         }
         self.sm.round_applied();
+        let bound = next_apply_round_bytes(self.apply_round_max_bytes, round_bytes, started.elapsed());
+        if bound != self.apply_round_max_bytes {
+            self.apply_round_max_bytes = bound;
+            self.raw.raft.set_max_committed_size_per_ready(bound);
+            self.metrics.apply_round_max_bytes.set(bound as i64);
+        }
     }
 
     /// Applies a membership change entry: raft's configuration, the members' addresses (from
@@ -3080,4 +3108,57 @@ fn sorted_voters(members: &Members) -> Vec<u64> {
     let mut voters = members.conf_state.voters.clone();
     voters.sort_unstable();
     voters
+}
+
+/// The byte bound of the next round of applies, from the last round's bytes and time: a round
+/// over `APPLY_ROUND_TARGET` shrinks it to the bytes that would have fit at that round's pace,
+/// a round under half the target doubles it; between `APPLY_ROUND_MIN_BYTES` and
+/// `APPLY_ROUND_MAX_BYTES`. The bound matters only to a backlog, so applies that are fast again
+/// get it back within a few rounds.
+fn next_apply_round_bytes(bound_bytes: u64, round_bytes: u64, round_time: Duration) -> u64 {
+    let next = if round_time > APPLY_ROUND_TARGET {
+        let fits = round_bytes as f64 * APPLY_ROUND_TARGET.as_secs_f64() / round_time.as_secs_f64();
+        (fits as u64).min(bound_bytes)
+    } else if round_time < APPLY_ROUND_TARGET / 2 {
+        bound_bytes.saturating_mul(2)
+    } else {
+        bound_bytes
+    };
+    next.clamp(APPLY_ROUND_MIN_BYTES, APPLY_ROUND_MAX_BYTES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slow_rounds_shrink_the_apply_bound_to_what_fits_the_target_and_fast_ones_grow_it_back() {
+        let target = APPLY_ROUND_TARGET;
+        // 256 KiB in 500 ms (TPC-C write-sets on PostgreSQL): a tenth of it fits in 50 ms.
+        let slow = next_apply_round_bytes(APPLY_ROUND_MAX_BYTES, APPLY_ROUND_MAX_BYTES, target * 10);
+        assert_eq!(slow, APPLY_ROUND_MAX_BYTES / 10);
+        // A slow round never raises the bound, even when one large entry went over it.
+        assert_eq!(next_apply_round_bytes(slow, 2 * slow, target * 3 / 2), slow);
+        // Never below the floor, even for one huge, slow entry.
+        assert_eq!(
+            next_apply_round_bytes(slow, 100, Duration::from_secs(5)),
+            APPLY_ROUND_MIN_BYTES
+        );
+        // Rounds between half the target and the target keep it.
+        assert_eq!(next_apply_round_bytes(slow, slow, target * 3 / 4), slow);
+        // Fast rounds double it, up to the ceiling.
+        let mut bound = APPLY_ROUND_MIN_BYTES;
+        let mut rounds = 0;
+        while bound < APPLY_ROUND_MAX_BYTES {
+            let grown = next_apply_round_bytes(bound, bound, Duration::from_millis(1));
+            assert_eq!(grown, (bound * 2).min(APPLY_ROUND_MAX_BYTES));
+            bound = grown;
+            rounds += 1;
+        }
+        assert_eq!(rounds, 6, "4 KiB back to 256 KiB");
+        assert_eq!(
+            next_apply_round_bytes(APPLY_ROUND_MAX_BYTES, 10, Duration::ZERO),
+            APPLY_ROUND_MAX_BYTES
+        );
+    }
 }
