@@ -73,6 +73,8 @@ impl Verification {
 }
 
 const PINGS: usize = 5;
+/// Measurements of the paths before `verify` calls the emulation off.
+const VERIFY_ATTEMPTS: usize = 3;
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Echoes every byte of the first connection accepted, closing the listener right after the
@@ -141,8 +143,11 @@ fn measure_bandwidth_mbit(link: &Link, rate_kbytes_per_sec: u64, echo_ms: f64) -
     Ok(total as f64 * 8.0 / 1000.0 / elapsed_ms.max(1.0))
 }
 
-/// Measures every link (in parallel) and every path; fails if any path is off by more than 10%.
-pub fn verify(links: &[Link], paths: &[PathCheck]) -> anyhow::Result<Verification> {
+/// Every path's round trip, from each link's measured once; and each link's, by name.
+fn measure_paths<'a>(
+    links: &'a [Link],
+    paths: &[PathCheck],
+) -> anyhow::Result<(Vec<PathMeasurement>, HashMap<&'a str, f64>)> {
     // Links into the same upstream take turns (each check binds it); the others run in parallel.
     let mut by_upstream: BTreeMap<SocketAddr, Vec<&Link>> = BTreeMap::new();
     for link in links {
@@ -183,6 +188,37 @@ pub fn verify(links: &[Link], paths: &[PathCheck]) -> anyhow::Result<Verificatio
             measured_rtt_ms: rtt,
         });
     }
+    Ok((measured_paths, by_name))
+}
+
+/// Measures every link (in parallel) and every path; fails if any path is off by more than 10%
+/// in each of `VERIFY_ATTEMPTS` measurements (a busy machine delays one now and then).
+pub fn verify(links: &[Link], paths: &[PathCheck]) -> anyhow::Result<Verification> {
+    let mut attempt = 1;
+    let (measured_paths, by_name) = loop {
+        let (measured_paths, by_name) = measure_paths(links, paths)?;
+        let Some(off) = measured_paths.iter().find(|p| !p.within_tolerance()) else {
+            break (measured_paths, by_name);
+        };
+        if attempt == VERIFY_ATTEMPTS {
+            let off = format!(
+                "network emulation is not in effect: {} measured {:.1} ms, the profile says {} ms \
+                 ({VERIFY_ATTEMPTS} measurements)",
+                off.label, off.measured_rtt_ms, off.expected_rtt_ms
+            );
+            Verification {
+                paths: measured_paths,
+                bandwidth_mbit: None,
+            }
+            .print();
+            bail!(off);
+        }
+        println!(
+            "  {} measured {:.1} ms, the profile says {} ms: measuring again",
+            off.label, off.measured_rtt_ms, off.expected_rtt_ms
+        );
+        attempt += 1;
+    };
     let bandwidth_mbit = match links.iter().find_map(|l| l.bandwidth_kbytes_per_sec.map(|r| (l, r))) {
         Some((link, rate)) => {
             let measured = measure_bandwidth_mbit(link, rate, by_name[link.name.as_str()])?;
@@ -194,15 +230,6 @@ pub fn verify(links: &[Link], paths: &[PathCheck]) -> anyhow::Result<Verificatio
         paths: measured_paths,
         bandwidth_mbit,
     };
-    if let Some(off) = verification.paths.iter().find(|p| !p.within_tolerance()) {
-        verification.print();
-        bail!(
-            "network emulation is not in effect: {} measured {:.1} ms, the profile says {} ms",
-            off.label,
-            off.measured_rtt_ms,
-            off.expected_rtt_ms
-        );
-    }
     if let Some((measured, cap)) = verification.bandwidth_mbit {
         if (measured - cap).abs() > cap * 0.25 {
             verification.print();
