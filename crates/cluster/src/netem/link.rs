@@ -201,7 +201,7 @@ pub fn verify(links: &[Link], paths: &[PathCheck]) -> anyhow::Result<Verificatio
             break (measured_paths, by_name);
         };
         if attempt == VERIFY_ATTEMPTS {
-            let off = format!(
+            let reason = format!(
                 "network emulation is not in effect: {} measured {:.1} ms, the profile says {} ms \
                  ({VERIFY_ATTEMPTS} measurements)",
                 off.label, off.measured_rtt_ms, off.expected_rtt_ms
@@ -211,7 +211,7 @@ pub fn verify(links: &[Link], paths: &[PathCheck]) -> anyhow::Result<Verificatio
                 bandwidth_mbit: None,
             }
             .print();
-            bail!(off);
+            bail!(reason);
         }
         println!(
             "  {} measured {:.1} ms, the profile says {} ms: measuring again",
