@@ -1983,16 +1983,12 @@ async fn try_pg_client(addr: SocketAddr) -> Option<Client> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_sql_cluster_starts_again_as_it_was_made() {
     let cluster = ClusterDir(tempfile::tempdir().unwrap());
-    let (parent, name) = (
-        cluster.0.path().parent().expect("a temporary directory has a parent"),
-        cluster
-            .0
-            .path()
-            .file_name()
-            .expect("and a name")
-            .to_str()
-            .expect("utf-8 name"),
-    );
+    let parent = cluster.0.path().parent().expect("a temporary directory has a parent");
+    let name = cluster
+        .path()
+        .rsplit('/')
+        .next()
+        .expect("a temporary directory has a name");
     let relative = |args: &[&str]| chorus_in(parent, args);
     relative(&[
         "cluster",

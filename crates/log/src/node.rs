@@ -2609,8 +2609,9 @@ impl<SM: StateMachine> RaftLoop<SM> {
             return;
         }
         let started = Instant::now();
-        let round_bytes: u64 = entries.iter().map(|e| (e.data.len() + e.context.len()) as u64).sum();
+        let mut round_bytes = 0u64;
         for entry in entries {
+            round_bytes += (entry.data.len() + entry.context.len()) as u64;
             assert!(
                 entry.index == self.applied_index + 1,
                 "applied index must advance by one: applied {}, next entry {}",
