@@ -81,6 +81,11 @@ server_options! {
     leader_wait_ms: u64 = 3000;
     /// How long a write may take to apply before a TIMEOUT (outcome unknown) error.
     request_timeout_ms: u64 = 5000;
+    /// On SIGTERM (or an interrupt) the node takes no new clients and lets those it has finish
+    /// what they began — a SQL transaction, a key-value command — for up to this long, then
+    /// exits; a second signal exits at once. `chorus cluster remove-node` makes the node a
+    /// learner first, so what it finishes still learns its outcome from the log.
+    shutdown_drain_ms: u64 = 5000;
     /// The leader serves linearizable reads locally while it holds a read lease, renewed by a
     /// round of heartbeats every half lease, instead of a round per batch of reads. Assumes the
     /// nodes' clocks run at rates within 5% of each other; the lease lasts

@@ -6,6 +6,8 @@
 //! - `POST /members/learner?id=4&addr=127.0.0.1:7004`: add a learner;
 //! - `POST /members/promote?ids=4,5`: make learners voters (several at once through a joint
 //!   configuration);
+//! - `POST /members/demote?ids=4`: make voters learners (not the leader), which still apply the
+//!   log — how `remove-node` lets a node finish what it has under way before it leaves;
 //! - `POST /members/remove?ids=4`: remove members (not the leader: hand leadership over first).
 //!
 //! Any node takes them: one that does not lead hands them to the leader over the peer link.
@@ -67,8 +69,10 @@ fn parse_change(path: &str, query: &str) -> Result<MemberChange, String> {
         }
         "/members/promote" => Ok(MemberChange::Promote(ids(param("ids")?)?)),
         "/members/remove" => Ok(MemberChange::Remove(ids(param("ids")?)?)),
+        "/members/demote" => Ok(MemberChange::Demote(ids(param("ids")?)?)),
         _ => Err(format!(
-            "no {path}: POST /members/learner?id=N&addr=HOST:PORT, /members/promote?ids=N,... or /members/remove?ids=N,..."
+            "no {path}: POST /members/learner?id=N&addr=HOST:PORT, /members/promote?ids=N,..., \
+             /members/demote?ids=N,... or /members/remove?ids=N,..."
         )),
     }
 }
@@ -114,6 +118,10 @@ mod tests {
         assert_eq!(
             parse_change("/members/remove", "ids=2"),
             Ok(MemberChange::Remove(vec![2]))
+        );
+        assert_eq!(
+            parse_change("/members/demote", "ids=3"),
+            Ok(MemberChange::Demote(vec![3]))
         );
         assert!(parse_change("/members/remove", "ids=0")
             .unwrap_err()

@@ -11,6 +11,7 @@ use chorus_kv::ldc::Ldc;
 use chorus_kv::listeners::Hub;
 use chorus_kv::unicache::{parse_keyspaces, KvPreprocessor};
 use chorus_kv::{FrontEndOptions, KvState};
+use chorus_log::drain::Drain;
 use chorus_log::peer_auth::{ClusterSecret, PeerCredentials};
 use chorus_log::{EntryCodec, IdentityCodec, NodeConfig, NodeHandle, StateMachine, UniCacheCodec, UniCacheSettings};
 use chorus_resp::Limits;
@@ -323,14 +324,44 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         id = config.id, resp = %config.resp_addr, metrics = %config.metrics_addr,
         data_dir = %config.data_dir.display(), "chorus node serving"
     );
-    tokio::spawn(chorus_kv::serve(resp_listener, node, options, curp, listeners));
-
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM received; exiting"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received; exiting"),
-    }
+    let drain = Drain::new();
+    tokio::spawn(chorus_kv::serve(
+        resp_listener,
+        node,
+        options,
+        curp,
+        listeners,
+        drain.clone(),
+    ));
+    until_shut_down(|| async move {
+        let within = Duration::from_millis(config.shutdown_drain_ms);
+        if drain.run(within, || drain.open_connections() == 0).await {
+            tracing::info!("every client's commands answered");
+        } else {
+            tracing::warn!(
+                connections = drain.open_connections(),
+                "connections still busy when the drain's time ran out (a blocking command?); they are cut"
+            );
+        }
+    })
+    .await
     // Every acknowledged write is already fsynced; there is nothing to flush.
+}
+
+/// Serves until SIGTERM or an interrupt, then runs `drain` (bounded by --shutdown-drain-ms); a
+/// second signal meanwhile ends it at once.
+pub async fn until_shut_down<F: std::future::Future<Output = ()>>(drain: impl FnOnce() -> F) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate())?;
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM received; letting clients finish"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received; letting clients finish"),
+    }
+    tokio::select! {
+        () = drain() => {}
+        _ = terminate.recv() => tracing::info!("second SIGTERM; exiting at once"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("second interrupt; exiting at once"),
+    }
     Ok(())
 }
 

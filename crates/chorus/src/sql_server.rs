@@ -79,18 +79,27 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     )
     .await
     .context("cannot start the SQL node")?;
-    tokio::spawn(serve_metrics(metrics_listener, node, AdminGate::new(users)));
+    tokio::spawn(serve_metrics(
+        metrics_listener,
+        node.node.clone(),
+        AdminGate::new(users),
+    ));
     tracing::info!(
         id = config.id, pg = %config.pg_addr, metrics = %config.metrics_addr,
         data_dir = %config.data_dir.display(), "chorus SQL node serving"
     );
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM received; exiting"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received; exiting"),
-    }
+    crate::server::until_shut_down(|| async move {
+        match node.drain(Duration::from_millis(config.shutdown_drain_ms)).await {
+            Ok(()) => tracing::info!("every client's transaction ended"),
+            Err(open) => tracing::warn!(
+                connections = open.connections,
+                forwarded = open.forwarded,
+                "transactions still open when the drain's time ran out; their clients lose the connection"
+            ),
+        }
+    })
+    .await
     // Every acknowledged COMMIT is in the fsynced raft log; the database follows from it.
-    Ok(())
 }
 
 /// The database holds transactions the log will not have: the process replaces itself with a

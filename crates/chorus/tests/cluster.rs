@@ -179,6 +179,54 @@ fn ok() -> Value {
     Value::Simple("OK".into())
 }
 
+/// A node sent SIGTERM answers the writes its clients wait for before it exits: a write the
+/// leader cannot commit yet (both followers stopped) is acknowledged once they come back, and
+/// only then is the connection closed and the process gone; meanwhile no new client is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_shutting_down_answers_the_writes_under_way_before_it_exits() {
+    use chorus_cluster::process;
+    let cluster = Cluster::start(3, &[]);
+    let (leader, followers) = cluster.leader_and_followers().await;
+    let pid = |id: u64| chorus_cluster::read_pid(cluster.dir.path(), id).expect("the node runs");
+    let mut writer = cluster.client(leader).await;
+    for id in &followers {
+        process::signal(pid(*id), libc::SIGSTOP);
+    }
+    let write = tokio::spawn(async move {
+        let reply = writer.command(&["SET", "drained", "yes"]).await;
+        (writer, reply)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let leader_pid = pid(leader);
+    process::signal(leader_pid, libc::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        TcpStream::connect(cluster.node(leader).resp_addr).is_err(),
+        "a node shutting down takes no new client"
+    );
+    assert!(process::alive(leader_pid), "the node waits for the write under way");
+    for id in &followers {
+        process::signal(pid(*id), libc::SIGCONT);
+    }
+    let (mut writer, reply) = write.await.unwrap();
+    assert_eq!(reply.expect("the write under way is answered"), ok());
+    assert!(
+        writer.command(&["GET", "drained"]).await.is_err(),
+        "then the connection is closed"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while process::alive(leader_pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the node did not exit once its clients were answered"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let new_leader = cluster.wait_for_leader(&followers, Duration::from_secs(10)).await;
+    let mut reader = cluster.client(new_leader).await;
+    assert_eq!(reader.command(&["GET", "drained"]).await.unwrap(), bulk("yes"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_on_any_node_are_linearizably_readable_on_every_node() {
     let cluster = Cluster::start(3, &[]);

@@ -5,6 +5,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -128,6 +129,34 @@ impl SqlCluster {
             child.kill().expect("SIGKILL");
             child.wait().expect("reap");
         }
+    }
+
+    /// Sends node `id` SIGTERM: it shuts down as an operator's `kill` or a supervisor does.
+    fn terminate(&self, id: u64) {
+        let child = self.nodes[id as usize - 1].child.as_ref().expect("node running");
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    }
+
+    /// Waits up to `within` for node `id`'s process to exit; whether it did.
+    fn exited_within(&mut self, id: u64, within: Duration) -> bool {
+        let node = &mut self.nodes[id as usize - 1];
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if node
+                .child
+                .as_mut()
+                .expect("node started")
+                .try_wait()
+                .expect("wait")
+                .is_some()
+            {
+                node.child = None;
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
     }
 
     fn gauge(&self, id: u64, name: &str) -> Option<u64> {
@@ -1976,6 +2005,70 @@ async fn try_pg_client(addr: SocketAddr) -> Option<Client> {
     Some(client)
 }
 
+/// A client of the node whose PostgreSQL port is `addr`, with what its connection ended with.
+async fn pg_client_watched(addr: SocketAddr) -> (Client, tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>) {
+    let config = format!(
+        "host=127.0.0.1 port={} user=chorus dbname=chorus connect_timeout=5",
+        addr.port()
+    );
+    let (client, connection) = tokio_postgres::connect(&config, NoTls).await.expect("connect");
+    (client, tokio::spawn(connection))
+}
+
+/// A node sent SIGTERM shuts down as PostgreSQL's smart shutdown does: it takes no new client,
+/// an idle session is ended at once with 57P01, and a session in a transaction may finish it —
+/// its COMMIT is acknowledged, and the rows are on the other nodes — before it is ended too and
+/// the process exits, long before the drain's 5 s are up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_shutting_down_lets_an_open_transaction_commit_and_ends_idle_sessions() {
+    let mut cluster = SqlCluster::start(3);
+    let leader = cluster.setup("CREATE TABLE items (id int PRIMARY KEY)").await;
+    let (idle, idle_ended) = pg_client_watched(cluster.node(leader).pg).await;
+    let (busy, busy_ended) = pg_client_watched(cluster.node(leader).pg).await;
+    busy.batch_execute("BEGIN; INSERT INTO items VALUES (1)").await.unwrap();
+    cluster.terminate(leader);
+
+    let ended = tokio::time::timeout(Duration::from_secs(3), idle_ended)
+        .await
+        .expect("the idle session is ended at once")
+        .unwrap();
+    let error = ended.expect_err("the node says why it ends the session");
+    assert_eq!(
+        error.code(),
+        Some(&tokio_postgres::error::SqlState::ADMIN_SHUTDOWN),
+        "{error}"
+    );
+    assert!(idle.is_closed());
+    assert!(
+        try_pg_client(cluster.node(leader).pg).await.is_none(),
+        "a node shutting down takes no new client"
+    );
+
+    busy.batch_execute("INSERT INTO items VALUES (2)").await.unwrap();
+    busy.batch_execute("COMMIT")
+        .await
+        .expect("a transaction open when the shutdown began commits");
+    let ended = tokio::time::timeout(Duration::from_secs(3), busy_ended)
+        .await
+        .expect("the session ends once its transaction did")
+        .unwrap();
+    assert_eq!(
+        ended.expect_err("ended by the node").code(),
+        Some(&tokio_postgres::error::SqlState::ADMIN_SHUTDOWN)
+    );
+    assert!(
+        cluster.exited_within(leader, Duration::from_secs(3)),
+        "the node exits once its last session ended"
+    );
+    let others = others(leader);
+    cluster.leader_among(&others).await;
+    for id in others {
+        cluster
+            .wait_for_rows(id, "SELECT count(*) FROM items", &[vec![Some("2".to_string())]])
+            .await;
+    }
+}
+
 /// `chorus cluster start --dir` brings a stopped SQL cluster back as it was made, rows and all,
 /// without being told `--sql` again — also on the PostgreSQL engine in a directory named
 /// relative to where the command runs, whose servers start from there; `--sql` on a directory
@@ -2080,7 +2173,9 @@ async fn a_sql_cluster_grows_and_shrinks_online_and_every_node_has_every_row() {
 /// A hybrid SQL cluster changes membership online, its conflict classes placed over the voters
 /// in force: branch 3 is node 1's over voters 1, 2, 3 (3 mod 3) and node 4's once node 4 joins
 /// (3 mod 4), so node 1 forwards a transaction on it to node 4 then, and runs it itself again
-/// once node 4 has left. Every node ends with every deposit.
+/// once node 4 has left. Deposits forwarded to node 4 while it leaves all get an answer — node
+/// 4 is made a learner and drains before it stops — at worst a retryable 40001, never an
+/// unknown outcome. Every node ends with every deposit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hybrid_sql_cluster_places_its_classes_over_the_voters_as_nodes_join_and_leave() {
     let cluster = ClusterDir::start_sql(&["--sql-mode", "hybrid", "--sql-conflict-classes", "accounts.branch"]);
@@ -2121,8 +2216,34 @@ async fn a_hybrid_sql_cluster_places_its_classes_over_the_voters_as_nodes_join_a
         assert!(Instant::now() < deadline, "node 1 does not forward branch 3 to node 4");
     }
 
-    // Node 4 leaves (handing leadership over first if it leads).
+    // Node 4 leaves (handing leadership over first if it leads) while deposits keep coming.
+    let leaving = Arc::new(AtomicBool::new(true));
+    let depositing = {
+        let (client, leaving) = (pg_client(node(1).client_addr).await, leaving.clone());
+        tokio::spawn(async move {
+            let (mut done, mut failures) = (0, Vec::new());
+            while leaving.load(Ordering::Relaxed) {
+                match client
+                    .batch_execute("UPDATE accounts SET balance = balance + 1 WHERE branch = 3")
+                    .await
+                {
+                    Ok(()) => done += 1,
+                    Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE) => {}
+                    Err(e) => failures.push(match e.as_db_error() {
+                        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+                        None => e.to_string(),
+                    }),
+                }
+            }
+            (done, failures)
+        })
+    };
     cluster.chorus(&["cluster", "remove-node", "--dir", cluster.path(), "--node", "4"]);
+    leaving.store(false, Ordering::Relaxed);
+    let (done, failures) = depositing.await.unwrap();
+    assert!(failures.is_empty(), "deposits during the removal failed: {failures:?}");
+    assert!(done > 0, "no deposit went through during the removal");
+    deposits += done;
     wait_for_voters(3);
     deposits += 5;
     assert_eq!(

@@ -689,17 +689,22 @@ pub fn kill_node(dir: &Path, id: u64) -> anyhow::Result<()> {
 }
 
 /// Stops the (id, pid) nodes: SIGTERM to all, then each is waited for (killed after 5 s).
+/// How long a node is given to exit after SIGTERM before it is killed: it lets its clients
+/// finish what they began for up to `--shutdown-drain-ms` (5 s by default) first.
+const NODE_STOP_GRACE: Duration = Duration::from_secs(10);
+
 fn stop_nodes(dir: &Path, pids: &[(u64, u32)]) {
     for (_, pid) in pids {
         process::signal(*pid, libc::SIGTERM);
     }
     for (id, pid) in pids {
-        process::terminate(*pid, Duration::from_secs(5));
+        process::terminate(*pid, NODE_STOP_GRACE);
         let _ = std::fs::remove_file(node_dir(dir, *id).join("pid"));
     }
 }
 
-/// Stops every node (SIGTERM, then SIGKILL after 5 s) and the network emulation; data is kept.
+/// Stops every node (SIGTERM: each lets its clients finish, then exits; SIGKILL after
+/// `NODE_STOP_GRACE`) and the network emulation; data is kept.
 pub fn stop(dir: &Path) -> anyhow::Result<()> {
     let file = load(dir)?;
     let pids: Vec<(u64, u32)> = file

@@ -4,7 +4,9 @@
 //!
 //! A node is added as a learner, started with no configuration (`--join true`), caught up from
 //! a snapshot and the log, and only then promoted to voter — several at once through one joint
-//! configuration. A leader that is to be removed hands its leadership to another voter first.
+//! configuration. A node that is to be removed hands its leadership to another voter first if
+//! it leads, is made a learner, and is stopped — letting its clients finish what they began,
+//! which as a learner still learns its outcome from the log — before it is removed.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -77,8 +79,9 @@ pub async fn add_nodes(dir: &Path, count: usize, within: Duration) -> anyhow::Re
     Ok(ids)
 }
 
-/// Removes node `id` from the cluster in `dir` and stops it; a leader hands its leadership over
-/// first.
+/// Removes node `id` from the cluster in `dir` and stops it: a leader hands its leadership over
+/// first; a voter is made a learner (it owns nothing any more: SQL classes and LDC's cache
+/// follow the voters), then stopped, draining its clients, then removed.
 pub async fn remove_node(dir: &Path, id: u64, within: Duration) -> anyhow::Result<()> {
     let mut file = load(dir)?;
     refuse_unsupported(dir, &file)?;
@@ -103,20 +106,33 @@ pub async fn remove_node(dir: &Path, id: u64, within: Duration) -> anyhow::Resul
         place_leader(dir, &file, to, within).await?;
         println!("node {id}: handed the leadership to node {to}");
     }
+    match ask_leader(dir, &file, &format!("/members/demote?ids={id}"), within).await {
+        Ok(answer) => println!("node {id}: a learner now ({})", first_line(&answer)),
+        Err(e) if e.to_string().contains(NOT_A_VOTER) => {}
+        Err(e) => return Err(e.context(format!("making node {id} a learner before its removal"))),
+    }
+    // Every node up places SQL classes over the voters without it before it stops, so none
+    // sends it a transaction it would have to refuse.
+    for other in status(dir, &file).await {
+        if other.entry.id != id && other.role != "down" {
+            crate::wait_caught_up(dir, &file, other.entry.id, within).await?;
+        }
+    }
+    if let Some(pid) = read_pid(dir, id) {
+        stop_nodes(dir, &[(id, pid)]);
+        println!("node {id}: stopped (it let its clients finish what they began)");
+    }
     let answer = ask_leader(dir, &file, &format!("/members/remove?ids={id}"), within)
         .await
         .with_context(|| format!("removing node {id}"))?;
     println!("node {id}: removed ({})", first_line(&answer));
-    if let Some(pid) = read_pid(dir, id) {
-        stop_nodes(dir, &[(id, pid)]);
-    }
     if file.node(id).is_some_and(|n| n.postgres_addr.is_some()) {
         crate::postgres::stop(&node_dir(dir, id));
     }
     file.nodes.retain(|n| n.id != id);
     std::fs::write(cluster_file(dir), toml::to_string(&file)?)?;
     println!(
-        "node {id}: stopped; its directory {} stays for its log",
+        "node {id}: its directory {} stays for its log",
         node_dir(dir, id).display()
     );
     Ok(())
@@ -163,9 +179,18 @@ async fn ask_leader(dir: &Path, file: &ClusterFile, path: &str, within: Duration
     }
 }
 
+/// The leader's refusal to demote a node that is a learner already.
+const NOT_A_VOTER: &str = "is not a voter";
+
 /// Refusals that waiting does not change.
 fn is_final_refusal(reason: &str) -> bool {
-    ["already a member", "not a learner", "not a member", "no voter"]
-        .iter()
-        .any(|words| reason.contains(words))
+    [
+        "already a member",
+        "not a learner",
+        "not a member",
+        "no voter",
+        NOT_A_VOTER,
+    ]
+    .iter()
+    .any(|words| reason.contains(words))
 }

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use chorus_auth::{LoginRefused, Logins, Rights, Users};
 use chorus_curp::rifl::{ClientId, Envelope};
+use chorus_log::drain::{self, Drain};
 use chorus_log::{NodeError, NodeHandle, ReadConsistency, Role};
 use chorus_metrics::{labeled_counter, labeled_histogram, Counter, Histogram};
 use chorus_resp::{take_command, write_value_as, Limits, Protocol, Value};
@@ -261,6 +262,8 @@ struct Shared {
     /// Client-owned incarnations used through this node, and when last.
     client_incarnations: Mutex<HashMap<u64, Instant>>,
     logins: Logins,
+    /// The node's shutdown: connections open, and whether it began.
+    drain: Arc<Drain>,
 }
 
 /// The RIFL client ids this node has handed to connections.
@@ -474,13 +477,15 @@ fn owned_envelope(args: &[Bytes], at: usize, usage: &str) -> Result<(Envelope, V
     Ok((envelope, args[at + 3..].to_vec()))
 }
 
-/// Serves RESP clients on `listener` until the process exits.
+/// Serves RESP clients on `listener` until `drain` begins (then each connection closes once it
+/// has answered what it read).
 pub async fn serve(
     listener: TcpListener,
     node: KvNode,
     options: FrontEndOptions,
     curp: Option<Arc<Curp>>,
     listeners: Arc<Hub>,
+    drain: Arc<Drain>,
 ) {
     let logins = Logins::new(
         options.users.clone(),
@@ -503,6 +508,7 @@ pub async fn serve(
         }),
         client_incarnations: Mutex::new(HashMap::new()),
         logins,
+        drain,
     });
     let renewing = shared.clone();
     tokio::spawn(async move {
@@ -523,8 +529,14 @@ pub async fn serve(
             sweeping.sweep_expired_keys().await;
         }
     });
+    let mut draining = shared.drain.signal();
     loop {
-        let (stream, remote) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            // The listener closes with this: new clients are refused.
+            _ = draining.wait_for(|draining| *draining) => return,
+        };
+        let (stream, remote) = match accepted {
             Ok(accepted) => accepted,
             Err(e) => {
                 tracing::warn!(error = %e, "RESP accept failed");
@@ -535,6 +547,7 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         shared.metrics.connections.inc();
         let shared = shared.clone();
+        let open = shared.drain.connection();
         tokio::spawn(async move {
             let id = shared.next_client_id.fetch_add(1, Ordering::Relaxed);
             let user = shared
@@ -571,6 +584,7 @@ pub async fn serve(
             if let Err(e) = ended {
                 tracing::debug!(%remote, error = %e, "RESP connection ended");
             }
+            drop(open);
         });
     }
 }
@@ -739,8 +753,9 @@ impl Connection {
         let mut output = Vec::with_capacity(16 * 1024);
         let mut slots = Vec::new();
         let limits = self.shared.options.limits;
+        let mut draining = self.shared.drain.signal();
         loop {
-            if !self.read_or_deliver(&mut stream, &mut input).await? {
+            if !self.read_or_deliver(&mut stream, &mut input, &mut draining).await? {
                 return Ok(());
             }
             if input.is_empty() {
@@ -850,16 +865,26 @@ impl Connection {
     }
 
     /// Reads more input into `input`; while subscribed, writes the messages that arrive
-    /// meanwhile (then `input` may stay empty). `false` when the client closed the connection.
+    /// meanwhile (then `input` may stay empty). `false` when the client closed the connection,
+    /// or the node drains: every command read so far is answered by then, and a MULTI not
+    /// yet EXECuted ran nothing.
     async fn read_or_deliver<S: AsyncRead + AsyncWrite + Unpin>(
         &mut self,
         stream: &mut S,
         input: &mut BytesMut,
+        draining: &mut tokio::sync::watch::Receiver<bool>,
     ) -> std::io::Result<bool> {
+        let drained = drain::until_idle(draining, || true);
         let Some((_, deliveries)) = &mut self.deliveries else {
-            return Ok(stream.read_buf(input).await? > 0);
+            return tokio::select! {
+                biased;
+                () = drained => Ok(false),
+                read = stream.read_buf(input) => Ok(read? > 0),
+            };
         };
         tokio::select! {
+            biased;
+            () = drained => Ok(false),
             read = stream.read_buf(input) => Ok(read? > 0),
             Some(delivery) = deliveries.recv() => {
                 let mut output = Vec::new();

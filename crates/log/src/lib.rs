@@ -5,6 +5,7 @@ pub mod backup;
 pub mod batch;
 pub mod codec;
 mod curp_leader;
+pub mod drain;
 pub mod error;
 pub mod frame;
 pub mod membership;

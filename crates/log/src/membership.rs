@@ -68,6 +68,10 @@ pub enum MemberChange {
     Promote(Vec<u64>),
     /// Members leave; more than one at once goes through a joint configuration.
     Remove(Vec<u64>),
+    /// Voters become learners: they keep receiving and applying the log but neither vote nor
+    /// count for commit — a leaving node's last step before its removal, so what it has under
+    /// way still learns its outcome from the log.
+    Demote(Vec<u64>),
 }
 
 impl MemberChange {
@@ -90,6 +94,13 @@ impl MemberChange {
             ),
             MemberChange::Remove(ids) => (
                 ids.iter().map(|id| single(ConfChangeType::RemoveNode, *id)).collect(),
+                BTreeMap::new(),
+            ),
+            // Raft makes a voter it is asked to add as a learner one.
+            MemberChange::Demote(ids) => (
+                ids.iter()
+                    .map(|id| single(ConfChangeType::AddLearnerNode, *id))
+                    .collect(),
                 BTreeMap::new(),
             ),
         };
@@ -191,6 +202,7 @@ pub const SERVICE: u8 = u8::MAX;
 const CHANGE_ADD_LEARNER: u8 = 1;
 const CHANGE_PROMOTE: u8 = 2;
 const CHANGE_REMOVE: u8 = 3;
+const CHANGE_DEMOTE: u8 = 4;
 
 /// A change as a follower sends it to the leader.
 pub fn encode_change(change: &MemberChange) -> Vec<u8> {
@@ -213,6 +225,10 @@ pub fn encode_change(change: &MemberChange) -> Vec<u8> {
         }
         MemberChange::Remove(ids) => {
             out.push(CHANGE_REMOVE);
+            put_ids(&mut out, ids);
+        }
+        MemberChange::Demote(ids) => {
+            out.push(CHANGE_DEMOTE);
             put_ids(&mut out, ids);
         }
     }
@@ -241,6 +257,7 @@ pub fn decode_change(body: &[u8]) -> Result<MemberChange, DecodeError> {
         },
         CHANGE_PROMOTE => MemberChange::Promote(ids(&mut r)?),
         CHANGE_REMOVE => MemberChange::Remove(ids(&mut r)?),
+        CHANGE_DEMOTE => MemberChange::Demote(ids(&mut r)?),
         _ => return Err(DecodeError::Invalid("membership change kind")),
     };
     r.finish()?;
@@ -320,6 +337,7 @@ mod tests {
             },
             MemberChange::Promote(vec![4, 5]),
             MemberChange::Remove(vec![1]),
+            MemberChange::Demote(vec![2, 3]),
         ];
         for change in changes {
             let bytes = encode_change(&change);
@@ -407,5 +425,8 @@ mod tests {
         let (promote, none) = MemberChange::Promote(vec![4, 5]).to_raft();
         assert_eq!(promote.changes.len(), 2);
         assert!(none.is_empty() && encode_context(&none).is_empty());
+        let (demote, none) = MemberChange::Demote(vec![2]).to_raft();
+        assert_eq!(demote.changes[0].get_change_type(), ConfChangeType::AddLearnerNode);
+        assert!(none.is_empty());
     }
 }

@@ -2801,6 +2801,20 @@ impl<SM: StateMachine> RaftLoop<SM> {
                     return refuse("that would leave no voter".into());
                 }
             }
+            MemberChange::Demote(ids) => {
+                if ids.contains(&self.config.id) {
+                    return refuse(format!(
+                        "node {} leads; hand the leadership to another voter first (POST /failover on its metrics port)",
+                        self.config.id
+                    ));
+                }
+                if let Some(id) = ids.iter().find(|id| !cs.voters.contains(id)) {
+                    return refuse(format!("node {id} is not a voter"));
+                }
+                if cs.voters.iter().all(|v| ids.contains(v)) {
+                    return refuse("that would leave no voter".into());
+                }
+            }
         }
         let (cc, added) = change.to_raft();
         let before = self.raw.raft.raft_log.last_index();

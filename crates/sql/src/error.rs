@@ -92,6 +92,13 @@ impl SqlError {
         )
     }
 
+    /// SQLSTATE admin_shutdown: the node is shutting down.
+    pub const ADMIN_SHUTDOWN: &'static str = "57P01";
+
+    pub fn shutting_down(message: &str) -> Self {
+        Self::new(Self::ADMIN_SHUTDOWN, message)
+    }
+
     pub fn unavailable(message: &str) -> Self {
         Self::new("57P03", message)
     }

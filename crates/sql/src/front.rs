@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chorus_auth::Rights;
+use chorus_log::drain::Drain;
 use chorus_log::node::Pending;
 use chorus_log::{NodeError, NodeHandle, ReadConsistency, Role};
 use futures::{stream, SinkExt};
@@ -60,7 +61,19 @@ pub struct Shared {
     stale_reads_by_default: bool,
     /// Hybrid with forwarding: sends a transaction to its classes' owner.
     forwarder: Option<Arc<Forwarder>>,
+    /// Hybrid: the transactions other nodes forwarded here, open.
+    remotes: Arc<forward::Remotes>,
     access: Access,
+    /// The node's shutdown: client connections and forwarded statements open, and whether it
+    /// began.
+    drain: Arc<Drain>,
+}
+
+/// What a drain left open when its time ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeftOpen {
+    pub connections: usize,
+    pub forwarded: usize,
 }
 
 /// How clients reach the node.
@@ -99,7 +112,9 @@ impl Shared {
         let forwarder = forwarding.map(|f| Arc::new(Forwarder::new(f.calls, forward_timeout)));
         Arc::new(Shared {
             forwarder,
+            remotes: Arc::default(),
             access,
+            drain: Drain::new(),
             node,
             writer,
             readers,
@@ -107,6 +122,32 @@ impl Shared {
             commit_timeout,
             stale_reads_by_default: read_consistency == ReadConsistency::Stale,
         })
+    }
+
+    /// Shuts the front end down, as PostgreSQL's smart shutdown does but bounded by `within`: no
+    /// new clients or forwarded transactions; a session with no transaction open is told so
+    /// (57P01) and closed, the others once their transaction ends — so a COMMIT under way gets
+    /// its outcome rather than a broken connection. What was still open when `within` ran out.
+    pub async fn drain(&self, within: Duration) -> Result<(), LeftOpen> {
+        let left_open = || LeftOpen {
+            connections: self.drain.open_connections(),
+            forwarded: self.remotes.open_count(),
+        };
+        let nothing = LeftOpen {
+            connections: 0,
+            forwarded: 0,
+        };
+        let drained = self.drain.run(within, || left_open() == nothing).await;
+        // The last answers to forwarded statements leave through the peer links' own tasks.
+        tokio::time::sleep(PEER_REPLIES_FLUSH).await;
+        match drained {
+            true => Ok(()),
+            false => Err(left_open()),
+        }
+    }
+
+    fn is_closing(&self) -> bool {
+        self.drain.is_draining()
     }
 
     /// Waits until this node has applied everything committed when the read began (ReadIndex),
@@ -251,10 +292,19 @@ async fn tell_writer_when_leading(node: NodeHandle<SqlState>, writer: WriterHand
     }
 }
 
-/// Serves PostgreSQL clients on `listener`.
+/// How long a drained node still runs for its peer links to send what it answered last.
+const PEER_REPLIES_FLUSH: Duration = Duration::from_millis(100);
+
+/// Serves PostgreSQL clients on `listener` until the node drains (then the listener closes and
+/// new clients are refused).
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    let mut closing = shared.drain.signal();
     loop {
-        let (socket, _) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = closing.wait_for(|closing| *closing) => return,
+        };
+        let (socket, _) = match accepted {
             Ok(accepted) => accepted,
             Err(e) => {
                 tracing::warn!(error = %e, "accepting a SQL client failed");
@@ -265,11 +315,20 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
         let _ = socket.set_nodelay(true);
         let session = Arc::new(Session::new(shared.clone(), true));
         let login = Arc::new(Login::new(session.clone(), shared.access.logins.clone()));
+        let open = shared.drain.connection();
         tokio::spawn(async move {
             let tls = session.shared.access.tls.clone();
-            if let Err(e) = crate::wire::converse(socket, Handlers(session, login), tls.as_deref()).await {
+            let closing = crate::wire::Closing {
+                signal: session.shared.drain.signal(),
+                idle: Box::new({
+                    let session = session.clone();
+                    move || session.is_idle()
+                }),
+            };
+            if let Err(e) = crate::wire::converse(socket, Handlers(session, login), tls.as_deref(), closing).await {
                 tracing::debug!(error = %e, "SQL client connection ended");
             }
+            drop(open);
         });
     }
 }
@@ -437,6 +496,16 @@ impl Session {
             session.logged_in(Rights::ReadWrite);
         }
         session
+    }
+
+    /// No transaction open and no COPY under way: the session may be closed between statements.
+    fn is_idle(&self) -> bool {
+        let no_copy = self.copying.lock().expect("the COPY lock is never poisoned").is_none();
+        no_copy
+            && self
+                .state
+                .try_lock()
+                .is_ok_and(|state| matches!(*state, TxnState::Idle))
     }
 
     fn logged_in(&self, rights: Rights) {
@@ -858,7 +927,14 @@ impl Session {
     ) -> Option<(u64, u64, Result<Result<Answer, SqlError>, Unanswered>)> {
         let owner = self.forward_target(label)?;
         let txn = self.forwarder().next_txn();
-        let sent = self.forward(owner, txn, 0, start, sql, params.to_vec()).await;
+        let sent = match self.forward(owner, txn, 0, start, sql, params.to_vec()).await {
+            // The owner is shutting down and began nothing: the transaction runs here.
+            Ok(Err(e)) if e.code == SqlError::ADMIN_SHUTDOWN => {
+                self.forwarder().keep_off(owner);
+                Err(Unanswered::NotSent)
+            }
+            sent => sent,
+        };
         if sent.is_ok() {
             self.forwarder().count_forward();
         }

@@ -47,7 +47,7 @@ use tokio::net::TcpListener;
 
 pub use database::Database;
 pub use error::SqlError;
-pub use front::{serve, ForwardReply, ForwardRequest, Shared, Start as ForwardStart};
+pub use front::{serve, ForwardReply, ForwardRequest, LeftOpen, Shared, Start as ForwardStart};
 pub use machine::SqlState;
 pub use writer::ReplicationMode;
 
@@ -75,6 +75,20 @@ pub struct SqlOptions {
     pub tls: Option<Arc<chorus_tls::ServerTls>>,
 }
 
+/// A running SQL node: its raft node, and the front end its shutdown drains.
+pub struct SqlNode {
+    pub node: NodeHandle<SqlState>,
+    front: Arc<Shared>,
+}
+
+impl SqlNode {
+    /// Lets clients finish their open transactions, taking no new ones, for up to `within`
+    /// (`Shared::drain`); what was still open then.
+    pub async fn drain(&self, within: Duration) -> Result<(), LeftOpen> {
+        self.front.drain(within).await
+    }
+}
+
 /// Opens `database` (rebuilt from the last checkpoint and the log if it holds transactions the
 /// log may not have; checkpoints live in `sql_dir`), starts the writer and the raft node, and
 /// serves PostgreSQL clients on `listener`.
@@ -85,7 +99,7 @@ pub async fn start(
     listener: TcpListener,
     codec: Box<dyn EntryCodec>,
     options: SqlOptions,
-) -> Result<NodeHandle<SqlState>, StartError> {
+) -> Result<SqlNode, StartError> {
     if options.mode == ReplicationMode::Hybrid {
         if options.conflict_classes.is_empty() {
             return Err(StartError::Database(SqlError::new(
@@ -159,7 +173,7 @@ pub async fn start(
         tokio::spawn(front::serve_forwarded(Arc::clone(&shared), forwarded));
     }
     tokio::spawn(serve(listener, Arc::clone(&shared)));
-    Ok(node)
+    Ok(SqlNode { node, front: shared })
 }
 
 /// Forwarded statements from peers waiting to be taken (each then runs in a task of its own).

@@ -16,6 +16,7 @@ use pgwire::messages::PgWireFrontendMessage;
 use pgwire::tokio::server::{negotiate_tls, process_error, process_message};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 use tokio_util::codec::{Framed, FramedParts};
 
 /// A client that has not finished its startup in this long is dropped (as pgwire does).
@@ -75,12 +76,22 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Corked<T> {
     }
 }
 
-/// Serves one client until it leaves or breaks the protocol. With `tls`, a client that does not
-/// ask for TLS (sslmode=disable) is told it must and let go.
+/// How a connection learns that its node shuts down, and whether its session may be closed.
+pub struct Closing {
+    /// Becomes true when the node drains.
+    pub signal: watch::Receiver<bool>,
+    /// No transaction open: the session may end between two statements.
+    pub idle: Box<dyn Fn() -> bool + Send + Sync>,
+}
+
+/// Serves one client until it leaves, breaks the protocol, or its node shuts down while it has
+/// no transaction open (`closing`). With `tls`, a client that does not ask for TLS
+/// (sslmode=disable) is told it must and let go.
 pub async fn converse<H: PgWireServerHandlers>(
     socket: TcpStream,
     handlers: H,
     tls: Option<&chorus_tls::ServerTls>,
+    mut closing: Closing,
 ) -> io::Result<()> {
     let acceptor = tls.map(chorus_tls::ServerTls::acceptor);
     let Ok(negotiated) = tokio::time::timeout(STARTUP_TIMEOUT, negotiate_tls(socket, acceptor)).await else {
@@ -129,12 +140,34 @@ pub async fn converse<H: PgWireServerHandlers>(
                     socket.state(),
                     PgWireConnectionState::AwaitingStartup | PgWireConnectionState::AuthenticationInProgress
                 );
-                if starting {
-                    tokio::time::timeout(STARTUP_TIMEOUT, socket.next())
-                        .await
-                        .unwrap_or_default()
-                } else {
-                    socket.next().await
+                let next = async {
+                    if starting {
+                        tokio::time::timeout(STARTUP_TIMEOUT, socket.next())
+                            .await
+                            .unwrap_or_default()
+                    } else {
+                        socket.next().await
+                    }
+                };
+                let next = tokio::select! {
+                    biased;
+                    () = chorus_log::drain::until_idle(&mut closing.signal, &closing.idle) => None,
+                    message = next => Some(message),
+                };
+                match next {
+                    Some(message) => message,
+                    None => {
+                        // PostgreSQL's words and SQLSTATE for a session its server shuts down.
+                        let shutdown = PgWireError::UserError(Box::new(ErrorInfo::new(
+                            "FATAL".into(),
+                            "57P01".into(),
+                            "terminating connection due to administrator command: this node is shutting \
+                             down; connect to another node of the cluster"
+                                .into(),
+                        )));
+                        process_error(&mut socket, shutdown, false).await?;
+                        break;
+                    }
                 }
             }
         };

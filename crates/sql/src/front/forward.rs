@@ -378,6 +378,14 @@ impl Forwarder {
         (!silent && self.calls.heard_within(owner, OWNER_HEARD_WITHIN)).then_some(owner)
     }
 
+    /// Forwards nothing to `owner` for a while: it timed out, or is shutting down.
+    pub(super) fn keep_off(&self, owner: u64) {
+        self.silent_until
+            .lock()
+            .expect("never poisoned")
+            .insert(owner, Instant::now() + OWNER_SILENT_FOR);
+    }
+
     /// A fresh number for a transaction forwarded to some owner.
     pub(super) fn next_txn(&self) -> u64 {
         self.next_txn.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -415,10 +423,7 @@ impl Forwarder {
                 tracing::warn!(owner, error = %e, "a forwarded statement was not answered");
                 return Err(match e {
                     CallError::Timeout { .. } => {
-                        self.silent_until
-                            .lock()
-                            .expect("never poisoned")
-                            .insert(owner, Instant::now() + OWNER_SILENT_FOR);
+                        self.keep_off(owner);
                         Unanswered::TimedOut
                     }
                     CallError::UnknownPeer(_) | CallError::Overloaded(_) => Unanswered::NotSent,
@@ -452,7 +457,7 @@ impl Forwarder {
 
 /// Transactions other nodes forwarded here, by forwarding node and its number for them.
 #[derive(Default)]
-struct Remotes {
+pub(super) struct Remotes {
     open: Mutex<HashMap<(u64, u64), Arc<Remote>>>,
 }
 
@@ -465,6 +470,10 @@ struct Remote {
 }
 
 impl Remotes {
+    pub(super) fn open_count(&self) -> usize {
+        self.open.lock().expect("never poisoned").len()
+    }
+
     fn get(&self, key: (u64, u64)) -> Option<Arc<Remote>> {
         self.open.lock().expect("never poisoned").get(&key).cloned()
     }
@@ -494,6 +503,13 @@ impl Remotes {
             } => (txn, seq, start, sql, params),
         };
         let key = (from, txn);
+        if start != Start::Continue && shared.is_closing() {
+            // The forwarder runs it where it is instead.
+            return ForwardReply::Failed(SqlError::shutting_down(&format!(
+                "node {} is shutting down and takes no new forwarded transaction",
+                shared.node.status().id
+            )));
+        }
         let remote = match start {
             Start::Autocommit => return Session::new(shared.clone(), false).run(&sql, params).await.into(),
             Start::Begin => {
@@ -566,7 +582,7 @@ impl Remotes {
 /// Serves statements other nodes forward here, each as it arrives (a statement may wait for
 /// the write lock or the log; others must not wait behind it).
 pub async fn serve_forwarded(shared: Arc<Shared>, mut requests: mpsc::Receiver<PeerRequest>) {
-    let remotes = Arc::new(Remotes::default());
+    let remotes = shared.remotes.clone();
     let sweeping = Arc::downgrade(&remotes);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -586,12 +602,15 @@ pub async fn serve_forwarded(shared: Arc<Shared>, mut requests: mpsc::Receiver<P
             continue;
         }
         let (shared, remotes) = (shared.clone(), remotes.clone());
+        // A drain waits for it as for a client's statement: the client waits at the forwarder.
+        let serving = shared.drain.connection();
         tokio::spawn(async move {
             let reply = match ForwardRequest::decode(&request.body) {
                 Ok(forwarded) => remotes.handle(&shared, request.from, forwarded).await,
                 Err(e) => ForwardReply::Failed(SqlError::new("08P01", format!("a malformed forwarded statement: {e}"))),
             };
             request.respond(&reply.encode());
+            drop(serving);
         });
     }
 }
