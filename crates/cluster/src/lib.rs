@@ -688,11 +688,12 @@ pub fn kill_node(dir: &Path, id: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Stops the (id, pid) nodes: SIGTERM to all, then each is waited for (killed after 5 s).
 /// How long a node is given to exit after SIGTERM before it is killed: it lets its clients
 /// finish what they began for up to `--shutdown-drain-ms` (5 s by default) first.
 const NODE_STOP_GRACE: Duration = Duration::from_secs(10);
 
+/// Stops the (id, pid) nodes: SIGTERM to all, then each is waited for (killed after
+/// `NODE_STOP_GRACE`).
 fn stop_nodes(dir: &Path, pids: &[(u64, u32)]) {
     for (_, pid) in pids {
         process::signal(*pid, libc::SIGTERM);

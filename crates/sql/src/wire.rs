@@ -160,7 +160,7 @@ pub async fn converse<H: PgWireServerHandlers>(
                         // PostgreSQL's words and SQLSTATE for a session its server shuts down.
                         let shutdown = PgWireError::UserError(Box::new(ErrorInfo::new(
                             "FATAL".into(),
-                            "57P01".into(),
+                            crate::error::SqlError::ADMIN_SHUTDOWN.into(),
                             "terminating connection due to administrator command: this node is shutting \
                              down; connect to another node of the cluster"
                                 .into(),
