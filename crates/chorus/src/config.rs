@@ -83,7 +83,7 @@ server_options! {
     request_timeout_ms: u64 = 5000;
     /// On SIGTERM (or an interrupt) the node takes no new clients and lets those it has finish
     /// what they began — a SQL transaction, a key-value command — for up to this long, then
-    /// exits; a second signal exits at once. `chorus cluster remove-node` makes the node a
+    /// hands the leadership over if it leads, and exits; a second signal exits at once. `chorus cluster remove-node` makes the node a
     /// learner first, so what it finishes still learns its outcome from the log.
     shutdown_drain_ms: u64 = 5000;
     /// The leader serves linearizable reads locally while it holds a read lease, renewed by a

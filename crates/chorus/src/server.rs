@@ -327,7 +327,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     let drain = Drain::new();
     tokio::spawn(chorus_kv::serve(
         resp_listener,
-        node,
+        node.clone(),
         options,
         curp,
         listeners,
@@ -343,9 +343,22 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
                 "connections still busy when the drain's time ran out (a blocking command?); they are cut"
             );
         }
+        step_down(&node).await;
     })
     .await
     // Every acknowledged write is already fsynced; there is nothing to flush.
+}
+
+/// How long a leader that shuts down waits for its hand-over: one to a voter that answers takes
+/// a round trip or two, and one that does not finish by then is not worth holding the exit for
+/// (the others elect a leader after an election timeout, as if this node had crashed).
+const STEP_DOWN_WITHIN: Duration = Duration::from_millis(500);
+
+/// A leader that shuts down hands leadership over first (`NodeHandle::step_down`).
+pub async fn step_down<S: StateMachine>(node: &NodeHandle<S>) {
+    if node.step_down(STEP_DOWN_WITHIN).await {
+        tracing::info!(leader = node.status().leader_id, "handed the leadership over");
+    }
 }
 
 /// Serves until SIGTERM or an interrupt, then runs `drain` (bounded by --shutdown-drain-ms); a

@@ -97,6 +97,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
                 "transactions still open when the drain's time ran out; their clients lose the connection"
             ),
         }
+        crate::server::step_down(&node.node).await;
     })
     .await
     // Every acknowledged COMMIT is in the fsynced raft log; the database follows from it.

@@ -227,6 +227,21 @@ async fn a_node_shutting_down_answers_the_writes_under_way_before_it_exits() {
     assert_eq!(reader.command(&["GET", "drained"]).await.unwrap(), bulk("yes"));
 }
 
+/// A leader sent SIGTERM hands its leadership to a follower before it exits: with an election
+/// timeout of 5 s (`--election-ticks 50`) the followers would wait that long for a leader that
+/// crashed, but one of them leads, and takes a write, well within it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_shutting_down_hands_its_leadership_over_first() {
+    let cluster = Cluster::start(3, &["--election-ticks", "50"]);
+    let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(20)).await;
+    let followers: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    let pid = chorus_cluster::read_pid(cluster.dir.path(), leader).expect("the leader runs");
+    chorus_cluster::process::signal(pid, libc::SIGTERM);
+    let new_leader = cluster.wait_for_leader(&followers, Duration::from_secs(3)).await;
+    let mut client = cluster.client(new_leader).await;
+    assert_eq!(client.command(&["SET", "after", "the-hand-over"]).await.unwrap(), ok());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_on_any_node_are_linearizably_readable_on_every_node() {
     let cluster = Cluster::start(3, &[]);

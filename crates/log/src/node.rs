@@ -298,6 +298,10 @@ enum Request<SM: StateMachine> {
         to: u64,
         reply: Reply<()>,
     },
+    /// A leader about to stop: hand leadership to the voter furthest along; to whom.
+    StepDown {
+        reply: Reply<Option<u64>>,
+    },
     /// A snapshot of the state at a linearizable point (at least the index a ReadIndex confirms
     /// once this node asks), with its files, pinned.
     Backup {
@@ -455,6 +459,20 @@ impl<SM: StateMachine> NodeHandle<SM> {
             });
         }
         ask(&self.requests, |reply| Request::TransferLeader { to, reply }).await
+    }
+
+    /// Before this node stops: if it leads, it hands leadership to the voter furthest along and
+    /// waits up to `within` until it no longer leads, so the others go on without waiting out
+    /// an election timeout. Whether it handed over.
+    pub async fn step_down(&self, within: Duration) -> bool {
+        let asked = ask(&self.requests, |reply| Request::StepDown { reply }).await;
+        if !matches!(asked, Ok(Some(_))) {
+            return false;
+        }
+        let mut status = self.status.clone();
+        tokio::time::timeout(within, status.wait_for(|s| s.role != Role::Leader))
+            .await
+            .is_ok_and(|seen| seen.is_ok())
     }
 
     pub fn status(&self) -> NodeStatus {
@@ -1636,6 +1654,15 @@ impl<SM: StateMachine> RaftLoop<SM> {
             Request::TransferLeader { to, reply } => {
                 let _ = reply.send(self.transfer_leader(to));
             }
+            Request::StepDown { reply } => {
+                let leads = self.raw.raft.state == StateRole::Leader;
+                let to = leads.then(|| self.furthest_voter()).flatten();
+                if let Some(to) = to {
+                    tracing::info!(to, "shutting down: handing the leadership over first");
+                    self.raw.transfer_leader(to);
+                }
+                let _ = reply.send(Ok(to));
+            }
             Request::Backup { reply } => self.backups_unissued.push(BackupWait { reply, arrived }),
             Request::ChangeMembers { change, reply } => match self.propose_member_change(&change) {
                 Ok(index) => self.member_waits.push(MemberWait {
@@ -2167,20 +2194,29 @@ impl<SM: StateMachine> RaftLoop<SM> {
         {
             return;
         }
+        if let Some(to) = self.furthest_voter() {
+            self.hand_off_tried_at = Some(now);
+            tracing::warn!(
+                node = self.config.id,
+                to,
+                "handing leadership over: this node's disk is full"
+            );
+            self.raw.transfer_leader(to);
+        }
+    }
+
+    /// On the leader: the other voter furthest along in the log, of those heard from lately
+    /// (a transfer to one that does not answer only stalls writes until raft gives it up).
+    fn furthest_voter(&self) -> Option<u64> {
         let me = self.config.id;
-        let furthest = self
-            .raw
+        let voters = &self.raw.store().conf_state().voters;
+        self.raw
             .raft
             .prs()
             .iter()
-            .filter(|(id, _)| **id != me && self.raw.store().conf_state().voters.contains(id))
+            .filter(|(id, progress)| **id != me && voters.contains(id) && progress.recent_active)
             .max_by_key(|(_, progress)| progress.matched)
-            .map(|(id, _)| *id);
-        if let Some(to) = furthest {
-            self.hand_off_tried_at = Some(now);
-            tracing::warn!(node = me, to, "handing leadership over: this node's disk is full");
-            self.raw.transfer_leader(to);
-        }
+            .map(|(id, _)| *id)
     }
 
     /// Logs a disk-full condition at most once a second.
