@@ -340,7 +340,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         } else {
             tracing::warn!(
                 connections = drain.open_connections(),
-                "connections still busy when the drain's time ran out (a blocking command?); they are cut"
+                "connections still busy when the drain's time ran out; they are cut"
             );
         }
         step_down(&node).await;

@@ -181,7 +181,8 @@ fn ok() -> Value {
 
 /// A node sent SIGTERM answers the writes its clients wait for before it exits: a write the
 /// leader cannot commit yet (both followers stopped) is acknowledged once they come back, and
-/// only then is the connection closed and the process gone; meanwhile no new client is taken.
+/// only then is the connection closed and the process gone; meanwhile no new client is taken,
+/// and a client blocked in BLPOP with no timeout is answered at once as if its timeout ran out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_shutting_down_answers_the_writes_under_way_before_it_exits() {
     use chorus_cluster::process;
@@ -189,6 +190,8 @@ async fn a_node_shutting_down_answers_the_writes_under_way_before_it_exits() {
     let (leader, followers) = cluster.leader_and_followers().await;
     let pid = |id: u64| chorus_cluster::read_pid(cluster.dir.path(), id).expect("the node runs");
     let mut writer = cluster.client(leader).await;
+    let mut blocked = cluster.client(leader).await;
+    let blpop = tokio::spawn(async move { blocked.command(&["BLPOP", "nothing-comes", "0"]).await });
     for id in &followers {
         process::signal(pid(*id), libc::SIGSTOP);
     }
@@ -205,6 +208,11 @@ async fn a_node_shutting_down_answers_the_writes_under_way_before_it_exits() {
         "a node shutting down takes no new client"
     );
     assert!(process::alive(leader_pid), "the node waits for the write under way");
+    let unblocked = tokio::time::timeout(Duration::from_secs(3), blpop)
+        .await
+        .expect("the blocked client is answered while the node drains")
+        .unwrap();
+    assert_eq!(unblocked.expect("a reply, not a closed connection"), Value::Array(None));
     for id in &followers {
         process::signal(pid(*id), libc::SIGCONT);
     }

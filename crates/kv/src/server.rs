@@ -1127,6 +1127,7 @@ impl Connection {
         let wake = Arc::new(tokio::sync::Notify::new());
         // Registered before the first look, so no write in between goes unnoticed.
         let _registration = Blocked::register(self.shared.listeners.clone(), self.id, &blocking.keys, wake.clone());
+        let mut draining = self.shared.drain.signal();
         loop {
             if self.any_key_exists(&blocking.keys).await {
                 let parsed = Command::parse(&blocking.attempt);
@@ -1137,11 +1138,16 @@ impl Connection {
                 }
             }
             let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
+            // A node that shuts down ends the wait as its timeout would (nothing taken): a
+            // definite answer, and the drain need not wait for it.
+            if deadline.is_some_and(|d| now >= d) || self.shared.drain.is_draining() {
                 return blocking.reply.timed_out();
             }
             let look_again = deadline.map_or(BLOCKED_LOOK_AGAIN, |d| (d - now).min(BLOCKED_LOOK_AGAIN));
-            let _ = tokio::time::timeout(look_again, wake.notified()).await;
+            tokio::select! {
+                _ = tokio::time::timeout(look_again, wake.notified()) => {}
+                _ = draining.wait_for(|draining| *draining) => {}
+            }
         }
     }
 
