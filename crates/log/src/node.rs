@@ -2823,29 +2823,20 @@ impl<SM: StateMachine> RaftLoop<SM> {
                     }
                 }
             }
-            MemberChange::Remove(ids) => {
+            // Removing or demoting voters: never the leader itself, never every voter.
+            MemberChange::Remove(ids) | MemberChange::Demote(ids) => {
                 if ids.contains(&self.config.id) {
                     return refuse(format!(
                         "node {} leads; hand the leadership to another voter first (POST /failover on its metrics port)",
                         self.config.id
                     ));
                 }
-                if let Some(id) = ids.iter().find(|id| !members.ids().contains(id)) {
-                    return refuse(format!("node {id} is not a member"));
-                }
-                if cs.voters.iter().all(|v| ids.contains(v)) {
-                    return refuse("that would leave no voter".into());
-                }
-            }
-            MemberChange::Demote(ids) => {
-                if ids.contains(&self.config.id) {
-                    return refuse(format!(
-                        "node {} leads; hand the leadership to another voter first (POST /failover on its metrics port)",
-                        self.config.id
-                    ));
-                }
-                if let Some(id) = ids.iter().find(|id| !cs.voters.contains(id)) {
-                    return refuse(format!("node {id} is not a voter"));
+                let (known, what) = match change {
+                    MemberChange::Remove(_) => (members.ids(), "member"),
+                    _ => (cs.voters.clone(), "voter"),
+                };
+                if let Some(id) = ids.iter().find(|id| !known.contains(id)) {
+                    return refuse(format!("node {id} is not a {what}"));
                 }
                 if cs.voters.iter().all(|v| ids.contains(v)) {
                     return refuse("that would leave no voter".into());
