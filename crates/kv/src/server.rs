@@ -568,6 +568,7 @@ pub async fn serve(
                 channels: BTreeSet::new(),
                 patterns: BTreeSet::new(),
                 deliveries: None,
+                settled: Vec::new(),
                 shared,
             };
             let ended = match &conn.shared.options.tls {
@@ -654,6 +655,8 @@ struct Connection {
     channels: BTreeSet<Bytes>,
     patterns: BTreeSet<Bytes>,
     deliveries: Option<(UnboundedSender<Delivery>, UnboundedReceiver<Delivery>)>,
+    /// The replies `settle` puts in order, kept between batches so a batch allocates none.
+    settled: Vec<Option<Value>>,
     shared: Arc<Shared>,
 }
 
@@ -753,9 +756,12 @@ impl Connection {
         let mut output = Vec::with_capacity(16 * 1024);
         let mut slots = Vec::new();
         let limits = self.shared.options.limits;
-        let mut draining = self.shared.drain.signal();
+        // One wait for the drain for the connection's life: made afresh for every read, it
+        // would register with the drain's signal and leave it again once per request.
+        let drained = drain::begun(self.shared.drain.signal());
+        tokio::pin!(drained);
         loop {
-            if !self.read_or_deliver(&mut stream, &mut input, &mut draining).await? {
+            if !self.read_or_deliver(&mut stream, &mut input, drained.as_mut()).await? {
                 return Ok(());
             }
             if input.is_empty() {
@@ -866,25 +872,24 @@ impl Connection {
 
     /// Reads more input into `input`; while subscribed, writes the messages that arrive
     /// meanwhile (then `input` may stay empty). `false` when the client closed the connection,
-    /// or the node drains: every command read so far is answered by then, and a MULTI not
-    /// yet EXECuted ran nothing.
+    /// or the node drains (`drained` completes; it is not polled again): every command read so
+    /// far is answered by then, and a MULTI not yet EXECuted ran nothing.
     async fn read_or_deliver<S: AsyncRead + AsyncWrite + Unpin>(
         &mut self,
         stream: &mut S,
         input: &mut BytesMut,
-        draining: &mut tokio::sync::watch::Receiver<bool>,
+        mut drained: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
     ) -> std::io::Result<bool> {
-        let drained = drain::until_idle(draining, || true);
         let Some((_, deliveries)) = &mut self.deliveries else {
             return tokio::select! {
                 biased;
-                () = drained => Ok(false),
+                () = &mut drained => Ok(false),
                 read = stream.read_buf(input) => Ok(read? > 0),
             };
         };
         tokio::select! {
             biased;
-            () = drained => Ok(false),
+            () = &mut drained => Ok(false),
             read = stream.read_buf(input) => Ok(read? > 0),
             Some(delivery) = deliveries.recv() => {
                 let mut output = Vec::new();
@@ -1111,12 +1116,16 @@ impl Connection {
 
     /// Settles `slots` and writes their replies to `output`, in order.
     async fn resolve(&mut self, slots: &mut Vec<Slot>, output: &mut Vec<u8>) {
-        for value in self.settle(slots).await {
+        let mut settled = std::mem::take(&mut self.settled);
+        self.settle(slots, &mut settled).await;
+        for value in settled.drain(..) {
+            let value = value.expect("every slot settles");
             if value.is_error() {
                 self.shared.metrics.errors.inc();
             }
             write_value_as(&value, self.protocol, output);
         }
+        self.settled = settled;
     }
 
     /// A blocking command: its attempt, each time this node sees one of its keys hold something
@@ -1132,7 +1141,9 @@ impl Connection {
             if self.any_key_exists(&blocking.keys).await {
                 let parsed = Command::parse(&blocking.attempt);
                 let (slot, _) = self.dispatch(blocking.attempt.clone(), parsed, None).await;
-                let reply = self.settle(&mut vec![slot]).await.remove(0);
+                let mut settled = Vec::with_capacity(1);
+                self.settle(&mut vec![slot], &mut settled).await;
+                let reply = settled.pop().flatten().expect("every slot settles");
                 if let Some(reply) = blocking.reply.from_attempt(reply) {
                     return reply;
                 }
@@ -1163,9 +1174,9 @@ impl Connection {
         !matches!(exists, Ok(Value::Integer(0)))
     }
 
-    /// Awaits every slot's reply, in order.
-    async fn settle(&mut self, slots: &mut Vec<Slot>) -> Vec<Value> {
-        let mut values = Vec::with_capacity(slots.len());
+    /// Awaits every slot's reply into `values` (empty before), in the slots' order.
+    async fn settle(&mut self, slots: &mut Vec<Slot>, values: &mut Vec<Option<Value>>) {
+        assert!(values.is_empty(), "replies left from an earlier batch");
         let mut unsettled = Vec::new();
         // Every earlier write of this batch settled where it first joined the log.
         let mut in_place_so_far = true;
@@ -1199,12 +1210,11 @@ impl Connection {
             values.push(value);
         }
         if !unsettled.is_empty() {
-            self.retry(unsettled, &mut values).await;
+            self.retry(unsettled, values).await;
         }
         if let Some(rifl) = &mut self.rifl {
             rifl.first_unacked = rifl.next_seq;
         }
-        values.into_iter().map(|v| v.expect("every slot settles")).collect()
     }
 
     /// Awaits one attempt of a write and says what it came to.

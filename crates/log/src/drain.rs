@@ -71,6 +71,15 @@ impl Drop for ConnectionOpen {
     }
 }
 
+/// Returns once the drain began: for a connection that is idle whenever it waits for its
+/// client, as a RESP connection is. Made once and kept, it stays registered with the signal
+/// instead of joining and leaving it at every wait.
+pub async fn begun(mut signal: watch::Receiver<bool>) {
+    if signal.wait_for(|draining| *draining).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Returns once the drain began and `idle` says the connection has nothing under way. `idle`
 /// changes only while the connection handles something of its own, so it is checked when the
 /// drain begins and again at every call (each wait for the client's next request).
