@@ -588,6 +588,17 @@ fn wrong_arity(name: &str) -> CommandError {
     format!("ERR wrong number of arguments for '{name}' command")
 }
 
+/// Whether a command got the number of arguments it takes; the error if not.
+trait ArityCheck: Fn(usize) -> Result<(), CommandError> {}
+impl<F: Fn(usize) -> Result<(), CommandError>> ArityCheck for F {}
+
+/// Checks that command `name` got exactly, and at least, some number of arguments after its
+/// name (`given` of them), as Redis's arity error words it.
+fn arity_checks(name: &str, given: usize) -> (impl ArityCheck + '_, impl ArityCheck + '_) {
+    let check = move |ok: bool| if ok { Ok(()) } else { Err(wrong_arity(name)) };
+    (move |n| check(given == n), move |n| check(given >= n))
+}
+
 pub fn syntax_error() -> CommandError {
     "ERR syntax error".into()
 }
@@ -873,20 +884,7 @@ impl Command {
             return Ok(None);
         };
         let rest = &args[1..];
-        let exact = |n: usize| {
-            if rest.len() == n {
-                Ok(())
-            } else {
-                Err(wrong_arity(name))
-            }
-        };
-        let at_least = |n: usize| {
-            if rest.len() >= n {
-                Ok(())
-            } else {
-                Err(wrong_arity(name))
-            }
-        };
+        let (exact, at_least) = arity_checks(name, rest.len());
         let cmd = match name {
             "get" => {
                 exact(1)?;
@@ -1780,6 +1778,24 @@ mod tests {
 
     fn args(s: &str) -> Vec<Bytes> {
         s.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect()
+    }
+
+    #[test]
+    fn a_wrong_number_of_arguments_is_refused_in_redis_words() {
+        for (command, name) in [
+            ("GET", "get"),
+            ("GET a b", "get"),
+            ("MSET a", "mset"),
+            ("ZADD z 1", "zadd"),
+            ("ZSCORE z", "zscore"),
+        ] {
+            let refused = Command::parse(&args(command)).err();
+            let expected = format!("ERR wrong number of arguments for '{name}' command");
+            assert_eq!(refused, Some(expected), "{command}");
+        }
+        for command in ["GET a", "MSET a 1 b 2", "ZADD z 1 m", "ZSCORE z m"] {
+            assert!(matches!(Command::parse(&args(command)), Ok(Some(_))), "{command}");
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use chorus_resp::Double;
 
 use super::{
-    count_arg, multi_pop_args, parse_i64, scan_args, syntax_error, wrong_arity, Blocking, BlockingReply, Command,
+    arity_checks, count_arg, multi_pop_args, parse_i64, scan_args, syntax_error, Blocking, BlockingReply, Command,
     CommandError, Read, ScanArgs, SetCondition, Write, POP_COUNT_OUT_OF_RANGE,
 };
 
@@ -351,20 +351,7 @@ fn zmpop(rest: &[Bytes], name: &str) -> Result<ZsetWrite, CommandError> {
 
 /// A sorted-set command, if `name` is one.
 pub(super) fn parse(name: &str, rest: &[Bytes]) -> Option<Result<Command, CommandError>> {
-    let exact = |n: usize| {
-        if rest.len() == n {
-            Ok(())
-        } else {
-            Err(wrong_arity(name))
-        }
-    };
-    let at_least = |n: usize| {
-        if rest.len() >= n {
-            Ok(())
-        } else {
-            Err(wrong_arity(name))
-        }
-    };
+    let (exact, at_least) = arity_checks(name, rest.len());
     let write = |w: ZsetWrite| Command::Write(Write::Zsets(w));
     let read = |r: ZsetRead| Command::Read(Read::Zsets(r));
     let parsed = (|| {

@@ -440,6 +440,26 @@ impl Writer {
         }
     }
 
+    /// Records who asked to borrow (ordered at `at`, holding `holding`), unless the request was
+    /// read again long after it was sent (a restart replaying the log: its asker is gone);
+    /// whether it was recorded.
+    fn note_asker(
+        &mut self,
+        ownership: &Ownership,
+        ticket: Ticket,
+        at: Position,
+        holding: Vec<String>,
+        sent_at_ms: u64,
+    ) -> bool {
+        let age = Duration::from_millis(unix_ms().saturating_sub(sent_at_ms));
+        if age > ownership.borrow_wait + ownership.lend_for {
+            return false;
+        }
+        let holding = holding.into_iter().collect();
+        self.asked.insert(ticket, Asked { at, holding });
+        true
+    }
+
     /// A class hand-over the log ordered at `at` (see `Ownership`).
     pub(super) fn hand_over(&mut self, at: Position, message: ClassMessage) {
         let Some(ownership) = self.ownership.clone() else {
@@ -452,18 +472,9 @@ impl Writer {
                 holding,
                 sent_at_ms,
             } => {
-                // One read again long after (a restart replaying the log): its asker is gone.
-                let age = Duration::from_millis(unix_ms().saturating_sub(sent_at_ms));
-                if age > ownership.borrow_wait + ownership.lend_for {
+                if !self.note_asker(&ownership, ticket, at, holding, sent_at_ms) {
                     return;
                 }
-                self.asked.insert(
-                    ticket,
-                    Asked {
-                        at,
-                        holding: holding.into_iter().collect(),
-                    },
-                );
                 let now = Instant::now();
                 for class in classes {
                     if self.owner_of(&class) == ownership.me {
@@ -489,17 +500,9 @@ impl Writer {
                 holding,
                 sent_at_ms,
             } => {
-                let age = Duration::from_millis(unix_ms().saturating_sub(sent_at_ms));
-                if age > ownership.borrow_wait + ownership.lend_for {
+                if !self.note_asker(&ownership, ticket, at, holding, sent_at_ms) {
                     return;
                 }
-                self.asked.insert(
-                    ticket,
-                    Asked {
-                        at,
-                        holding: holding.into_iter().collect(),
-                    },
-                );
                 // Every node lends, even one the asker took for down: a loan it did not wait
                 // for costs nothing.
                 self.to_lend_all.push_back((ticket, at, Instant::now()));
