@@ -164,9 +164,18 @@ impl SqlCluster {
     }
 
     /// The last lines of node `id`'s log, for failure messages.
+    /// The last lines of node `id`'s log, without raft's chatter and backtrace frames (a node
+    /// that exits with RUST_BACKTRACE set would fill the tail with frames, hiding its error).
     fn log_tail(&self, id: u64) -> String {
         let log = std::fs::read_to_string(self.node(id).dir.with_extension("log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().filter(|l| !l.contains(" raft: ")).collect();
+        let frame = |line: &str| {
+            let line = line.trim_start();
+            line.starts_with("at ")
+                || line
+                    .split_once(": ")
+                    .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        };
+        let lines: Vec<&str> = log.lines().filter(|l| !l.contains(" raft: ") && !frame(l)).collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
