@@ -1,6 +1,7 @@
 //! LDC (`--cache-mode ldc`, issue 14; the plan is `docs/ldc.md`): the nodes' object caches
-//! managed as one logical cache. Each key has one owner, a hash of the key over the voters (as
-//! the membership changes, so do the owners: placement only, as versions keep answers right); only
+//! managed as one logical cache. Each key has one owner, chosen by rendezvous hashing of the key over
+//! the voters (as the membership changes, so do the owners of the keys a joining or leaving voter
+//! gains or held: placement only, as versions keep answers right); only
 //! the owner caches the key's value, besides the hot set the cost-benefit admission
 //! (`admission.rs`) has every node cache (a written value that neither leaves memory once durable
 //! on the others: quick demotion), and a node that misses a key it does not own asks the owner's
@@ -27,7 +28,7 @@ use chorus_resp::Value;
 pub use self::admission::ReadKind;
 use self::admission::{Admission, CacheShape};
 use crate::command::Read;
-use crate::fnv::fnv1a_64;
+use crate::fnv::{fnv1a_64, mix64};
 use crate::server::KvNode;
 
 /// The peer service the owner answers fetches with (CURP's are 1 to 3).
@@ -159,7 +160,7 @@ impl Ldc {
     /// The node the store key `key` belongs to.
     pub fn owner(&self, key: &[u8]) -> u64 {
         let owners = self.owners.read().expect("not poisoned");
-        owners.voters[(fnv1a_64(key) % owners.voters.len() as u64) as usize]
+        owner_among(fnv1a_64(key), &owners.voters)
     }
 
     /// The voters changed: keys are owned over the new ones from now on. Values cached by a
@@ -376,6 +377,18 @@ impl Ldc {
     }
 }
 
+/// The owner of the key hashed to `key_hash` among `voters`, by rendezvous (highest random
+/// weight) hashing: each voter draws a weight from the key and its id, the highest owns the key.
+/// A voter joining takes about 1/N of the keys from the others and one leaving hands on only its
+/// own, where `hash mod N` would move most keys, and with them most of what the caches hold.
+fn owner_among(key_hash: u64, voters: &[u64]) -> u64 {
+    voters
+        .iter()
+        .copied()
+        .max_by_key(|id| (mix64(key_hash ^ mix64(*id)), *id))
+        .expect("a cluster has a voter")
+}
+
 /// A FETCH request: per key, its version (8 bytes), its length (2 bytes) and the store key.
 fn encode_fetch<'a>(keys: impl Iterator<Item = (&'a [u8], u64)>) -> Vec<u8> {
     let mut out = Vec::new();
@@ -507,6 +520,41 @@ mod tests {
             node.owners().voters,
             vec![1, 5],
             "a configuration without voters is not taken"
+        );
+    }
+
+    #[test]
+    fn a_voter_joining_or_leaving_moves_only_its_share_of_the_keys() {
+        let keys: Vec<String> = (0..20_000).map(|i| format!("suser{i}")).collect();
+        let owners = |voters: &[u64]| -> Vec<u64> {
+            keys.iter()
+                .map(|k| owner_among(fnv1a_64(k.as_bytes()), voters))
+                .collect()
+        };
+        let three = owners(&[1, 2, 3]);
+        let four = owners(&[1, 2, 3, 4]);
+        let moved: Vec<usize> = (0..keys.len()).filter(|i| three[*i] != four[*i]).collect();
+        assert!(moved.iter().all(|i| four[*i] == 4), "keys move only to the new voter");
+        let share = moved.len() as f64 / keys.len() as f64;
+        assert!(
+            (0.22..0.28).contains(&share),
+            "a quarter of the keys move to a fourth voter: {share}"
+        );
+        let without_two = owners(&[1, 3, 4]);
+        for i in 0..keys.len() {
+            if four[i] != 2 {
+                assert_eq!(without_two[i], four[i], "only the leaving voter's keys move");
+            } else {
+                assert_ne!(without_two[i], 2);
+            }
+        }
+        let mut owned = [0usize; 4];
+        for owner in without_two {
+            owned[owner as usize - 1] += 1;
+        }
+        assert!(
+            owned[0] > 6_000 && owned[2] > 6_000 && owned[3] > 6_000,
+            "the survivors share the leaver's keys: {owned:?}"
         );
     }
 
