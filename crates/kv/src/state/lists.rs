@@ -144,8 +144,11 @@ impl KvState {
                 Ok(false) => Value::null(),
                 Ok(true) => {
                     let popped = self.take(index, &key, count.unwrap_or(1), end);
-                    self.forget_if_empty(index, &key);
-                    self.notify_popped(&key, end);
+                    // A count of 0 pops nothing: no event, as in Redis.
+                    if !popped.is_empty() {
+                        self.forget_if_empty(index, &key);
+                        self.notify_popped(&key, end);
+                    }
                     pop_reply(popped, count)
                 }
             },
