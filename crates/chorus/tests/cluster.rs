@@ -1016,7 +1016,40 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
         let (lex_min, lex_max) = (lex_bound()[below(7)].to_string(), lex_bound()[below(7)].to_string());
         let zadd_options = || ["NX", "XX", "GT", "LT", "CH", "INCR"];
         let script = "return redis.call(ARGV[1], KEYS[1], ARGV[2])".to_string();
-        let command: Vec<String> = match below(124) {
+        let bit_bound = || ["0", "1", "-1", "-2", "7", "abc", "20"];
+        let (bit_start, bit_end) = (bit_bound()[below(7)].to_string(), bit_bound()[below(7)].to_string());
+        let bit_unit = ["BYTE", "BIT", "bit", "nope"][below(4)].to_string();
+        let command: Vec<String> = match below(131) {
+            124 => vec![
+                "SETBIT".into(),
+                key,
+                ["0", "7", "13", "-1", "4294967296", "x"][below(6)].into(),
+                ["0", "1", "1", "2"][below(4)].into(),
+            ],
+            125 => vec!["GETBIT".into(), key, ["0", "1", "9", "-1", "100"][below(5)].into()],
+            126 => vec!["BITCOUNT".into(), key],
+            127 => {
+                let mut c = vec!["BITCOUNT".into(), key, bit_start];
+                if below(6) > 0 {
+                    c.push(bit_end);
+                }
+                if below(2) == 0 {
+                    c.push(bit_unit);
+                }
+                c
+            }
+            128 => vec!["BITPOS".into(), key, ["0", "1", "2", "x"][below(4)].into()],
+            129 => {
+                let mut c = vec!["BITPOS".into(), key, ["0", "1"][below(2)].into(), bit_start];
+                if below(3) > 0 {
+                    c.push(bit_end);
+                    if below(2) == 0 {
+                        c.push(bit_unit);
+                    }
+                }
+                c
+            }
+            130 => vec!["SETBIT".into(), key, ["0", "15", "22"][below(3)].into(), "1".into()],
             120 => vec![
                 "EVAL".into(),
                 script,

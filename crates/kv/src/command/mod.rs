@@ -92,6 +92,12 @@ pub enum Write {
         offset: usize,
         value: Bytes,
     },
+    /// SETBIT: bit `offset` (0 is the first byte's most significant) set or cleared.
+    SetBit {
+        key: Bytes,
+        offset: u64,
+        on: bool,
+    },
     /// The increment as given: Redis reads it only once it knows the key holds a string.
     IncrByFloat {
         key: Bytes,
@@ -360,6 +366,7 @@ impl Write {
             | Write::Persist(key)
             | Write::IncrBy { key, .. }
             | Write::SetRange { key, .. }
+            | Write::SetBit { key, .. }
             | Write::IncrByFloat { key, .. }
             | Write::HIncrBy { key, .. }
             | Write::HIncrByFloat { key, .. }
@@ -473,6 +480,22 @@ pub enum Read {
         start: i64,
         end: i64,
     },
+    GetBit {
+        key: Bytes,
+        offset: u64,
+    },
+    /// BITCOUNT: the range's error, if any, is answered only for a string key (Redis 7.0 looks
+    /// the key up first: a missing key counts 0 whatever follows it).
+    BitCount {
+        key: Bytes,
+        range: Result<Option<BitRange>, CommandError>,
+    },
+    /// BITPOS: as BITCOUNT, the range is checked after the key.
+    BitPos {
+        key: Bytes,
+        bit: bool,
+        range: Result<Option<BitRange>, CommandError>,
+    },
     /// HRANDFIELD key [count [WITHVALUES]].
     HRandField {
         key: Bytes,
@@ -498,6 +521,50 @@ pub enum Read {
     Sets(SetRead),
     Lists(ListRead),
     Zsets(ZsetRead),
+}
+
+/// A BITCOUNT or BITPOS range: bytes, or bits with `BIT`; negative bounds count from the end;
+/// BITPOS may leave out the end (up to the string's end, and clear bits past it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BitRange {
+    pub start: i64,
+    pub end: Option<i64>,
+    pub in_bits: bool,
+}
+
+/// A bit range's arguments, errors in the order Redis finds them: BITCOUNT reads the end before
+/// the unit, BITPOS the unit before the end.
+fn bit_range(args: &[Bytes], unit_before_end: bool) -> Result<Option<BitRange>, CommandError> {
+    let unit = |arg: Option<&Bytes>| match arg.map(|a| a.to_ascii_lowercase()) {
+        None => Ok(false),
+        Some(unit) if unit == b"byte" => Ok(false),
+        Some(unit) if unit == b"bit" => Ok(true),
+        Some(_) => Err(syntax_error()),
+    };
+    let Some(start) = args.first() else {
+        return Ok(None);
+    };
+    let start = parse_i64(start)?;
+    let (end, in_bits) = if unit_before_end {
+        let in_bits = unit(args.get(2))?;
+        (args.get(1).map(|end| parse_i64(end)).transpose()?, in_bits)
+    } else {
+        let end = args.get(1).map(|end| parse_i64(end)).transpose()?;
+        // BITCOUNT answers 0 for two negative bounds the wrong way round before it reads the
+        // unit: a unit it would refuse is not refused then.
+        let backwards = end.is_some_and(|end| start < 0 && end < 0 && start > end);
+        (end, if backwards { false } else { unit(args.get(2))? })
+    };
+    Ok(Some(BitRange { start, end, in_bits }))
+}
+
+/// A bit offset: from 0 to the bits of the longest string (512 MiB).
+fn parse_bit_offset(arg: &[u8]) -> Result<u64, CommandError> {
+    const MAX_BITS: i64 = 512 * 1024 * 1024 * 8;
+    match parse_i64(arg) {
+        Ok(offset) if (0..MAX_BITS).contains(&offset) => Ok(offset as u64),
+        _ => Err("ERR bit offset is not an integer or out of range".into()),
+    }
 }
 
 /// What SCAN and HSCAN take after the key: where to go on from, MATCH, COUNT and (SCAN) TYPE.
@@ -1135,6 +1202,55 @@ impl Command {
                     key: rest[0].clone(),
                     offset,
                     value: rest[2].clone(),
+                })
+            }
+            "setbit" => {
+                exact(3)?;
+                let offset = parse_bit_offset(&rest[1])?;
+                let on = match parse_i64(&rest[2]) {
+                    Ok(0) => false,
+                    Ok(1) => true,
+                    _ => return Err("ERR bit is not an integer or out of range".into()),
+                };
+                Command::Write(Write::SetBit {
+                    key: rest[0].clone(),
+                    offset,
+                    on,
+                })
+            }
+            "getbit" => {
+                exact(2)?;
+                Command::Read(Read::GetBit {
+                    key: rest[0].clone(),
+                    offset: parse_bit_offset(&rest[1])?,
+                })
+            }
+            "bitcount" => {
+                at_least(1)?;
+                let range = match rest.len() {
+                    1 | 3 | 4 => bit_range(&rest[1..], false),
+                    _ => Err(syntax_error()),
+                };
+                Command::Read(Read::BitCount {
+                    key: rest[0].clone(),
+                    range,
+                })
+            }
+            "bitpos" => {
+                at_least(2)?;
+                let bit = match parse_i64(&rest[1])? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err("ERR The bit argument must be 1 or 0.".into()),
+                };
+                let range = match rest.len() {
+                    2..=5 => bit_range(&rest[2..], true),
+                    _ => Err(syntax_error()),
+                };
+                Command::Read(Read::BitPos {
+                    key: rest[0].clone(),
+                    bit,
+                    range,
                 })
             }
             "incrbyfloat" => {

@@ -49,6 +49,7 @@ use crate::listeners::Hub;
 use crate::speculation::Proposed;
 use sets::member_key;
 
+mod bits;
 mod lists;
 mod scripts;
 mod sets;
@@ -912,6 +913,7 @@ impl KvState {
                 }
                 Value::Integer(len as i64)
             }
+            Write::SetBit { key, offset, on } => self.set_bit(index, &key, offset, on),
             Write::IncrByFloat { key, increment } => {
                 let current = match self.string_to_update(&key) {
                     Err(e) => return e,
@@ -1289,6 +1291,7 @@ impl KvState {
                     Ok(len) => Value::Integer(len as i64),
                 },
             },
+            Write::SetBit { key, offset, .. } => self.preview_set_bit(key, *offset),
             Write::IncrByFloat { key, increment } => match self.string_to_update(key) {
                 Err(e) => e,
                 Ok(current) => parse_float(increment)
@@ -1516,6 +1519,9 @@ impl KvState {
                     let value = self.string(key)?.unwrap_or_default();
                     Value::Bulk(Some(string_range(&value, *start, *end)))
                 }
+                Read::GetBit { key, offset } => self.get_bit(key, *offset)?,
+                Read::BitCount { key, range } => self.bit_count(key, range)?,
+                Read::BitPos { key, bit, range } => self.bit_pos(key, *bit, range)?,
                 Read::HRandField {
                     key,
                     count,
@@ -2112,6 +2118,65 @@ mod tests {
         assert_eq!(s.run("TTL d"), int(-1), "a deleted key's deadline went with it");
         assert_eq!(s.run("HDEL h g"), int(1));
         assert_eq!(s.run("DBSIZE"), int(1), "bookkeeping keys are not counted");
+    }
+
+    #[test]
+    fn bits_are_set_read_counted_and_found_in_strings() {
+        let mut s = Replica::new();
+        let int = Value::Integer;
+        assert_eq!(s.run("SETBIT b 9 1"), int(0));
+        assert_eq!(s.run("GET b"), Value::bulk("\0\x40"), "a string grown with clear bytes");
+        assert_eq!((s.run("SETBIT b 9 0"), s.run("SETBIT b 9 0")), (int(1), int(0)));
+        assert_eq!(s.run("SET b abc EX 100"), Value::ok());
+        assert_eq!(s.run("SETBIT b 7 1"), int(1));
+        assert_eq!(s.run("GET b"), Value::bulk("abc"), "'a' has its last bit set already");
+        assert_eq!(s.run("SETBIT b 6 1"), int(0));
+        assert_eq!(s.run("GET b"), Value::bulk("cbc"));
+        assert_eq!(s.run("TTL b"), int(100), "a bit set keeps the key's deadline");
+        assert_eq!(
+            (s.run("GETBIT b 6"), s.run("GETBIT b 1000"), s.run("GETBIT none 0")),
+            (int(1), int(0), int(0))
+        );
+        assert_eq!(s.run("BITCOUNT b"), int(11));
+        assert_eq!(s.run("BITCOUNT b 1 -1"), int(7));
+        assert_eq!(s.run("BITPOS b 1"), int(1));
+        assert_eq!(s.run("BITPOS b 0 1 -1"), int(8));
+        assert_eq!(s.run("HSET h f v"), int(1));
+        let wrong_type = Value::error(WRONGTYPE);
+        assert_eq!(s.run("SETBIT h 0 1"), wrong_type);
+        assert_eq!(s.run("GETBIT h 0"), wrong_type);
+        assert_eq!(
+            s.run("BITCOUNT h x y"),
+            wrong_type,
+            "the key's type is checked before the range"
+        );
+        assert_eq!(
+            s.run("BITCOUNT none x y"),
+            int(0),
+            "a missing key counts 0 whatever the range"
+        );
+        assert_eq!(
+            s.run("BITCOUNT b x y"),
+            Value::error("ERR value is not an integer or out of range")
+        );
+        assert_eq!(
+            s.run("BITCOUNT b -1 -2 nope"),
+            int(0),
+            "backwards negative bounds win over the unit"
+        );
+        assert_eq!(s.run("BITPOS none 0 x"), int(0));
+        assert_eq!(
+            s.run("BITPOS b 2"),
+            Value::error("ERR The bit argument must be 1 or 0.")
+        );
+        assert_eq!(
+            s.run("SETBIT b 4294967296 1"),
+            Value::error("ERR bit offset is not an integer or out of range")
+        );
+        assert_eq!(
+            s.run("SETBIT b 1 2"),
+            Value::error("ERR bit is not an integer or out of range")
+        );
     }
 
     #[test]
@@ -2810,7 +2875,8 @@ mod tests {
         let ms = ["1", "400", "900"][next(3) as usize];
         let float = ["0.5", "-2.25", "abc", "1e2"][next(4) as usize];
         let score = ["1", "-2.5", "inf", "-inf", "3"][next(5) as usize];
-        match next(67) {
+        match next(68) {
+            67 => format!("SETBIT {k1} {} {}", next(20), next(2)),
             57 => format!("ZADD {k1} {score} {f} 2 {f}"),
             58 => format!(
                 "ZADD {k1} {} {score} {f}",
