@@ -1019,7 +1019,15 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
         let bit_bound = || ["0", "1", "-1", "-2", "7", "abc", "20"];
         let (bit_start, bit_end) = (bit_bound()[below(7)].to_string(), bit_bound()[below(7)].to_string());
         let bit_unit = ["BYTE", "BIT", "bit", "nope"][below(4)].to_string();
-        let command: Vec<String> = match below(131) {
+        let command: Vec<String> = match below(133) {
+            131 | 132 => {
+                let op = ["AND", "or", "XOR", "NOT", "nope"][below(5)];
+                let mut c = vec!["BITOP".into(), op.into(), other, key];
+                if below(3) > 0 {
+                    c.push(format!("{prefix}{}", below(6)));
+                }
+                c
+            }
             124 => vec![
                 "SETBIT".into(),
                 key,

@@ -98,6 +98,13 @@ pub enum Write {
         offset: u64,
         on: bool,
     },
+    /// BITOP: `dest` set to the sources combined byte by byte (shorter ones padded with zero
+    /// bytes), or deleted when every source is empty or missing.
+    BitOp {
+        op: BitOp,
+        dest: Bytes,
+        sources: Vec<Bytes>,
+    },
     /// The increment as given: Redis reads it only once it knows the key holds a string.
     IncrByFloat {
         key: Bytes,
@@ -377,6 +384,7 @@ impl Write {
             Write::Del(keys) | Write::DeleteExpired(keys) => keys.clone(),
             Write::MSet(pairs) | Write::MSetNx(pairs) => pairs.iter().map(|(k, _)| k.clone()).collect(),
             Write::Rename { from, to, .. } | Write::Copy { from, to, .. } => vec![from.clone(), to.clone()],
+            Write::BitOp { dest, sources, .. } => std::iter::once(dest).chain(sources).cloned().collect(),
             // See `touches_every_key`.
             Write::FlushAll => Vec::new(),
             Write::Exec { watched, commands } => watched
@@ -556,6 +564,14 @@ fn bit_range(args: &[Bytes], unit_before_end: bool) -> Result<Option<BitRange>, 
         (end, if backwards { false } else { unit(args.get(2))? })
     };
     Ok(Some(BitRange { start, end, in_bits }))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BitOp {
+    And,
+    Or,
+    Xor,
+    Not,
 }
 
 /// A bit offset: from 0 to the bits of the longest string (512 MiB).
@@ -1216,6 +1232,24 @@ impl Command {
                     key: rest[0].clone(),
                     offset,
                     on,
+                })
+            }
+            "bitop" => {
+                at_least(3)?;
+                let op = match rest[0].to_ascii_lowercase().as_slice() {
+                    b"and" => BitOp::And,
+                    b"or" => BitOp::Or,
+                    b"xor" => BitOp::Xor,
+                    b"not" => BitOp::Not,
+                    _ => return Err(syntax_error()),
+                };
+                if op == BitOp::Not && rest.len() != 3 {
+                    return Err("ERR BITOP NOT must be called with a single source key.".into());
+                }
+                Command::Write(Write::BitOp {
+                    op,
+                    dest: rest[1].clone(),
+                    sources: rest[2..].to_vec(),
                 })
             }
             "getbit" => {

@@ -63,6 +63,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("getbit", 3, R, ONE, "bitmap"),
     spec("bitcount", -2, R, ONE, "bitmap"),
     spec("bitpos", -3, R, ONE, "bitmap"),
+    spec("bitop", -4, W, (2, -1, 1), "bitmap"),
     spec("mget", -2, R, ALL, "string"),
     spec("mset", -3, W, (1, -1, 2), "string"),
     spec("msetnx", -3, W, (1, -1, 2), "string"),

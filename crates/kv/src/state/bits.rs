@@ -1,11 +1,11 @@
-//! Bitmaps: SETBIT, GETBIT, BITCOUNT and BITPOS on strings, bit 0 being the first byte's most
+//! Bitmaps: SETBIT, GETBIT, BITCOUNT, BITPOS and BITOP on strings, bit 0 being the first byte's most
 //! significant bit, with Redis's ranges (in bytes, or in bits with `BIT`; negative from the end).
 
 use bytes::Bytes;
 use chorus_resp::Value;
 
 use super::KvState;
-use crate::command::BitRange;
+use crate::command::{BitOp, BitRange};
 use crate::keyspace_events;
 
 /// The bit at `offset` of `value` (0 past its end).
@@ -80,7 +80,60 @@ fn bit_pos(value: &[u8], bit: bool, range: Option<&BitRange>) -> i64 {
     }
 }
 
+/// BITOP's result: the sources combined byte by byte, each padded with zero bytes to the
+/// longest.
+fn combine(op: BitOp, sources: &[Option<Bytes>]) -> Vec<u8> {
+    let len = sources.iter().flatten().map(Bytes::len).max().unwrap_or(0);
+    let byte_of = |source: &Option<Bytes>, at: usize| source.as_ref().and_then(|s| s.get(at)).copied().unwrap_or(0);
+    (0..len)
+        .map(|at| {
+            let first = byte_of(&sources[0], at);
+            let rest = sources[1..].iter().map(|source| byte_of(source, at));
+            match op {
+                BitOp::And => rest.fold(first, |acc, byte| acc & byte),
+                BitOp::Or => rest.fold(first, |acc, byte| acc | byte),
+                BitOp::Xor => rest.fold(first, |acc, byte| acc ^ byte),
+                BitOp::Not => !first,
+            }
+        })
+        .collect()
+}
+
 impl KvState {
+    /// BITOP's sources, each a string or missing; WRONGTYPE if one holds something else.
+    fn bit_op_sources(&mut self, sources: &[Bytes]) -> Result<Vec<Option<Bytes>>, Value> {
+        sources.iter().map(|key| self.string_to_update(key)).collect()
+    }
+
+    /// BITOP: the destination's length. A result replaces whatever `dest` held, deadline
+    /// included; an empty one deletes it.
+    pub(super) fn bit_op(&mut self, index: u64, op: BitOp, dest: &Bytes, sources: &[Bytes]) -> Value {
+        let sources = match self.bit_op_sources(sources) {
+            Err(e) => return e,
+            Ok(sources) => sources,
+        };
+        let result = combine(op, &sources);
+        let len = result.len() as i64;
+        if result.is_empty() {
+            if self.delete(index, dest) {
+                self.notify(keyspace_events::GENERIC, "del", dest);
+            }
+        } else {
+            self.set_string(index, dest, Bytes::from(result));
+            self.set_deadline(index, dest, None);
+            self.notify(keyspace_events::STRING, "set", dest);
+        }
+        Value::Integer(len)
+    }
+
+    /// What BITOP will answer, before it applies.
+    pub(super) fn preview_bit_op(&mut self, sources: &[Bytes]) -> Value {
+        match self.bit_op_sources(sources) {
+            Err(e) => e,
+            Ok(sources) => Value::Integer(sources.iter().flatten().map(Bytes::len).max().unwrap_or(0) as i64),
+        }
+    }
+
     /// SETBIT: the bit's old value. A string that grows or a bit that changes is a write (and
     /// an event); setting a bit to what it holds changes nothing.
     pub(super) fn set_bit(&mut self, index: u64, key: &Bytes, offset: u64, on: bool) -> Value {
@@ -221,6 +274,20 @@ mod tests {
         assert_eq!(bit_pos(b"\x00\xff\xf0", true, bits(7, Some(15)).as_ref()), 8);
         assert_eq!(bit_pos(b"\x01", true, bits(0, Some(6)).as_ref()), -1);
         assert_eq!(bit_pos(b"", false, None), -1, "an empty string has no bits");
+    }
+
+    #[test]
+    fn sources_combine_padded_with_zero_bytes() {
+        let sources = [
+            Some(Bytes::from_static(b"\xf0\x0f")),
+            None,
+            Some(Bytes::from_static(b"\x3c")),
+        ];
+        assert_eq!(combine(BitOp::And, &sources), b"\x00\x00");
+        assert_eq!(combine(BitOp::Or, &sources), b"\xfc\x0f");
+        assert_eq!(combine(BitOp::Xor, &sources), b"\xcc\x0f");
+        assert_eq!(combine(BitOp::Not, &sources[..1]), b"\x0f\xf0");
+        assert_eq!(combine(BitOp::Or, &[None, None]), b"");
     }
 
     #[test]

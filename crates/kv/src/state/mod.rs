@@ -914,6 +914,7 @@ impl KvState {
                 Value::Integer(len as i64)
             }
             Write::SetBit { key, offset, on } => self.set_bit(index, &key, offset, on),
+            Write::BitOp { op, dest, sources } => self.bit_op(index, op, &dest, &sources),
             Write::IncrByFloat { key, increment } => {
                 let current = match self.string_to_update(&key) {
                     Err(e) => return e,
@@ -1292,6 +1293,7 @@ impl KvState {
                 },
             },
             Write::SetBit { key, offset, .. } => self.preview_set_bit(key, *offset),
+            Write::BitOp { sources, .. } => self.preview_bit_op(sources),
             Write::IncrByFloat { key, increment } => match self.string_to_update(key) {
                 Err(e) => e,
                 Ok(current) => parse_float(increment)
@@ -2165,6 +2167,20 @@ mod tests {
             "backwards negative bounds win over the unit"
         );
         assert_eq!(s.run("BITPOS none 0 x"), int(0));
+        assert_eq!(s.run("BITOP XOR d b none"), int(3));
+        assert_eq!(s.run("GET d"), Value::bulk("cbc"));
+        assert_eq!(s.run("EXPIRE d 100"), int(1));
+        assert_eq!(s.run("BITOP NOT d b"), int(3));
+        assert_eq!(s.run("TTL d"), int(-1), "the result replaces the key, deadline and all");
+        assert_eq!(s.run("BITOP AND d none"), int(0));
+        assert_eq!(s.run("EXISTS d"), int(0), "an empty result deletes the destination");
+        assert_eq!(s.run("BITOP OR d b h"), wrong_type);
+        assert_eq!(s.run("BITOP OR h b"), int(3), "the destination may hold any type");
+        assert_eq!(
+            s.run("BITOP NOT d b b"),
+            Value::error("ERR BITOP NOT must be called with a single source key.")
+        );
+        assert_eq!(s.run("BITOP NAND d b"), Value::error("ERR syntax error"));
         assert_eq!(
             s.run("BITPOS b 2"),
             Value::error("ERR The bit argument must be 1 or 0.")
