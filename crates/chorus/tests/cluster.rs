@@ -1409,11 +1409,11 @@ async fn random_commands_get_the_replies_redis_server_gives_across_a_leader_chan
     let cluster = Cluster::start(3, &[]);
     let (leader, followers) = cluster.leader_and_followers().await;
     let mut chorus = cluster.client(followers[0]).await;
-    replies_match_redis(&mut redis, &mut chorus, 1, 2000, "diff:").await;
+    replies_match_redis(&mut redis, &mut chorus, 1, 6000, "diff:").await;
     cluster.kill(leader);
     cluster.wait_for_leader(&followers, Duration::from_secs(10)).await;
     let mut chorus = cluster.client(followers[1]).await;
-    replies_match_redis(&mut redis, &mut chorus, 2, 2000, "diff:").await;
+    replies_match_redis(&mut redis, &mut chorus, 2, 6000, "diff:").await;
 }
 
 /// Differential: with `notify-keyspace-events KEA` set (through the log, on one node), a
@@ -1440,7 +1440,7 @@ async fn keyspace_events_are_the_ones_redis_server_sends() {
     for c in [&mut redis_events, &mut chorus_events] {
         c.command(&["PSUBSCRIBE", "__key*__:*"]).await.unwrap();
     }
-    replies_match_redis(&mut redis, &mut chorus, 5, 2000, "ev:").await;
+    replies_match_redis(&mut redis, &mut chorus, 5, 6000, "ev:").await;
     for c in [&mut redis, &mut chorus] {
         c.command(&["SET", "ev:done", "1"]).await.unwrap();
     }
