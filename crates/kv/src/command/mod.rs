@@ -566,6 +566,7 @@ fn bit_range(args: &[Bytes], unit_before_end: bool) -> Result<Option<BitRange>, 
     Ok(Some(BitRange { start, end, in_bits }))
 }
 
+/// BITOP's operation, applied byte by byte across the sources.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BitOp {
     And,

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use chorus_resp::Value;
 
 use super::KvState;
-use crate::command::{BitOp, BitRange};
+use crate::command::{BitOp, BitRange, CommandError};
 use crate::keyspace_events;
 
 /// The bit at `offset` of `value` (0 past its end).
@@ -46,7 +46,7 @@ fn mask_within(at: u64, first: u64, last: u64) -> u8 {
 }
 
 /// BITCOUNT: the set bits of `value` in `range`.
-fn bit_count(value: &[u8], range: Option<&BitRange>) -> i64 {
+fn count_set_bits(value: &[u8], range: Option<&BitRange>) -> i64 {
     // Redis counts nothing for two negative bounds the wrong way round, before clamping them.
     if range.is_some_and(|r| r.start < 0 && r.end.is_some_and(|end| end < 0 && r.start > end)) {
         return 0;
@@ -61,7 +61,7 @@ fn bit_count(value: &[u8], range: Option<&BitRange>) -> i64 {
 
 /// BITPOS: the first bit equal to `bit` in `range`, or -1. Looking for a clear bit with no end
 /// given, the string counts as followed by clear bits, as in Redis.
-fn bit_pos(value: &[u8], bit: bool, range: Option<&BitRange>) -> i64 {
+fn first_bit(value: &[u8], bit: bool, range: Option<&BitRange>) -> i64 {
     let Some((first, last)) = bit_span(range, value.len()) else {
         return -1;
     };
@@ -178,12 +178,16 @@ impl KvState {
 
     /// BITCOUNT: a missing key counts 0 and a key of another type is refused before the range
     /// is looked at, as in Redis 7.0.
-    pub(super) fn bit_count(&mut self, key: &[u8], range: &Result<Option<BitRange>, String>) -> Result<Value, Value> {
+    pub(super) fn bit_count(
+        &mut self,
+        key: &[u8],
+        range: &Result<Option<BitRange>, CommandError>,
+    ) -> Result<Value, Value> {
         let Some(value) = self.string(key)? else {
             return Ok(Value::Integer(0));
         };
         let range = range.as_ref().map_err(|e| Value::error(e.clone()))?;
-        Ok(Value::Integer(bit_count(&value, range.as_ref())))
+        Ok(Value::Integer(count_set_bits(&value, range.as_ref())))
     }
 
     /// BITPOS: a missing key is all clear bits (0 for a clear bit, -1 for a set one).
@@ -191,13 +195,13 @@ impl KvState {
         &mut self,
         key: &[u8],
         bit: bool,
-        range: &Result<Option<BitRange>, String>,
+        range: &Result<Option<BitRange>, CommandError>,
     ) -> Result<Value, Value> {
         let Some(value) = self.string(key)? else {
             return Ok(Value::Integer(if bit { -1 } else { 0 }));
         };
         let range = range.as_ref().map_err(|e| Value::error(e.clone()))?;
-        Ok(Value::Integer(bit_pos(&value, bit, range.as_ref())))
+        Ok(Value::Integer(first_bit(&value, bit, range.as_ref())))
     }
 }
 
@@ -232,48 +236,48 @@ mod tests {
     #[test]
     fn bits_count_over_bytes_and_bit_ranges_as_redis_counts_them() {
         let value = b"foobar";
-        assert_eq!(bit_count(value, None), 26);
-        assert_eq!(bit_count(value, bytes(0, 0).as_ref()), 4);
-        assert_eq!(bit_count(value, bytes(1, 1).as_ref()), 6);
-        assert_eq!(bit_count(value, bytes(-2, -1).as_ref()), 7);
+        assert_eq!(count_set_bits(value, None), 26);
+        assert_eq!(count_set_bits(value, bytes(0, 0).as_ref()), 4);
+        assert_eq!(count_set_bits(value, bytes(1, 1).as_ref()), 6);
+        assert_eq!(count_set_bits(value, bytes(-2, -1).as_ref()), 7);
         assert_eq!(
-            bit_count(value, bytes(-1, -2).as_ref()),
+            count_set_bits(value, bytes(-1, -2).as_ref()),
             0,
             "negative bounds the wrong way"
         );
         assert_eq!(
-            bit_count(value, bytes(-100, -50).as_ref()),
+            count_set_bits(value, bytes(-100, -50).as_ref()),
             4,
             "both clamp to the first byte"
         );
-        assert_eq!(bit_count(value, bits(5, Some(30)).as_ref()), 17);
-        assert_eq!(bit_count(value, bits(0, Some(-1)).as_ref()), 26);
-        assert_eq!(bit_count(value, bits(7, Some(7)).as_ref()), 0);
-        assert_eq!(bit_count(b"", None), 0);
+        assert_eq!(count_set_bits(value, bits(5, Some(30)).as_ref()), 17);
+        assert_eq!(count_set_bits(value, bits(0, Some(-1)).as_ref()), 26);
+        assert_eq!(count_set_bits(value, bits(7, Some(7)).as_ref()), 0);
+        assert_eq!(count_set_bits(b"", None), 0);
     }
 
     #[test]
     fn the_first_set_or_clear_bit_is_found_as_redis_finds_it() {
-        assert_eq!(bit_pos(b"\xff\xf0\x00", false, None), 12);
-        assert_eq!(bit_pos(b"\x00\xff\xf0", true, from_byte(0).as_ref()), 8);
-        assert_eq!(bit_pos(b"\x00\xff\xf0", true, from_byte(2).as_ref()), 16);
-        assert_eq!(bit_pos(b"\x00\xff\xf0", true, bytes(2, -1).as_ref()), 16);
-        assert_eq!(bit_pos(b"\x00\x00\x00", true, bits(7, Some(-3)).as_ref()), -1);
-        assert_eq!(bit_pos(b"\x00\x00\x00", true, None), -1);
+        assert_eq!(first_bit(b"\xff\xf0\x00", false, None), 12);
+        assert_eq!(first_bit(b"\x00\xff\xf0", true, from_byte(0).as_ref()), 8);
+        assert_eq!(first_bit(b"\x00\xff\xf0", true, from_byte(2).as_ref()), 16);
+        assert_eq!(first_bit(b"\x00\xff\xf0", true, bytes(2, -1).as_ref()), 16);
+        assert_eq!(first_bit(b"\x00\x00\x00", true, bits(7, Some(-3)).as_ref()), -1);
+        assert_eq!(first_bit(b"\x00\x00\x00", true, None), -1);
         assert_eq!(
-            bit_pos(b"\xff\xff\xff", false, None),
+            first_bit(b"\xff\xff\xff", false, None),
             24,
             "clear bits follow the string"
         );
-        assert_eq!(bit_pos(b"\xff\xff\xff", false, bits(3, None).as_ref()), 24);
+        assert_eq!(first_bit(b"\xff\xff\xff", false, bits(3, None).as_ref()), 24);
         assert_eq!(
-            bit_pos(b"\xff\xff\xff", false, bytes(0, -1).as_ref()),
+            first_bit(b"\xff\xff\xff", false, bytes(0, -1).as_ref()),
             -1,
             "not past an end given"
         );
-        assert_eq!(bit_pos(b"\x00\xff\xf0", true, bits(7, Some(15)).as_ref()), 8);
-        assert_eq!(bit_pos(b"\x01", true, bits(0, Some(6)).as_ref()), -1);
-        assert_eq!(bit_pos(b"", false, None), -1, "an empty string has no bits");
+        assert_eq!(first_bit(b"\x00\xff\xf0", true, bits(7, Some(15)).as_ref()), 8);
+        assert_eq!(first_bit(b"\x01", true, bits(0, Some(6)).as_ref()), -1);
+        assert_eq!(first_bit(b"", false, None), -1, "an empty string has no bits");
     }
 
     #[test]
