@@ -260,7 +260,9 @@ pub struct ItemCache {
     lecar: LeCaR,
 }
 
-fn splitmix(mut z: u64) -> u64 {
+/// SplitMix64's finalizer: spreads every bit of `z` over the whole word. Replicas rely on it
+/// giving the same value everywhere and in every version (this cache's policy, LDC's owners).
+pub fn splitmix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

@@ -24,11 +24,12 @@ use bytes::Bytes;
 use chorus_log::{PeerCalls, PeerRequest, ReadConsistency};
 use chorus_metrics::{Counter, Gauge};
 use chorus_resp::Value;
+use chorus_unicache::cache::splitmix;
 
 pub use self::admission::ReadKind;
 use self::admission::{Admission, CacheShape};
 use crate::command::Read;
-use crate::fnv::{fnv1a_64, mix64};
+use crate::fnv::fnv1a_64;
 use crate::server::KvNode;
 
 /// The peer service the owner answers fetches with (CURP's are 1 to 3).
@@ -385,7 +386,7 @@ fn owner_among(key_hash: u64, voters: &[u64]) -> u64 {
     voters
         .iter()
         .copied()
-        .max_by_key(|id| (mix64(key_hash ^ mix64(*id)), *id))
+        .max_by_key(|id| (splitmix(key_hash ^ splitmix(*id)), *id))
         .expect("a cluster has a voter")
 }
 
