@@ -11,8 +11,8 @@
 //! the asker's index holds: a remote hit can never be stale. A wrong or absent answer, or a slow
 //! peer, costs a round trip and the device read the asker would have made anyway; a peer that
 //! times out is skipped for a back-off. A remote hit of one value costs about what a device read
-//! does over TCP, so the fetches waiting for one owner go as one call: while a call is out, the
-//! next ones gather (up to `MAX_BATCH_KEYS`) and go together when it returns.
+//! does over TCP, so the fetches waiting for one owner go as one call: while `MAX_CALLS_OUT`
+//! calls are out, the next ones gather (up to `MAX_BATCH_KEYS`) and go together when one returns.
 
 mod admission;
 
@@ -40,6 +40,9 @@ const FETCH_TIMEOUT: Duration = Duration::from_millis(20);
 const BACK_OFF: Duration = Duration::from_millis(500);
 /// Most keys one FETCH asks for.
 const MAX_BATCH_KEYS: usize = 64;
+/// Most FETCH calls out to one owner at once; the fetches that come meanwhile gather into the
+/// next call.
+const MAX_CALLS_OUT: usize = 4;
 /// How often the cost-benefit admission decides again.
 const DECIDE_EVERY: Duration = Duration::from_secs(1);
 
@@ -296,7 +299,7 @@ impl Ldc {
             answer,
         });
         queue.ready.notify_one();
-        // A batch may wait for the call before it: up to two timeouts.
+        // A batch may wait for a call out before it: up to two timeouts.
         let value = match runtime.block_on(tokio::time::timeout(2 * FETCH_TIMEOUT, answered)) {
             Ok(Ok(value)) => value,
             _ => None,
@@ -320,12 +323,14 @@ impl Ldc {
             .is_some_and(|until| Instant::now() < *until)
     }
 
-    /// Sends the fetches waiting for `owner`, a batch per call, one call at a time.
+    /// Sends the fetches waiting for `owner`, a batch per call, up to `MAX_CALLS_OUT` calls at
+    /// once: a fetch waits for a free call, not for the round trip of the one before it.
     async fn send_fetches(self: Arc<Self>, owner: u64) {
         let Some(queue) = self.owners().queues.get(&owner).cloned() else {
             return;
         };
         let (peers, _) = self.peers.get().expect("connected").clone();
+        let calls_out = Arc::new(tokio::sync::Semaphore::new(MAX_CALLS_OUT));
         loop {
             queue.ready.notified().await;
             if !self.owners().queues.get(&owner).is_some_and(|q| Arc::ptr_eq(q, &queue)) {
@@ -336,6 +341,7 @@ impl Ldc {
                 return;
             }
             loop {
+                let call = calls_out.clone().acquire_owned().await.expect("never closed");
                 let batch: Vec<Waiting> = {
                     let mut waiting = queue.waiting.lock().expect("not poisoned");
                     let take = waiting.len().min(MAX_BATCH_KEYS);
@@ -344,36 +350,45 @@ impl Ldc {
                 if batch.is_empty() {
                     break;
                 }
-                let body = encode_fetch(batch.iter().map(|w| (&w.key[..], w.version)));
-                self.metrics.fetch_calls.inc();
-                let answers = match peers.call(owner, SERVICE_FETCH, &body, FETCH_TIMEOUT).await {
-                    Ok(response) => decode_fetched(&response).filter(|values| values.len() == batch.len()),
-                    Err(_) => {
-                        self.skipped_until
-                            .lock()
-                            .expect("not poisoned")
-                            .insert(owner, Instant::now() + BACK_OFF);
-                        None
-                    }
-                };
-                let Some(values) = answers else {
-                    self.metrics.remote_failed.add(batch.len() as u64);
-                    for waiting in batch {
-                        let _ = waiting.answer.send(None);
-                    }
-                    continue;
-                };
-                for (waiting, value) in batch.into_iter().zip(values) {
-                    match &value {
-                        Some(value) => {
-                            self.metrics.remote_hits.inc();
-                            self.metrics.fetched_bytes.add(value.len() as u64);
-                        }
-                        None => self.metrics.remote_absent.inc(),
-                    }
-                    let _ = waiting.answer.send(value);
-                }
+                let (ldc, peers) = (self.clone(), peers.clone());
+                tokio::spawn(async move {
+                    ldc.call_owner(&peers, owner, batch).await;
+                    drop(call);
+                });
             }
+        }
+    }
+
+    /// One FETCH call: `batch` asked of `owner`, each fetch answered with its value or `None`.
+    async fn call_owner(&self, peers: &PeerCalls, owner: u64, batch: Vec<Waiting>) {
+        let body = encode_fetch(batch.iter().map(|w| (&w.key[..], w.version)));
+        self.metrics.fetch_calls.inc();
+        let answers = match peers.call(owner, SERVICE_FETCH, &body, FETCH_TIMEOUT).await {
+            Ok(response) => decode_fetched(&response).filter(|values| values.len() == batch.len()),
+            Err(_) => {
+                self.skipped_until
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(owner, Instant::now() + BACK_OFF);
+                None
+            }
+        };
+        let Some(values) = answers else {
+            self.metrics.remote_failed.add(batch.len() as u64);
+            for waiting in batch {
+                let _ = waiting.answer.send(None);
+            }
+            return;
+        };
+        for (waiting, value) in batch.into_iter().zip(values) {
+            match &value {
+                Some(value) => {
+                    self.metrics.remote_hits.inc();
+                    self.metrics.fetched_bytes.add(value.len() as u64);
+                }
+                None => self.metrics.remote_absent.inc(),
+            }
+            let _ = waiting.answer.send(value);
         }
     }
 }
