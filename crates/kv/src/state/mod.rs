@@ -2043,6 +2043,25 @@ mod tests {
         assert_eq!(s.run("GET max"), Value::bulk("9223372036854775807"));
     }
 
+    /// An expired sorted set keeps its records until its deletion applies; no command may see
+    /// them meanwhile (ZPOPMAX, the score and lex ranges, ZRANGESTORE read the records
+    /// directly, not through the set's size).
+    #[test]
+    fn an_expired_sorted_set_is_empty_to_every_command() {
+        let mut s = Replica::new();
+        let int = Value::Integer;
+        assert_eq!(s.run("ZADD z 1 a 2 b"), int(2));
+        assert_eq!(s.run("ZADD y 5 b"), int(1));
+        assert_eq!(s.run("PEXPIRE z 100"), int(1));
+        s.advance(200);
+        let empty = Value::array(vec![]);
+        assert_eq!(s.run("ZRANGE z -inf +inf BYSCORE"), empty);
+        assert_eq!(s.run("ZRANGE z - + BYLEX"), empty);
+        assert_eq!(s.run("ZRANGESTORE d z -inf +inf BYSCORE"), int(0));
+        assert_eq!(s.run("ZREMRANGEBYSCORE z -inf +inf"), int(0));
+        assert_eq!(s.run("ZPOPMAX z 2"), Value::Pairs(vec![]));
+    }
+
     #[test]
     fn keys_expire_at_the_time_the_log_gives_as_in_redis() {
         let mut s = Replica::new();

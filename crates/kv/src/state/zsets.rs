@@ -204,7 +204,8 @@ impl KvState {
     }
 
     /// The members (and scores) of `key` in the records `bounds` select, in their order or
-    /// backwards, skipping `skip`, at most `take`.
+    /// backwards, skipping `skip`, at most `take`; none once `key` has expired (its records stay
+    /// until its deletion applies).
     fn zset_records(
         &mut self,
         key: &[u8],
@@ -213,6 +214,9 @@ impl KvState {
         take: usize,
         backwards: bool,
     ) -> Vec<(Bytes, f64)> {
+        if self.expired(key) {
+            return Vec::new();
+        }
         let prefix = zset_prefix(key);
         let keys = self
             .store
