@@ -1019,7 +1019,43 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
         let bit_bound = || ["0", "1", "-1", "-2", "7", "abc", "20"];
         let (bit_start, bit_end) = (bit_bound()[below(7)].to_string(), bit_bound()[below(7)].to_string());
         let bit_unit = ["BYTE", "BIT", "bit", "nope"][below(4)].to_string();
-        let command: Vec<String> = match below(133) {
+        let command: Vec<String> = match below(138) {
+            133..=135 => {
+                let name = [
+                    "ZUNIONSTORE",
+                    "ZINTERSTORE",
+                    "ZDIFFSTORE",
+                    "ZUNION",
+                    "zinter",
+                    "ZDIFF",
+                    "ZINTERCARD",
+                ][below(7)];
+                let sources = 1 + below(3);
+                let mut c = vec![name.to_string()];
+                if name.ends_with("STORE") {
+                    c.push(other);
+                }
+                c.push(match below(12) {
+                    0 => ["0", "-1", "x", "9"][below(4)].into(),
+                    _ => sources.to_string(),
+                });
+                c.push(key);
+                c.extend((1..sources).map(|_| format!("{prefix}{}", below(6))));
+                for _ in 0..below(3) {
+                    match below(4) {
+                        0 => {
+                            c.push("WEIGHTS".into());
+                            let weights = if below(8) == 0 { sources + 1 } else { sources };
+                            c.extend((0..weights).map(|_| ["2", "0", "-1", "0.5", "inf", "x"][below(6)].to_string()));
+                        }
+                        1 => c.extend(["AGGREGATE".into(), ["SUM", "min", "MAX", "avg"][below(4)].into()]),
+                        2 => c.push("WITHSCORES".into()),
+                        _ => c.extend(["LIMIT".into(), ["0", "1", "2", "-1", "x"][below(5)].into()]),
+                    }
+                }
+                c
+            }
+            136 | 137 => vec!["ZADD".into(), key, score, field],
             131 | 132 => {
                 let op = ["AND", "or", "XOR", "NOT", "nope"][below(5)];
                 let mut c = vec!["BITOP".into(), op.into(), other, key];

@@ -9,7 +9,10 @@ pub use crate::decimal::Decimal;
 use crate::decimal::{parse_float, Float};
 pub use crate::expiry::ExpireAt;
 pub use scripts::{script_sha, ScriptCall, ScriptRef};
-pub use zsets::{parse_score, Direction, LexBound, RangeQuery, ScoreBound, ZRange, ZaddOptions, ZsetRead, ZsetWrite};
+pub use zsets::{
+    parse_score, Aggregate, CombineOptions, Direction, LexBound, RangeQuery, ScoreBound, ZRange, ZaddOptions, ZsetOp,
+    ZsetRead, ZsetWrite,
+};
 
 mod scripts;
 pub mod table;

@@ -45,6 +45,14 @@ pub enum ZsetWrite {
         source: Bytes,
         query: RangeQuery,
     },
+    /// ZUNIONSTORE, ZINTERSTORE, ZDIFFSTORE: `destination` becomes the union, intersection or
+    /// difference of `keys` (sorted sets, or sets whose members score 1).
+    CombineStore {
+        op: ZsetOp,
+        destination: Bytes,
+        keys: Vec<Bytes>,
+        options: Result<CombineOptions, CommandError>,
+    },
 }
 
 impl ZsetWrite {
@@ -58,6 +66,9 @@ impl ZsetWrite {
             ZsetWrite::RangeStore {
                 destination, source, ..
             } => vec![destination.clone(), source.clone()],
+            ZsetWrite::CombineStore { destination, keys, .. } => {
+                std::iter::once(destination).chain(keys).cloned().collect()
+            }
         }
     }
 }
@@ -117,6 +128,45 @@ pub enum ZsetRead {
         key: Bytes,
         args: ScanArgs,
     },
+    /// ZUNION, ZINTER, ZDIFF: the members and scores `CombineStore` would store.
+    Combine {
+        op: ZsetOp,
+        keys: Vec<Bytes>,
+        options: Result<CombineOptions, CommandError>,
+    },
+    /// ZINTERCARD: how many members the intersection of `keys` has, counted up to the limit.
+    InterCard {
+        keys: Vec<Bytes>,
+        options: Result<CombineOptions, CommandError>,
+    },
+}
+
+/// How ZUNION, ZINTER and ZDIFF (and their kin) combine their keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZsetOp {
+    Union,
+    Inter,
+    Diff,
+}
+
+/// How a member's weighted scores in several keys become one (AGGREGATE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Aggregate {
+    Sum,
+    Min,
+    Max,
+}
+
+/// What follows the keys of ZUNION and its kin. Redis reads it only once every key's type has
+/// passed, so a bad option is an error kept until then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CombineOptions {
+    /// One per key (WEIGHTS; 1 when not given).
+    pub weights: Vec<Double>,
+    pub aggregate: Aggregate,
+    pub with_scores: bool,
+    /// ZINTERCARD's LIMIT: stop counting there (0: count all).
+    pub limit: usize,
 }
 
 /// Which members a range command means.
@@ -349,6 +399,90 @@ fn zmpop(rest: &[Bytes], name: &str) -> Result<ZsetWrite, CommandError> {
     })
 }
 
+/// The numkeys and keys of ZUNION and its kin (`rest` starts at numkeys), and what follows
+/// them, read as Redis 7.0's `zunionInterDiffGenericCommand` reads it: `store` forms take no
+/// WITHSCORES, ZDIFF no WEIGHTS or AGGREGATE, ZINTERCARD (`card`) only LIMIT.
+fn combine_args(
+    rest: &[Bytes],
+    name: &str,
+    op: ZsetOp,
+    store: bool,
+    card: bool,
+) -> Result<(Vec<Bytes>, Result<CombineOptions, CommandError>), CommandError> {
+    let numkeys = parse_i64(&rest[0])?;
+    if numkeys < 1 {
+        return Err(format!("ERR at least 1 input key is needed for '{name}' command"));
+    }
+    let numkeys = match usize::try_from(numkeys) {
+        Ok(n) if n < rest.len() => n,
+        _ => return Err(syntax_error()),
+    };
+    let keys = rest[1..=numkeys].to_vec();
+    Ok((keys, combine_options(&rest[1 + numkeys..], numkeys, op, store, card)))
+}
+
+fn combine_options(
+    args: &[Bytes],
+    numkeys: usize,
+    op: ZsetOp,
+    store: bool,
+    card: bool,
+) -> Result<CombineOptions, CommandError> {
+    let mut options = CombineOptions {
+        weights: vec![Double(1.0); numkeys],
+        aggregate: Aggregate::Sum,
+        with_scores: false,
+        limit: 0,
+    };
+    let scored = op != ZsetOp::Diff && !card;
+    let mut at = 0;
+    while at < args.len() {
+        let remaining = args.len() - at;
+        match args[at].to_ascii_lowercase().as_slice() {
+            b"weights" if scored && remaining > numkeys => {
+                for (weight, arg) in options.weights.iter_mut().zip(&args[at + 1..]) {
+                    *weight = parse_score(arg)
+                        .map(Double)
+                        .ok_or_else(|| CommandError::from("ERR weight value is not a float"))?;
+                }
+                at += 1 + numkeys;
+            }
+            b"aggregate" if scored && remaining >= 2 => {
+                options.aggregate = match args[at + 1].to_ascii_lowercase().as_slice() {
+                    b"sum" => Aggregate::Sum,
+                    b"min" => Aggregate::Min,
+                    b"max" => Aggregate::Max,
+                    _ => return Err(syntax_error()),
+                };
+                at += 2;
+            }
+            b"withscores" if !store && !card => {
+                options.with_scores = true;
+                at += 1;
+            }
+            b"limit" if card && remaining >= 2 => {
+                options.limit = parse_i64(&args[at + 1])
+                    .ok()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| CommandError::from("ERR LIMIT can't be negative"))?;
+                at += 2;
+            }
+            _ => return Err(syntax_error()),
+        }
+    }
+    Ok(options)
+}
+
+fn zset_op(name: &str) -> ZsetOp {
+    if name.starts_with("zunion") {
+        ZsetOp::Union
+    } else if name.starts_with("zinter") {
+        ZsetOp::Inter
+    } else {
+        ZsetOp::Diff
+    }
+}
+
 /// A sorted-set command, if `name` is one.
 pub(super) fn parse(name: &str, rest: &[Bytes]) -> Option<Result<Command, CommandError>> {
     let (exact, at_least) = arity_checks(name, rest.len());
@@ -451,6 +585,28 @@ pub(super) fn parse(name: &str, rest: &[Bytes]) -> Option<Result<Command, Comman
                     source: rest[1].clone(),
                     query: range_query(&rest[2..], None, None, true)?,
                 })
+            }
+            "zunionstore" | "zinterstore" | "zdiffstore" => {
+                at_least(3)?;
+                let op = zset_op(name);
+                let (keys, options) = combine_args(&rest[1..], name, op, true, false)?;
+                write(ZsetWrite::CombineStore {
+                    op,
+                    destination: rest[0].clone(),
+                    keys,
+                    options,
+                })
+            }
+            "zunion" | "zinter" | "zdiff" => {
+                at_least(2)?;
+                let op = zset_op(name);
+                let (keys, options) = combine_args(rest, name, op, false, false)?;
+                read(ZsetRead::Combine { op, keys, options })
+            }
+            "zintercard" => {
+                at_least(2)?;
+                let (keys, options) = combine_args(rest, name, ZsetOp::Inter, false, true)?;
+                read(ZsetRead::InterCard { keys, options })
             }
             "zscore" => {
                 exact(2)?;

@@ -2044,8 +2044,8 @@ mod tests {
     }
 
     /// An expired sorted set keeps its records until its deletion applies; no command may see
-    /// them meanwhile (ZPOPMAX, the score and lex ranges, ZRANGESTORE read the records
-    /// directly, not through the set's size).
+    /// them meanwhile (ZPOPMAX, the score and lex ranges, ZRANGESTORE and ZUNION read the
+    /// records directly, not through the set's size).
     #[test]
     fn an_expired_sorted_set_is_empty_to_every_command() {
         let mut s = Replica::new();
@@ -2057,9 +2057,12 @@ mod tests {
         let empty = Value::array(vec![]);
         assert_eq!(s.run("ZRANGE z -inf +inf BYSCORE"), empty);
         assert_eq!(s.run("ZRANGE z - + BYLEX"), empty);
+        assert_eq!(s.run("ZUNION 2 z y"), Value::array(vec![Value::bulk("b")]));
         assert_eq!(s.run("ZRANGESTORE d z -inf +inf BYSCORE"), int(0));
         assert_eq!(s.run("ZREMRANGEBYSCORE z -inf +inf"), int(0));
         assert_eq!(s.run("ZPOPMAX z 2"), Value::Pairs(vec![]));
+        assert_eq!(s.run("ZINTERSTORE d 2 z y"), int(0));
+        assert_eq!(s.run("EXISTS d"), int(0));
     }
 
     #[test]
@@ -2910,7 +2913,13 @@ mod tests {
         let ms = ["1", "400", "900"][next(3) as usize];
         let float = ["0.5", "-2.25", "abc", "1e2"][next(4) as usize];
         let score = ["1", "-2.5", "inf", "-inf", "3"][next(5) as usize];
-        match next(68) {
+        match next(70) {
+            69 => format!("ZDIFFSTORE {k1} 2 {k2} {k1}"),
+            68 => format!(
+                "{} {k2} 2 {k1} {k2} WEIGHTS 2 0.5 AGGREGATE {}",
+                ["ZUNIONSTORE", "ZINTERSTORE"][next(2) as usize],
+                ["SUM", "MIN", "MAX"][next(3) as usize]
+            ),
             67 => format!("SETBIT {k1} {} {}", next(20), next(2)),
             57 => format!("ZADD {k1} {score} {f} 2 {f}"),
             58 => format!(

@@ -9,16 +9,22 @@
 //! Every write is first planned — its reply and the scores it changes, read without writing —
 //! then applied, so what CURP previews and what the log applies are one computation.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use chorus_resp::{format_double, Double, Value};
 
-use super::{group_prefix, unreadable_value, KeyType, KvState, ZSET_TAG};
-use crate::command::{Direction, LexBound, RangeQuery, ScoreBound, SetCondition, ZRange, ZsetRead, ZsetWrite};
+use super::{group_prefix, unreadable_value, KeyType, KvState, WRONGTYPE, ZSET_TAG};
+use crate::command::{
+    Aggregate, CombineOptions, CommandError, Direction, LexBound, RangeQuery, ScoreBound, SetCondition, ZRange, ZsetOp,
+    ZsetRead, ZsetWrite,
+};
 use crate::glob::glob_match;
 use crate::keyspace_events;
+
+/// Members and their scores.
+type Members = Vec<(Bytes, f64)>;
 
 const SCORE_RECORD: u8 = b'm';
 const ORDER_RECORD: u8 = b'o';
@@ -155,7 +161,7 @@ fn all_order_records() -> KeyBounds {
 }
 
 /// `[member, score]` pairs as ZRANGE answers them (scores only WITHSCORES).
-fn range_reply(members: Vec<(Bytes, f64)>, with_scores: bool) -> Value {
+fn range_reply(members: Members, with_scores: bool) -> Value {
     if with_scores {
         Value::Pairs(
             members
@@ -206,14 +212,7 @@ impl KvState {
     /// The members (and scores) of `key` in the records `bounds` select, in their order or
     /// backwards, skipping `skip`, at most `take`; none once `key` has expired (its records stay
     /// until its deletion applies).
-    fn zset_records(
-        &mut self,
-        key: &[u8],
-        bounds: &KeyBounds,
-        skip: usize,
-        take: usize,
-        backwards: bool,
-    ) -> Vec<(Bytes, f64)> {
+    fn zset_records(&mut self, key: &[u8], bounds: &KeyBounds, skip: usize, take: usize, backwards: bool) -> Members {
         if self.expired(key) {
             return Vec::new();
         }
@@ -237,7 +236,7 @@ impl KvState {
     }
 
     /// The members a range selects, in order (`reverse`: from the highest), after LIMIT.
-    fn zset_range(&mut self, key: &[u8], query: &RangeQuery) -> Vec<(Bytes, f64)> {
+    fn zset_range(&mut self, key: &[u8], query: &RangeQuery) -> Members {
         let (bounds, skip, take) = match &query.range {
             ZRange::Rank { start, stop } => {
                 let len = self.zset_len(key) as i64;
@@ -389,14 +388,87 @@ impl KvState {
             } => {
                 self.zset_check(source)?;
                 let members = self.zset_range(source, query);
-                let mut plan = Plan::reply(destination, Value::Integer(members.len() as i64));
-                plan.replace = true;
-                for (member, score) in members {
-                    plan.changes.insert(member, (None, Some(score)));
-                }
-                Ok(plan)
+                Ok(replacing_plan(destination, members))
+            }
+            ZsetWrite::CombineStore {
+                op,
+                destination,
+                keys,
+                options,
+            } => {
+                let members = self.combine(*op, keys, options)?;
+                Ok(replacing_plan(destination, members))
             }
         }
+    }
+
+    /// The members and scores of each of `keys` (a set's members score 1), in key order; then,
+    /// as Redis checks them, what `options` say (WRONGTYPE comes first).
+    fn combine_sources(
+        &mut self,
+        keys: &[Bytes],
+        options: &Result<CombineOptions, CommandError>,
+    ) -> Result<(Vec<Members>, CombineOptions), Value> {
+        for key in keys {
+            if !matches!(self.key_type(key), None | Some(KeyType::Zset | KeyType::Set)) {
+                return Err(Value::error(WRONGTYPE));
+            }
+        }
+        let options = options.clone().map_err(Value::error)?;
+        let mut sources = Vec::with_capacity(keys.len());
+        for key in keys {
+            sources.push(match self.key_type(key) {
+                Some(KeyType::Set) => self.set_members(key)?.into_iter().map(|m| (m, 1.0)).collect(),
+                _ => self.zset_members(key),
+            });
+        }
+        Ok((sources, options))
+    }
+
+    /// ZUNION, ZINTER or ZDIFF of `keys`, in score order. Scores are computed as Redis 7.0
+    /// computes them, in its order, so sums of floats round alike: union and intersection go
+    /// through the keys from the smallest (stably), a weighted score that is NaN (inf × 0) counts
+    /// as 0 and so does a sum that is (inf − inf); ZDIFF keeps the first key's scores.
+    fn combine(
+        &mut self,
+        op: ZsetOp,
+        keys: &[Bytes],
+        options: &Result<CombineOptions, CommandError>,
+    ) -> Result<Members, Value> {
+        let (sources, options) = self.combine_sources(keys, options)?;
+        let mut weighted: Vec<(Members, f64)> = sources.into_iter().zip(options.weights.iter().map(|w| w.0)).collect();
+        let nan_as_zero = |score: f64| if score.is_nan() { 0.0 } else { score };
+        let mut combined: Members = match op {
+            ZsetOp::Union => {
+                weighted.sort_by_key(|(members, _)| members.len());
+                let mut scores: HashMap<Bytes, f64> = HashMap::new();
+                for (members, weight) in weighted {
+                    for (member, score) in members {
+                        let score = nan_as_zero(weight * score);
+                        scores
+                            .entry(member)
+                            .and_modify(|total| *total = aggregate(options.aggregate, *total, score))
+                            .or_insert(score);
+                    }
+                }
+                scores.into_iter().collect()
+            }
+            ZsetOp::Inter => {
+                weighted.sort_by_key(|(members, _)| members.len());
+                intersection(weighted, options.aggregate, usize::MAX)
+            }
+            ZsetOp::Diff => {
+                let mut sources = weighted.into_iter().map(|(members, _)| members);
+                let first = sources.next().unwrap_or_default();
+                let others: Vec<HashMap<Bytes, f64>> = sources.map(|members| members.into_iter().collect()).collect();
+                first
+                    .into_iter()
+                    .filter(|(member, _)| others.iter().all(|other| !other.contains_key(member)))
+                    .collect()
+            }
+        };
+        combined.sort_by(|(m1, s1), (m2, s2)| s1.partial_cmp(s2).expect("no NaN scores").then_with(|| m1.cmp(m2)));
+        Ok(combined)
     }
 
     /// What applying a sorted-set write would answer, without applying it.
@@ -449,12 +521,12 @@ impl KvState {
     }
 
     /// A sorted set's members and scores in score order (RENAME, COPY).
-    pub(super) fn zset_members(&mut self, key: &[u8]) -> Vec<(Bytes, f64)> {
+    pub(super) fn zset_members(&mut self, key: &[u8]) -> Members {
         self.zset_records(key, &all_order_records(), 0, usize::MAX, false)
     }
 
     /// Writes `members` into `key`, which holds nothing.
-    pub(super) fn put_zset(&mut self, index: u64, key: &[u8], members: Vec<(Bytes, f64)>) {
+    pub(super) fn put_zset(&mut self, index: u64, key: &[u8], members: Members) {
         for (member, score) in members {
             self.store.write(
                 index,
@@ -543,6 +615,17 @@ impl KvState {
                     }
                 }
             }
+            ZsetRead::Combine { op, keys, options } => {
+                let with_scores = options.as_ref().is_ok_and(|o| o.with_scores);
+                range_reply(self.combine(*op, keys, options)?, with_scores)
+            }
+            ZsetRead::InterCard { keys, options } => {
+                let (sources, options) = self.combine_sources(keys, options)?;
+                let mut sources: Vec<(Members, f64)> = sources.into_iter().map(|s| (s, 1.0)).collect();
+                sources.sort_by_key(|(members, _)| members.len());
+                let limit = if options.limit == 0 { usize::MAX } else { options.limit };
+                Value::Integer(intersection(sources, Aggregate::Sum, limit).len() as i64)
+            }
             ZsetRead::Scan { key, args } => {
                 self.zset_check(key)?;
                 let mut out = Vec::new();
@@ -573,7 +656,70 @@ fn zset_event(write: &ZsetWrite) -> &'static str {
             ZRange::Lex { .. } => "zremrangebylex",
         },
         ZsetWrite::RangeStore { .. } => "zrangestore",
+        ZsetWrite::CombineStore { op, .. } => match op {
+            ZsetOp::Union => "zunionstore",
+            ZsetOp::Inter => "zinterstore",
+            ZsetOp::Diff => "zdiffstore",
+        },
     }
+}
+
+/// A write that replaces `destination` with `members` (deleting it when there are none),
+/// answering how many it stored.
+fn replacing_plan(destination: &Bytes, members: Members) -> Plan {
+    let mut plan = Plan::reply(destination, Value::Integer(members.len() as i64));
+    plan.replace = true;
+    for (member, score) in members {
+        plan.changes.insert(member, (None, Some(score)));
+    }
+    plan
+}
+
+/// `total` and a further weighted score, combined as AGGREGATE says (Redis's
+/// `zunionInterAggregate`: a NaN score never wins MIN or MAX, a NaN sum is 0).
+fn aggregate(how: Aggregate, total: f64, score: f64) -> f64 {
+    match how {
+        Aggregate::Sum => {
+            let sum = total + score;
+            if sum.is_nan() {
+                0.0
+            } else {
+                sum
+            }
+        }
+        Aggregate::Min if score < total => score,
+        Aggregate::Max if score > total => score,
+        Aggregate::Min | Aggregate::Max => total,
+    }
+}
+
+/// The members of the first of `sources` (each with its weight, the smallest first) that every
+/// other holds, their scores aggregated as Redis's ZINTER does (the first's weighted score with
+/// NaN as 0, the others' as they are); at most `limit` of them.
+fn intersection(sources: Vec<(Members, f64)>, how: Aggregate, limit: usize) -> Members {
+    let mut sources = sources.into_iter();
+    let Some((first, first_weight)) = sources.next() else {
+        return Vec::new();
+    };
+    let others: Vec<(HashMap<Bytes, f64>, f64)> = sources
+        .map(|(members, weight)| (members.into_iter().collect(), weight))
+        .collect();
+    let mut common = Vec::new();
+    'members: for (member, score) in first {
+        if common.len() >= limit {
+            break;
+        }
+        let weighted = first_weight * score;
+        let mut total = if weighted.is_nan() { 0.0 } else { weighted };
+        for (other, weight) in &others {
+            let Some(score) = other.get(&member) else {
+                continue 'members;
+            };
+            total = aggregate(how, total, score * weight);
+        }
+        common.push((member, total));
+    }
+    common
 }
 
 /// LIMIT's count as a number of members to take (a negative count is no limit).
