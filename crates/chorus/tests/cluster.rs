@@ -283,6 +283,34 @@ async fn writes_on_any_node_are_linearizably_readable_on_every_node() {
         clients[2].command(&["HMGET", "h", "f2", "f1", "nope"]).await.unwrap(),
         Value::Array(Some(vec![bulk("b"), bulk("a"), Value::Bulk(None)]))
     );
+    // MEMORY USAGE counts records, not a node's cache, so every node answers alike; TOUCH
+    // counts the keys that exist; TIME is the node's clock.
+    let mut usages = Vec::new();
+    for c in &mut clients {
+        usages.push(c.command(&["MEMORY", "USAGE", "h", "SAMPLES", "0"]).await.unwrap());
+    }
+    assert!(matches!(usages[0], Value::Integer(n) if n >= 8), "{usages:?}");
+    assert!(usages.iter().all(|u| *u == usages[0]), "{usages:?}");
+    assert_eq!(
+        clients[1].command(&["MEMORY", "USAGE", "nope"]).await.unwrap(),
+        Value::Bulk(None)
+    );
+    assert_eq!(
+        clients[2].command(&["TOUCH", "h", "nope", "counter"]).await.unwrap(),
+        Value::Integer(2)
+    );
+    let Value::Array(Some(time)) = clients[0].command(&["TIME"]).await.unwrap() else {
+        panic!("TIME is not an array")
+    };
+    let number = |v: &Value| match v {
+        Value::Bulk(Some(b)) => std::str::from_utf8(b).unwrap().parse::<u64>().unwrap(),
+        other => panic!("{other:?} is not a number"),
+    };
+    let now_secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(number(&time[0]).abs_diff(now_secs) < 60 && number(&time[1]) < 1_000_000);
     // Pipelined write-then-read on one connection reads its own write.
     let replies = clients[1]
         .pipeline(&[

@@ -115,6 +115,8 @@ const SERVER_COMMANDS: &[&str] = &[
     "wait",
     "auth",
     "acl",
+    "time",
+    "memory",
 ];
 
 /// COMMAND and its subcommands, from the command table.
@@ -1535,6 +1537,18 @@ impl Connection {
                 _ => return (arity(false).unwrap_err(), Flow::Continue),
             },
             "quit" => return (Value::ok(), Flow::Close),
+            // This node's clock: a reply, never an input to a write (scripts cannot call it).
+            "time" if rest.is_empty() => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                Value::array(vec![
+                    Value::bulk(now.as_secs().to_string()),
+                    Value::bulk(now.subsec_micros().to_string()),
+                ])
+            }
+            "time" => return (arity(false).unwrap_err(), Flow::Continue),
+            "memory" => self.memory_command(&sub, rest).await,
             "select" => match rest {
                 [db] if db.as_ref() == b"0" => Value::ok(),
                 [_] => Value::error("ERR DB index is out of range (Chorus has one database, 0)"),
@@ -1843,6 +1857,48 @@ impl Connection {
             (Value::bulk("role"), Value::bulk("master")),
             (Value::bulk("modules"), Value::array(Vec::new())),
         ])
+    }
+
+    /// MEMORY USAGE key [SAMPLES n] (read as this session reads keys; SAMPLES changes nothing,
+    /// as no value is sampled) and MEMORY HELP.
+    async fn memory_command(&self, sub: &str, rest: &[Bytes]) -> Value {
+        match sub {
+            "usage" if rest.len() >= 2 => {
+                let mut options = rest[2..].iter();
+                while let Some(option) = options.next() {
+                    match options.next() {
+                        Some(samples) if option.eq_ignore_ascii_case(b"samples") => {
+                            match crate::command::parse_i64(samples) {
+                                Ok(n) if n >= 0 => {}
+                                Ok(_) => return Value::error("ERR syntax error"),
+                                Err(e) => return Value::error(e),
+                            }
+                        }
+                        _ => return Value::error("ERR syntax error"),
+                    }
+                }
+                let read = crate::command::Read::MemoryUsage(rest[1].clone());
+                match self.shared.node.read(read, self.consistency).await {
+                    Ok(value) => value,
+                    Err(e) => node_error(e),
+                }
+            }
+            "usage" => Value::error("ERR wrong number of arguments for 'memory|usage' command"),
+            "help" => Value::array(
+                [
+                    "MEMORY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                    "USAGE <key> [SAMPLES <count>]",
+                    "    Return about how many bytes <key> takes in memory were its values all cached:",
+                    "    its records' keys and values, and what the index spends on each record.",
+                    "HELP",
+                    "    Print this help.",
+                ]
+                .into_iter()
+                .map(|line| Value::Simple(line.into()))
+                .collect(),
+            ),
+            _ => Value::error(format!("ERR unknown subcommand '{sub}'. Try MEMORY HELP.")),
+        }
     }
 
     async fn info(&self, section: &str) -> String {

@@ -27,4 +27,5 @@ pub use segment::{
 };
 pub use store::{
     CachePolicy, DiskRead, Located, PinnedSegments, StorageMode, Store, StoreError, StoreOptions, StoreStats,
+    INDEX_BYTES_PER_RECORD,
 };

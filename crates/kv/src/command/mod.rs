@@ -472,6 +472,9 @@ pub enum Read {
         field: Bytes,
     },
     DbSize,
+    /// MEMORY USAGE: about what `key` takes in memory, were its values all cached (nil when it
+    /// does not exist).
+    MemoryUsage(Bytes),
     /// TTL / PTTL (`in_ms`).
     Ttl {
         key: Bytes,
@@ -1097,7 +1100,8 @@ impl Command {
                 at_least(1)?;
                 Command::Write(Write::Del(rest.to_vec()))
             }
-            "exists" => {
+            // TOUCH only counts the keys that exist, as Chorus keeps no access times.
+            "exists" | "touch" => {
                 at_least(1)?;
                 Command::Read(Read::Exists(rest.to_vec()))
             }

@@ -32,7 +32,7 @@ use chorus_curp::rifl::{Completions, Envelope, Verdict};
 use chorus_log::{FinishRead, SlowRead, SnapshotFiles, StateMachine};
 use chorus_metrics::Gauge;
 use chorus_resp::{parse_value, write_value, Limits, Value};
-use chorus_storage::{Located, Manifest, Store, StoreError, StoreOptions};
+use chorus_storage::{Located, Manifest, Store, StoreError, StoreOptions, INDEX_BYTES_PER_RECORD};
 
 use crate::command::{
     decode_logged, invalid_expire_time, not_a_float, Command, Decimal, End, ExpireAt, ExpireCondition, Logged, Read,
@@ -1499,6 +1499,22 @@ impl KvState {
                     Value::Integer(present as i64)
                 }
                 Read::DbSize => Value::Integer(self.len() as i64),
+                Read::MemoryUsage(key) => match self.key_type(key) {
+                    None => Value::null(),
+                    Some(KeyType::String) => {
+                        let bytes = self.store.record_bytes(&string_key(key)).unwrap_or(0);
+                        Value::Integer((bytes + INDEX_BYTES_PER_RECORD) as i64)
+                    }
+                    Some(key_type) => {
+                        let tag = GROUP_TYPES
+                            .iter()
+                            .find(|(_, t)| *t == key_type)
+                            .map(|(tag, _)| *tag)
+                            .expect("every type but strings is a group");
+                        let (records, bytes) = self.store.group_record_bytes(&group_prefix(tag, key));
+                        Value::Integer((bytes + records * INDEX_BYTES_PER_RECORD) as i64)
+                    }
+                },
                 Read::Ttl { key, in_ms } => Value::Integer(match (self.exists(key), self.deadlines.get(key)) {
                     (false, _) => -2,
                     (true, None) => -1,
