@@ -341,6 +341,21 @@ async fn writes_on_any_node_are_linearizably_readable_on_every_node() {
     let stats = String::from_utf8(stats.to_vec()).unwrap();
     assert!(stats.starts_with("# Commandstats\r\n"), "{stats}");
     assert!(stats.contains("cmdstat_dbsize:calls=2\r\n"), "{stats}");
+    // The fields monitoring tools (and `redis-cli --stat`) read are there, and mean something.
+    let Value::Bulk(Some(info)) = clients[0].command(&["INFO"]).await.unwrap() else {
+        panic!("INFO is not a bulk string")
+    };
+    let info = String::from_utf8(info.to_vec()).unwrap();
+    let field = |name: &str| -> f64 {
+        let line = info.lines().find(|l| l.starts_with(&format!("{name}:")));
+        line.unwrap_or_else(|| panic!("no {name} in {info}"))[name.len() + 1..]
+            .parse()
+            .unwrap()
+    };
+    assert!(field("connected_clients") >= 1.0 && field("blocked_clients") == 0.0);
+    assert!(field("used_memory") > 1e6 && field("used_memory_peak") > 1e6, "{info}");
+    assert!(field("total_commands_processed") >= 10.0 && field("total_connections_received") >= 1.0);
+    assert!(field("used_cpu_user") + field("used_cpu_sys") > 0.0);
 
     let metrics = cluster.metrics(1);
     for name in [

@@ -175,7 +175,12 @@ impl Hub {
     }
 
     pub fn any_blocked(&self) -> bool {
-        self.blocked_count.load(Ordering::Relaxed) > 0
+        self.blocked_clients() > 0
+    }
+
+    /// Connections waiting in a blocking command (BLPOP, BZMPOP, …).
+    pub fn blocked_clients(&self) -> usize {
+        self.blocked_count.load(Ordering::Relaxed)
     }
 
     /// A write to `key` applied here: every connection blocked on it looks again (each its own

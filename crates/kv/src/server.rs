@@ -1923,6 +1923,29 @@ impl Connection {
                 self.shared.started.elapsed().as_secs()
             ));
         }
+        if all || section == "clients" {
+            out.push_str(&format!(
+                "# Clients\r\nconnected_clients:{}\r\nblocked_clients:{}\r\n\r\n",
+                self.shared.drain.open_connections(),
+                self.shared.listeners.blocked_clients()
+            ));
+        }
+        let usage = ProcessUsage::now();
+        if all || section == "memory" {
+            out.push_str(&format!(
+                "# Memory\r\nused_memory:{rss}\r\nused_memory_human:{}\r\nused_memory_rss:{rss}\r\nused_memory_peak:{peak}\r\nmaxmemory:0\r\n\r\n",
+                human_bytes(usage.resident_bytes),
+                rss = usage.resident_bytes,
+                peak = usage.peak_resident_bytes,
+            ));
+        }
+        if all || section == "stats" {
+            let commands: u64 = self.shared.metrics.by_command.values().map(|calls| calls.get()).sum();
+            out.push_str(&format!(
+                "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{commands}\r\n\r\n",
+                self.shared.metrics.connections.get()
+            ));
+        }
         if all || section == "replication" {
             let role = if status.role == chorus_log::Role::Leader {
                 "master"
@@ -1930,6 +1953,12 @@ impl Connection {
                 "slave"
             };
             out.push_str(&format!("# Replication\r\nrole:{role}\r\n\r\n"));
+        }
+        if all || section == "cpu" {
+            out.push_str(&format!(
+                "# CPU\r\nused_cpu_sys:{:.6}\r\nused_cpu_user:{:.6}\r\n\r\n",
+                usage.system_cpu_secs, usage.user_cpu_secs
+            ));
         }
         if all || section == "raft" {
             out.push_str(&format!(
@@ -1964,6 +1993,47 @@ impl Connection {
             out.push_str("\r\n");
         }
         out
+    }
+}
+
+/// What this process uses, as INFO's memory and CPU sections report it (Redis's `used_memory`
+/// is its allocator's count; Chorus reports its resident memory there, which is what it costs).
+struct ProcessUsage {
+    resident_bytes: u64,
+    peak_resident_bytes: u64,
+    system_cpu_secs: f64,
+    user_cpu_secs: f64,
+}
+
+impl ProcessUsage {
+    fn now() -> ProcessUsage {
+        // SAFETY: getrusage fills the struct it is given; sysconf has no preconditions.
+        let (usage, page_bytes) = unsafe {
+            let mut usage: libc::rusage = std::mem::zeroed();
+            libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+            (usage, libc::sysconf(libc::_SC_PAGESIZE).max(1) as u64)
+        };
+        // statm: total and resident pages, then others.
+        let resident_pages = std::fs::read_to_string("/proc/self/statm")
+            .ok()
+            .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .unwrap_or(0);
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        ProcessUsage {
+            resident_bytes: resident_pages * page_bytes,
+            peak_resident_bytes: usage.ru_maxrss as u64 * 1024,
+            system_cpu_secs: secs(usage.ru_stime),
+            user_cpu_secs: secs(usage.ru_utime),
+        }
+    }
+}
+
+/// Bytes as Redis's `used_memory_human` shows them (`1.50M`).
+fn human_bytes(bytes: u64) -> String {
+    let units = [("G", 1u64 << 30), ("M", 1 << 20), ("K", 1 << 10)];
+    match units.iter().find(|(_, size)| bytes >= *size) {
+        Some((unit, size)) => format!("{:.2}{unit}", bytes as f64 / *size as f64),
+        None => format!("{bytes}B"),
     }
 }
 
