@@ -179,6 +179,86 @@ fn ok() -> Value {
     Value::Simple("OK".into())
 }
 
+/// CLIENT LIST shows a node's connections as they are (a subscriber flagged `P`, a blocked
+/// client's command, a name set), and CLIENT KILL closes the ones it picks: a blocked client is
+/// answered as if its timeout ran out, then closed; an idle one is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_list_shows_a_nodes_connections_and_client_kill_closes_them() {
+    let cluster = Cluster::start(3, &[]);
+    let mut admin = cluster.client(2).await;
+    let mut subscriber = cluster.client(2).await;
+    subscriber.command(&["SUBSCRIBE", "news"]).await.unwrap();
+    let mut blocked = cluster.client(2).await;
+    let blpop = tokio::spawn(async move { blocked.command(&["BLPOP", "nothing-comes", "0"]).await });
+    assert_eq!(admin.command(&["CLIENT", "SETNAME", "admin"]).await.unwrap(), ok());
+    let list = |value: Value| match value {
+        Value::Bulk(Some(text)) => String::from_utf8(text.to_vec()).unwrap(),
+        other => panic!("CLIENT LIST answered {other:?}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let lines = loop {
+        let text = list(admin.command(&["CLIENT", "LIST"]).await.unwrap());
+        if text.contains("cmd=blpop") || Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(lines.lines().count(), 3, "{lines}");
+    let line_with = |needle: &str| {
+        lines
+            .lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("{needle}: {lines}"))
+    };
+    assert!(line_with("name=admin").contains("flags=N") && line_with("name=admin").contains("cmd=client"));
+    assert!(line_with("sub=1").contains("flags=P"), "{lines}");
+    let field = |line: &str, key: &str| {
+        let start = line.find(&format!(" {key}=")).map_or(0, |at| at + 1) + key.len() + 1;
+        line[start..].split(' ').next().unwrap().to_string()
+    };
+    let blocked_id = field(line_with("cmd=blpop"), "id");
+    let pubsub = list(admin.command(&["CLIENT", "LIST", "TYPE", "pubsub"]).await.unwrap());
+    assert_eq!(pubsub.lines().count(), 1, "{pubsub}");
+    assert_eq!(
+        admin.command(&["CLIENT", "KILL", "ID", "0"]).await.unwrap(),
+        Value::Error("ERR client-id should be greater than 0".into())
+    );
+    assert_eq!(
+        admin.command(&["CLIENT", "KILL", "ID", &blocked_id]).await.unwrap(),
+        Value::Integer(1)
+    );
+    let unblocked = tokio::time::timeout(Duration::from_secs(3), blpop)
+        .await
+        .expect("the killed client is answered")
+        .unwrap();
+    assert_eq!(unblocked.unwrap(), Value::Array(None));
+    let subscriber_addr = field(line_with("sub=1"), "addr");
+    assert_eq!(
+        admin.command(&["CLIENT", "KILL", &subscriber_addr]).await.unwrap(),
+        ok()
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_secs(3), subscriber.command(&["PING"]))
+            .await
+            .expect("a killed connection is closed, not left hanging")
+            .is_err()
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = list(admin.command(&["CLIENT", "LIST"]).await.unwrap());
+        if left.lines().count() == 1 {
+            assert!(left.contains("name=admin"), "{left}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "killed connections are still listed: {left}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        admin.command(&["CLIENT", "KILL", "127.0.0.1:1"]).await.unwrap(),
+        Value::Error("ERR No such client".into())
+    );
+}
+
 /// A node sent SIGTERM answers the writes its clients wait for before it exits: a write the
 /// leader cannot commit yet (both followers stopped) is acknowledged once they come back, and
 /// only then is the connection closed and the process gone; meanwhile no new client is taken,

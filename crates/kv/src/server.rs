@@ -23,7 +23,7 @@
 //! and QUIT until it logs in, and a read-only user's writes are refused (NOPERM) before they
 //! are queued or sent.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -236,10 +236,17 @@ impl FrontEndMetrics {
         }
     }
 
-    fn count(&self, name: Option<&str>) {
-        match name.and_then(|name| self.by_command.get(name)) {
-            Some(counter) => counter.inc(),
-            None => self.by_command[OTHER_COMMAND].inc(),
+    /// Counts a command; its name as the table has it.
+    fn count(&self, name: Option<&str>) -> &'static str {
+        match name.and_then(|name| self.by_command.get_key_value(name)) {
+            Some((name, counter)) => {
+                counter.inc();
+                name
+            }
+            None => {
+                self.by_command[OTHER_COMMAND].inc();
+                OTHER_COMMAND
+            }
         }
     }
 }
@@ -254,6 +261,8 @@ struct Shared {
     curp: Option<Arc<Curp>>,
     metrics: FrontEndMetrics,
     next_client_id: AtomicU64,
+    /// Every open client connection, by id, as CLIENT LIST shows them.
+    clients: Mutex<BTreeMap<u64, Arc<ClientSeen>>>,
     started: Instant,
     /// This node's RIFL incarnation once registered; `None` again when it expired.
     incarnation: tokio::sync::Mutex<Option<u64>>,
@@ -501,6 +510,7 @@ pub async fn serve(
         curp,
         metrics: FrontEndMetrics::new(),
         next_client_id: AtomicU64::new(1),
+        clients: Mutex::new(BTreeMap::new()),
         started: Instant::now(),
         incarnation: tokio::sync::Mutex::new(None),
         registration_failed: Mutex::new(None),
@@ -550,6 +560,7 @@ pub async fn serve(
         shared.metrics.connections.inc();
         let shared = shared.clone();
         let open = shared.drain.connection();
+        let local = stream.local_addr().unwrap_or(shared.options.resp_addr);
         tokio::spawn(async move {
             let id = shared.next_client_id.fetch_add(1, Ordering::Relaxed);
             let user = shared
@@ -557,8 +568,10 @@ pub async fn serve(
                 .users
                 .initial()
                 .map(|user| (user.name.clone(), user.rights));
+            let seen = Arc::new(ClientSeen::new(id, remote, local));
             let mut conn = Connection {
                 id,
+                seen,
                 remote: remote.ip(),
                 user,
                 name: None,
@@ -573,6 +586,9 @@ pub async fn serve(
                 settled: Vec::new(),
                 shared,
             };
+            conn.seen.describe(&conn);
+            let listed = conn.seen.clone();
+            conn.shared.clients.lock().expect("not poisoned").insert(id, listed);
             let ended = match &conn.shared.options.tls {
                 None => conn.run(stream).await,
                 Some(tls) => match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.acceptor().accept(stream)).await {
@@ -587,6 +603,7 @@ pub async fn serve(
             if let Err(e) = ended {
                 tracing::debug!(%remote, error = %e, "RESP connection ended");
             }
+            conn.shared.clients.lock().expect("not poisoned").remove(&id);
             drop(open);
         });
     }
@@ -640,6 +657,8 @@ struct RiflClient {
 
 struct Connection {
     id: u64,
+    /// What CLIENT LIST shows of it, and how CLIENT KILL reaches it.
+    seen: Arc<ClientSeen>,
     remote: IpAddr,
     /// Who it logged in as, and what they may run; None until it does.
     user: Option<(String, Rights)>,
@@ -760,7 +779,14 @@ impl Connection {
         let limits = self.shared.options.limits;
         // One wait for the drain for the connection's life: made afresh for every read, it
         // would register with the drain's signal and leave it again once per request.
-        let drained = drain::begun(self.shared.drain.signal());
+        let (drain, seen) = (drain::begun(self.shared.drain.signal()), self.seen.clone());
+        // Killed, the connection closes as a drain closes it: at its next wait for its client.
+        let drained = async move {
+            tokio::select! {
+                () = drain => {}
+                () = seen.killed.notified() => {}
+            }
+        };
         tokio::pin!(drained);
         loop {
             if !self.read_or_deliver(&mut stream, &mut input, drained.as_mut()).await? {
@@ -824,7 +850,7 @@ impl Connection {
                 };
                 if let Ok(Some(Command::Blocking(blocking))) = parsed {
                     let mut name_buf = [0u8; MAX_COMMAND_NAME_BYTES];
-                    self.shared.metrics.count(short_name(&args, &mut name_buf));
+                    self.note_command(short_name(&args, &mut name_buf));
                     // What is in flight completes first; then this connection waits. Each of its
                     // attempts counts as the write it is (LMPOP, LMOVE, RPOPLPUSH).
                     self.resolve(&mut slots, &mut output).await;
@@ -833,7 +859,7 @@ impl Connection {
                     continue;
                 }
                 if matches!(parsed, Ok(None)) && args[0].eq_ignore_ascii_case(b"wait") {
-                    self.shared.metrics.count(Some("wait"));
+                    self.note_command(Some("wait"));
                     // About this connection's writes: they settle first.
                     self.resolve(&mut slots, &mut output).await;
                     pending = None;
@@ -1153,7 +1179,8 @@ impl Connection {
             let now = Instant::now();
             // A node that shuts down ends the wait as its timeout would (nothing taken): a
             // definite answer, and the drain need not wait for it.
-            if deadline.is_some_and(|d| now >= d) || self.shared.drain.is_draining() {
+            let killed = self.seen.was_killed.load(Ordering::Relaxed);
+            if deadline.is_some_and(|d| now >= d) || self.shared.drain.is_draining() || killed {
                 return blocking.reply.timed_out();
             }
             let look_again = deadline.map_or(BLOCKED_LOOK_AGAIN, |d| (d - now).min(BLOCKED_LOOK_AGAIN));
@@ -1443,7 +1470,7 @@ impl Connection {
         owned: Option<Envelope>,
     ) -> (Slot, Flow) {
         let mut name_buf = [0u8; MAX_COMMAND_NAME_BYTES];
-        self.shared.metrics.count(short_name(&args, &mut name_buf));
+        self.note_command(short_name(&args, &mut name_buf));
         let started = Instant::now();
         match parsed {
             Err(e) => (Slot::Ready(Value::error(e)), Flow::Continue),
@@ -1499,6 +1526,7 @@ impl Connection {
             }
             Ok(None) => {
                 let (value, flow) = self.server_command(&args).await;
+                self.seen.describe(self);
                 (Slot::Ready(value), flow)
             }
         }
@@ -1594,15 +1622,16 @@ impl Connection {
                 ("getname", 1) => Value::Bulk(self.name.clone()),
                 ("id", 1) => Value::Integer(self.id as i64),
                 ("setinfo", 3) => Value::ok(),
-                ("info", 1) => Value::bulk(format!(
-                    "id={} name={} db=0 read_consistency={}\n",
-                    self.id,
-                    self.name
-                        .as_ref()
-                        .map(|n| String::from_utf8_lossy(n).into_owned())
-                        .unwrap_or_default(),
-                    self.consistency_name()
-                )),
+                ("info", 1) => {
+                    self.seen.describe(self);
+                    Value::bulk(format!(
+                        "{} read_consistency={}\n",
+                        self.seen.line(),
+                        self.consistency_name()
+                    ))
+                }
+                ("list", _) => self.client_list(&rest[1..]),
+                ("kill", n) if n >= 2 => self.client_kill(&rest[1..]),
                 _ => Value::error(format!("ERR unknown or malformed subcommand '{sub}' for 'client'")),
             },
             // Standalone Redis answers every CLUSTER subcommand with this error; cluster-aware
@@ -1785,6 +1814,94 @@ impl Connection {
             )));
         }
         None
+    }
+
+    /// Counts a command, and shows it in CLIENT LIST as this connection's latest.
+    fn note_command(&self, name: Option<&str>) {
+        let name = self.shared.metrics.count(name);
+        self.seen.active(name);
+    }
+
+    /// CLIENT LIST [TYPE normal|pubsub|master|replica] [ID id ...].
+    fn client_list(&self, args: &[Bytes]) -> Value {
+        let filter = match args {
+            [] => None,
+            [word, kind] if word.eq_ignore_ascii_case(b"type") => match kind.to_ascii_lowercase().as_slice() {
+                b"normal" => Some(ClientFilter::Subscribed(false)),
+                b"pubsub" => Some(ClientFilter::Subscribed(true)),
+                // A Chorus node's replication is raft's, not a client's.
+                b"master" | b"replica" | b"slave" => Some(ClientFilter::Ids(Vec::new())),
+                _ => return Value::error(format!("ERR Unknown client type '{}'", String::from_utf8_lossy(kind))),
+            },
+            [word, ids @ ..] if word.eq_ignore_ascii_case(b"id") && !ids.is_empty() => {
+                match ids.iter().map(|id| client_id_arg(id)).collect::<Result<Vec<_>, _>>() {
+                    Ok(ids) => Some(ClientFilter::Ids(ids)),
+                    Err(e) => return e,
+                }
+            }
+            _ => return Value::error("ERR syntax error"),
+        };
+        let mut out = String::new();
+        for seen in self.shared.clients.lock().expect("not poisoned").values() {
+            if filter.as_ref().is_none_or(|f| f.matches(seen)) {
+                out.push_str(&seen.line());
+                out.push('\n');
+            }
+        }
+        Value::bulk(out)
+    }
+
+    /// CLIENT KILL ip:port (OK, or no such client), or CLIENT KILL with filters (ID, ADDR,
+    /// LADDR, USER, SKIPME): how many it killed. A killed connection closes once its current
+    /// command has answered.
+    fn client_kill(&self, args: &[Bytes]) -> Value {
+        if let [addr] = args {
+            let killed = self.kill_where(|seen| seen.addr.to_string().as_bytes() == addr.as_ref());
+            return if killed > 0 {
+                Value::ok()
+            } else {
+                Value::error("ERR No such client")
+            };
+        }
+        if !args.len().is_multiple_of(2) {
+            return Value::error("ERR syntax error");
+        }
+        let (mut filters, mut skip_me) = (Vec::new(), true);
+        for pair in args.chunks_exact(2) {
+            let (word, value) = (pair[0].to_ascii_lowercase(), &pair[1]);
+            filters.push(match word.as_slice() {
+                b"id" => match client_id_arg(value) {
+                    Ok(id) => ClientFilter::Ids(vec![id]),
+                    Err(e) => return e,
+                },
+                b"addr" => ClientFilter::Addr(value.clone()),
+                b"laddr" => ClientFilter::LocalAddr(value.clone()),
+                b"user" => ClientFilter::User(value.clone()),
+                b"skipme" => {
+                    skip_me = match value.to_ascii_lowercase().as_slice() {
+                        b"yes" => true,
+                        b"no" => false,
+                        _ => return Value::error("ERR syntax error"),
+                    };
+                    continue;
+                }
+                _ => return Value::error("ERR syntax error"),
+            });
+        }
+        let killed =
+            self.kill_where(|seen| (!skip_me || seen.id != self.id) && filters.iter().all(|f| f.matches(seen)));
+        Value::Integer(killed as i64)
+    }
+
+    /// Kills the connections `which` picks; how many.
+    fn kill_where(&self, which: impl Fn(&ClientSeen) -> bool) -> usize {
+        let clients = self.shared.clients.lock().expect("not poisoned");
+        let mut killed = 0;
+        for seen in clients.values().filter(|seen| which(seen)) {
+            seen.kill();
+            killed += 1;
+        }
+        killed
     }
 
     fn consistency_name(&self) -> &'static str {
@@ -1994,6 +2111,136 @@ impl Connection {
         }
         out
     }
+}
+
+/// A client connection as CLIENT LIST shows it. The connection writes it: its latest command at
+/// each one (two uncontended stores), the rest when a server command may have changed it.
+struct ClientSeen {
+    id: u64,
+    addr: std::net::SocketAddr,
+    local_addr: std::net::SocketAddr,
+    connected_at: Instant,
+    /// When its latest command came, in ms after `connected_at`, and its name.
+    active_ms: AtomicU64,
+    last_command: Mutex<&'static str>,
+    /// Name, user, RESP version and subscriptions, as its server commands left them.
+    described: Mutex<ClientDescription>,
+    /// CLIENT KILL: the connection's waits for its client end on `killed`; a blocked command
+    /// looks at `was_killed` when it looks again.
+    killed: tokio::sync::Notify,
+    was_killed: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Default)]
+struct ClientDescription {
+    name: String,
+    user: String,
+    resp: u8,
+    channels: usize,
+    patterns: usize,
+}
+
+impl ClientSeen {
+    fn new(id: u64, addr: std::net::SocketAddr, local_addr: std::net::SocketAddr) -> ClientSeen {
+        ClientSeen {
+            id,
+            addr,
+            local_addr,
+            connected_at: Instant::now(),
+            active_ms: AtomicU64::new(0),
+            last_command: Mutex::new("NULL"),
+            described: Mutex::new(ClientDescription {
+                resp: 2,
+                ..ClientDescription::default()
+            }),
+            killed: tokio::sync::Notify::new(),
+            was_killed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn kill(&self) {
+        self.was_killed.store(true, Ordering::Relaxed);
+        self.killed.notify_one();
+    }
+
+    fn active(&self, command: &'static str) {
+        self.active_ms
+            .store(self.connected_at.elapsed().as_millis() as u64, Ordering::Relaxed);
+        *self.last_command.lock().expect("not poisoned") = command;
+    }
+
+    fn describe(&self, conn: &Connection) {
+        let text = |bytes: &Option<Bytes>| bytes.as_ref().map(|b| String::from_utf8_lossy(b).into_owned());
+        *self.described.lock().expect("not poisoned") = ClientDescription {
+            name: text(&conn.name).unwrap_or_default(),
+            user: conn.user.as_ref().map(|(user, _)| user.clone()).unwrap_or_default(),
+            resp: match conn.protocol {
+                Protocol::Resp2 => 2,
+                Protocol::Resp3 => 3,
+            },
+            channels: conn.channels.len(),
+            patterns: conn.patterns.len(),
+        };
+    }
+
+    /// Its line in CLIENT LIST, in Redis's `key=value` form (the fields Chorus has).
+    fn line(&self) -> String {
+        let described = self.described.lock().expect("not poisoned");
+        let age_secs = self.connected_at.elapsed().as_secs();
+        let idle_secs = (self.connected_at.elapsed().as_millis() as u64)
+            .saturating_sub(self.active_ms.load(Ordering::Relaxed))
+            / 1000;
+        let flags = if described.channels + described.patterns > 0 {
+            "P"
+        } else {
+            "N"
+        };
+        format!(
+            "id={} addr={} laddr={} name={} age={age_secs} idle={idle_secs} flags={flags} db=0 sub={} psub={} cmd={} user={} resp={}",
+            self.id,
+            self.addr,
+            self.local_addr,
+            described.name,
+            described.channels,
+            described.patterns,
+            self.last_command.lock().expect("not poisoned"),
+            described.user,
+            described.resp,
+        )
+    }
+}
+
+/// Which clients CLIENT LIST shows or CLIENT KILL kills.
+enum ClientFilter {
+    Ids(Vec<u64>),
+    Subscribed(bool),
+    Addr(Bytes),
+    LocalAddr(Bytes),
+    User(Bytes),
+}
+
+impl ClientFilter {
+    fn matches(&self, seen: &ClientSeen) -> bool {
+        match self {
+            ClientFilter::Ids(ids) => ids.contains(&seen.id),
+            ClientFilter::Subscribed(subscribed) => {
+                let described = seen.described.lock().expect("not poisoned");
+                (described.channels + described.patterns > 0) == *subscribed
+            }
+            ClientFilter::Addr(addr) => seen.addr.to_string().as_bytes() == addr.as_ref(),
+            ClientFilter::LocalAddr(addr) => seen.local_addr.to_string().as_bytes() == addr.as_ref(),
+            ClientFilter::User(user) => seen.described.lock().expect("not poisoned").user.as_bytes() == user.as_ref(),
+        }
+    }
+}
+
+/// A client id as CLIENT LIST ID and CLIENT KILL ID take one.
+fn client_id_arg(arg: &[u8]) -> Result<u64, Value> {
+    crate::command::parse_i64(arg)
+        .ok()
+        .and_then(|id| u64::try_from(id).ok())
+        .filter(|id| *id > 0)
+        .ok_or_else(|| Value::error("ERR client-id should be greater than 0"))
 }
 
 /// What this process uses, as INFO's memory and CPU sections report it (Redis's `used_memory`
