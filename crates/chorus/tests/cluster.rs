@@ -436,6 +436,26 @@ async fn writes_on_any_node_are_linearizably_readable_on_every_node() {
     assert!(field("used_memory") > 1e6 && field("used_memory_peak") > 1e6, "{info}");
     assert!(field("total_commands_processed") >= 10.0 && field("total_connections_received") >= 1.0);
     assert!(field("used_cpu_user") + field("used_cpu_sys") > 0.0);
+    assert_eq!(
+        clients[0]
+            .command(&["SET", "short-lived", "v", "EX", "100"])
+            .await
+            .unwrap(),
+        ok()
+    );
+    // INFO reads this node's state as it is (stale): the write shows once applied here.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let Value::Bulk(Some(keyspace)) = clients[0].command(&["INFO", "keyspace"]).await.unwrap() else {
+            panic!("INFO keyspace is not a bulk string")
+        };
+        let keyspace = String::from_utf8(keyspace.to_vec()).unwrap();
+        if keyspace.contains(",expires=1,") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{keyspace}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     let metrics = cluster.metrics(1);
     for name in [

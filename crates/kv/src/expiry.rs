@@ -20,6 +20,11 @@ pub(crate) struct Deadlines {
 }
 
 impl Deadlines {
+    /// Keys with a deadline (expired ones too, until their deletion applies).
+    pub(crate) fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.by_key.is_empty()
     }

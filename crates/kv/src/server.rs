@@ -2020,14 +2020,17 @@ impl Connection {
 
     async fn info(&self, section: &str) -> String {
         let status = self.shared.node.status();
-        let keys = match self
+        let (keys, expires) = match self
             .shared
             .node
-            .read(crate::command::Read::DbSize, ReadConsistency::Stale)
+            .read(crate::command::Read::KeyspaceCounts, ReadConsistency::Stale)
             .await
         {
-            Ok(Value::Integer(n)) => n,
-            _ => 0,
+            Ok(Value::Array(Some(counts))) => match counts[..] {
+                [Value::Integer(keys), Value::Integer(expires)] => (keys, expires),
+                _ => (0, 0),
+            },
+            _ => (0, 0),
         };
         let all = section.is_empty() || section == "all" || section == "everything" || section == "default";
         let mut out = String::new();
@@ -2093,7 +2096,10 @@ impl Connection {
             ));
         }
         if all || section == "keyspace" {
-            out.push_str(&format!("# Keyspace\r\ndb0:keys={keys},expires=0,avg_ttl=0\r\n"));
+            // Redis samples its average time to live; Chorus does not estimate it.
+            out.push_str(&format!(
+                "# Keyspace\r\ndb0:keys={keys},expires={expires},avg_ttl=0\r\n"
+            ));
         }
         // As in Redis, only asked for by name or with everything.
         if section == "commandstats" || section == "all" || section == "everything" {

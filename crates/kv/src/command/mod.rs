@@ -472,6 +472,8 @@ pub enum Read {
         field: Bytes,
     },
     DbSize,
+    /// INFO's keyspace line: how many keys, and how many of them have a deadline.
+    KeyspaceCounts,
     /// MEMORY USAGE: about what `key` takes in memory, were its values all cached (nil when it
     /// does not exist).
     MemoryUsage(Bytes),

@@ -1499,6 +1499,10 @@ impl KvState {
                     Value::Integer(present as i64)
                 }
                 Read::DbSize => Value::Integer(self.len() as i64),
+                Read::KeyspaceCounts => Value::array(vec![
+                    Value::Integer(self.len() as i64),
+                    Value::Integer(self.deadlines.len() as i64),
+                ]),
                 Read::MemoryUsage(key) => match self.key_type(key) {
                     None => Value::null(),
                     Some(KeyType::String) => {
