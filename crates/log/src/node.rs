@@ -62,8 +62,9 @@ pub trait StateMachine: Send + 'static {
     fn round_applied(&mut self) {}
     fn query(&mut self, query: &Self::Query) -> Self::Output;
     /// A read that may take a slow step (a device read) off the raft loop: `Err` with that step,
-    /// which the node runs on another thread while the loop goes on, then finishes the read on
-    /// the loop with what the step returns. By default every read is answered at once.
+    /// which the node runs off the loop (a blocking thread, or a task for a step that only
+    /// waits) while the loop goes on, then finishes the read on the loop with what the step
+    /// returns. By default every read is answered at once.
     fn query_or_defer(&mut self, query: &Self::Query) -> Result<Self::Output, SlowRead<Self>>
     where
         Self: Sized,
@@ -128,7 +129,12 @@ pub trait StateMachine: Send + 'static {
 
 /// The slow step of a read (`StateMachine::query_or_defer`), run off the raft loop; it returns
 /// what finishes the read on the loop.
-pub type SlowRead<SM> = Box<dyn FnOnce() -> FinishRead<SM> + Send>;
+pub enum SlowRead<SM: StateMachine> {
+    /// Work that blocks its thread (a device read): run on a blocking thread.
+    Blocking(Box<dyn FnOnce() -> FinishRead<SM> + Send>),
+    /// Waiting for others (a peer's answer): run as a task, which holds no thread meanwhile.
+    Waiting(std::pin::Pin<Box<dyn std::future::Future<Output = FinishRead<SM>> + Send>>),
+}
 /// Finishes a deferred read against the state, on the raft loop.
 pub type FinishRead<SM> = Box<dyn FnOnce(&mut SM) -> <SM as StateMachine>::Output + Send>;
 
@@ -2416,9 +2422,18 @@ impl<SM: StateMachine> RaftLoop<SM> {
     fn start_slow_read(&mut self, slow: SlowRead<SM>, reply: Reply<SM::Output>) {
         self.slow_reads_in_flight += 1;
         let finished = self.finished_reads.clone();
-        tokio::task::spawn_blocking(move || {
-            let _ = finished.send((slow(), reply));
-        });
+        match slow {
+            SlowRead::Blocking(step) => {
+                tokio::task::spawn_blocking(move || {
+                    let _ = finished.send((step(), reply));
+                });
+            }
+            SlowRead::Waiting(step) => {
+                tokio::spawn(async move {
+                    let _ = finished.send((step.await, reply));
+                });
+            }
+        }
     }
 
     /// A deferred read's slow step has run: finish it against the state and answer; a waiting

@@ -46,6 +46,13 @@ const MAX_CALLS_OUT: usize = 4;
 /// How often the cost-benefit admission decides again.
 const DECIDE_EVERY: Duration = Duration::from_secs(1);
 
+/// A miss this node will ask its owner for (`Ldc::plan_fetch`).
+pub struct Fetch {
+    queue: Arc<Queue>,
+    /// Its popularity class, when the cost-benefit admission runs.
+    class: Option<admission::FetchClass>,
+}
+
 /// A fetch waiting to go to its owner, and where its answer goes.
 struct Waiting {
     key: Bytes,
@@ -70,8 +77,8 @@ struct Owners {
 pub struct Ldc {
     me: u64,
     owners: RwLock<Arc<Owners>>,
-    /// Set once the node runs: how to reach peers, and a handle to its runtime for the blocking
-    /// threads that fetch.
+    /// Set once the node runs: how to reach peers, and a handle to its runtime, where the
+    /// senders of fetches run.
     peers: OnceLock<(Arc<PeerCalls>, tokio::runtime::Handle)>,
     skipped_until: Mutex<HashMap<u64, Instant>>,
     /// Which keys this node caches besides its own: the cost-benefit admission's hot set (none
@@ -273,17 +280,17 @@ impl Ldc {
         }
     }
 
-    /// On a blocking thread: the owner's cached value of `key` at `version`, if it has it and
-    /// answers in time.
-    pub fn fetch(&self, owner: u64, key: &[u8], version: u64) -> Option<Bytes> {
-        let (_, runtime) = self.peers.get()?;
+    /// Whether a miss of `key`, which `owner` owns, is worth asking the owner for (it is a peer
+    /// this node can reach, not backing off, and, as measured, faster than the device); decided
+    /// on the raft loop, so that a miss read from the device at once costs no extra hop.
+    pub fn plan_fetch(&self, owner: u64, key: &[u8]) -> Option<Fetch> {
+        self.peers.get()?;
         let queue = self.owners().queues.get(&owner)?.clone();
         if self.backing_off(owner) {
             self.metrics.remote_failed.inc();
             return None;
         }
-        let hash = fnv1a_64(key);
-        let class = match self.with_admission(|a| a.worth_fetching(hash)) {
+        let class = match self.with_admission(|a| a.worth_fetching(fnv1a_64(key))) {
             Some((false, _)) => {
                 self.metrics.not_fetched.inc();
                 return None;
@@ -291,21 +298,27 @@ impl Ldc {
             Some((true, class)) => Some(class),
             None => None,
         };
+        Some(Fetch { queue, class })
+    }
+
+    /// The owner's cached value of `key` at `version`, if it has it and answers in time.
+    pub async fn fetch(&self, fetch: Fetch, key: Bytes, version: u64) -> Option<Bytes> {
         let asked_at = Instant::now();
         let (answer, answered) = tokio::sync::oneshot::channel();
-        queue.waiting.lock().expect("not poisoned").push(Waiting {
-            key: Bytes::copy_from_slice(key),
-            version,
-            answer,
-        });
-        queue.ready.notify_one();
+        fetch
+            .queue
+            .waiting
+            .lock()
+            .expect("not poisoned")
+            .push(Waiting { key, version, answer });
+        fetch.queue.ready.notify_one();
         // A batch may wait for a call out before it: up to two timeouts.
-        let value = match runtime.block_on(tokio::time::timeout(2 * FETCH_TIMEOUT, answered)) {
+        let value = match tokio::time::timeout(2 * FETCH_TIMEOUT, answered).await {
             Ok(Ok(value)) => value,
             _ => None,
         };
         self.with_admission(|admission| {
-            if let Some(class) = class {
+            if let Some(class) = fetch.class {
                 admission.fetched(class, value.is_some());
             }
             if value.is_some() {

@@ -1793,21 +1793,9 @@ impl StateMachine for KvState {
             Ok(Located::OnDisk(disk_read)) => disk_read,
         };
         let key = key.clone();
+        let version = disk_read.version();
         let ldc = self.ldc.clone();
-        let owner = ldc.clone().filter(|ldc| !ldc.owns(disk_read.key()));
-        Err(Box::new(move || -> FinishRead<Self> {
-            let fetched = owner.and_then(|ldc| {
-                let owner = ldc.owner(disk_read.key());
-                ldc.fetch(owner, disk_read.key(), disk_read.version())
-            });
-            if let Some(value) = fetched {
-                return Box::new(move |state: &mut KvState| {
-                    state
-                        .store
-                        .admit_read(disk_read.key(), disk_read.version(), value.clone());
-                    Value::Bulk(Some(value))
-                });
-            }
+        let read_device = move || -> FinishRead<Self> {
             let read_at = Instant::now();
             let read = disk_read.read();
             if let Some(ldc) = &ldc {
@@ -1823,7 +1811,28 @@ impl StateMachine for KvState {
                 // Its segment was merged away meanwhile: read it where it is now.
                 Err(_) => state.query(&Read::Get(key)),
             })
-        }))
+        };
+        // Another node's key: its owner's cache, while asking it is (as measured) faster than
+        // the device; a task waits for the answer, and only a miss there takes a thread.
+        let fetch = self
+            .ldc
+            .as_ref()
+            .filter(|ldc| !ldc.owns(&store_key))
+            .and_then(|ldc| ldc.plan_fetch(ldc.owner(&store_key), &store_key));
+        let (Some(fetch), Some(ldc)) = (fetch, self.ldc.clone()) else {
+            return Err(SlowRead::Blocking(Box::new(read_device)));
+        };
+        Err(SlowRead::Waiting(Box::pin(async move {
+            match ldc.fetch(fetch, store_key.clone(), version).await {
+                Some(value) => Box::new(move |state: &mut KvState| {
+                    state.store.admit_read(&store_key, version, value.clone());
+                    Value::Bulk(Some(value))
+                }) as FinishRead<Self>,
+                None => tokio::task::spawn_blocking(read_device)
+                    .await
+                    .expect("a device read does not panic"),
+            }
+        })))
     }
 
     /// CURP, on the leader: the reply `command`, about to join the log at `index`, will give —
