@@ -473,6 +473,7 @@ fn combine_options(
     Ok(options)
 }
 
+/// The sorted-set operation a command's name says.
 fn zset_op(name: &str) -> ZsetOp {
     if name.starts_with("zunion") {
         ZsetOp::Union
