@@ -220,6 +220,10 @@ async fn client_list_shows_a_nodes_connections_and_client_kill_closes_them() {
     let pubsub = list(admin.command(&["CLIENT", "LIST", "TYPE", "pubsub"]).await.unwrap());
     assert_eq!(pubsub.lines().count(), 1, "{pubsub}");
     assert_eq!(
+        admin.command(&["CLIENT", "KILL"]).await.unwrap(),
+        Value::Error("ERR wrong number of arguments for 'client|kill' command".into())
+    );
+    assert_eq!(
         admin.command(&["CLIENT", "KILL", "ID", "0"]).await.unwrap(),
         Value::Error("ERR client-id should be greater than 0".into())
     );

@@ -1632,6 +1632,7 @@ impl Connection {
                 }
                 ("list", _) => self.client_list(&rest[1..]),
                 ("kill", n) if n >= 2 => self.client_kill(&rest[1..]),
+                ("kill", _) => Value::error("ERR wrong number of arguments for 'client|kill' command"),
                 _ => Value::error(format!("ERR unknown or malformed subcommand '{sub}' for 'client'")),
             },
             // Standalone Redis answers every CLUSTER subcommand with this error; cluster-aware
