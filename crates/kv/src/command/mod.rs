@@ -583,6 +583,15 @@ pub enum BitOp {
     Not,
 }
 
+/// A bit's value as SETBIT and BITPOS take it: 0 or 1.
+fn bit_value(n: i64) -> Option<bool> {
+    match n {
+        0 => Some(false),
+        1 => Some(true),
+        _ => None,
+    }
+}
+
 /// A bit offset: from 0 to the bits of the longest string (512 MiB).
 fn parse_bit_offset(arg: &[u8]) -> Result<u64, CommandError> {
     const MAX_BITS: i64 = 512 * 1024 * 1024 * 8;
@@ -1233,11 +1242,10 @@ impl Command {
             "setbit" => {
                 exact(3)?;
                 let offset = parse_bit_offset(&rest[1])?;
-                let on = match parse_i64(&rest[2]) {
-                    Ok(0) => false,
-                    Ok(1) => true,
-                    _ => return Err("ERR bit is not an integer or out of range".into()),
-                };
+                let on = parse_i64(&rest[2])
+                    .ok()
+                    .and_then(bit_value)
+                    .ok_or_else(|| CommandError::from("ERR bit is not an integer or out of range"))?;
                 Command::Write(Write::SetBit {
                     key: rest[0].clone(),
                     offset,
@@ -1282,11 +1290,8 @@ impl Command {
             }
             "bitpos" => {
                 at_least(2)?;
-                let bit = match parse_i64(&rest[1])? {
-                    0 => false,
-                    1 => true,
-                    _ => return Err("ERR The bit argument must be 1 or 0.".into()),
-                };
+                let bit = bit_value(parse_i64(&rest[1])?)
+                    .ok_or_else(|| CommandError::from("ERR The bit argument must be 1 or 0."))?;
                 let range = match rest.len() {
                     2..=5 => bit_range(&rest[2..], true),
                     _ => Err(syntax_error()),

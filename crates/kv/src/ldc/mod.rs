@@ -280,12 +280,15 @@ impl Ldc {
         }
     }
 
-    /// Whether a miss of `key`, which `owner` owns, is worth asking the owner for (it is a peer
-    /// this node can reach, not backing off, and, as measured, faster than the device); decided
-    /// on the raft loop, so that a miss read from the device at once costs no extra hop.
-    pub fn plan_fetch(&self, owner: u64, key: &[u8]) -> Option<Fetch> {
+    /// Whether a miss of `key` is worth asking its owner for (another node, which this one can
+    /// reach, not backing off, and, as measured, faster than the device); decided on the raft
+    /// loop, so that a miss read from the device at once costs no extra hop.
+    pub fn plan_fetch(&self, key: &[u8]) -> Option<Fetch> {
         self.peers.get()?;
-        let queue = self.owners().queues.get(&owner)?.clone();
+        let owners = self.owners();
+        let owner = owner_among(fnv1a_64(key), &owners.voters);
+        // No queue for this node itself: its own keys are read from its device.
+        let queue = owners.queues.get(&owner)?.clone();
         if self.backing_off(owner) {
             self.metrics.remote_failed.inc();
             return None;

@@ -1503,22 +1503,14 @@ impl KvState {
                     Value::Integer(self.len() as i64),
                     Value::Integer(self.deadlines.len() as i64),
                 ]),
-                Read::MemoryUsage(key) => match self.key_type(key) {
-                    None => Value::null(),
-                    Some(KeyType::String) => {
-                        let bytes = self.store.record_bytes(&string_key(key)).unwrap_or(0);
-                        Value::Integer((bytes + INDEX_BYTES_PER_RECORD) as i64)
-                    }
-                    Some(key_type) => {
-                        let tag = GROUP_TYPES
-                            .iter()
-                            .find(|(_, t)| *t == key_type)
-                            .map(|(tag, _)| *tag)
-                            .expect("every type but strings is a group");
-                        let (records, bytes) = self.store.group_record_bytes(&group_prefix(tag, key));
-                        Value::Integer((bytes + records * INDEX_BYTES_PER_RECORD) as i64)
-                    }
-                },
+                Read::MemoryUsage(key) if !self.exists(key) => Value::null(),
+                Read::MemoryUsage(key) => {
+                    let (records, bytes) = match self.stored_type_tag(key) {
+                        Some(tag) => self.store.group_record_bytes(&group_prefix(tag, key)),
+                        None => (1, self.store.record_bytes(&string_key(key)).unwrap_or(0)),
+                    };
+                    Value::Integer((bytes + records * INDEX_BYTES_PER_RECORD) as i64)
+                }
                 Read::Ttl { key, in_ms } => Value::Integer(match (self.exists(key), self.deadlines.get(key)) {
                     (false, _) => -2,
                     (true, None) => -1,
@@ -1814,12 +1806,11 @@ impl StateMachine for KvState {
         };
         // Another node's key: its owner's cache, while asking it is (as measured) faster than
         // the device; a task waits for the answer, and only a miss there takes a thread.
-        let fetch = self
+        let Some((ldc, fetch)) = self
             .ldc
             .as_ref()
-            .filter(|ldc| !ldc.owns(&store_key))
-            .and_then(|ldc| ldc.plan_fetch(ldc.owner(&store_key), &store_key));
-        let (Some(fetch), Some(ldc)) = (fetch, self.ldc.clone()) else {
+            .and_then(|ldc| Some((ldc.clone(), ldc.plan_fetch(&store_key)?)))
+        else {
             return Err(SlowRead::Blocking(Box::new(read_device)));
         };
         Err(SlowRead::Waiting(Box::pin(async move {
