@@ -1166,7 +1166,88 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
         let bit_bound = || ["0", "1", "-1", "-2", "7", "abc", "20"];
         let (bit_start, bit_end) = (bit_bound()[below(7)].to_string(), bit_bound()[below(7)].to_string());
         let bit_unit = ["BYTE", "BIT", "bit", "nope"][below(4)].to_string();
-        let command: Vec<String> = match below(138) {
+        // Stream ids with small numbers, so that commands meet each other's entries; never `*`,
+        // whose id is the time (the log's on Chorus, the wall clock's on Redis).
+        let stream_ids = || ["1-1", "2", "2-*", "3-0", "0-0", "0-*", "1-x", "5-2", "3-*", "4-1"];
+        let command: Vec<String> = match below(146) {
+            138..=140 => {
+                let mut c = vec!["XADD".to_string(), key];
+                if below(6) == 0 {
+                    c.push("NOMKSTREAM".into());
+                }
+                match below(5) {
+                    0 => c.extend([
+                        "MAXLEN".into(),
+                        ["=", "0", "2", "1"][below(4)].into(),
+                        ["0", "2", "-1", "x"][below(4)].into(),
+                    ]),
+                    1 => c.extend(["MINID".into(), ["2-0", "3", "x", "(1"][below(4)].into()]),
+                    2 if below(4) == 0 => c.extend(["MAXLEN".into(), "2".into(), "LIMIT".into(), "1".into()]),
+                    _ => {}
+                }
+                c.push(stream_ids()[below(10)].into());
+                for _ in 0..1 + below(2) {
+                    c.extend([field.clone(), value.clone()]);
+                }
+                if below(12) == 0 {
+                    c.pop();
+                }
+                c
+            }
+            141 => {
+                let mut c = vec!["XDEL".to_string(), key];
+                for _ in 0..1 + below(2) {
+                    c.push(stream_ids()[below(10)].into());
+                }
+                c
+            }
+            142 => match below(3) {
+                0 => vec![
+                    "XTRIM".into(),
+                    key,
+                    "MAXLEN".into(),
+                    ["0", "1", "3", "-1"][below(4)].into(),
+                ],
+                1 => vec![
+                    "XTRIM".into(),
+                    key,
+                    "MINID".into(),
+                    "=".into(),
+                    ["2-0", "3", "x"][below(3)].into(),
+                ],
+                _ => vec!["XLEN".into(), key],
+            },
+            143 => {
+                let bound = || ["-", "+", "1", "2-0", "(1-1", "(2", "3-5", "x", "(+", "(0-0"];
+                let name = ["XRANGE", "XREVRANGE"][below(2)];
+                let mut c = vec![
+                    name.to_string(),
+                    key,
+                    bound()[below(10)].into(),
+                    bound()[below(10)].into(),
+                ];
+                if below(3) == 0 {
+                    c.extend(["COUNT".into(), ["0", "1", "2", "-1", "x"][below(5)].into()]);
+                }
+                c
+            }
+            144 | 145 => {
+                let mut c = vec!["XREAD".to_string()];
+                if below(3) == 0 {
+                    c.extend(["COUNT".into(), ["0", "1", "2"][below(3)].into()]);
+                }
+                c.extend(["STREAMS".into(), key]);
+                let two = below(2) == 0;
+                if two {
+                    c.push(other);
+                }
+                let read_id = || ["0", "1-1", "$", "2", "x"];
+                c.push(read_id()[below(5)].into());
+                if two {
+                    c.push(read_id()[below(5)].into());
+                }
+                c
+            }
             133..=135 => {
                 let name = [
                     "ZUNIONSTORE",
@@ -1877,7 +1958,7 @@ async fn published_messages_reach_subscribers_on_every_node_in_one_order() {
     }
 }
 
-/// A queue's consumer blocks on one node (BLPOP, BLMOVE) until a producer pushes on another;
+/// A queue's consumer blocks on one node (BLPOP, BLMOVE, BZPOPMIN, XREAD) until a producer pushes on another;
 /// each element goes to exactly one of two blocked consumers; a timeout answers nil.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocked_consumers_get_each_pushed_element_once_or_time_out() {
@@ -1953,6 +2034,35 @@ async fn blocked_consumers_get_each_pushed_element_once_or_time_out() {
             Value::array(vec![Value::array(vec![bulk("later"), bulk("2")])])
         ])
     );
+
+    // Streams block on `$` (entries newer than the stream's last when the reader arrived) and
+    // wake on an XADD made through another node.
+    producer.command(&["XADD", "events", "1-1", "old", "x"]).await.unwrap();
+    let mut c = cluster.client(followers[1]).await;
+    let reader = tokio::spawn(async move {
+        c.command(&["XREAD", "COUNT", "5", "BLOCK", "10000", "STREAMS", "events", "$"])
+            .await
+            .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        producer.command(&["XADD", "events", "2-1", "new", "y"]).await.unwrap(),
+        bulk("2-1")
+    );
+    let entry = Value::array(vec![bulk("2-1"), Value::array(vec![bulk("new"), bulk("y")])]);
+    assert_eq!(
+        reader.await.unwrap(),
+        Value::array(vec![Value::array(vec![bulk("events"), Value::array(vec![entry])])])
+    );
+    let mut c = cluster.client(followers[0]).await;
+    let started = Instant::now();
+    assert_eq!(
+        c.command(&["XREAD", "BLOCK", "200", "STREAMS", "events", "2-1"])
+            .await
+            .unwrap(),
+        Value::Array(None)
+    );
+    assert!(started.elapsed() >= Duration::from_millis(200));
 }
 
 /// The distributed-lock idiom across a leader change: a lock taken with `SET NX PX` on one node

@@ -44,7 +44,8 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use crate::command::table::{self, CommandSpec};
 use crate::command::{
     command_name, encode_delete_expired, encode_enveloped, encode_register, encode_renew, exec_args, parse_i64,
-    reenvelope, short_name, Blocking, Command, CommandError, Read, MAX_COMMAND_NAME_BYTES,
+    reenvelope, resolve_last_ids, short_name, Blocking, BlockingReply, Command, CommandError, Read, StreamRead,
+    MAX_COMMAND_NAME_BYTES,
 };
 use crate::curp::{Curp, FastOutcome};
 use crate::glob::glob_match;
@@ -1070,12 +1071,25 @@ impl Connection {
     }
 
     /// Queues a command between MULTI and EXEC, or refuses it (and with it the transaction).
-    /// As in Redis, only an unknown command or a wrong number of arguments is refused here;
-    /// other errors are the command's reply when the transaction runs.
+    /// As in Redis, only an unknown command or a number of arguments its command table refuses
+    /// is refused here; other errors (XADD's or HSET's odd field counts among them) are the
+    /// command's reply when the transaction runs.
     fn queue(&mut self, args: Vec<Bytes>) -> Value {
         let name = command_name(&args);
+        let table_allows = |given: usize| {
+            table::find(&name).is_none_or(|spec| {
+                let arity = spec.arity.unsigned_abs() as usize;
+                if spec.arity < 0 {
+                    given >= arity
+                } else {
+                    given == arity
+                }
+            })
+        };
         let refusal = match Command::parse(&args) {
-            Err(e) if e.starts_with("ERR wrong number of arguments") => Some(Value::error(e)),
+            Err(e) if e.starts_with("ERR wrong number of arguments") && !table_allows(args.len()) => {
+                Some(Value::error(e))
+            }
             Ok(Some(_)) | Err(_) => None,
             Ok(None) if SERVER_COMMANDS.contains(&name.as_str()) => Some(Value::error(format!(
                 "ERR '{name}' cannot run inside MULTI on Chorus: only data commands can"
@@ -1159,8 +1173,13 @@ impl Connection {
     /// A blocking command: its attempt, each time this node sees one of its keys hold something
     /// (a local look, which costs the log nothing), until the attempt finds one through the log
     /// or the timeout passes.
-    async fn block(&mut self, blocking: Blocking) -> Value {
+    async fn block(&mut self, mut blocking: Blocking) -> Value {
         let deadline = blocking.timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+        if blocking.reply == BlockingReply::Streams {
+            if let Err(e) = self.resolve_last_ids(&mut blocking).await {
+                return e;
+            }
+        }
         let wake = Arc::new(tokio::sync::Notify::new());
         // Registered before the first look, so no write in between goes unnoticed.
         let _registration = Blocked::register(self.shared.listeners.clone(), self.id, &blocking.keys, wake.clone());
@@ -1189,6 +1208,27 @@ impl Connection {
                 _ = draining.wait_for(|draining| *draining) => {}
             }
         }
+    }
+
+    /// XREAD BLOCK's `$`s: each stream's last id as the command arrives, so every attempt reads
+    /// what was added after it. An error (a key of another type) is the command's reply.
+    async fn resolve_last_ids(&self, blocking: &mut Blocking) -> Result<(), Value> {
+        let read = Read::Streams(StreamRead::LastIds(blocking.keys.clone()));
+        let ids = match self.shared.node.read(read, self.consistency).await {
+            Ok(Value::Array(Some(ids))) => ids,
+            Ok(error @ Value::Error(_)) => return Err(error),
+            Ok(other) => return Err(Value::error(format!("ERR unexpected reply to the last ids {other:?}"))),
+            Err(e) => return Err(node_error(e)),
+        };
+        let ids: Vec<Bytes> = ids
+            .into_iter()
+            .map(|id| match id {
+                Value::Bulk(Some(id)) => id,
+                other => panic!("a last id is a bulk string, not {other:?}"),
+            })
+            .collect();
+        resolve_last_ids(&mut blocking.attempt, &ids);
+        Ok(())
     }
 
     /// Whether this node's state shows one of `keys` holding something: an element (a list or
@@ -1801,7 +1841,11 @@ impl Connection {
             "ping" | "acl" => false,
             // A node's own writes (RIFL registration, CURP's halves) and a leadership move.
             "rifl" | "curp" | "cluster" => true,
-            _ => matches!(Command::parse(args), Ok(Some(Command::Write(_) | Command::Blocking(_)))),
+            _ => match Command::parse(args) {
+                Ok(Some(Command::Write(_))) => true,
+                Ok(Some(Command::Blocking(blocking))) => blocking.reply != BlockingReply::Streams,
+                _ => false,
+            },
         };
         // A user with no rights may still see that the node answers.
         if (rights == Rights::None && name != "ping") || writes {

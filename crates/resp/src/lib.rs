@@ -23,6 +23,9 @@ pub enum Value {
     /// Pairs (a member and its score, a field and its value): in RESP3 an array of two-element
     /// arrays, in RESP2 a flat array, as Redis 7 answers WITHSCORES and WITHVALUES.
     Pairs(Vec<(Value, Value)>),
+    /// Keys and what each holds: a RESP3 map, in RESP2 an array of `[key, value]` arrays, as
+    /// Redis 7 answers XREAD.
+    KeyedPairs(Vec<(Value, Value)>),
     /// A double (a sorted set's score): RESP3's `,`, in RESP2 a bulk string, both written as
     /// Redis 7.0 writes them (see `format_double`).
     Double(Double),
@@ -440,6 +443,27 @@ pub fn write_value_as(value: &Value, protocol: Protocol, out: &mut Vec<u8>) {
                 write_value_as(second, protocol, out);
             }
         }
+        Value::KeyedPairs(pairs) => match protocol {
+            Protocol::Resp2 => {
+                out.push(b'*');
+                out.extend_from_slice(pairs.len().to_string().as_bytes());
+                out.extend_from_slice(b"\r\n");
+                for (key, value) in pairs {
+                    out.extend_from_slice(b"*2\r\n");
+                    write_value_as(key, protocol, out);
+                    write_value_as(value, protocol, out);
+                }
+            }
+            Protocol::Resp3 => {
+                out.push(b'%');
+                out.extend_from_slice(pairs.len().to_string().as_bytes());
+                out.extend_from_slice(b"\r\n");
+                for (key, value) in pairs {
+                    write_value_as(key, protocol, out);
+                    write_value_as(value, protocol, out);
+                }
+            }
+        },
         Value::Map(pairs) => {
             let (tag, len) = match protocol {
                 Protocol::Resp2 => (b'*', pairs.len() * 2),

@@ -9,12 +9,14 @@ pub use crate::decimal::Decimal;
 use crate::decimal::{parse_float, Float};
 pub use crate::expiry::ExpireAt;
 pub use scripts::{script_sha, ScriptCall, ScriptRef};
+pub use streams::{resolve_last_ids, NewId, ReadAfter, StreamId, StreamRead, StreamWrite, Trim, TrimTo};
 pub use zsets::{
     parse_score, Aggregate, CombineOptions, Direction, LexBound, RangeQuery, ScoreBound, ZRange, ZaddOptions, ZsetOp,
     ZsetRead, ZsetWrite,
 };
 
 mod scripts;
+mod streams;
 pub mod table;
 mod zsets;
 
@@ -164,6 +166,7 @@ pub enum Write {
     Sets(SetWrite),
     Lists(ListWrite),
     Zsets(ZsetWrite),
+    Streams(StreamWrite),
     Del(Vec<Bytes>),
     MSet(Vec<(Bytes, Bytes)>),
     IncrBy {
@@ -405,6 +408,7 @@ impl Write {
             Write::Sets(write) => write.keys(),
             Write::Lists(write) => write.keys(),
             Write::Zsets(write) => write.keys(),
+            Write::Streams(write) => write.keys(),
         }
     }
 
@@ -436,8 +440,9 @@ impl Write {
             // Several commands' replies, each depending on the ones before: answered only once
             // the transaction has run.
             Write::Exec { .. } => true,
-            // Its reply counts the subscribers there are when it applies.
-            Write::Publish { .. } => true,
+            // Its reply counts the subscribers there are when it applies. XADD's ids come from
+            // the entry's time (and streams are never answered early).
+            Write::Publish { .. } | Write::Streams(_) => true,
             _ => false,
         }
     }
@@ -537,6 +542,7 @@ pub enum Read {
     Sets(SetRead),
     Lists(ListRead),
     Zsets(ZsetRead),
+    Streams(StreamRead),
 }
 
 /// A BITCOUNT or BITPOS range: bytes, or bits with `BIT`; negative bounds count from the end;
@@ -641,6 +647,8 @@ pub enum BlockingReply {
     /// BZPOPMIN / BZPOPMAX: ZMPOP's `[key, [[member, score]]]` as `[key, member, score]`; a null
     /// array on timeout.
     KeyMemberScore,
+    /// XREAD BLOCK: as XREAD; a null array on timeout.
+    Streams,
 }
 
 impl BlockingReply {
@@ -1718,6 +1726,7 @@ impl Command {
             }
             _ => {
                 return zsets::parse(name, rest)
+                    .or_else(|| streams::parse(name, rest))
                     .or_else(|| scripts::parse(name, rest))
                     .transpose()
             }

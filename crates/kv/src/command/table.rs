@@ -21,6 +21,7 @@ const WB: &[&str] = &["write", "blocking"];
 const WM: &[&str] = &["write", "movablekeys"];
 const RM: &[&str] = &["readonly", "movablekeys"];
 const WBM: &[&str] = &["write", "blocking", "movablekeys"];
+const RBM: &[&str] = &["readonly", "blocking", "movablekeys"];
 const S: &[&str] = &["noscript"];
 const P: &[&str] = &["pubsub", "noscript"];
 
@@ -124,6 +125,13 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("rpoplpush", 3, W, TWO, "list"),
     spec("linsert", 5, W, ONE, "list"),
     spec("lpos", -3, R, ONE, "list"),
+    spec("xadd", -5, W, ONE, "stream"),
+    spec("xlen", 2, R, ONE, "stream"),
+    spec("xrange", -4, R, ONE, "stream"),
+    spec("xrevrange", -4, R, ONE, "stream"),
+    spec("xdel", -3, W, ONE, "stream"),
+    spec("xtrim", -4, W, ONE, "stream"),
+    spec("xread", -4, RBM, NONE, "stream"),
     spec("blpop", -3, WB, (1, -2, 1), "list"),
     spec("brpop", -3, WB, (1, -2, 1), "list"),
     spec("blmpop", -5, WBM, NONE, "list"),

@@ -53,6 +53,7 @@ mod bits;
 mod lists;
 mod scripts;
 mod sets;
+mod streams;
 mod transactions;
 mod zsets;
 use crate::storage_metrics::StorageMetrics;
@@ -66,6 +67,7 @@ const RIFL_TAG: u8 = b'r';
 const SET_TAG: u8 = b'S';
 const LIST_TAG: u8 = b'L';
 const ZSET_TAG: u8 = b'Z';
+const STREAM_TAG: u8 = b'X';
 const EXPIRY_TAG: u8 = b'x';
 const CLOCK_KEY: &[u8] = b"c";
 const SCRIPT_TAG: u8 = b'l';
@@ -131,11 +133,12 @@ fn field_key(key: &[u8], field: &[u8]) -> Bytes {
 
 /// The types stored as groups of records (a record per hash field, set member, list element,
 /// two per sorted-set member), each by its tag.
-const GROUP_TYPES: [(u8, KeyType); 4] = [
+const GROUP_TYPES: [(u8, KeyType); 5] = [
     (HASH_TAG, KeyType::Hash),
     (SET_TAG, KeyType::Set),
     (LIST_TAG, KeyType::List),
     (ZSET_TAG, KeyType::Zset),
+    (STREAM_TAG, KeyType::Stream),
 ];
 
 /// Hash fields are the keys the store must scan by prefix (HGETALL, deleting a hash), and so
@@ -202,6 +205,7 @@ enum KeyType {
     Set,
     List,
     Zset,
+    Stream,
 }
 
 impl KeyType {
@@ -212,6 +216,7 @@ impl KeyType {
             KeyType::Set => "set",
             KeyType::List => "list",
             KeyType::Zset => "zset",
+            KeyType::Stream => "stream",
         }
     }
 }
@@ -223,6 +228,8 @@ enum Stored {
     Set(Vec<Bytes>),
     List(Vec<Bytes>),
     Zset(Vec<(Bytes, f64)>),
+    /// A stream's records as stored, after its prefix.
+    Stream(Vec<(Bytes, Bytes)>),
 }
 
 /// SCAN's order: a key's place is this 64-bit hash of it (FNV-1a, the same on every node and in
@@ -684,6 +691,9 @@ impl KvState {
         if self.is_zset(key) {
             return Some(Stored::Zset(self.zset_members(key)));
         }
+        if self.holds_group(STREAM_TAG, key) {
+            return Some(Stored::Stream(self.stream_records(key)));
+        }
         if self.is_list(key) {
             let elements = self.list_elements(key).ok()?;
             return Some(Stored::List(elements.into_iter().map(|(_, e)| e).collect()));
@@ -713,6 +723,7 @@ impl KvState {
                 }
             }
             Stored::Zset(members) => self.put_zset(index, to, members),
+            Stored::Stream(records) => self.put_stream(index, to, records),
             Stored::List(elements) => {
                 self.push(index, to, elements, End::Right);
             }
@@ -1036,6 +1047,7 @@ impl KvState {
             Write::Sets(write) => self.execute_set_write(index, write),
             Write::Lists(write) => self.execute_list_write(index, write),
             Write::Zsets(write) => self.execute_zset_write(index, write),
+            Write::Streams(write) => self.execute_stream_write(index, write),
             Write::Exec { watched, commands } => self.execute_exec(index, &watched, commands),
             Write::Script(call) => self.run_script(index, &call, false),
             Write::ScriptLoad(text) => self.load_script(index, &text),
@@ -1278,9 +1290,10 @@ impl KvState {
             Write::Sets(write) => self.preview_set_write(write),
             Write::Lists(write) => self.preview_list_write(write),
             Write::Zsets(write) => self.preview_zset_write(write),
-            Write::Exec { .. } | Write::Script(_) | Write::Publish { .. } => {
+            Write::Exec { .. } | Write::Script(_) | Write::Publish { .. } | Write::Streams(_) => {
                 unreachable!(
-                    "transactions, scripts and PUBLISH are never answered before they apply, so never previewed"
+                    "transactions, scripts, PUBLISH and stream writes are never answered before they apply, \
+                     so never previewed"
                 )
             }
             Write::ScriptLoad(text) => Value::bulk(crate::command::script_sha(text)),
@@ -1582,6 +1595,7 @@ impl KvState {
                 Read::Sets(read) => self.read_set(read)?,
                 Read::Lists(read) => self.read_list(read)?,
                 Read::Zsets(read) => self.read_zset(read)?,
+                Read::Streams(read) => self.read_stream(read)?,
                 Read::Script(call) => self.run_script(0, call, true),
                 Read::ScriptExists(shas) => self.scripts_exist(shas),
                 Read::Cached(keys) => Value::array(
@@ -2066,6 +2080,63 @@ mod tests {
     /// An expired sorted set keeps its records until its deletion applies; no command may see
     /// them meanwhile (ZPOPMAX, the score and lex ranges, ZRANGESTORE and ZUNION read the
     /// records directly, not through the set's size).
+    #[test]
+    fn streams_take_entries_in_id_order_from_the_log_clock_and_survive_restarts() {
+        let mut s = Replica::new();
+        let entry = |id: &str, pairs: &[&str]| {
+            Value::array(vec![
+                Value::bulk(id.to_string()),
+                Value::array(pairs.iter().map(|p| Value::bulk(p.to_string())).collect()),
+            ])
+        };
+        let not_greater =
+            Value::error("ERR The ID specified in XADD is equal or smaller than the target stream top item");
+        let now = s.time_ms;
+        assert_eq!(s.run("XADD s * a 1"), Value::bulk(format!("{now}-0")));
+        assert_eq!(s.run("XADD s * b 2 c 3"), Value::bulk(format!("{now}-1")));
+        s.advance(5);
+        assert_eq!(s.run("XADD s * d 4"), Value::bulk(format!("{}-0", now + 5)));
+        assert_eq!(s.run(&format!("XADD s {now}-9 e 5")), not_greater.clone());
+        assert_eq!(s.run("XLEN s"), Value::Integer(3));
+        assert_eq!(s.run("TYPE s"), Value::Simple("stream".into()));
+        assert_eq!(
+            s.run("XRANGE s - + COUNT 1"),
+            Value::array(vec![entry(&format!("{now}-0"), &["a", "1"])])
+        );
+        assert_eq!(
+            s.run(&format!("XREVRANGE s + ({now}-0")),
+            Value::array(vec![
+                entry(&format!("{}-0", now + 5), &["d", "4"]),
+                entry(&format!("{now}-1"), &["b", "2", "c", "3"]),
+            ])
+        );
+        assert_eq!(s.run("XTRIM s MAXLEN 1"), Value::Integer(2));
+        assert_eq!(s.run(&format!("XDEL s {}-0 1-1", now + 5)), Value::Integer(1));
+        // Empty, the stream still exists, and its ids still grow from the last one.
+        assert_eq!(s.run("XLEN s"), Value::Integer(0));
+        assert_eq!(s.run("EXISTS s"), Value::Integer(1));
+        assert_eq!(s.run("XADD s 5-* f 6"), not_greater.clone());
+        s.restart();
+        assert_eq!(s.run("XADD s * f 6"), Value::bulk(format!("{}-1", now + 5)));
+        assert_eq!(
+            s.run("XREAD STREAMS s nope 0 0"),
+            Value::KeyedPairs(vec![(
+                Value::bulk("s"),
+                Value::array(vec![entry(&format!("{}-1", now + 5), &["f", "6"])]),
+            )])
+        );
+        assert_eq!(s.run("XREAD STREAMS s $"), Value::Array(None));
+        assert_eq!(s.run("SET str x"), Value::ok());
+        assert_eq!(s.run("XADD str * a 1"), Value::error(WRONGTYPE));
+        assert_eq!(s.run("XLEN str"), Value::error(WRONGTYPE));
+        assert_eq!(s.run("COPY s t"), Value::Integer(1));
+        assert_eq!(s.run("DEL s"), Value::Integer(1));
+        assert_eq!(s.run("XLEN t"), Value::Integer(1));
+        assert!(!s.run("XADD t NOMKSTREAM * a 1").is_error());
+        assert_eq!(s.run("XADD u NOMKSTREAM * a 1"), Value::null());
+        assert_eq!(s.run("EXISTS u"), Value::Integer(0));
+    }
+
     #[test]
     fn an_expired_sorted_set_is_empty_to_every_command() {
         let mut s = Replica::new();

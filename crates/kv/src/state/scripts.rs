@@ -220,6 +220,10 @@ fn to_lua(lua: &Lua, value: Value) -> mlua::Result<LuaValue> {
             let flat = pairs.into_iter().flat_map(|(a, b)| [a, b]).collect();
             to_lua(lua, Value::array(flat))?
         }
+        Value::KeyedPairs(pairs) => {
+            let nested = pairs.into_iter().map(|(a, b)| Value::array(vec![a, b])).collect();
+            to_lua(lua, Value::array(nested))?
+        }
         Value::Simple(status) => {
             let table = lua.create_table()?;
             table.raw_set("ok", status.as_ref())?;

@@ -62,6 +62,13 @@ impl KvState {
                 hash.bytes(b"L");
                 elements.iter().for_each(|e| hash.item(e));
             }
+            Some(Stored::Stream(records)) => {
+                hash.bytes(b"X");
+                for (record, value) in records {
+                    hash.item(&record);
+                    hash.item(&value);
+                }
+            }
             Some(Stored::Zset(members)) => {
                 hash.bytes(b"Z");
                 for (member, score) in members {
@@ -81,8 +88,10 @@ impl KvState {
     pub(super) fn attempt_once(&mut self, index: u64, blocking: &Blocking) -> Value {
         let attempt = match Command::parse(&blocking.attempt) {
             Ok(Some(Command::Write(write))) => self.execute_write(index, write),
+            // XREAD's: `$` (not resolved here) reads nothing, as Redis answers inside MULTI.
+            Ok(Some(Command::Read(read))) => self.read_now(&read),
             Err(e) => Value::error(e),
-            Ok(_) => Value::error("ERR a blocking command's attempt is not a write"),
+            Ok(_) => Value::error("ERR a blocking command's attempt is neither a write nor a read"),
         };
         blocking
             .reply
