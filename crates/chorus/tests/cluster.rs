@@ -1089,11 +1089,10 @@ struct RedisServer {
 impl RedisServer {
     fn start() -> RedisServer {
         require_tool("redis-server");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        // A port below the ephemeral range and reserved like a cluster's: one the kernel hands
+        // out for binding to port 0 can be taken by another test's outgoing connection before
+        // redis-server binds it.
+        let port = chorus_cluster::ports::free_loopback_ports(1).unwrap()[0];
         let child = Command::new("redis-server")
             .args([
                 "--port",
