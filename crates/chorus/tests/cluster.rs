@@ -1080,6 +1080,11 @@ async fn resp3_clients_negotiate_with_hello_and_get_maps_and_nulls() {
     raw.expect(&["GET", "no-such-key"], b"$-1\r\n");
 }
 
+/// The cases of `replies_match_redis`'s generator: every one, and the streams' and their
+/// consumer groups'.
+const ALL_CASES: std::ops::Range<usize> = 0..154;
+const STREAM_CASES: std::ops::Range<usize> = 138..154;
+
 /// A redis-server of our own on a free port, stopped when dropped.
 struct RedisServer {
     child: std::process::Child,
@@ -1129,8 +1134,16 @@ impl Drop for RedisServer {
 /// `prefix`0..5 (values that are and are not integers, keys of every type, wrong arities),
 /// each sent to Redis and to Chorus; the replies must be equal, errors word for word. HGETALL's
 /// pairs are compared as a set: Redis keeps a small hash in insertion order, Chorus in field
-/// order (likewise HKEYS, HVALS and the set commands), also inside EXEC's array.
-async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64, count: usize, prefix: &str) {
+/// order (likewise HKEYS, HVALS and the set commands), also inside EXEC's array. `cases` picks
+/// the generator's cases: all of them, or the streams' alone (`STREAM_CASES`).
+async fn replies_match_redis(
+    redis: &mut Client,
+    chorus: &mut Client,
+    seed: u64,
+    count: usize,
+    prefix: &str,
+    cases: std::ops::Range<usize>,
+) {
     let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut below = |n: usize| {
         state ^= state << 13;
@@ -1168,9 +1181,103 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
         // Stream ids with small numbers, so that commands meet each other's entries; never `*`,
         // whose id is the time (the log's on Chorus, the wall clock's on Redis).
         let stream_ids = || ["1-1", "2", "2-*", "3-0", "0-0", "0-*", "1-x", "5-2", "3-*", "4-1"];
-        let command: Vec<String> = match below(146) {
+        // Consumer groups and consumers; idle times (XPENDING's entries, XINFO CONSUMERS) are
+        // left out, being the clock's.
+        let group = format!("g{}", below(2));
+        // Stream commands mostly on keys of their own, so that groups, entries and pending
+        // entries meet; now and then on a key of any type.
+        let stream_key = if below(4) == 0 {
+            key.clone()
+        } else {
+            format!("{prefix}s{}", below(2))
+        };
+        let consumer = format!("c{}", below(2));
+        let command: Vec<String> = match cases.start + below(cases.len()) {
+            // Stream ids run out at 5-2: start the stream keys afresh now and then.
+            152 if below(4) == 0 => vec!["DEL".into(), stream_key],
+            146 | 152 | 153 => match below(7) {
+                0..=2 => {
+                    let mut c = vec!["XGROUP".into(), "CREATE".into(), stream_key, group];
+                    c.push(["0", "0", "$", "1-1", "x", "-"][below(6)].into());
+                    if below(4) != 0 {
+                        c.push("MKSTREAM".into());
+                    }
+                    if below(4) == 0 {
+                        c.extend(["ENTRIESREAD".into(), ["1", "-1", "-2"][below(3)].into()]);
+                    }
+                    c
+                }
+                3 => vec![
+                    "XGROUP".into(),
+                    "SETID".into(),
+                    stream_key,
+                    group,
+                    ["0", "$", "2-0", "+", "y"][below(5)].into(),
+                ],
+                4 => vec!["XGROUP".into(), "DESTROY".into(), stream_key, group],
+                5 => vec!["XGROUP".into(), "CREATECONSUMER".into(), stream_key, group, consumer],
+                _ => vec!["XGROUP".into(), "DELCONSUMER".into(), stream_key, group, consumer],
+            },
+            147 | 148 => {
+                let mut c = vec!["XREADGROUP".into(), "GROUP".into(), group, consumer];
+                if below(3) == 0 {
+                    c.extend(["COUNT".into(), ["0", "1", "2"][below(3)].into()]);
+                }
+                if below(5) == 0 {
+                    c.push("NOACK".into());
+                }
+                c.extend(["STREAMS".into(), stream_key]);
+                let two = below(3) == 0;
+                if two {
+                    c.push(other);
+                }
+                let read_id = || [">", ">", "0", "1-1", "$", "x"];
+                c.push(read_id()[below(6)].into());
+                if two {
+                    c.push(read_id()[below(6)].into());
+                }
+                c
+            }
+            149 => {
+                let mut c = vec!["XACK".into(), stream_key, group];
+                for _ in 0..1 + below(2) {
+                    c.push(stream_ids()[below(10)].into());
+                }
+                c
+            }
+            150 => match below(2) {
+                0 => vec!["XPENDING".into(), stream_key, group],
+                _ => vec!["XINFO".into(), "GROUPS".into(), stream_key],
+            },
+            151 => match below(2) {
+                0 => {
+                    let mut c = vec!["XCLAIM".into(), stream_key, group, consumer];
+                    c.push(["0", "3600000", "x"][below(3)].into());
+                    for _ in 0..1 + below(2) {
+                        c.push(stream_ids()[below(10)].into());
+                    }
+                    for option in ["JUSTID", "FORCE", "RETRYCOUNT 5", "LASTID 3-0"] {
+                        if below(4) == 0 {
+                            c.extend(option.split(' ').map(String::from));
+                        }
+                    }
+                    c
+                }
+                _ => {
+                    let mut c = vec!["XAUTOCLAIM".into(), stream_key, group, consumer];
+                    c.push(["0", "3600000"][below(2)].into());
+                    c.push(["0", "-", "(1-1", "2-0"][below(4)].into());
+                    if below(2) == 0 {
+                        c.extend(["COUNT".into(), ["1", "2", "0"][below(3)].into()]);
+                    }
+                    if below(3) == 0 {
+                        c.push("JUSTID".into());
+                    }
+                    c
+                }
+            },
             138..=140 => {
-                let mut c = vec!["XADD".to_string(), key];
+                let mut c = vec!["XADD".to_string(), stream_key];
                 if below(6) == 0 {
                     c.push("NOMKSTREAM".into());
                 }
@@ -1194,7 +1301,7 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
                 c
             }
             141 => {
-                let mut c = vec!["XDEL".to_string(), key];
+                let mut c = vec!["XDEL".to_string(), stream_key];
                 for _ in 0..1 + below(2) {
                     c.push(stream_ids()[below(10)].into());
                 }
@@ -1203,25 +1310,25 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
             142 => match below(3) {
                 0 => vec![
                     "XTRIM".into(),
-                    key,
+                    stream_key,
                     "MAXLEN".into(),
                     ["0", "1", "3", "-1"][below(4)].into(),
                 ],
                 1 => vec![
                     "XTRIM".into(),
-                    key,
+                    stream_key,
                     "MINID".into(),
                     "=".into(),
                     ["2-0", "3", "x"][below(3)].into(),
                 ],
-                _ => vec!["XLEN".into(), key],
+                _ => vec!["XLEN".into(), stream_key],
             },
             143 => {
                 let bound = || ["-", "+", "1", "2-0", "(1-1", "(2", "3-5", "x", "(+", "(0-0"];
                 let name = ["XRANGE", "XREVRANGE"][below(2)];
                 let mut c = vec![
                     name.to_string(),
-                    key,
+                    stream_key,
                     bound()[below(10)].into(),
                     bound()[below(10)].into(),
                 ];
@@ -1235,7 +1342,7 @@ async fn replies_match_redis(redis: &mut Client, chorus: &mut Client, seed: u64,
                 if below(3) == 0 {
                     c.extend(["COUNT".into(), ["0", "1", "2"][below(3)].into()]);
                 }
-                c.extend(["STREAMS".into(), key]);
+                c.extend(["STREAMS".into(), stream_key]);
                 let two = below(2) == 0;
                 if two {
                     c.push(other);
@@ -1672,11 +1779,13 @@ async fn random_commands_get_the_replies_redis_server_gives_across_a_leader_chan
     let cluster = Cluster::start(3, &[]);
     let (leader, followers) = cluster.leader_and_followers().await;
     let mut chorus = cluster.client(followers[0]).await;
-    replies_match_redis(&mut redis, &mut chorus, 1, 6000, "diff:").await;
+    replies_match_redis(&mut redis, &mut chorus, 1, 6000, "diff:", ALL_CASES).await;
+    replies_match_redis(&mut redis, &mut chorus, 3, 4000, "streams:", STREAM_CASES).await;
     cluster.kill(leader);
     cluster.wait_for_leader(&followers, Duration::from_secs(10)).await;
     let mut chorus = cluster.client(followers[1]).await;
-    replies_match_redis(&mut redis, &mut chorus, 2, 6000, "diff:").await;
+    replies_match_redis(&mut redis, &mut chorus, 2, 6000, "diff:", ALL_CASES).await;
+    replies_match_redis(&mut redis, &mut chorus, 4, 3000, "streams:", STREAM_CASES).await;
 }
 
 /// Differential: with `notify-keyspace-events KEA` set (through the log, on one node), a
@@ -1703,7 +1812,8 @@ async fn keyspace_events_are_the_ones_redis_server_sends() {
     for c in [&mut redis_events, &mut chorus_events] {
         c.command(&["PSUBSCRIBE", "__key*__:*"]).await.unwrap();
     }
-    replies_match_redis(&mut redis, &mut chorus, 5, 6000, "ev:").await;
+    replies_match_redis(&mut redis, &mut chorus, 5, 6000, "ev:", ALL_CASES).await;
+    replies_match_redis(&mut redis, &mut chorus, 6, 3000, "evs:", STREAM_CASES).await;
     for c in [&mut redis, &mut chorus] {
         c.command(&["SET", "ev:done", "1"]).await.unwrap();
     }
@@ -1957,7 +2067,8 @@ async fn published_messages_reach_subscribers_on_every_node_in_one_order() {
     }
 }
 
-/// A queue's consumer blocks on one node (BLPOP, BLMOVE, BZPOPMIN, XREAD) until a producer pushes on another;
+/// A queue's consumer blocks on one node (BLPOP, BLMOVE, BZPOPMIN, XREAD, XREADGROUP) until a producer
+/// pushes on another;
 /// each element goes to exactly one of two blocked consumers; a timeout answers nil.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocked_consumers_get_each_pushed_element_once_or_time_out() {
@@ -2062,6 +2173,92 @@ async fn blocked_consumers_get_each_pushed_element_once_or_time_out() {
         Value::Array(None)
     );
     assert!(started.elapsed() >= Duration::from_millis(200));
+
+    // A consumer group: two consumers blocked on two nodes each get one of two new entries,
+    // which stay pending until acknowledged.
+    let create = ["XGROUP", "CREATE", "events", "workers", "$"];
+    assert_eq!(producer.command(&create).await.unwrap(), ok());
+    let mut readers = Vec::new();
+    for (id, name) in [(followers[0], "alice"), (followers[1], "bob")] {
+        let mut c = cluster.client(id).await;
+        readers.push(tokio::spawn(async move {
+            let read = [
+                "XREADGROUP",
+                "GROUP",
+                "workers",
+                name,
+                "COUNT",
+                "1",
+                "BLOCK",
+                "10000",
+                "STREAMS",
+                "events",
+                ">",
+            ];
+            c.command(&read).await.unwrap()
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for id in ["3-1", "4-1"] {
+        producer.command(&["XADD", "events", id, "job", id]).await.unwrap();
+    }
+    let mut delivered = Vec::new();
+    for reader in readers {
+        match reader.await.unwrap() {
+            Value::Array(Some(streams)) => match &streams[..] {
+                [Value::Array(Some(stream))] if stream[0] == bulk("events") => delivered.push(stream[1].clone()),
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
+    }
+    delivered.sort_by_key(|v| format!("{v:?}"));
+    let entry = |id: &str| Value::array(vec![bulk(id), Value::array(vec![bulk("job"), bulk(id)])]);
+    assert_eq!(
+        delivered,
+        vec![Value::array(vec![entry("3-1")]), Value::array(vec![entry("4-1")])],
+        "each entry to one consumer"
+    );
+    let pending = producer.command(&["XPENDING", "events", "workers"]).await.unwrap();
+    assert!(
+        matches!(&pending, Value::Array(Some(summary)) if summary[0] == Value::Integer(2)),
+        "{pending:?}"
+    );
+    assert_eq!(
+        producer
+            .command(&["XACK", "events", "workers", "3-1", "4-1"])
+            .await
+            .unwrap(),
+        Value::Integer(2)
+    );
+    let mut c = cluster.client(followers[0]).await;
+    let read = [
+        "XREADGROUP",
+        "GROUP",
+        "workers",
+        "alice",
+        "BLOCK",
+        "200",
+        "STREAMS",
+        "events",
+        ">",
+    ];
+    assert_eq!(c.command(&read).await.unwrap(), Value::Array(None));
+    let read = [
+        "XREADGROUP",
+        "GROUP",
+        "nobody",
+        "alice",
+        "BLOCK",
+        "0",
+        "STREAMS",
+        "events",
+        ">",
+    ];
+    assert_eq!(
+        c.command(&read).await.unwrap(),
+        Value::error("NOGROUP No such key 'events' or consumer group 'nobody' in XREADGROUP with GROUP option")
+    );
 }
 
 /// The distributed-lock idiom across a leader change: a lock taken with `SET NX PX` on one node

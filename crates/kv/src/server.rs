@@ -44,8 +44,8 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use crate::command::table::{self, CommandSpec};
 use crate::command::{
     command_name, encode_delete_expired, encode_enveloped, encode_register, encode_renew, exec_args, parse_i64,
-    reenvelope, resolve_last_ids, short_name, Blocking, BlockingReply, Command, CommandError, Read, StreamRead,
-    MAX_COMMAND_NAME_BYTES,
+    reenvelope, resolve_last_ids, short_name, Blocking, BlockingReply, Command, CommandError, GroupRead, Look, Read,
+    StreamRead, MAX_COMMAND_NAME_BYTES,
 };
 use crate::curp::{Curp, FastOutcome};
 use crate::glob::glob_match;
@@ -1185,7 +1185,7 @@ impl Connection {
         let _registration = Blocked::register(self.shared.listeners.clone(), self.id, &blocking.keys, wake.clone());
         let mut draining = self.shared.drain.signal();
         loop {
-            if self.any_key_exists(&blocking.keys).await {
+            if self.worth_attempting(&blocking).await {
                 let parsed = Command::parse(&blocking.attempt);
                 let (slot, _) = self.dispatch(blocking.attempt.clone(), parsed, None).await;
                 let mut settled = Vec::with_capacity(1);
@@ -1231,16 +1231,18 @@ impl Connection {
         Ok(())
     }
 
-    /// Whether this node's state shows one of `keys` holding something: an element (a list or
-    /// sorted set exists only while it holds one), or a value of another type, which the
-    /// attempt then reports as Redis does.
-    async fn any_key_exists(&self, keys: &[Bytes]) -> bool {
-        let exists = self
-            .shared
-            .node
-            .read(Read::Exists(keys.to_vec()), ReadConsistency::Stale)
-            .await;
-        !matches!(exists, Ok(Value::Integer(0)))
+    /// Whether this node's state shows what the blocked command waits for (`Look`), or a
+    /// value of another type or a missing group, which the attempt then reports as Redis does.
+    async fn worth_attempting(&self, blocking: &Blocking) -> bool {
+        let look = match &blocking.look {
+            Look::AnyKeyExists => Read::Exists(blocking.keys.clone()),
+            Look::Undelivered { group } => Read::Streams(StreamRead::Group(GroupRead::Undelivered {
+                group: group.clone(),
+                keys: blocking.keys.clone(),
+            })),
+        };
+        let seen = self.shared.node.read(look, ReadConsistency::Stale).await;
+        !matches!(seen, Ok(Value::Integer(0)))
     }
 
     /// Awaits every slot's reply into `values` (empty before), in the slots' order.

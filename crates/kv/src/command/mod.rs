@@ -9,6 +9,7 @@ pub use crate::decimal::Decimal;
 use crate::decimal::{parse_float, Float};
 pub use crate::expiry::ExpireAt;
 pub use scripts::{script_sha, ScriptCall, ScriptRef};
+pub use stream_groups::{Claim, DeliveredAt, GroupRead, GroupReadFrom, GroupStart, GroupWrite, PendingRange};
 pub use streams::{resolve_last_ids, NewId, ReadAfter, StreamId, StreamRead, StreamWrite, Trim, TrimTo};
 pub use zsets::{
     parse_score, Aggregate, CombineOptions, Direction, LexBound, RangeQuery, ScoreBound, ZRange, ZaddOptions, ZsetOp,
@@ -16,6 +17,7 @@ pub use zsets::{
 };
 
 mod scripts;
+mod stream_groups;
 mod streams;
 pub mod table;
 mod zsets;
@@ -633,6 +635,18 @@ pub struct Blocking {
     pub keys: Vec<Bytes>,
     pub timeout_ms: Option<u64>,
     pub reply: BlockingReply,
+    pub look: Look,
+}
+
+/// What a blocked command checks on its own node's state before it tries its attempt through
+/// the log: a failed attempt is a write, which wakes the others blocked on its keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Look {
+    /// One of the keys holds something (a list or sorted set exists only while it has an element).
+    AnyKeyExists,
+    /// XREADGROUP: one of the streams has an entry its group has not delivered, or is missing or
+    /// lacks the group (the attempt's error is the reply).
+    Undelivered { group: Bytes },
 }
 
 /// How a blocking command answers, from its attempt's reply.
@@ -649,6 +663,8 @@ pub enum BlockingReply {
     KeyMemberScore,
     /// XREAD BLOCK: as XREAD; a null array on timeout.
     Streams,
+    /// XREADGROUP BLOCK: as XREADGROUP; a null array on timeout.
+    GroupStreams,
 }
 
 impl BlockingReply {
@@ -1588,6 +1604,7 @@ impl Command {
                     keys: keys.to_vec(),
                     timeout_ms: timeout_arg(&timeout[0])?,
                     reply: BlockingReply::KeyAndElement,
+                    look: Look::AnyKeyExists,
                 })
             }
             "blmpop" => {
@@ -1603,6 +1620,7 @@ impl Command {
                     keys,
                     timeout_ms,
                     reply: BlockingReply::KeyAndElements,
+                    look: Look::AnyKeyExists,
                 })
             }
             "blmove" | "brpoplpush" => {
@@ -1627,6 +1645,7 @@ impl Command {
                     keys: vec![rest[0].clone()],
                     timeout_ms: timeout_arg(timeout)?,
                     reply: BlockingReply::Element,
+                    look: Look::AnyKeyExists,
                 })
             }
             "linsert" => {
@@ -1727,6 +1746,7 @@ impl Command {
             _ => {
                 return zsets::parse(name, rest)
                     .or_else(|| streams::parse(name, rest))
+                    .or_else(|| stream_groups::parse(name, rest))
                     .or_else(|| scripts::parse(name, rest))
                     .transpose()
             }

@@ -3,8 +3,10 @@
 
 use bytes::Bytes;
 
+use super::stream_groups::{GroupRead, GroupWrite};
 use super::{
-    arity_checks, parse_i64, syntax_error, wrong_arity, Blocking, BlockingReply, Command, CommandError, Read, Write,
+    arity_checks, parse_i64, syntax_error, wrong_arity, Blocking, BlockingReply, Command, CommandError, Look, Read,
+    Write,
 };
 
 const INVALID_ID: &str = "ERR Invalid stream ID specified as stream command argument";
@@ -112,6 +114,7 @@ pub enum StreamWrite {
         key: Bytes,
         trim: Trim,
     },
+    Group(GroupWrite),
 }
 
 impl StreamWrite {
@@ -120,6 +123,7 @@ impl StreamWrite {
             StreamWrite::Add { key, .. } | StreamWrite::Delete { key, .. } | StreamWrite::Trim { key, .. } => {
                 vec![key.clone()]
             }
+            StreamWrite::Group(write) => write.keys(),
         }
     }
 }
@@ -153,6 +157,7 @@ pub enum StreamRead {
     },
     /// Each stream's last id (0-0 for a missing one): what XREAD BLOCK's `$` stands for.
     LastIds(Vec<Bytes>),
+    Group(GroupRead),
 }
 
 /// An id as XADD, XDEL, XTRIM and XREAD take it: `ms-seq`, or `ms` with the sequence number
@@ -185,7 +190,7 @@ fn parse_id(arg: &[u8], missing_seq: u64, auto_seq: bool) -> Result<(u64, Option
 }
 
 /// A whole id (`-` and `+` refused), its sequence number 0 when left out.
-fn strict_id(arg: &[u8]) -> Result<StreamId, CommandError> {
+pub(super) fn strict_id(arg: &[u8]) -> Result<StreamId, CommandError> {
     let (ms, seq) = parse_id(arg, 0, false)?;
     Ok(StreamId {
         ms,
@@ -195,7 +200,7 @@ fn strict_id(arg: &[u8]) -> Result<StreamId, CommandError> {
 
 /// A range bound of XRANGE: `-`, `+`, an id (a left-out sequence number is `missing_seq`), or
 /// `(` then an id, exclusive.
-fn interval_id(arg: &[u8], missing_seq: u64, start: bool) -> Result<StreamId, CommandError> {
+pub(super) fn interval_id(arg: &[u8], missing_seq: u64, start: bool) -> Result<StreamId, CommandError> {
     match arg {
         b"-" => return Ok(StreamId::MIN),
         b"+" => return Ok(StreamId::MAX),
@@ -358,12 +363,23 @@ fn xrange(rest: &[Bytes], reverse: bool) -> Result<StreamRead, CommandError> {
     })
 }
 
-/// XREAD's COUNT (0: all), streams, and how long it may wait (`None`: it does not).
-type XreadArgs = (u64, Vec<(Bytes, Result<ReadAfter, CommandError>)>, Option<u64>);
+/// What XREAD and XREADGROUP share: COUNT (0: all), how long it may wait (`None`: it does not),
+/// XREADGROUP's GROUP and NOACK, and the streams' keys and ids as given.
+pub(super) struct ReadArgs<'a> {
+    pub count: u64,
+    pub block_ms: Option<u64>,
+    pub group: Option<(Bytes, Bytes)>,
+    pub no_ack: bool,
+    pub keys: &'a [Bytes],
+    pub ids: &'a [Bytes],
+}
 
-fn xread(rest: &[Bytes]) -> Result<XreadArgs, CommandError> {
+/// XREAD's (or, `grouped`, XREADGROUP's) options in Redis 7.0's order of checks.
+pub(super) fn read_args(rest: &[Bytes], grouped: bool) -> Result<ReadArgs<'_>, CommandError> {
     let mut count = 0;
     let mut block_ms = None;
+    let mut group = None;
+    let mut no_ack = false;
     let mut streams_at = None;
     let mut i = 0;
     while i < rest.len() {
@@ -382,6 +398,18 @@ fn xread(rest: &[Bytes]) -> Result<XreadArgs, CommandError> {
         } else if option.eq_ignore_ascii_case(b"streams") && more > 0 {
             streams_at = Some(i + 1);
             break;
+        } else if option.eq_ignore_ascii_case(b"group") && more >= 2 {
+            if !grouped {
+                return Err("ERR The GROUP option is only supported by XREADGROUP. You called XREAD instead.".into());
+            }
+            group = Some((rest[i + 1].clone(), rest[i + 2].clone()));
+            i += 3;
+        } else if option.eq_ignore_ascii_case(b"noack") {
+            if !grouped {
+                return Err("ERR The NOACK option is only supported by XREADGROUP. You called XREAD instead.".into());
+            }
+            no_ack = true;
+            i += 1;
         } else {
             return Err(syntax_error());
         }
@@ -391,14 +419,28 @@ fn xread(rest: &[Bytes]) -> Result<XreadArgs, CommandError> {
     };
     let named = &rest[streams_at..];
     if !named.len().is_multiple_of(2) {
-        return Err(
-            "ERR Unbalanced 'xread' list of streams: for each stream key an ID or '$' must be specified.".into(),
-        );
+        return Err("ERR Unbalanced XREAD list of streams: for each stream key an ID or '$' must be specified.".into());
+    }
+    if grouped && group.is_none() {
+        return Err("ERR Missing GROUP option for XREADGROUP".into());
     }
     let (keys, ids) = named.split_at(named.len() / 2);
-    let streams = keys
+    Ok(ReadArgs {
+        count,
+        block_ms,
+        group,
+        no_ack,
+        keys,
+        ids,
+    })
+}
+
+fn xread(rest: &[Bytes]) -> Result<Command, CommandError> {
+    let args = read_args(rest, false)?;
+    let streams: Vec<(Bytes, Result<ReadAfter, CommandError>)> = args
+        .keys
         .iter()
-        .zip(ids)
+        .zip(args.ids)
         .map(|(key, id)| {
             let after = match id.as_ref() {
                 b"$" => Ok(ReadAfter::Last),
@@ -412,7 +454,22 @@ fn xread(rest: &[Bytes]) -> Result<XreadArgs, CommandError> {
             (key.clone(), after)
         })
         .collect();
-    Ok((count, streams, block_ms))
+    // An id in error is answered at once (a read finds the error).
+    let valid: Option<Vec<(Bytes, ReadAfter)>> = streams
+        .iter()
+        .map(|(key, after)| after.clone().ok().map(|after| (key.clone(), after)))
+        .collect();
+    let count = args.count;
+    Ok(match (args.block_ms, valid) {
+        (Some(timeout_ms), Some(valid)) => Command::Blocking(Blocking {
+            keys: valid.iter().map(|(key, _)| key.clone()).collect(),
+            attempt: xread_attempt(count, &valid),
+            timeout_ms: (timeout_ms > 0).then_some(timeout_ms),
+            reply: BlockingReply::Streams,
+            look: Look::AnyKeyExists,
+        }),
+        _ => Command::Read(Read::Streams(StreamRead::Read { count, streams })),
+    })
 }
 
 /// The XREAD a blocked XREAD attempts, with its `$`s as given: `resolve_last_ids` replaces
@@ -478,21 +535,7 @@ pub(super) fn parse(name: &str, rest: &[Bytes]) -> Option<Result<Command, Comman
             }
             "xread" => {
                 at_least(3)?;
-                let (count, streams, block_ms) = xread(rest)?;
-                // An id in error is answered at once (a read finds the error).
-                let valid: Option<Vec<(Bytes, ReadAfter)>> = streams
-                    .iter()
-                    .map(|(key, after)| after.clone().ok().map(|after| (key.clone(), after)))
-                    .collect();
-                match (block_ms, valid) {
-                    (Some(timeout_ms), Some(valid)) => Command::Blocking(Blocking {
-                        keys: valid.iter().map(|(key, _)| key.clone()).collect(),
-                        attempt: xread_attempt(count, &valid),
-                        timeout_ms: (timeout_ms > 0).then_some(timeout_ms),
-                        reply: BlockingReply::Streams,
-                    }),
-                    _ => read(StreamRead::Read { count, streams }),
-                }
+                xread(rest)?
             }
             _ => return Ok(None),
         }

@@ -6,7 +6,7 @@ use chorus_resp::Double;
 
 use super::{
     arity_checks, count_arg, multi_pop_args, parse_i64, scan_args, syntax_error, Blocking, BlockingReply, Command,
-    CommandError, Read, ScanArgs, SetCondition, Write, POP_COUNT_OUT_OF_RANGE,
+    CommandError, Look, Read, ScanArgs, SetCondition, Write, POP_COUNT_OUT_OF_RANGE,
 };
 
 /// Writes to sorted sets.
@@ -538,6 +538,7 @@ pub(super) fn parse(name: &str, rest: &[Bytes]) -> Option<Result<Command, Comman
                     keys: keys.to_vec(),
                     timeout_ms: super::timeout_arg(&rest[rest.len() - 1])?,
                     reply: BlockingReply::KeyMemberScore,
+                    look: Look::AnyKeyExists,
                 })
             }
             "bzmpop" => {
@@ -553,6 +554,7 @@ pub(super) fn parse(name: &str, rest: &[Bytes]) -> Option<Result<Command, Comman
                     keys,
                     timeout_ms,
                     reply: BlockingReply::KeyAndElements,
+                    look: Look::AnyKeyExists,
                 })
             }
             "zremrangebyrank" => {

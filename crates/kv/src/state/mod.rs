@@ -53,6 +53,7 @@ mod bits;
 mod lists;
 mod scripts;
 mod sets;
+mod stream_groups;
 mod streams;
 mod transactions;
 mod zsets;
@@ -2135,6 +2136,69 @@ mod tests {
         assert!(!s.run("XADD t NOMKSTREAM * a 1").is_error());
         assert_eq!(s.run("XADD u NOMKSTREAM * a 1"), Value::null());
         assert_eq!(s.run("EXISTS u"), Value::Integer(0));
+    }
+
+    #[test]
+    fn consumer_groups_deliver_each_entry_once_time_idleness_by_the_log_and_survive_restarts() {
+        let mut s = Replica::new();
+        let int = Value::Integer;
+        let entry = |id: &str, v: &str| {
+            Value::array(vec![
+                Value::bulk(id.to_string()),
+                Value::array(vec![Value::bulk("f"), Value::bulk(v.to_string())]),
+            ])
+        };
+        let served = |entries: Vec<Value>| Value::KeyedPairs(vec![(Value::bulk("s"), Value::array(entries))]);
+        assert_eq!(s.run("XGROUP CREATE s g $ MKSTREAM"), Value::ok());
+        assert_eq!(s.run("XADD s 1-1 f a"), Value::bulk("1-1"));
+        assert_eq!(s.run("XADD s 2-1 f b"), Value::bulk("2-1"));
+        assert_eq!(
+            s.run("XREADGROUP GROUP g alice COUNT 1 STREAMS s >"),
+            served(vec![entry("1-1", "a")])
+        );
+        assert_eq!(
+            s.run("XREADGROUP GROUP g bob STREAMS s >"),
+            served(vec![entry("2-1", "b")])
+        );
+        assert_eq!(s.run("XREADGROUP GROUP g bob STREAMS s >"), Value::Array(None));
+        s.advance(500);
+        s.restart();
+        // Pending entries, their consumers and idle times, the group's place: all in the state.
+        let pending = |id: &str, who: &str, idle: i64, n: i64| {
+            Value::array(vec![
+                Value::bulk(id.to_string()),
+                Value::bulk(who.to_string()),
+                int(idle),
+                int(n),
+            ])
+        };
+        assert_eq!(
+            s.run("XPENDING s g - + 10"),
+            Value::array(vec![pending("1-1", "alice", 500, 1), pending("2-1", "bob", 500, 1)])
+        );
+        assert_eq!(s.run("XCLAIM s g carol 1000 1-1 JUSTID"), Value::array(vec![]));
+        assert_eq!(s.run("XCLAIM s g carol 400 1-1"), Value::array(vec![entry("1-1", "a")]));
+        assert_eq!(
+            s.run("XPENDING s g - + 10 carol"),
+            Value::array(vec![pending("1-1", "carol", 0, 2)])
+        );
+        assert_eq!(s.run("XACK s g 1-1 2-1 2-1"), int(2));
+        assert_eq!(
+            s.run("XPENDING s g"),
+            Value::array(vec![int(0), Value::null(), Value::null(), Value::Array(None)])
+        );
+        assert_eq!(s.run("RENAME s t"), Value::ok());
+        assert_eq!(s.run("XADD t 3-1 f c"), Value::bulk("3-1"));
+        assert_eq!(
+            s.run("XREADGROUP GROUP g dave STREAMS t >"),
+            Value::KeyedPairs(vec![(Value::bulk("t"), Value::array(vec![entry("3-1", "c")]))])
+        );
+        assert_eq!(s.run("XGROUP DESTROY t g"), int(1));
+        assert_eq!(s.run("XLEN t"), int(3));
+        assert_eq!(
+            s.run("XREADGROUP GROUP g dave STREAMS t >"),
+            Value::error("NOGROUP No such key 't' or consumer group 'g' in XREADGROUP with GROUP option")
+        );
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //!
 //! - `e` then the entry's id (milliseconds and sequence number, 8 big-endian bytes each, so key
 //!   order is id order), whose value is the entry's fields and values;
-//! - `m`, the stream's last id, how many entries were ever added and the largest id deleted: a
-//!   stream with no entries left still exists, as in Redis.
+//! - `m`, the stream's last id, how many entries were ever added, the largest id deleted and how
+//!   many entries it holds: a stream with no entries left still exists, as in Redis;
+//! - its consumer groups' records (`stream_groups`).
 //!
 //! XADD's `*` ids come from the entry's time, which the leader fixes for every replica.
 
@@ -22,29 +23,32 @@ const ID_NOT_GREATER: &str = "ERR The ID specified in XADD is equal or smaller t
 
 /// What a stream keeps besides its entries.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Meta {
-    last_id: StreamId,
-    entries_added: u64,
-    max_deleted_id: StreamId,
+pub(super) struct Meta {
+    pub last_id: StreamId,
+    pub entries_added: u64,
+    pub max_deleted_id: StreamId,
+    pub length: u64,
 }
 
 impl Meta {
     fn encode(&self) -> Bytes {
-        let mut out = BytesMut::with_capacity(40);
+        let mut out = BytesMut::with_capacity(48);
         out.put_slice(&self.last_id.to_bytes());
         out.put_u64(self.entries_added);
         out.put_slice(&self.max_deleted_id.to_bytes());
+        out.put_u64(self.length);
         out.freeze()
     }
 
     fn decode(bytes: &[u8]) -> Option<Meta> {
-        if bytes.len() != 40 {
+        if bytes.len() != 48 {
             return None;
         }
         Some(Meta {
             last_id: StreamId::from_bytes(&bytes[..16])?,
             entries_added: u64::from_be_bytes(bytes[16..24].try_into().ok()?),
-            max_deleted_id: StreamId::from_bytes(&bytes[24..])?,
+            max_deleted_id: StreamId::from_bytes(&bytes[24..40])?,
+            length: u64::from_be_bytes(bytes[40..].try_into().ok()?),
         })
     }
 }
@@ -53,13 +57,13 @@ pub(super) fn stream_prefix(key: &[u8]) -> BytesMut {
     group_prefix(STREAM_TAG, key)
 }
 
-fn meta_key(key: &[u8]) -> Bytes {
+pub(super) fn meta_key(key: &[u8]) -> Bytes {
     let mut k = stream_prefix(key);
     k.put_u8(META_RECORD);
     k.freeze()
 }
 
-fn entry_key(key: &[u8], id: StreamId) -> Bytes {
+pub(super) fn entry_key(key: &[u8], id: StreamId) -> Bytes {
     let mut k = stream_prefix(key);
     k.put_u8(ENTRY_RECORD);
     k.put_slice(&id.to_bytes());
@@ -100,7 +104,7 @@ fn decode_fields(value: &Bytes) -> Option<Vec<Bytes>> {
     (at == value.len()).then_some(items)
 }
 
-fn entry_reply(id: StreamId, value: &Bytes) -> Value {
+pub(super) fn entry_reply(id: StreamId, value: &Bytes) -> Value {
     let fields = decode_fields(value).unwrap_or_else(|| unreadable_value());
     Value::array(vec![
         Value::bulk(id.text()),
@@ -122,7 +126,7 @@ fn new_id(requested: NewId, last: StreamId, now_ms: u64) -> Option<StreamId> {
 
 impl KvState {
     /// The stream `key` holds: `None` if nothing, `WRONGTYPE` if something else.
-    fn stream_meta(&mut self, key: &[u8]) -> Result<Option<Meta>, Value> {
+    pub(super) fn stream_meta(&mut self, key: &[u8]) -> Result<Option<Meta>, Value> {
         if !self.type_check(key, KeyType::Stream)? {
             return Ok(None);
         }
@@ -131,14 +135,13 @@ impl KvState {
         Ok(Some(meta.unwrap_or_else(|| unreadable_value())))
     }
 
-    /// How many entries stream `key` holds (its group also holds the stream's own record).
-    fn stream_len(&mut self, key: &[u8]) -> usize {
-        self.store.group_len(&stream_prefix(key)).saturating_sub(1)
+    pub(super) fn put_stream_meta(&mut self, index: u64, key: &[u8], meta: &Meta) {
+        self.store.write(index, meta_key(key), Some(meta.encode()));
     }
 
     /// Up to `take` entries of stream `key` from `from` to `to` (inclusive), in id order or
     /// (`backwards`) from `to` down.
-    fn stream_entries(
+    pub(super) fn stream_entries(
         &mut self,
         key: &[u8],
         from: StreamId,
@@ -167,12 +170,13 @@ impl KvState {
             .collect()
     }
 
-    /// Removes the oldest entries of stream `key` that `trim` says go; how many it removed.
-    fn trim_stream(&mut self, index: u64, key: &[u8], trim: &Trim) -> usize {
+    /// Removes the oldest entries of stream `key` that `trim` says go, and counts them out of
+    /// `meta`; how many it removed.
+    fn trim_stream(&mut self, index: u64, key: &[u8], meta: &mut Meta, trim: &Trim) -> usize {
         let limit = trim.limit.map_or(usize::MAX, |n| n as usize);
         let doomed = match trim.to {
             TrimTo::MaxLen(max_len) => {
-                let excess = self.stream_len(key).saturating_sub(max_len as usize);
+                let excess = meta.length.saturating_sub(max_len) as usize;
                 self.stream_entries(key, StreamId::MIN, StreamId::MAX, excess.min(limit), false)
             }
             TrimTo::MinId(min_id) => match min_id.previous() {
@@ -183,6 +187,7 @@ impl KvState {
         for (id, _) in &doomed {
             self.store.write(index, entry_key(key, *id), None);
         }
+        meta.length -= doomed.len() as u64;
         doomed.len()
     }
 
@@ -208,16 +213,17 @@ impl KvState {
                 };
                 self.store
                     .write(index, entry_key(&key, id), Some(encode_fields(&pairs)));
-                let meta = Meta {
+                let mut meta = Meta {
                     last_id: id,
                     entries_added: meta.entries_added + 1,
+                    length: meta.length + 1,
                     ..meta
                 };
-                self.store.write(index, meta_key(&key), Some(meta.encode()));
                 self.notify(keyspace_events::STREAM, "xadd", &key);
-                if trim.is_some_and(|trim| self.trim_stream(index, &key, &trim) > 0) {
+                if trim.is_some_and(|trim| self.trim_stream(index, &key, &mut meta, &trim) > 0) {
                     self.notify(keyspace_events::STREAM, "xtrim", &key);
                 }
+                self.put_stream_meta(index, &key, &meta);
                 Value::bulk(id.text())
             }
             StreamWrite::Delete { key, ids } => {
@@ -236,36 +242,36 @@ impl KvState {
                     if self.store.contains(&record) {
                         self.store.write(index, record, None);
                         meta.max_deleted_id = meta.max_deleted_id.max(id);
+                        meta.length -= 1;
                         deleted += 1;
                     }
                 }
                 if deleted > 0 {
-                    self.store.write(index, meta_key(&key), Some(meta.encode()));
+                    self.put_stream_meta(index, &key, &meta);
                     self.notify(keyspace_events::STREAM, "xdel", &key);
                 }
                 Value::Integer(deleted)
             }
             StreamWrite::Trim { key, trim } => {
-                match self.stream_meta(&key) {
+                let mut meta = match self.stream_meta(&key) {
                     Err(e) => return e,
                     Ok(None) => return Value::Integer(0),
-                    Ok(Some(_)) => {}
-                }
-                let removed = self.trim_stream(index, &key, &trim);
+                    Ok(Some(meta)) => meta,
+                };
+                let removed = self.trim_stream(index, &key, &mut meta, &trim);
                 if removed > 0 {
+                    self.put_stream_meta(index, &key, &meta);
                     self.notify(keyspace_events::STREAM, "xtrim", &key);
                 }
                 Value::Integer(removed as i64)
             }
+            StreamWrite::Group(write) => self.execute_group_write(index, write),
         }
     }
 
     pub(super) fn read_stream(&mut self, read: &StreamRead) -> Result<Value, Value> {
         Ok(match read {
-            StreamRead::Len(key) => match self.stream_meta(key)? {
-                None => Value::Integer(0),
-                Some(_) => Value::Integer(self.stream_len(key) as i64),
-            },
+            StreamRead::Len(key) => Value::Integer(self.stream_meta(key)?.map_or(0, |meta| meta.length as i64)),
             StreamRead::Range {
                 key,
                 from,
@@ -312,6 +318,7 @@ impl KvState {
                     Value::KeyedPairs(served)
                 }
             }
+            StreamRead::Group(read) => self.read_group(read)?,
             StreamRead::LastIds(keys) => {
                 let mut ids = Vec::with_capacity(keys.len());
                 for key in keys {
