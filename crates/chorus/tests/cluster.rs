@@ -1043,7 +1043,7 @@ impl RawConnection {
 
 /// A client that opens with `HELLO 3` (go-redis v9 and redis-py with protocol=3 do) gets RESP3:
 /// maps for HELLO, HGETALL and CONFIG GET, `_` for nulls — the bytes Redis 7 sends — and
-/// `HELLO 2` takes it back to RESP2.
+/// `HELLO 2` (or RESET) takes it back to RESP2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resp3_clients_negotiate_with_hello_and_get_maps_and_nulls() {
     let cluster = Cluster::start(3, &[]);
@@ -1078,6 +1078,14 @@ async fn resp3_clients_negotiate_with_hello_and_get_maps_and_nulls() {
         b"*4\r\n$2\r\nf1\r\n$2\r\nv1\r\n$2\r\nf2\r\n$2\r\nv2\r\n",
     );
     raw.expect(&["GET", "no-such-key"], b"$-1\r\n");
+
+    // RESET takes a connection back to how it connected: RESP2, no name, no transaction.
+    raw.hello(&["HELLO", "3", "SETNAME", "app"]);
+    raw.expect(&["MULTI"], b"+OK\r\n");
+    raw.expect(&["RESET"], b"+RESET\r\n");
+    raw.expect(&["GET", "no-such-key"], b"$-1\r\n");
+    raw.expect(&["CLIENT", "GETNAME"], b"$-1\r\n");
+    raw.expect(&["EXEC"], b"-ERR EXEC without MULTI\r\n");
 }
 
 /// The cases of `replies_match_redis`'s generator: every one, and the streams' and their

@@ -984,6 +984,26 @@ impl Connection {
         Value::Replies(replies)
     }
 
+    /// RESET: the connection as it was when it connected — no transaction, watched keys or
+    /// subscriptions, no name, RESP2, the node's default consistency, and its first user (none
+    /// when logging in is required).
+    fn reset(&mut self) {
+        self.transaction = None;
+        self.watched.clear();
+        self.unsubscribe(&[], false);
+        self.unsubscribe(&[], true);
+        self.name = None;
+        self.protocol = Protocol::Resp2;
+        self.consistency = self.shared.options.default_consistency;
+        self.user = self
+            .shared
+            .options
+            .users
+            .initial()
+            .map(|user| (user.name.clone(), user.rights));
+        self.seen.describe(self);
+    }
+
     fn subscribed(&self) -> bool {
         !(self.channels.is_empty() && self.patterns.is_empty())
     }
@@ -1607,6 +1627,11 @@ impl Connection {
                 _ => return (arity(false).unwrap_err(), Flow::Continue),
             },
             "quit" => return (Value::ok(), Flow::Close),
+            "reset" if rest.is_empty() => {
+                self.reset();
+                Value::Simple("RESET".into())
+            }
+            "reset" => return (arity(false).unwrap_err(), Flow::Continue),
             // This node's clock: a reply, never an input to a write (scripts cannot call it).
             "time" if rest.is_empty() => {
                 let now = std::time::SystemTime::now()
@@ -1832,7 +1857,7 @@ impl Connection {
         };
         let mut name_buf = [0u8; MAX_COMMAND_NAME_BYTES];
         let name = short_name(args, &mut name_buf).unwrap_or("");
-        if matches!(name, "auth" | "hello" | "quit") {
+        if matches!(name, "auth" | "hello" | "quit" | "reset") {
             return None;
         }
         let Some((user, _)) = &self.user else {

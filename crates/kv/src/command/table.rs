@@ -235,6 +235,13 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("ping", -1, &["fast"], NONE, "connection"),
     spec("echo", 2, &["fast"], NONE, "connection"),
     spec("quit", -1, &["fast"], NONE, "connection"),
+    spec(
+        "reset",
+        1,
+        &["noscript", "loading", "stale", "fast", "no_auth"],
+        NONE,
+        "connection",
+    ),
     spec("select", 2, &["fast"], NONE, "connection"),
     spec("hello", -1, &["noscript", "fast"], NONE, "connection"),
     spec(
