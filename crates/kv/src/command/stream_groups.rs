@@ -148,8 +148,12 @@ pub enum GroupRead {
     Groups(Bytes),
     /// XINFO CONSUMERS.
     Consumers { key: Bytes, group: Bytes },
-    /// XINFO STREAM (without FULL, which is refused after the key's checks).
-    Stream { key: Bytes, full: Option<CommandError> },
+    /// XINFO STREAM, or with FULL up to so many entries and pending entries of each list (0:
+    /// all); an error in the options is answered after the key's checks.
+    Stream {
+        key: Bytes,
+        full: Result<Option<u64>, CommandError>,
+    },
     /// A subcommand's HELP lines.
     Help(&'static [&'static str]),
     /// What a blocked XREADGROUP looks at: 1 when one of the streams has an entry past the
@@ -179,8 +183,8 @@ const XINFO_HELP: &[&str] = &[
     "    A group's consumers.",
     "GROUPS <key>",
     "    A stream's consumer groups.",
-    "STREAM <key>",
-    "    A stream's length, ids and first and last entries.",
+    "STREAM <key> [FULL [COUNT <count>]]",
+    "    A stream's length, ids and first and last entries; FULL: its entries, groups and consumers.",
     "HELP",
     "    Shows this list.",
 ];
@@ -492,16 +496,23 @@ fn xinfo(rest: &[Bytes]) -> Result<GroupRead, CommandError> {
         },
         _ => GroupRead::Stream {
             key: rest[1].clone(),
-            full: (rest.len() > 2).then(|| {
-                if rest[2].eq_ignore_ascii_case(b"full") && (rest.len() == 3 || rest.len() == 5) {
-                    "ERR XINFO STREAM FULL is not supported by Chorus: use XINFO GROUPS, XINFO CONSUMERS and XPENDING"
-                        .into()
-                } else {
-                    subcommand_syntax_error("xinfo", &rest[0])
-                }
-            }),
+            full: stream_info_options(rest),
         },
     })
+}
+
+/// XINFO STREAM's options: none, FULL, or FULL COUNT n (a negative count is Redis's default, 10).
+fn stream_info_options(rest: &[Bytes]) -> Result<Option<u64>, CommandError> {
+    let options = &rest[2..];
+    match options {
+        [] => Ok(None),
+        [full] if full.eq_ignore_ascii_case(b"full") => Ok(Some(10)),
+        [full, count, n] if full.eq_ignore_ascii_case(b"full") && count.eq_ignore_ascii_case(b"count") => {
+            let n = parse_i64(n)?;
+            Ok(Some(if n < 0 { 10 } else { n as u64 }))
+        }
+        _ => Err(subcommand_syntax_error("xinfo", &rest[0])),
+    }
 }
 
 pub(super) fn parse(name: &str, rest: &[Bytes]) -> Option<Result<Command, CommandError>> {

@@ -2193,6 +2193,22 @@ mod tests {
             s.run("XREADGROUP GROUP g dave STREAMS t >"),
             Value::KeyedPairs(vec![(Value::bulk("t"), Value::array(vec![entry("3-1", "c")]))])
         );
+        let Value::Map(full) = s.run("XINFO STREAM t FULL COUNT 1") else {
+            panic!("XINFO STREAM FULL answers a map")
+        };
+        let field = |name: &str| {
+            full.iter()
+                .find(|(k, _)| *k == Value::bulk(name.to_string()))
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(field("entries"), Some(Value::array(vec![entry("1-1", "a")])));
+        let Some(Value::Array(Some(groups))) = field("groups") else {
+            panic!("groups are an array")
+        };
+        let Value::Map(group) = &groups[0] else {
+            panic!("a group is a map")
+        };
+        assert!(group.contains(&(Value::bulk("pel-count"), int(1))), "{group:?}");
         assert_eq!(s.run("XGROUP DESTROY t g"), int(1));
         assert_eq!(s.run("XLEN t"), int(3));
         assert_eq!(

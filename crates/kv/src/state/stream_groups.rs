@@ -772,36 +772,98 @@ impl KvState {
                 let Some(meta) = self.stream_meta(key)? else {
                     return Err(Value::error("ERR no such key"));
                 };
-                if let Some(error) = full {
-                    return Err(Value::error(error.clone()));
-                }
-                let first = self.stream_entries(key, StreamId::MIN, StreamId::MAX, 1, false);
-                let last = self.stream_entries(key, StreamId::MIN, StreamId::MAX, 1, true);
-                let edge = |entries: &[(StreamId, Bytes)]| {
-                    entries
-                        .first()
-                        .map_or(Value::null(), |(id, entry)| entry_reply(*id, entry))
-                };
-                let first_id = first.first().map_or(StreamId::MIN, |(id, _)| *id);
-                let groups = self.group_names(key).len();
-                Value::Map(vec![
-                    (Value::bulk("length"), Value::Integer(meta.length as i64)),
-                    // Chorus keeps each entry as a record of its own: no radix tree of nodes.
-                    (Value::bulk("radix-tree-keys"), Value::Integer(meta.length as i64)),
-                    (Value::bulk("radix-tree-nodes"), Value::Integer(meta.length as i64)),
-                    (Value::bulk("last-generated-id"), Value::bulk(meta.last_id.text())),
-                    (
-                        Value::bulk("max-deleted-entry-id"),
-                        Value::bulk(meta.max_deleted_id.text()),
-                    ),
-                    (Value::bulk("entries-added"), Value::Integer(meta.entries_added as i64)),
-                    (Value::bulk("recorded-first-entry-id"), Value::bulk(first_id.text())),
-                    (Value::bulk("groups"), Value::Integer(groups as i64)),
-                    (Value::bulk("first-entry"), edge(&first)),
-                    (Value::bulk("last-entry"), edge(&last)),
-                ])
+                let full = full.clone().map_err(Value::error)?;
+                self.stream_info(key, &meta, full)
             }
         })
+    }
+
+    /// XINFO STREAM's reply, or with `full` (so many entries and pending entries per list, 0:
+    /// all) XINFO STREAM FULL's.
+    fn stream_info(&mut self, key: &[u8], meta: &Meta, full: Option<u64>) -> Value {
+        let first = self.stream_entries(key, StreamId::MIN, StreamId::MAX, 1, false);
+        let first_id = first.first().map_or(StreamId::MIN, |(id, _)| *id);
+        let mut info = vec![
+            (Value::bulk("length"), Value::Integer(meta.length as i64)),
+            // Chorus keeps each entry as a record of its own: no radix tree of nodes.
+            (Value::bulk("radix-tree-keys"), Value::Integer(meta.length as i64)),
+            (Value::bulk("radix-tree-nodes"), Value::Integer(meta.length as i64)),
+            (Value::bulk("last-generated-id"), Value::bulk(meta.last_id.text())),
+            (
+                Value::bulk("max-deleted-entry-id"),
+                Value::bulk(meta.max_deleted_id.text()),
+            ),
+            (Value::bulk("entries-added"), Value::Integer(meta.entries_added as i64)),
+            (Value::bulk("recorded-first-entry-id"), Value::bulk(first_id.text())),
+        ];
+        let names = self.group_names(key);
+        let Some(count) = full else {
+            let last = self.stream_entries(key, StreamId::MIN, StreamId::MAX, 1, true);
+            let edge = |entries: &[(StreamId, Bytes)]| {
+                entries
+                    .first()
+                    .map_or(Value::null(), |(id, entry)| entry_reply(*id, entry))
+            };
+            info.extend([
+                (Value::bulk("groups"), Value::Integer(names.len() as i64)),
+                (Value::bulk("first-entry"), edge(&first)),
+                (Value::bulk("last-entry"), edge(&last)),
+            ]);
+            return Value::Map(info);
+        };
+        let take = if count == 0 { usize::MAX } else { count as usize };
+        let entries = self.stream_entries(key, StreamId::MIN, StreamId::MAX, take, false);
+        let entries = entries.iter().map(|(id, entry)| entry_reply(*id, entry)).collect();
+        let mut groups = Vec::with_capacity(names.len());
+        for name in names {
+            let g = self.group(key, &name).unwrap_or_else(|| unreadable_value());
+            let pending = self.pending_between(key, &name, StreamId::MIN, StreamId::MAX, usize::MAX);
+            let listed = pending.iter().take(take).map(|(id, p)| {
+                Value::array(vec![
+                    Value::bulk(id.text()),
+                    Value::bulk(p.consumer.clone()),
+                    Value::Integer(p.delivered_ms),
+                    Value::Integer(p.deliveries),
+                ])
+            });
+            let listed = Value::array(listed.collect());
+            let consumers = self
+                .consumers(key, &name)
+                .into_iter()
+                .map(|(consumer, seen_ms)| {
+                    let mine: Vec<&(StreamId, Pending)> =
+                        pending.iter().filter(|(_, p)| p.consumer == consumer).collect();
+                    let listed = mine.iter().take(take).map(|(id, p)| {
+                        Value::array(vec![
+                            Value::bulk(id.text()),
+                            Value::Integer(p.delivered_ms),
+                            Value::Integer(p.deliveries),
+                        ])
+                    });
+                    Value::Map(vec![
+                        (Value::bulk("name"), Value::bulk(consumer.clone())),
+                        (Value::bulk("seen-time"), Value::Integer(seen_ms)),
+                        (Value::bulk("pel-count"), Value::Integer(mine.len() as i64)),
+                        (Value::bulk("pending"), Value::array(listed.collect())),
+                    ])
+                })
+                .collect();
+            let entries_read = (g.entries_read != UNKNOWN).then_some(g.entries_read);
+            groups.push(Value::Map(vec![
+                (Value::bulk("name"), Value::bulk(name)),
+                (Value::bulk("last-delivered-id"), Value::bulk(g.last_id.text())),
+                (Value::bulk("entries-read"), known(entries_read)),
+                (Value::bulk("lag"), known(lag(meta, first_id, &g))),
+                (Value::bulk("pel-count"), Value::Integer(pending.len() as i64)),
+                (Value::bulk("pending"), listed),
+                (Value::bulk("consumers"), Value::array(consumers)),
+            ]));
+        }
+        info.extend([
+            (Value::bulk("entries"), Value::array(entries)),
+            (Value::bulk("groups"), Value::array(groups)),
+        ]);
+        Value::Map(info)
     }
 
     fn pending_summary(&mut self, key: &[u8], group: &[u8]) -> Value {
