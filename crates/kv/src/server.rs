@@ -97,6 +97,7 @@ const SERVER_COMMANDS: &[&str] = &[
     "ping",
     "echo",
     "quit",
+    "reset",
     "select",
     "readonly",
     "readwrite",
@@ -1107,7 +1108,10 @@ impl Connection {
             })
         };
         let refusal = match Command::parse(&args) {
-            Err(e) if e.starts_with("ERR wrong number of arguments") && !table_allows(args.len()) => {
+            // A subcommand's arity ('xgroup|create') is refused here too, as Redis 7 does.
+            Err(e)
+                if e.starts_with("ERR wrong number of arguments") && (!table_allows(args.len()) || e.contains('|')) =>
+            {
                 Some(Value::error(e))
             }
             Ok(Some(_)) | Err(_) => None,

@@ -271,18 +271,25 @@ impl KvState {
             .collect()
     }
 
-    /// The group's consumers' names, in name order, with when each was last seen.
-    fn consumers(&mut self, key: &[u8], group: &[u8]) -> Vec<(Bytes, i64)> {
+    /// The store keys of a group's records of one kind, in key order, and how long their
+    /// common start is (the stream's prefix, the kind and the group's name).
+    fn group_record_keys(&mut self, key: &[u8], kind: u8, group: &[u8]) -> (Vec<Bytes>, usize) {
         let prefix = stream_prefix(key);
-        let start = named(CONSUMER_RECORD, group);
+        let start = named(kind, group);
         let end = past_prefix(&start);
         let to = end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
         let keys =
             self.store
                 .group_keys_between(&prefix, (Bound::Included(start.as_slice()), to), 0, usize::MAX, false);
+        (keys, prefix.len() + start.len())
+    }
+
+    /// The group's consumers' names, in name order, with when each was last seen.
+    fn consumers(&mut self, key: &[u8], group: &[u8]) -> Vec<(Bytes, i64)> {
+        let (keys, names_at) = self.group_record_keys(key, CONSUMER_RECORD, group);
         keys.into_iter()
             .map(|k| {
-                let name = k.slice(prefix.len() + start.len()..);
+                let name = k.slice(names_at..);
                 let value = self.store.get(&k).unwrap_or_else(|e| unreadable(e));
                 let seen = value
                     .as_deref()
@@ -337,13 +344,7 @@ impl KvState {
         group: &[u8],
         mut doomed: impl FnMut(&Bytes, &Bytes) -> bool,
     ) -> usize {
-        let prefix = stream_prefix(key);
-        let start = named(kind, group);
-        let end = past_prefix(&start);
-        let to = end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
-        let keys =
-            self.store
-                .group_keys_between(&prefix, (Bound::Included(start.as_slice()), to), 0, usize::MAX, false);
+        let (keys, _) = self.group_record_keys(key, kind, group);
         let mut deleted = 0;
         for k in keys {
             let value = self.store.get(&k).unwrap_or_else(|e| unreadable(e));
