@@ -616,19 +616,19 @@ impl KvState {
     ) -> Result<Value, Value> {
         let mut checked = Vec::with_capacity(streams.len());
         for (key, from) in streams {
-            let Some((meta, g)) = self.stream_and_group(&key, group)? else {
+            if self.stream_and_group(&key, group)?.is_none() {
                 return Err(Value::error(format!(
                     "NOGROUP No such key '{}' or consumer group '{}' in XREADGROUP with GROUP option",
                     String::from_utf8_lossy(&key),
                     String::from_utf8_lossy(group)
                 )));
             };
-            checked.push((key, from.map_err(Value::error)?, meta, g));
+            checked.push((key, from.map_err(Value::error)?));
         }
         let now = self.now_ms as i64;
         let take = if count == 0 { usize::MAX } else { count as usize };
         let mut served = Vec::new();
-        for (key, from, meta, mut g) in checked {
+        for (key, from) in checked {
             let entries = match from {
                 GroupReadFrom::PendingAfter(after) => {
                     self.see_consumer(index, &key, group, consumer);
@@ -658,6 +658,11 @@ impl KvState {
                     entries
                 }
                 GroupReadFrom::Undelivered => {
+                    // Read afresh for each stream named: one named twice is served from where
+                    // the first serving left the group, as in Redis.
+                    let (meta, mut g) = self
+                        .stream_and_group(&key, group)?
+                        .expect("checked above, and serving a read deletes no group");
                     if self.last_entry_id(&key).is_none_or(|last| last <= g.last_id) {
                         continue;
                     }
