@@ -1090,7 +1090,7 @@ async fn resp3_clients_negotiate_with_hello_and_get_maps_and_nulls() {
 
 /// The cases of `replies_match_redis`'s generator: every one, and the streams' and their
 /// consumer groups'.
-const ALL_CASES: std::ops::Range<usize> = 0..154;
+const ALL_CASES: std::ops::Range<usize> = 0..162;
 const STREAM_CASES: std::ops::Range<usize> = 138..154;
 
 /// A redis-server of our own on a free port, stopped when dropped.
@@ -1200,6 +1200,33 @@ async fn replies_match_redis(
             format!("{prefix}s{}", below(2))
         };
         let consumer = format!("c{}", below(2));
+        // HyperLogLogs mostly on keys of their own, read only through their registers: a
+        // PFCOUNT of one key writes its count into the string on Redis, not on Chorus.
+        let hll_key = format!("{prefix}h{}", below(2));
+        let hll_or_any_key = if below(4) == 0 { key.clone() } else { hll_key.clone() };
+        // Geospatial indexes: positions around Sicily (a few out of bounds or not numbers),
+        // members m0..m5, searches of every shape and option.
+        let geo_key = if below(5) == 0 {
+            key.clone()
+        } else {
+            format!("{prefix}g{}", below(2))
+        };
+        let geo_members = [0; 3].map(|_| format!("m{}", below(6)));
+        let geo_units = [0; 2].map(|_| ["m", "km", "mi", "ft", "KM", "yd"][below(6)].to_string());
+        let geo_radii = [0; 2].map(|_| ["10", "100", "250", "0", "-1", "x"][below(6)].to_string());
+        let geo_position = |pick: usize| -> [String; 2] {
+            [
+                ["13.361389", "38.115556"],
+                ["15.087269", "37.502669"],
+                ["14.2", "37.1"],
+                ["12.5", "37.8"],
+                ["15.6", "38.2"],
+                ["13.9", "36.7"],
+                ["200", "10"],
+                ["14", "x"],
+            ][pick]
+                .map(String::from)
+        };
         let command: Vec<String> = match cases.start + below(cases.len()) {
             // Stream ids run out at 5-2: start the stream keys afresh now and then.
             152 if below(4) == 0 => vec!["DEL".into(), stream_key],
@@ -1398,6 +1425,113 @@ async fn replies_match_redis(
                 c
             }
             136 | 137 => vec!["ZADD".into(), key, score, field],
+            158 => {
+                let mut c = vec!["GEOADD".into(), geo_key];
+                if below(4) == 0 {
+                    c.push(["NX", "XX", "CH"][below(3)].into());
+                }
+                for member in &geo_members[..1 + below(3)] {
+                    c.extend(geo_position(if below(10) == 0 { 6 + below(2) } else { below(6) }));
+                    c.push(member.clone());
+                }
+                c
+            }
+            159 => {
+                let [a, b, _] = geo_members;
+                match below(3) {
+                    0 => vec!["GEOPOS".into(), geo_key, a, b],
+                    1 => vec!["GEOHASH".into(), geo_key, a, b],
+                    _ => {
+                        let mut c = vec!["GEODIST".into(), geo_key, a, b];
+                        if below(2) == 0 {
+                            c.push(geo_units[0].clone());
+                        }
+                        c
+                    }
+                }
+            }
+            case @ (160 | 161) => {
+                let [member, from_member, _] = geo_members;
+                let [unit, other_unit] = geo_units;
+                let [radius, height] = geo_radii;
+                let mut c = match (case == 161, below(3)) {
+                    (false, _) => vec!["GEOSEARCH".into(), geo_key],
+                    (true, 0) => vec!["GEOSEARCHSTORE".into(), format!("{prefix}gd"), geo_key],
+                    (true, 1) => {
+                        let mut c = vec!["GEORADIUS".into(), geo_key];
+                        c.extend(geo_position(below(8)));
+                        c.extend([radius.clone(), unit.clone()]);
+                        c
+                    }
+                    (true, _) => vec![
+                        "GEORADIUSBYMEMBER".into(),
+                        geo_key,
+                        member,
+                        radius.clone(),
+                        unit.clone(),
+                    ],
+                };
+                if matches!(c[0].as_str(), "GEOSEARCH" | "GEOSEARCHSTORE") {
+                    if below(2) == 0 {
+                        c.extend(["FROMMEMBER".into(), from_member]);
+                    } else {
+                        c.push("FROMLONLAT".into());
+                        c.extend(geo_position(below(8)));
+                    }
+                    if below(2) == 0 {
+                        c.extend(["BYRADIUS".into(), radius, other_unit]);
+                    } else {
+                        c.extend(["BYBOX".into(), radius, height, other_unit]);
+                    }
+                }
+                for _ in 0..below(4) {
+                    match below(9) {
+                        0 => c.push("ASC".into()),
+                        1 => c.push("DESC".into()),
+                        2 => c.extend(["COUNT".into(), ["1", "3", "0"][below(3)].into()]),
+                        3 => c.push("ANY".into()),
+                        4 => c.push("WITHDIST".into()),
+                        5 => c.push("WITHCOORD".into()),
+                        6 => c.push("WITHHASH".into()),
+                        7 if c[0] == "GEOSEARCHSTORE" => c.push("STOREDIST".into()),
+                        7 | 8 if c[0].starts_with("GEORADIUS") => {
+                            c.extend([["STORE", "STOREDIST"][below(2)].into(), format!("{prefix}gd")])
+                        }
+                        _ => c.push("ASC".into()),
+                    }
+                }
+                c
+            }
+            154 => {
+                let mut c = vec!["PFADD".into(), hll_or_any_key];
+                c.extend((0..below(4)).map(|_| ["a", "b", "c", "d", "e", "f", "g", "h"][below(8)].to_string()));
+                c
+            }
+            // Hundreds of elements at once, so that the sparse form fills and turns dense.
+            155 => {
+                let mut c = vec!["PFADD".into(), hll_key];
+                c.extend((0..300).map(|_| format!("e{}", below(4000))));
+                c
+            }
+            156 => match below(5) {
+                0 => vec!["PFCOUNT".into(), hll_key],
+                1 => vec![
+                    "PFCOUNT".into(),
+                    hll_key,
+                    hll_or_any_key,
+                    format!("{prefix}h{}", below(3)),
+                ],
+                2 => vec!["GETRANGE".into(), hll_key, "16".into(), "-1".into()],
+                3 => vec!["GETRANGE".into(), hll_key, "0".into(), "4".into()],
+                _ => vec!["STRLEN".into(), hll_key],
+            },
+            157 => {
+                let mut c = vec!["PFMERGE".into(), hll_or_any_key, hll_key];
+                if below(2) == 0 {
+                    c.push(format!("{prefix}h{}", below(3)));
+                }
+                c
+            }
             131 | 132 => {
                 let op = ["AND", "or", "XOR", "NOT", "nope"][below(5)];
                 let mut c = vec!["BITOP".into(), op.into(), other, key];
@@ -1699,8 +1833,14 @@ async fn replies_match_redis(
         if queued.is_some() && ["TTL", "PTTL", "EXPIRETIME"].contains(&args[0]) {
             continue;
         }
-        let expected = redis.command(&args).await.unwrap();
-        let got = chorus.command(&args).await.unwrap();
+        let expected = redis
+            .command(&args)
+            .await
+            .unwrap_or_else(|e| panic!("redis-server, {args:?}: {e}"));
+        let got = chorus
+            .command(&args)
+            .await
+            .unwrap_or_else(|e| panic!("Chorus, {args:?}: {e}"));
         let ended = match args[0] {
             "MULTI" => {
                 queued = Some(Vec::new());

@@ -29,6 +29,9 @@ pub enum Value {
     /// A double (a sorted set's score): RESP3's `,`, in RESP2 a bulk string, both written as
     /// Redis 7.0 writes them (see `format_double`).
     Double(Double),
+    /// A double in Redis's "human" form (GEOPOS's coordinates; see `format_human_double`):
+    /// RESP3's `,`, in RESP2 a bulk string.
+    HumanDouble(Double),
     /// Out-of-band data (pub/sub messages and confirmations): RESP3's push (`>`), in RESP2 an
     /// array.
     Push(Vec<Value>),
@@ -400,8 +403,11 @@ pub fn write_value_as(value: &Value, protocol: Protocol, out: &mut Vec<u8>) {
                 write_value_as(item, protocol, out);
             }
         }
-        Value::Double(Double(d)) => {
-            let text = format_double(*d);
+        Value::Double(Double(d)) | Value::HumanDouble(Double(d)) => {
+            let text = match value {
+                Value::HumanDouble(_) => format_human_double(*d),
+                _ => format_double(*d),
+            };
             match protocol {
                 Protocol::Resp2 => write_value_as(&Value::bulk(text), protocol, out),
                 Protocol::Resp3 => {
@@ -499,6 +505,16 @@ pub fn format_double(d: f64) -> String {
     } else {
         let sign = if exponent < 0 { '-' } else { '+' };
         format!("{}e{sign}{:02}", trim_fraction(mantissa), exponent.abs())
+    }
+}
+
+/// A double as Redis 7.0's "human" long double form writes it: 17 decimals (of the double's
+/// exact value, rounded), trailing zeros and a bare point dropped, `-0` as `0`.
+pub fn format_human_double(d: f64) -> String {
+    let fixed = format!("{d:.17}");
+    match trim_fraction(&fixed) {
+        "-0" => "0".to_string(),
+        trimmed => trimmed.to_string(),
     }
 }
 

@@ -15,6 +15,7 @@ use chorus_curp::rifl::{ClientId, Envelope};
 use chorus_curp::witness::{file as witness_file, Event, Record};
 use chorus_fuzz::{append_after_resume, entry, resumed_codec, OneEntryLog, CACHE};
 use chorus_kv::command::{encode_args, encode_curp_recovered, encode_enveloped, encode_register, encode_renew};
+use chorus_kv::hyperloglog;
 use chorus_kv::unicache::KvPreprocessor;
 use chorus_kv::KvState;
 use chorus_log::backup::{encode_header, BackupHeader};
@@ -485,7 +486,24 @@ fn main() {
     write(&out, "pg_values", "timestamptz", &timestamptz);
     write(&out, "pg_values", "int4", &[2, 0, 0, 1, 0]);
     membership_seeds(&out);
+    hyperloglog_seeds(&out);
     println!("seeds written under {}", out.display());
+}
+
+/// `hyperloglog` seeds: an empty HyperLogLog, a sparse one, and one turned dense (the first
+/// byte picks the target's operation).
+fn hyperloglog_seeds(out: &Path) {
+    let mut sparse = hyperloglog::empty();
+    let mut dense = hyperloglog::empty();
+    for n in 0..3000 {
+        if n < 50 {
+            hyperloglog::add(&mut sparse, format!("element:{n}").as_bytes()).expect("a valid HyperLogLog");
+        }
+        hyperloglog::add(&mut dense, format!("element:{n}").as_bytes()).expect("a valid HyperLogLog");
+    }
+    for (name, value) in [("empty", hyperloglog::empty()), ("sparse", sparse), ("dense", dense)] {
+        write(out, "hyperloglog", name, &[&[0][..], &value].concat());
+    }
 }
 
 /// `membership` seeds: a change's context, a members record, a backup header.

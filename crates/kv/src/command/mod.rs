@@ -8,6 +8,7 @@ use chorus_resp::Value;
 pub use crate::decimal::Decimal;
 use crate::decimal::{parse_float, Float};
 pub use crate::expiry::ExpireAt;
+pub use geo::{metres_per_unit, position, GeoRead, GeoSearch, SearchCommand};
 pub use scripts::{script_sha, ScriptCall, ScriptRef};
 pub use stream_groups::{Claim, DeliveredAt, GroupRead, GroupReadFrom, GroupStart, GroupWrite, PendingRange};
 pub use streams::{resolve_last_ids, NewId, ReadAfter, StreamId, StreamRead, StreamWrite, Trim, TrimTo};
@@ -16,6 +17,7 @@ pub use zsets::{
     ZsetRead, ZsetWrite,
 };
 
+mod geo;
 mod scripts;
 mod stream_groups;
 mod streams;
@@ -109,6 +111,16 @@ pub enum Write {
     /// bytes), or deleted when every source is empty or missing.
     BitOp {
         op: BitOp,
+        dest: Bytes,
+        sources: Vec<Bytes>,
+    },
+    /// PFADD: the elements added to the HyperLogLog (made if missing).
+    PfAdd {
+        key: Bytes,
+        elements: Vec<Bytes>,
+    },
+    /// PFMERGE: `dest` (made if missing) raised to the union of itself and the sources.
+    PfMerge {
         dest: Bytes,
         sources: Vec<Bytes>,
     },
@@ -382,6 +394,7 @@ impl Write {
             | Write::IncrBy { key, .. }
             | Write::SetRange { key, .. }
             | Write::SetBit { key, .. }
+            | Write::PfAdd { key, .. }
             | Write::IncrByFloat { key, .. }
             | Write::HIncrBy { key, .. }
             | Write::HIncrByFloat { key, .. }
@@ -392,7 +405,9 @@ impl Write {
             Write::Del(keys) | Write::DeleteExpired(keys) => keys.clone(),
             Write::MSet(pairs) | Write::MSetNx(pairs) => pairs.iter().map(|(k, _)| k.clone()).collect(),
             Write::Rename { from, to, .. } | Write::Copy { from, to, .. } => vec![from.clone(), to.clone()],
-            Write::BitOp { dest, sources, .. } => std::iter::once(dest).chain(sources).cloned().collect(),
+            Write::BitOp { dest, sources, .. } | Write::PfMerge { dest, sources } => {
+                std::iter::once(dest).chain(sources).cloned().collect()
+            }
             // See `touches_every_key`.
             Write::FlushAll => Vec::new(),
             Write::Exec { watched, commands } => watched
@@ -519,6 +534,8 @@ pub enum Read {
         bit: bool,
         range: Result<Option<BitRange>, CommandError>,
     },
+    /// PFCOUNT: one HyperLogLog's cardinality, or the union's of several.
+    PfCount(Vec<Bytes>),
     /// HRANDFIELD key [count [WITHVALUES]].
     HRandField {
         key: Bytes,
@@ -545,6 +562,7 @@ pub enum Read {
     Lists(ListRead),
     Zsets(ZsetRead),
     Streams(StreamRead),
+    Geo(GeoRead),
 }
 
 /// A BITCOUNT or BITPOS range: bytes, or bits with `BIT`; negative bounds count from the end;
@@ -989,7 +1007,7 @@ pub fn command_name(args: &[Bytes]) -> String {
 }
 
 /// Longest command name `short_name` lower-cases; longer ones name no command Chorus knows.
-pub const MAX_COMMAND_NAME_BYTES: usize = 16;
+pub const MAX_COMMAND_NAME_BYTES: usize = 20;
 
 /// The lower-cased command name in `buf`, without allocating (this runs for every command);
 /// `None` when it is too long or not ASCII to be a command Chorus knows.
@@ -1325,6 +1343,24 @@ impl Command {
                     bit,
                     range,
                 })
+            }
+            "pfadd" => {
+                at_least(1)?;
+                Command::Write(Write::PfAdd {
+                    key: rest[0].clone(),
+                    elements: rest[1..].to_vec(),
+                })
+            }
+            "pfmerge" => {
+                at_least(1)?;
+                Command::Write(Write::PfMerge {
+                    dest: rest[0].clone(),
+                    sources: rest[1..].to_vec(),
+                })
+            }
+            "pfcount" => {
+                at_least(1)?;
+                Command::Read(Read::PfCount(rest.to_vec()))
             }
             "incrbyfloat" => {
                 exact(2)?;
@@ -1748,6 +1784,7 @@ impl Command {
                     .or_else(|| streams::parse(name, rest))
                     .or_else(|| stream_groups::parse(name, rest))
                     .or_else(|| scripts::parse(name, rest))
+                    .or_else(|| geo::parse(name, rest, &args[0]))
                     .transpose()
             }
         };

@@ -39,6 +39,8 @@ pub enum ZsetWrite {
         key: Bytes,
         range: ZRange,
     },
+    /// GEOSEARCHSTORE, or GEORADIUS with STORE: the destination becomes what the search finds.
+    GeoStore(super::GeoSearch),
     /// ZRANGESTORE: `destination` becomes what the range of `source` holds.
     RangeStore {
         destination: Bytes,
@@ -69,6 +71,7 @@ impl ZsetWrite {
             ZsetWrite::CombineStore { destination, keys, .. } => {
                 std::iter::once(destination).chain(keys).cloned().collect()
             }
+            ZsetWrite::GeoStore(search) => search.keys(),
         }
     }
 }

@@ -50,6 +50,8 @@ use crate::speculation::Proposed;
 use sets::member_key;
 
 mod bits;
+mod geo;
+mod hyperloglog;
 mod lists;
 mod scripts;
 mod sets;
@@ -927,6 +929,8 @@ impl KvState {
             }
             Write::SetBit { key, offset, on } => self.set_bit(index, &key, offset, on),
             Write::BitOp { op, dest, sources } => self.bit_op(index, op, &dest, &sources),
+            Write::PfAdd { key, elements } => self.pf_add(index, &key, &elements),
+            Write::PfMerge { dest, sources } => self.pf_merge(index, &dest, &sources),
             Write::IncrByFloat { key, increment } => {
                 let current = match self.string_to_update(&key) {
                     Err(e) => return e,
@@ -1308,6 +1312,8 @@ impl KvState {
             },
             Write::SetBit { key, offset, .. } => self.preview_set_bit(key, *offset),
             Write::BitOp { sources, .. } => self.preview_bit_op(sources),
+            Write::PfAdd { key, elements } => self.preview_pf_add(key, elements),
+            Write::PfMerge { dest, sources } => self.preview_pf_merge(dest, sources),
             Write::IncrByFloat { key, increment } => match self.string_to_update(key) {
                 Err(e) => e,
                 Ok(current) => parse_float(increment)
@@ -1550,6 +1556,7 @@ impl KvState {
                 Read::GetBit { key, offset } => self.get_bit(key, *offset)?,
                 Read::BitCount { key, range } => self.bit_count(key, range)?,
                 Read::BitPos { key, bit, range } => self.bit_pos(key, *bit, range)?,
+                Read::PfCount(keys) => self.pf_count(keys)?,
                 Read::HRandField {
                     key,
                     count,
@@ -1597,6 +1604,7 @@ impl KvState {
                 Read::Lists(read) => self.read_list(read)?,
                 Read::Zsets(read) => self.read_zset(read)?,
                 Read::Streams(read) => self.read_stream(read)?,
+                Read::Geo(read) => self.read_geo(read)?,
                 Read::Script(call) => self.run_script(0, call, true),
                 Read::ScriptExists(shas) => self.scripts_exist(shas),
                 Read::Cached(keys) => Value::array(
@@ -1995,7 +2003,10 @@ mod tests {
         }
 
         fn run(&mut self, cmd: &str) -> Value {
-            let args = args(cmd);
+            self.run_args(args(cmd))
+        }
+
+        fn run_args(&mut self, args: Vec<Bytes>) -> Value {
             match Command::parse(&args).map(|c| c.expect("a data command")) {
                 Ok(Command::Write(_)) => {
                     self.index += 1;
@@ -2161,6 +2172,13 @@ mod tests {
             served(vec![entry("2-1", "b")])
         );
         assert_eq!(s.run("XREADGROUP GROUP g bob STREAMS s >"), Value::Array(None));
+        assert_eq!(s.run("XGROUP CREATE u g $ MKSTREAM"), Value::ok());
+        assert_eq!(s.run("XADD u 1-1 f c"), Value::bulk("1-1"));
+        assert_eq!(
+            s.run("XREADGROUP GROUP g carol NOACK STREAMS u u > >"),
+            Value::KeyedPairs(vec![(Value::bulk("u"), Value::array(vec![entry("1-1", "c")]))]),
+            "a stream named twice is served from where the first serving left the group"
+        );
         s.advance(500);
         s.restart();
         // Pending entries, their consumers and idle times, the group's place: all in the state.
@@ -2313,6 +2331,125 @@ mod tests {
         assert_eq!(s.run("TTL d"), int(-1), "a deleted key's deadline went with it");
         assert_eq!(s.run("HDEL h g"), int(1));
         assert_eq!(s.run("DBSIZE"), int(1), "bookkeeping keys are not counted");
+    }
+
+    #[test]
+    fn geospatial_indexes_answer_as_redis_answers() {
+        // Replies from redis-server 7.0.15 to the same commands.
+        let mut s = Replica::new();
+        let int = Value::Integer;
+        let bulk = |text: &str| Value::bulk(text.to_string());
+        assert_eq!(
+            s.run("GEOADD Sicily 13.361389 38.115556 Palermo 15.087269 37.502669 Catania"),
+            int(2)
+        );
+        assert_eq!(
+            s.run("GEOADD Sicily 181 0 x"),
+            Value::error("ERR invalid longitude,latitude pair 181.000000,0.000000")
+        );
+        assert_eq!(
+            s.run("ZSCORE Sicily Palermo"),
+            Value::Double(Double(3_479_099_956_230_698.0))
+        );
+        assert_eq!(
+            s.run("GEOPOS Sicily Palermo nope"),
+            Value::array(vec![
+                Value::array(vec![
+                    Value::HumanDouble(Double(13.361_389_338_970_184)),
+                    Value::HumanDouble(Double(38.115_556_395_496_3)),
+                ]),
+                Value::Array(None),
+            ])
+        );
+        assert_eq!(s.run("GEODIST Sicily Palermo Catania km"), bulk("166.2742"));
+        assert_eq!(
+            s.run("GEOSEARCH Sicily FROMLONLAT 15 37 BYRADIUS 200 km ASC WITHDIST"),
+            Value::array(vec![
+                Value::array(vec![bulk("Catania"), bulk("56.4413")]),
+                Value::array(vec![bulk("Palermo"), bulk("190.4424")]),
+            ])
+        );
+        assert_eq!(
+            s.run("geosearch Sicily FROMLONLAT 15 37 COUNT 1"),
+            Value::error("ERR exactly one of BYRADIUS and BYBOX can be specified for geosearch"),
+            "the name as the client wrote it"
+        );
+        assert_eq!(s.run("SET d x EX 100"), Value::ok());
+        assert_eq!(
+            s.run("GEOSEARCHSTORE d Sicily FROMLONLAT 15 37 BYRADIUS 100 km STOREDIST"),
+            int(1)
+        );
+        assert_eq!(s.run("ZSCORE d Catania"), Value::Double(Double(56.441_257_870_158_2)));
+        assert_eq!(s.run("TTL d"), int(-1), "the destination is replaced, deadline and all");
+        assert_eq!(
+            s.run("GEORADIUS Sicily 15 37 1 km STORE d"),
+            int(0),
+            "finding nothing deletes the destination"
+        );
+        assert_eq!(s.run("EXISTS d"), int(0));
+    }
+
+    #[test]
+    fn hyperloglogs_count_merge_and_refuse_what_redis_refuses() {
+        let mut s = Replica::new();
+        let int = Value::Integer;
+        let not_hll = Value::error("WRONGTYPE Key is not a valid HyperLogLog string value.");
+        let corrupt = Value::error("INVALIDOBJ Corrupted HLL object detected");
+        assert_eq!(
+            (s.run("PFADD h"), s.run("PFADD h")),
+            (int(1), int(0)),
+            "made, then unchanged"
+        );
+        assert_eq!(s.run("PFCOUNT h"), int(0));
+        assert_eq!((s.run("PFADD h a b c"), s.run("PFADD h a")), (int(1), int(0)));
+        assert_eq!(s.run("PFCOUNT h"), int(3));
+        let Value::Bulk(Some(h)) = s.run("GET h") else {
+            panic!("a HyperLogLog is a string")
+        };
+        assert_eq!(
+            h[15], 0x80,
+            "PFCOUNT is a read: the cached count stays stale (Redis writes it)"
+        );
+        assert_eq!(
+            h[16..],
+            b"\x60\xf3\x80\x50\xb1\x84\x4b\xfb\x80\x42\x5a"[..],
+            "Redis's registers"
+        );
+        assert_eq!(s.run("SET s abc"), Value::ok());
+        assert_eq!(s.run("HSET hh f v"), int(1));
+        assert_eq!(s.run("PFADD s x"), not_hll);
+        assert_eq!(s.run("PFADD hh x"), Value::error(WRONGTYPE));
+        assert_eq!(s.run("PFCOUNT h s"), not_hll);
+        assert_eq!(s.run("PFCOUNT hh"), Value::error(WRONGTYPE));
+        assert_eq!(s.run("PFCOUNT h nosuch"), int(3));
+        assert_eq!(s.run("PFMERGE m h nosuch"), Value::ok());
+        assert_eq!(s.run("PFCOUNT m"), int(3));
+        assert_eq!(s.run("PFMERGE s h"), not_hll);
+        assert_eq!(s.run("PFADD e a"), int(1));
+        assert_eq!(s.run("EXPIRE e 100"), int(1));
+        assert_eq!((s.run("PFADD e b"), s.run("PFMERGE e h")), (int(1), Value::ok()));
+        assert_eq!(s.run("TTL e"), int(100), "PFADD and PFMERGE keep the key's deadline");
+        assert_eq!(s.run("PFCOUNT e"), int(3), "a, b merged with a, b, c");
+        // Opcodes covering one register too few; the cached count (0, fresh) is answered as is.
+        let set = |value: &[u8]| vec![Bytes::from("SET"), Bytes::from("c"), Bytes::copy_from_slice(value)];
+        assert_eq!(s.run_args(set(b"HYLL\x01\0\0\0\0\0\0\0\0\0\0\0\x7f\xfe")), Value::ok());
+        assert_eq!(s.run("PFCOUNT c"), int(0));
+        assert_eq!(s.run("PFADD c x"), int(1), "x's register is covered");
+        assert_eq!(
+            s.run("GET c"),
+            Value::bulk(&b"HYLL\x01\0\0\0\0\0\0\0\0\0\0\x80\x7f\xf5\x84\x07"[..]),
+            "edited as Redis edits it"
+        );
+        assert_eq!(
+            (s.run("PFCOUNT c"), s.run("PFCOUNT c h")),
+            (corrupt.clone(), corrupt.clone())
+        );
+        assert_eq!(s.run("PFMERGE n c"), corrupt);
+        assert_eq!(s.run("EXISTS n"), int(0), "a refused PFMERGE makes nothing");
+        assert_eq!(
+            s.run("PFADD"),
+            Value::error("ERR wrong number of arguments for 'pfadd' command")
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use chorus_resp::{format_double, Value};
+use chorus_resp::{format_double, format_human_double, Value};
 use mlua::{Function, HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value as LuaValue, VmState};
 
 use super::{KvState, SCRIPT_TAG};
@@ -208,6 +208,7 @@ fn to_lua(lua: &Lua, value: Value) -> mlua::Result<LuaValue> {
         Value::Bulk(Some(bytes)) => LuaValue::String(lua.create_string(&bytes)?),
         Value::Bulk(None) | Value::Array(None) => LuaValue::Boolean(false),
         Value::Double(d) => LuaValue::String(lua.create_string(format_double(d.0))?),
+        Value::HumanDouble(d) => LuaValue::String(lua.create_string(format_human_double(d.0))?),
         Value::Array(Some(items)) => {
             let table = lua.create_table()?;
             for (i, item) in items.into_iter().enumerate() {

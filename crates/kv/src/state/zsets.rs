@@ -17,8 +17,8 @@ use chorus_resp::{format_double, Double, Value};
 
 use super::{group_prefix, unreadable_value, KeyType, KvState, WRONGTYPE, ZSET_TAG};
 use crate::command::{
-    Aggregate, CombineOptions, CommandError, Direction, LexBound, RangeQuery, ScoreBound, SetCondition, ZRange, ZsetOp,
-    ZsetRead, ZsetWrite,
+    Aggregate, CombineOptions, CommandError, Direction, LexBound, RangeQuery, ScoreBound, SearchCommand, SetCondition,
+    ZRange, ZsetOp, ZsetRead, ZsetWrite,
 };
 use crate::glob::glob_match;
 use crate::keyspace_events;
@@ -108,7 +108,7 @@ impl Plan {
 
 /// Key bounds (after the set's prefix) of the records a range selects: order records for
 /// ranks and scores, score records (`by_member`) for lex ranges.
-struct KeyBounds {
+pub(super) struct KeyBounds {
     from: Bound<Vec<u8>>,
     to: Bound<Vec<u8>>,
     by_member: bool,
@@ -123,7 +123,7 @@ impl KeyBounds {
     }
 }
 
-fn score_bounds(min: &ScoreBound, max: &ScoreBound) -> KeyBounds {
+pub(super) fn score_bounds(min: &ScoreBound, max: &ScoreBound) -> KeyBounds {
     KeyBounds {
         from: Bound::Included(order_bound(min.score.0, min.exclusive)),
         to: Bound::Excluded(order_bound(max.score.0, !max.exclusive)),
@@ -195,7 +195,7 @@ impl KvState {
     }
 
     /// `member`'s score in `key`, which is a live sorted set (or nothing).
-    fn zscore(&mut self, key: &[u8], member: &[u8]) -> Option<f64> {
+    pub(super) fn zscore(&mut self, key: &[u8], member: &[u8]) -> Option<f64> {
         if self.expired(key) {
             return None;
         }
@@ -212,7 +212,14 @@ impl KvState {
     /// The members (and scores) of `key` in the records `bounds` select, in their order or
     /// backwards, skipping `skip`, at most `take`; none once `key` has expired (its records stay
     /// until its deletion applies).
-    fn zset_records(&mut self, key: &[u8], bounds: &KeyBounds, skip: usize, take: usize, backwards: bool) -> Members {
+    pub(super) fn zset_records(
+        &mut self,
+        key: &[u8],
+        bounds: &KeyBounds,
+        skip: usize,
+        take: usize,
+        backwards: bool,
+    ) -> Members {
         if self.expired(key) {
             return Vec::new();
         }
@@ -397,6 +404,13 @@ impl KvState {
                 options,
             } => {
                 let members = self.combine(*op, keys, options)?;
+                Ok(replacing_plan(destination, members))
+            }
+            ZsetWrite::GeoStore(search) => {
+                let members = self
+                    .geo_search(search)?
+                    .map_or_else(Vec::new, |searched| searched.stored());
+                let destination = search.destination().expect("a storing search has a destination");
                 Ok(replacing_plan(destination, members))
             }
         }
@@ -656,6 +670,10 @@ fn zset_event(write: &ZsetWrite) -> &'static str {
             ZRange::Lex { .. } => "zremrangebylex",
         },
         ZsetWrite::RangeStore { .. } => "zrangestore",
+        ZsetWrite::GeoStore(search) => match search.command {
+            SearchCommand::SearchStore => "geosearchstore",
+            _ => "georadiusstore",
+        },
         ZsetWrite::CombineStore { op, .. } => match op {
             ZsetOp::Union => "zunionstore",
             ZsetOp::Inter => "zinterstore",
