@@ -1090,7 +1090,7 @@ async fn resp3_clients_negotiate_with_hello_and_get_maps_and_nulls() {
 
 /// The cases of `replies_match_redis`'s generator: every one, and the streams' and their
 /// consumer groups'.
-const ALL_CASES: std::ops::Range<usize> = 0..162;
+const ALL_CASES: std::ops::Range<usize> = 0..164;
 const STREAM_CASES: std::ops::Range<usize> = 138..154;
 
 /// A redis-server of our own on a free port, stopped when dropped.
@@ -1425,6 +1425,22 @@ async fn replies_match_redis(
                 c
             }
             136 | 137 => vec!["ZADD".into(), key, score, field],
+            162 | 163 => {
+                let mut c = vec![["BITFIELD", "BITFIELD_RO"][below(4) / 3].into(), key];
+                for _ in 0..1 + below(3) {
+                    let kind = ["i1", "u1", "i5", "u8", "i8", "u16", "i64", "u63", "u64", "x"][below(10)].to_string();
+                    let at = ["0", "3", "#1", "13", "-1", "#x"][below(6)].to_string();
+                    let number =
+                        ["0", "1", "-1", "127", "-129", "300", "9223372036854775807", "y"][below(8)].to_string();
+                    match below(5) {
+                        0 => c.extend(["OVERFLOW".into(), ["WRAP", "SAT", "fail", "nope"][below(4)].into()]),
+                        1 | 2 => c.extend(["GET".into(), kind, at]),
+                        3 => c.extend(["SET".into(), kind, at, number]),
+                        _ => c.extend(["INCRBY".into(), kind, at, number]),
+                    }
+                }
+                c
+            }
             158 => {
                 let mut c = vec!["GEOADD".into(), geo_key];
                 if below(4) == 0 {

@@ -124,6 +124,11 @@ pub enum Write {
         dest: Bytes,
         sources: Vec<Bytes>,
     },
+    /// BITFIELD with a SET or INCRBY: the string grows to the farthest field written.
+    BitField {
+        key: Bytes,
+        fields: Vec<BitField>,
+    },
     /// The increment as given: Redis reads it only once it knows the key holds a string.
     IncrByFloat {
         key: Bytes,
@@ -395,6 +400,7 @@ impl Write {
             | Write::SetRange { key, .. }
             | Write::SetBit { key, .. }
             | Write::PfAdd { key, .. }
+            | Write::BitField { key, .. }
             | Write::IncrByFloat { key, .. }
             | Write::HIncrBy { key, .. }
             | Write::HIncrByFloat { key, .. }
@@ -534,6 +540,11 @@ pub enum Read {
         bit: bool,
         range: Result<Option<BitRange>, CommandError>,
     },
+    /// BITFIELD (or BITFIELD_RO) that only GETs.
+    BitField {
+        key: Bytes,
+        fields: Vec<BitField>,
+    },
     /// PFCOUNT: one HyperLogLog's cardinality, or the union's of several.
     PfCount(Vec<Bytes>),
     /// HRANDFIELD key [count [WITHVALUES]].
@@ -607,6 +618,106 @@ pub enum BitOp {
     Or,
     Xor,
     Not,
+}
+
+/// What BITFIELD does when a SET or INCRBY leaves its field's range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overflow {
+    Wrap,
+    /// Saturate: the field's largest or smallest value.
+    Sat,
+    /// The operation does nothing and answers nil.
+    Fail,
+}
+
+/// One of BITFIELD's operations on a field of `bits` bits (at most 64 signed, 63 unsigned) at a
+/// bit offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BitField {
+    pub op: BitFieldOp,
+    pub signed: bool,
+    pub bits: u32,
+    pub offset: u64,
+    pub overflow: Overflow,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BitFieldOp {
+    Get,
+    Set(i64),
+    IncrBy(i64),
+}
+
+/// BITFIELD's (or BITFIELD_RO's) operations, every argument checked in Redis 7.0's order before
+/// the key is looked at: a read when they only GET, else a write.
+fn bitfield(rest: &[Bytes], read_only_command: bool) -> Result<Command, CommandError> {
+    const TYPE_ERROR: &str =
+        "ERR Invalid bitfield type. Use something like i16 u8. Note that u64 is not supported but i64 is.";
+    const MAX_BITS: u64 = 512 * 1024 * 1024 * 8;
+    let offset_error = || CommandError::from("ERR bit offset is not an integer or out of range");
+    let mut fields = Vec::new();
+    let mut overflow = Overflow::Wrap;
+    let mut at = 1;
+    while at < rest.len() {
+        let more = rest.len() - at - 1;
+        let word = rest[at].to_ascii_lowercase();
+        let op = match word.as_slice() {
+            b"get" if more >= 2 => BitFieldOp::Get,
+            b"set" if more >= 3 => BitFieldOp::Set(0),
+            b"incrby" if more >= 3 => BitFieldOp::IncrBy(0),
+            b"overflow" if more >= 1 => {
+                overflow = match rest[at + 1].to_ascii_lowercase().as_slice() {
+                    b"wrap" => Overflow::Wrap,
+                    b"sat" => Overflow::Sat,
+                    b"fail" => Overflow::Fail,
+                    _ => return Err("ERR Invalid OVERFLOW type specified".into()),
+                };
+                at += 2;
+                continue;
+            }
+            _ => return Err(syntax_error()),
+        };
+        let kind = &rest[at + 1];
+        let signed = match kind.first() {
+            Some(b'i') => true,
+            Some(b'u') => false,
+            _ => return Err(TYPE_ERROR.into()),
+        };
+        let bits = match parse_i64(&kind[1..]) {
+            Ok(bits) if bits >= 1 && bits <= if signed { 64 } else { 63 } => bits as u32,
+            _ => return Err(TYPE_ERROR.into()),
+        };
+        let offset_arg = &rest[at + 2];
+        let offset = match offset_arg.strip_prefix(b"#") {
+            Some(index) => parse_i64(index).ok().and_then(|i| i.checked_mul(i64::from(bits))),
+            None => parse_i64(offset_arg).ok(),
+        };
+        let offset = match offset {
+            Some(offset) if offset >= 0 && (offset as u64) < MAX_BITS => offset as u64,
+            _ => return Err(offset_error()),
+        };
+        let op = match op {
+            BitFieldOp::Get => op,
+            BitFieldOp::Set(_) => BitFieldOp::Set(parse_i64(&rest[at + 3])?),
+            BitFieldOp::IncrBy(_) => BitFieldOp::IncrBy(parse_i64(&rest[at + 3])?),
+        };
+        fields.push(BitField {
+            op,
+            signed,
+            bits,
+            offset,
+            overflow,
+        });
+        at += if op == BitFieldOp::Get { 3 } else { 4 };
+    }
+    let key = rest[0].clone();
+    if fields.iter().all(|f| f.op == BitFieldOp::Get) {
+        Ok(Command::Read(Read::BitField { key, fields }))
+    } else if read_only_command {
+        Err("ERR BITFIELD_RO only supports the GET subcommand".into())
+    } else {
+        Ok(Command::Write(Write::BitField { key, fields }))
+    }
 }
 
 /// A bit's value as SETBIT and BITPOS take it: 0 or 1.
@@ -1311,6 +1422,10 @@ impl Command {
                     dest: rest[1].clone(),
                     sources: rest[2..].to_vec(),
                 })
+            }
+            "bitfield" | "bitfield_ro" => {
+                at_least(1)?;
+                bitfield(rest, name == "bitfield_ro")?
             }
             "getbit" => {
                 exact(2)?;

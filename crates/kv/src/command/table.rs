@@ -65,6 +65,8 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("bitcount", -2, R, ONE, "bitmap"),
     spec("bitpos", -3, R, ONE, "bitmap"),
     spec("bitop", -4, W, (2, -1, 1), "bitmap"),
+    spec("bitfield", -2, W, ONE, "bitmap"),
+    spec("bitfield_ro", -2, R, ONE, "bitmap"),
     spec("pfadd", -2, W, ONE, "hyperloglog"),
     spec("pfcount", -2, R, ALL, "hyperloglog"),
     spec("pfmerge", -2, W, ALL, "hyperloglog"),

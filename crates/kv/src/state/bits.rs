@@ -5,7 +5,7 @@ use bytes::Bytes;
 use chorus_resp::Value;
 
 use super::KvState;
-use crate::command::{BitOp, BitRange, CommandError};
+use crate::command::{BitField, BitFieldOp, BitOp, BitRange, CommandError, Overflow};
 use crate::keyspace_events;
 
 /// The bit at `offset` of `value` (0 past its end).
@@ -99,7 +99,187 @@ fn combine(op: BitOp, sources: &[Option<Bytes>]) -> Vec<u8> {
         .collect()
 }
 
+/// A field's bits as an unsigned number, most significant first (bits past `value`'s end read 0).
+fn field_bits(value: &[u8], offset: u64, bits: u32) -> u64 {
+    (0..u64::from(bits)).fold(0, |acc, i| acc << 1 | u64::from(bit_at(value, offset + i)))
+}
+
+/// A field's value: unsigned, or signed (two's complement in `bits` bits).
+fn field_value(value: &[u8], field: &BitField) -> i64 {
+    let raw = field_bits(value, field.offset, field.bits);
+    if field.signed && field.bits < 64 && raw & 1 << (field.bits - 1) != 0 {
+        (raw | u64::MAX << field.bits) as i64
+    } else {
+        raw as i64
+    }
+}
+
+/// Writes a field's low `bits` bits into `value` (long enough already).
+fn set_field(value: &mut [u8], offset: u64, bits: u32, new: u64) {
+    for i in 0..u64::from(bits) {
+        let on = new & 1 << (u64::from(bits) - 1 - i) != 0;
+        let at = offset + i;
+        let mask = 0x80 >> (at % 8);
+        let byte = &mut value[(at / 8) as usize];
+        *byte = if on { *byte | mask } else { *byte & !mask };
+    }
+}
+
+/// What a SET of `value` or an INCRBY of `increment` onto `value` leaves in an unsigned field of
+/// `bits` bits, as Redis 7.0's `checkUnsignedBitfieldOverflow` decides: `None` when it overflows
+/// and the policy is FAIL.
+fn unsigned_result(value: u64, increment: i64, bits: u32, overflow: Overflow) -> Option<u64> {
+    let max = (1u64 << bits) - 1;
+    let max_increment = max.wrapping_sub(value) as i64;
+    let min_increment = value.wrapping_neg() as i64;
+    let wrapped = || value.wrapping_add(increment as u64) & !(u64::MAX << bits);
+    if value > max || (increment > 0 && increment > max_increment) {
+        match overflow {
+            Overflow::Wrap => Some(wrapped()),
+            Overflow::Sat => Some(max),
+            Overflow::Fail => None,
+        }
+    } else if increment < 0 && increment < min_increment {
+        match overflow {
+            Overflow::Wrap => Some(wrapped()),
+            Overflow::Sat => Some(0),
+            Overflow::Fail => None,
+        }
+    } else {
+        Some(value.wrapping_add(increment as u64))
+    }
+}
+
+/// The signed counterpart of `unsigned_result` (Redis's `checkSignedBitfieldOverflow`).
+fn signed_result(value: i64, increment: i64, bits: u32, overflow: Overflow) -> Option<i64> {
+    let max = if bits == 64 { i64::MAX } else { (1i64 << (bits - 1)) - 1 };
+    let min = -max - 1;
+    let max_increment = (max as u64).wrapping_sub(value as u64) as i64;
+    let min_increment = min.wrapping_sub(value);
+    let wrapped = || {
+        let sum = (value as u64).wrapping_add(increment as u64);
+        if bits == 64 {
+            sum as i64
+        } else if sum & 1 << (bits - 1) != 0 {
+            (sum | u64::MAX << bits) as i64
+        } else {
+            (sum & !(u64::MAX << bits)) as i64
+        }
+    };
+    if value > max
+        || (bits != 64 && increment > max_increment)
+        || (value >= 0 && increment > 0 && increment > max_increment)
+    {
+        match overflow {
+            Overflow::Wrap => Some(wrapped()),
+            Overflow::Sat => Some(max),
+            Overflow::Fail => None,
+        }
+    } else if value < min
+        || (bits != 64 && increment < min_increment)
+        || (value < 0 && increment < 0 && increment < min_increment)
+    {
+        match overflow {
+            Overflow::Wrap => Some(wrapped()),
+            Overflow::Sat => Some(min),
+            Overflow::Fail => None,
+        }
+    } else {
+        Some(value.wrapping_add(increment))
+    }
+}
+
+/// Runs BITFIELD's operations in order on `value`: each one's reply, whether any changed a
+/// field, and whether any write was made (did not fail).
+fn run_bit_fields(value: &mut [u8], fields: &[BitField]) -> (Vec<Value>, bool, bool) {
+    let (mut changed, mut written) = (false, false);
+    let replies = fields
+        .iter()
+        .map(|field| {
+            let old = field_value(value, field);
+            let (new, reply) = match (field.op, field.signed) {
+                (BitFieldOp::Get, _) => return Value::Integer(old),
+                (BitFieldOp::Set(set), true) => (signed_result(set, 0, field.bits, field.overflow), old),
+                (BitFieldOp::IncrBy(by), true) => {
+                    let new = signed_result(old, by, field.bits, field.overflow);
+                    (new, new.unwrap_or(0))
+                }
+                (BitFieldOp::Set(set), false) => (
+                    unsigned_result(set as u64, 0, field.bits, field.overflow).map(|n| n as i64),
+                    old,
+                ),
+                (BitFieldOp::IncrBy(by), false) => {
+                    let new = unsigned_result(old as u64, by, field.bits, field.overflow).map(|n| n as i64);
+                    (new, new.unwrap_or(0))
+                }
+            };
+            match new {
+                None => Value::null(),
+                Some(new) => {
+                    changed |= new != old;
+                    written = true;
+                    set_field(value, field.offset, field.bits, new as u64);
+                    Value::Integer(reply)
+                }
+            }
+        })
+        .collect();
+    (replies, changed, written)
+}
+
 impl KvState {
+    /// BITFIELD that only reads.
+    pub(super) fn bit_field_get(&mut self, key: &[u8], fields: &[BitField]) -> Result<Value, Value> {
+        let value = self.string(key)?.unwrap_or_default();
+        let replies = fields.iter().map(|field| Value::Integer(field_value(&value, field)));
+        Ok(Value::array(replies.collect()))
+    }
+
+    /// BITFIELD with writes: the value to store (`None`: unchanged), whether to notify, and
+    /// the reply. As in Redis, the string first grows (or is made) to hold the farthest field
+    /// written, even if every write then fails; an event is sent when a write was made to a
+    /// string that grew, or changed a field.
+    fn bit_fields_written(&mut self, key: &[u8], fields: &[BitField]) -> Result<(Option<Vec<u8>>, bool, Value), Value> {
+        let current = self.string_to_update(key)?;
+        let farthest_bit = fields
+            .iter()
+            .filter(|f| f.op != BitFieldOp::Get)
+            .map(|f| f.offset + u64::from(f.bits) - 1)
+            .max()
+            .unwrap_or(0);
+        let len = (farthest_bit / 8 + 1) as usize;
+        let grew = current.as_ref().is_none_or(|value| value.len() < len);
+        let mut value = current.map_or_else(Vec::new, |value| value.to_vec());
+        if value.len() < len {
+            value.resize(len, 0);
+        }
+        let (replies, changed, written) = run_bit_fields(&mut value, fields);
+        let stored = (grew || changed).then_some(value);
+        Ok((stored, changed || (grew && written), Value::array(replies)))
+    }
+
+    /// BITFIELD with a SET or INCRBY.
+    pub(super) fn bit_field(&mut self, index: u64, key: &Bytes, fields: &[BitField]) -> Value {
+        match self.bit_fields_written(key, fields) {
+            Err(e) => e,
+            Ok((stored, notify, reply)) => {
+                if let Some(value) = stored {
+                    self.set_string(index, key, Bytes::from(value));
+                }
+                if notify {
+                    self.notify(keyspace_events::STRING, "setbit", key);
+                }
+                reply
+            }
+        }
+    }
+
+    /// What BITFIELD will answer, before it applies.
+    pub(super) fn preview_bit_field(&mut self, key: &[u8], fields: &[BitField]) -> Value {
+        self.bit_fields_written(key, fields)
+            .map_or_else(|e| e, |(_, _, reply)| reply)
+    }
+
     /// BITOP's sources, each a string or missing; WRONGTYPE if one holds something else.
     fn bit_op_sources(&mut self, sources: &[Bytes]) -> Result<Vec<Option<Bytes>>, Value> {
         sources.iter().map(|key| self.string_to_update(key)).collect()

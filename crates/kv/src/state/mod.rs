@@ -930,6 +930,7 @@ impl KvState {
             Write::SetBit { key, offset, on } => self.set_bit(index, &key, offset, on),
             Write::BitOp { op, dest, sources } => self.bit_op(index, op, &dest, &sources),
             Write::PfAdd { key, elements } => self.pf_add(index, &key, &elements),
+            Write::BitField { key, fields } => self.bit_field(index, &key, &fields),
             Write::PfMerge { dest, sources } => self.pf_merge(index, &dest, &sources),
             Write::IncrByFloat { key, increment } => {
                 let current = match self.string_to_update(&key) {
@@ -1313,6 +1314,7 @@ impl KvState {
             Write::SetBit { key, offset, .. } => self.preview_set_bit(key, *offset),
             Write::BitOp { sources, .. } => self.preview_bit_op(sources),
             Write::PfAdd { key, elements } => self.preview_pf_add(key, elements),
+            Write::BitField { key, fields } => self.preview_bit_field(key, fields),
             Write::PfMerge { dest, sources } => self.preview_pf_merge(dest, sources),
             Write::IncrByFloat { key, increment } => match self.string_to_update(key) {
                 Err(e) => e,
@@ -1557,6 +1559,7 @@ impl KvState {
                 Read::BitCount { key, range } => self.bit_count(key, range)?,
                 Read::BitPos { key, bit, range } => self.bit_pos(key, *bit, range)?,
                 Read::PfCount(keys) => self.pf_count(keys)?,
+                Read::BitField { key, fields } => self.bit_field_get(key, fields)?,
                 Read::HRandField {
                     key,
                     count,
@@ -2449,6 +2452,41 @@ mod tests {
         assert_eq!(
             s.run("PFADD"),
             Value::error("ERR wrong number of arguments for 'pfadd' command")
+        );
+    }
+
+    #[test]
+    fn bit_fields_overflow_as_redis_overflows_them() {
+        // Replies from redis-server 7.0.15 to the same commands.
+        let mut s = Replica::new();
+        let int = Value::Integer;
+        assert_eq!(
+            s.run("BITFIELD k SET i8 0 -100 GET u8 0 INCRBY i8 0 -100"),
+            Value::array(vec![int(0), int(156), int(56)]),
+            "-200 wraps to 56"
+        );
+        assert_eq!(
+            s.run("BITFIELD k OVERFLOW SAT INCRBY i8 0 -100 OVERFLOW FAIL INCRBY i8 0 -100 GET u4 #1"),
+            Value::array(vec![int(-44), Value::null(), int(4)])
+        );
+        assert_eq!(
+            s.run("BITFIELD n OVERFLOW FAIL INCRBY u2 100 5"),
+            Value::array(vec![Value::null()])
+        );
+        assert_eq!(
+            s.run("STRLEN n"),
+            int(13),
+            "the string grows to the field even when the write fails"
+        );
+        assert_eq!(
+            s.run("BITFIELD_RO k SET u8 0 1"),
+            Value::error("ERR BITFIELD_RO only supports the GET subcommand")
+        );
+        assert_eq!(
+            s.run("BITFIELD k GET u64 0"),
+            Value::error(
+                "ERR Invalid bitfield type. Use something like i16 u8. Note that u64 is not supported but i64 is."
+            )
         );
     }
 
