@@ -1090,7 +1090,7 @@ async fn resp3_clients_negotiate_with_hello_and_get_maps_and_nulls() {
 
 /// The cases of `replies_match_redis`'s generator: every one, and the streams' and their
 /// consumer groups'.
-const ALL_CASES: std::ops::Range<usize> = 0..164;
+const ALL_CASES: std::ops::Range<usize> = 0..166;
 const STREAM_CASES: std::ops::Range<usize> = 138..154;
 
 /// A redis-server of our own on a free port, stopped when dropped.
@@ -1425,6 +1425,37 @@ async fn replies_match_redis(
                 c
             }
             136 | 137 => vec!["ZADD".into(), key, score, field],
+            // SORT on keys of any type. Left out: BY without `*` unless storing, and ALPHA with a
+            // BY pattern — both leave a set's members in Redis's hash order, which only that
+            // process knows.
+            case @ (164 | 165) => {
+                let store = case == 165;
+                let mut c = vec![["SORT", "SORT_RO"][usize::from(!store && below(4) == 0)].into(), key];
+                let by_star = below(3) == 0;
+                for _ in 0..below(4) {
+                    match below(7) {
+                        0 => c.push(["ASC", "DESC"][below(2)].into()),
+                        1 if !by_star => c.push("ALPHA".into()),
+                        2 => c.extend(["LIMIT".into(), index.clone(), ["1", "2", "-1", "0"][below(4)].into()]),
+                        3 => c.extend([
+                            "GET".into(),
+                            ["#".into(), format!("{prefix}*"), format!("{prefix}*->f0")][below(3)].clone(),
+                        ]),
+                        4 if store => c.extend(["BY".into(), "nosort".into()]),
+                        _ => c.push("DESC".into()),
+                    }
+                }
+                if by_star {
+                    c.extend([
+                        "BY".into(),
+                        [format!("{prefix}*"), format!("{prefix}*->f1")][below(2)].clone(),
+                    ]);
+                }
+                if store {
+                    c.extend(["STORE".into(), other]);
+                }
+                c
+            }
             162 | 163 => {
                 let mut c = vec![["BITFIELD", "BITFIELD_RO"][below(4) / 3].into(), key];
                 for _ in 0..1 + below(3) {

@@ -124,6 +124,8 @@ pub enum Write {
         dest: Bytes,
         sources: Vec<Bytes>,
     },
+    /// SORT ... STORE: the destination becomes a list of what the sort answers.
+    Sort(SortArgs),
     /// BITFIELD with a SET or INCRBY: the string grows to the farthest field written.
     BitField {
         key: Bytes,
@@ -414,6 +416,7 @@ impl Write {
             Write::BitOp { dest, sources, .. } | Write::PfMerge { dest, sources } => {
                 std::iter::once(dest).chain(sources).cloned().collect()
             }
+            Write::Sort(args) => std::iter::once(&args.key).chain(&args.store).cloned().collect(),
             // See `touches_every_key`.
             Write::FlushAll => Vec::new(),
             Write::Exec { watched, commands } => watched
@@ -443,6 +446,8 @@ impl Write {
             // A script may touch keys it did not declare; what the writes after a keyspace
             // events setting notify depends on where it is in the log.
             Write::FlushAll | Write::Script(_) | Write::KeyspaceEvents(_) => true,
+            // BY and GET patterns read keys no argument names.
+            Write::Sort(args) => args.reads_other_keys(),
             Write::Exec { commands, .. } => commands
                 .iter()
                 .any(|args| matches!(Command::parse(args), Ok(Some(Command::Write(w))) if w.touches_every_key())),
@@ -540,6 +545,8 @@ pub enum Read {
         bit: bool,
         range: Result<Option<BitRange>, CommandError>,
     },
+    /// SORT without STORE, and SORT_RO.
+    Sort(SortArgs),
     /// BITFIELD (or BITFIELD_RO) that only GETs.
     BitField {
         key: Bytes,
@@ -618,6 +625,72 @@ pub enum BitOp {
     Or,
     Xor,
     Not,
+}
+
+/// SORT's (or SORT_RO's) options, all checked before the key is looked at, as in Redis 7.0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SortArgs {
+    pub key: Bytes,
+    pub descending: bool,
+    pub alpha: bool,
+    /// LIMIT offset count, as given.
+    pub limit: Option<(i64, i64)>,
+    /// BY: a pattern whose `*` each element replaces (`key->field` reads a hash's field).
+    pub by: Option<Bytes>,
+    /// Some BY had no `*`: no sorting at all (even if a later BY has one, as in Redis).
+    pub unsorted: bool,
+    /// GET patterns, in order (`#`: the element itself).
+    pub gets: Vec<Bytes>,
+    pub store: Option<Bytes>,
+}
+
+impl SortArgs {
+    /// Whether the sort reads keys its patterns name (not declared keys).
+    pub fn reads_other_keys(&self) -> bool {
+        self.by.as_ref().is_some_and(|by| by.contains(&b'*')) || self.gets.iter().any(|get| get.as_ref() != b"#")
+    }
+}
+
+fn sort_args(rest: &[Bytes], read_only_command: bool) -> Result<SortArgs, CommandError> {
+    let mut args = SortArgs {
+        key: rest[0].clone(),
+        descending: false,
+        alpha: false,
+        limit: None,
+        by: None,
+        unsorted: false,
+        gets: Vec::new(),
+        store: None,
+    };
+    let mut at = 1;
+    while at < rest.len() {
+        let more = rest.len() - at - 1;
+        match rest[at].to_ascii_lowercase().as_slice() {
+            b"asc" => args.descending = false,
+            b"desc" => args.descending = true,
+            b"alpha" => args.alpha = true,
+            b"limit" if more >= 2 => {
+                args.limit = Some((parse_i64(&rest[at + 1])?, parse_i64(&rest[at + 2])?));
+                at += 2;
+            }
+            b"store" if more >= 1 && !read_only_command => {
+                args.store = Some(rest[at + 1].clone());
+                at += 1;
+            }
+            b"by" if more >= 1 => {
+                args.unsorted |= !rest[at + 1].contains(&b'*');
+                args.by = Some(rest[at + 1].clone());
+                at += 1;
+            }
+            b"get" if more >= 1 => {
+                args.gets.push(rest[at + 1].clone());
+                at += 1;
+            }
+            _ => return Err(syntax_error()),
+        }
+        at += 1;
+    }
+    Ok(args)
 }
 
 /// What BITFIELD does when a SET or INCRBY leaves its field's range.
@@ -1422,6 +1495,15 @@ impl Command {
                     dest: rest[1].clone(),
                     sources: rest[2..].to_vec(),
                 })
+            }
+            "sort" | "sort_ro" => {
+                at_least(1)?;
+                let args = sort_args(rest, name == "sort_ro")?;
+                if args.store.is_some() {
+                    Command::Write(Write::Sort(args))
+                } else {
+                    Command::Read(Read::Sort(args))
+                }
             }
             "bitfield" | "bitfield_ro" => {
                 at_least(1)?;

@@ -66,6 +66,8 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("bitpos", -3, R, ONE, "bitmap"),
     spec("bitop", -4, W, (2, -1, 1), "bitmap"),
     spec("bitfield", -2, W, ONE, "bitmap"),
+    spec("sort", -2, WM, ONE, "generic"),
+    spec("sort_ro", -2, R, ONE, "generic"),
     spec("bitfield_ro", -2, R, ONE, "bitmap"),
     spec("pfadd", -2, W, ONE, "hyperloglog"),
     spec("pfcount", -2, R, ALL, "hyperloglog"),

@@ -55,6 +55,7 @@ mod hyperloglog;
 mod lists;
 mod scripts;
 mod sets;
+mod sort;
 mod stream_groups;
 mod streams;
 mod transactions;
@@ -931,6 +932,7 @@ impl KvState {
             Write::BitOp { op, dest, sources } => self.bit_op(index, op, &dest, &sources),
             Write::PfAdd { key, elements } => self.pf_add(index, &key, &elements),
             Write::BitField { key, fields } => self.bit_field(index, &key, &fields),
+            Write::Sort(args) => self.sort_store(index, &args),
             Write::PfMerge { dest, sources } => self.pf_merge(index, &dest, &sources),
             Write::IncrByFloat { key, increment } => {
                 let current = match self.string_to_update(&key) {
@@ -1315,6 +1317,7 @@ impl KvState {
             Write::BitOp { sources, .. } => self.preview_bit_op(sources),
             Write::PfAdd { key, elements } => self.preview_pf_add(key, elements),
             Write::BitField { key, fields } => self.preview_bit_field(key, fields),
+            Write::Sort(args) => self.preview_sort_store(args),
             Write::PfMerge { dest, sources } => self.preview_pf_merge(dest, sources),
             Write::IncrByFloat { key, increment } => match self.string_to_update(key) {
                 Err(e) => e,
@@ -1560,6 +1563,7 @@ impl KvState {
                 Read::BitPos { key, bit, range } => self.bit_pos(key, *bit, range)?,
                 Read::PfCount(keys) => self.pf_count(keys)?,
                 Read::BitField { key, fields } => self.bit_field_get(key, fields)?,
+                Read::Sort(args) => self.sort_reply(args)?,
                 Read::HRandField {
                     key,
                     count,
@@ -2453,6 +2457,33 @@ mod tests {
             s.run("PFADD"),
             Value::error("ERR wrong number of arguments for 'pfadd' command")
         );
+    }
+
+    #[test]
+    fn sort_answers_as_redis_answers() {
+        // Replies from redis-server 7.0.15 to the same commands.
+        let mut s = Replica::new();
+        let bulks = |items: &[&str]| Value::array(items.iter().map(|i| Value::bulk(i.to_string())).collect());
+        assert_eq!(s.run("RPUSH l 3 1 10"), Value::Integer(3));
+        assert_eq!(s.run("MSET w_3 30 w_1 10 w_10 5"), Value::ok());
+        assert_eq!(s.run("SORT l"), bulks(&["1", "3", "10"]));
+        assert_eq!(
+            s.run("SORT l BY w_* GET # GET w_*"),
+            bulks(&["10", "5", "1", "10", "3", "30"])
+        );
+        assert_eq!(
+            s.run("SORT l BY nosort BY w_* DESC"),
+            bulks(&["10", "1", "3"]),
+            "a BY without * turns sorting off for good: the list reversed"
+        );
+        assert_eq!(s.run("RPUSH bad 1 x"), Value::Integer(2));
+        assert_eq!(
+            s.run("SORT bad"),
+            Value::error("ERR One or more scores can't be converted into double")
+        );
+        assert_eq!(s.run("SORT l LIMIT 1 1 STORE d"), Value::Integer(1));
+        assert_eq!(s.run("LRANGE d 0 -1"), bulks(&["3"]));
+        assert_eq!(s.run("SORT_RO l STORE d"), Value::error("ERR syntax error"));
     }
 
     #[test]
