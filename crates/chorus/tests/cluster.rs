@@ -1965,6 +1965,121 @@ async fn replies_match_redis(
     }
 }
 
+/// DUMP payloads move values between redis-server and Chorus, both ways: Redis's compact
+/// encodings (listpacks, quicklists, intsets, integer and LZF strings) restore into Chorus, and
+/// Chorus's payloads restore into Redis, every value intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dump_payloads_move_values_between_redis_server_and_chorus() {
+    let redis_server = RedisServer::start();
+    let mut redis = Client::connect(redis_server.addr).await.unwrap();
+    let cluster = Cluster::start(3, &[]);
+    let (_, followers) = cluster.leader_and_followers().await;
+    let mut chorus = cluster.client(followers[0]).await;
+    let long = "x".repeat(5000);
+    let many: Vec<String> = (0..300).map(|i| format!("e{i}")).collect();
+    let numbers: Vec<String> = (0..600).map(|i| i.to_string()).collect();
+    let mut setup: Vec<Vec<&str>> = vec![
+        vec!["SET", "string", "hello"],
+        vec!["SET", "integer", "-32768"],
+        vec!["SET", "compressible", &long],
+        vec!["RPUSH", "list", "a", "1", "70000", "9999999999"],
+        vec!["SADD", "intset", "1", "-5", "5000000000"],
+        vec!["SADD", "set", "a", "b"],
+        vec!["ZADD", "zset", "1", "a", "2.5", "b", "-inf", "c"],
+        vec!["HSET", "hash", "f", "v", "n", "1"],
+    ];
+    setup.push(
+        [
+            &["RPUSH", "long-list"][..],
+            &many.iter().map(String::as_str).collect::<Vec<_>>(),
+        ]
+        .concat(),
+    );
+    setup.push(
+        [
+            &["SADD", "big-intset"][..],
+            &numbers.iter().map(String::as_str).collect::<Vec<_>>(),
+        ]
+        .concat(),
+    );
+    for args in &setup {
+        redis.command(args).await.unwrap();
+        chorus.command(args).await.unwrap();
+    }
+    let read = |key: &str, kind: &str| -> Vec<String> {
+        match kind {
+            "string" => vec!["GET".into(), key.into()],
+            "list" => vec!["LRANGE".into(), key.into(), "0".into(), "-1".into()],
+            "set" => vec!["SORT".into(), key.into(), "ALPHA".into()],
+            "zset" => vec![
+                "ZRANGE".into(),
+                key.into(),
+                "0".into(),
+                "-1".into(),
+                "WITHSCORES".into(),
+            ],
+            _ => vec!["HMGET".into(), key.into(), "f".into(), "n".into()],
+        }
+    };
+    for args in &setup {
+        let key = args[1];
+        let kind = match args[0] {
+            "SET" => "string",
+            "RPUSH" => "list",
+            "SADD" => "set",
+            "ZADD" => "zset",
+            _ => "hash",
+        };
+        let Value::Bulk(Some(from_redis)) = redis.command(&["DUMP", key]).await.unwrap() else {
+            panic!("redis-server dumps {key}")
+        };
+        let Value::Bulk(Some(from_chorus)) = chorus.command(&["DUMP", key]).await.unwrap() else {
+            panic!("Chorus dumps {key}")
+        };
+        let copy = format!("{key}-copy");
+        let restore = |payload: &[u8]| {
+            vec![
+                b"RESTORE".to_vec(),
+                copy.clone().into_bytes(),
+                b"0".to_vec(),
+                payload.to_vec(),
+            ]
+        };
+        assert_eq!(
+            chorus.command(&restore(&from_redis)).await.unwrap(),
+            Value::ok(),
+            "{key} into Chorus"
+        );
+        assert_eq!(
+            redis.command(&restore(&from_chorus)).await.unwrap(),
+            Value::ok(),
+            "{key} into Redis"
+        );
+        let original = redis.command(&read(key, kind)).await.unwrap();
+        assert_eq!(
+            chorus.command(&read(&copy, kind)).await.unwrap(),
+            original,
+            "{key} from Redis in Chorus"
+        );
+        assert_eq!(
+            redis.command(&read(&copy, kind)).await.unwrap(),
+            original,
+            "{key} from Chorus in Redis"
+        );
+    }
+    let Value::Bulk(Some(payload)) = redis.command(&["DUMP", "string"]).await.unwrap() else {
+        panic!("redis-server dumps a string")
+    };
+    let mut damaged = payload.to_vec();
+    damaged[1] ^= 1;
+    let args = [&b"RESTORE"[..], b"damaged", b"0", &damaged];
+    assert_eq!(
+        chorus.command(&args).await.unwrap(),
+        redis.command(&args).await.unwrap(),
+        "a damaged payload is refused alike"
+    );
+}
+
 /// Differential: Chorus answers random commands as redis-server does, errors included — through a follower, then through another node after the leader was killed (the
 /// same keys, so the state must have survived the leader change intact).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,6 +4,7 @@
 pub mod command;
 pub mod curp;
 mod decimal;
+pub mod dump;
 mod expiry;
 mod fnv;
 pub mod geo;

@@ -15,9 +15,9 @@ use chorus_curp::rifl::{ClientId, Envelope};
 use chorus_curp::witness::{file as witness_file, Event, Record};
 use chorus_fuzz::{append_after_resume, entry, resumed_codec, OneEntryLog, CACHE};
 use chorus_kv::command::{encode_args, encode_curp_recovered, encode_enveloped, encode_register, encode_renew};
-use chorus_kv::hyperloglog;
 use chorus_kv::unicache::KvPreprocessor;
 use chorus_kv::KvState;
+use chorus_kv::{dump, hyperloglog};
 use chorus_log::backup::{encode_header, BackupHeader};
 use chorus_log::batch::{self, Origin};
 use chorus_log::frame::{encode_frame, encode_hello, encode_request, encode_response, FrameKind};
@@ -487,6 +487,7 @@ fn main() {
     write(&out, "pg_values", "int4", &[2, 0, 0, 1, 0]);
     membership_seeds(&out);
     hyperloglog_seeds(&out);
+    dump_seeds(&out);
     println!("seeds written under {}", out.display());
 }
 
@@ -503,6 +504,25 @@ fn hyperloglog_seeds(out: &Path) {
     }
     for (name, value) in [("empty", hyperloglog::empty()), ("sparse", sparse), ("dense", dense)] {
         write(out, "hyperloglog", name, &[&[0][..], &value].concat());
+    }
+}
+
+/// `dump` seeds: the object encodings (without footers) of a value of each type.
+fn dump_seeds(out: &Path) {
+    let strings = |items: &[&str]| items.iter().map(|s| Bytes::from(s.to_string())).collect::<Vec<_>>();
+    let values = [
+        ("string", dump::DumpValue::String(Bytes::from("hello"))),
+        ("list", dump::DumpValue::List(strings(&["a", "b", "300"]))),
+        ("set", dump::DumpValue::Set(strings(&["x", "y"]))),
+        ("zset", dump::DumpValue::Zset(vec![(Bytes::from("m"), 1.5)])),
+        (
+            "hash",
+            dump::DumpValue::Hash(vec![(Bytes::from("f"), Bytes::from("v"))]),
+        ),
+    ];
+    for (name, value) in values {
+        let payload = dump::encode(&value);
+        write(out, "dump", name, &payload[..payload.len() - 10]);
     }
 }
 

@@ -126,6 +126,16 @@ pub enum Write {
     },
     /// SORT ... STORE: the destination becomes a list of what the sort answers.
     Sort(SortArgs),
+    /// RESTORE: the payload is decoded where it applies. The TTL's error, if any, is answered
+    /// after BUSYKEY, as in Redis.
+    Restore {
+        key: Bytes,
+        ttl_ms: Result<i64, CommandError>,
+        payload: Bytes,
+        replace: bool,
+        /// ABSTTL: the TTL is a Unix time in milliseconds.
+        absolute: bool,
+    },
     /// BITFIELD with a SET or INCRBY: the string grows to the farthest field written.
     BitField {
         key: Bytes,
@@ -417,6 +427,7 @@ impl Write {
                 std::iter::once(dest).chain(sources).cloned().collect()
             }
             Write::Sort(args) => std::iter::once(&args.key).chain(&args.store).cloned().collect(),
+            Write::Restore { key, .. } => vec![key.clone()],
             // See `touches_every_key`.
             Write::FlushAll => Vec::new(),
             Write::Exec { watched, commands } => watched
@@ -471,6 +482,8 @@ impl Write {
             // Its reply counts the subscribers there are when it applies. XADD's ids come from
             // the entry's time (and streams are never answered early).
             Write::Publish { .. } | Write::Streams(_) => true,
+            // A TTL counts from the entry's time.
+            Write::Restore { .. } => true,
             _ => false,
         }
     }
@@ -547,6 +560,8 @@ pub enum Read {
     },
     /// SORT without STORE, and SORT_RO.
     Sort(SortArgs),
+    /// DUMP: the key's value as a RESTORE payload.
+    Dump(Bytes),
     /// BITFIELD (or BITFIELD_RO) that only GETs.
     BitField {
         key: Bytes,
@@ -649,6 +664,50 @@ impl SortArgs {
     pub fn reads_other_keys(&self) -> bool {
         self.by.as_ref().is_some_and(|by| by.contains(&b'*')) || self.gets.iter().any(|get| get.as_ref() != b"#")
     }
+}
+
+/// RESTORE key ttl payload [REPLACE] [ABSTTL] [IDLETIME seconds] [FREQ frequency]. IDLETIME and
+/// FREQ are checked and, Chorus keeping no access times, otherwise ignored.
+fn restore(rest: &[Bytes]) -> Result<Command, CommandError> {
+    let (mut replace, mut absolute, mut idle_given, mut frequency_given) = (false, false, false, false);
+    let mut at = 3;
+    while at < rest.len() {
+        let more = rest.len() - at - 1;
+        match rest[at].to_ascii_lowercase().as_slice() {
+            b"replace" => replace = true,
+            b"absttl" => absolute = true,
+            b"idletime" if more >= 1 && !frequency_given => {
+                if parse_i64(&rest[at + 1])? < 0 {
+                    return Err("ERR Invalid IDLETIME value, must be >= 0".into());
+                }
+                idle_given = true;
+                at += 1;
+            }
+            b"freq" if more >= 1 && !idle_given => {
+                if !(0..=255).contains(&parse_i64(&rest[at + 1])?) {
+                    return Err("ERR Invalid FREQ value, must be >= 0 and <= 255".into());
+                }
+                frequency_given = true;
+                at += 1;
+            }
+            _ => return Err(syntax_error()),
+        }
+        at += 1;
+    }
+    let ttl_ms = parse_i64(&rest[1]).and_then(|ttl| {
+        if ttl < 0 {
+            Err("ERR Invalid TTL value, must be >= 0".into())
+        } else {
+            Ok(ttl)
+        }
+    });
+    Ok(Command::Write(Write::Restore {
+        key: rest[0].clone(),
+        ttl_ms,
+        payload: rest[2].clone(),
+        replace,
+        absolute,
+    }))
 }
 
 fn sort_args(rest: &[Bytes], read_only_command: bool) -> Result<SortArgs, CommandError> {
@@ -1495,6 +1554,14 @@ impl Command {
                     dest: rest[1].clone(),
                     sources: rest[2..].to_vec(),
                 })
+            }
+            "dump" => {
+                exact(1)?;
+                Command::Read(Read::Dump(rest[0].clone()))
+            }
+            "restore" => {
+                at_least(3)?;
+                restore(rest)?
             }
             "sort" | "sort_ro" => {
                 at_least(1)?;

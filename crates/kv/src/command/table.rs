@@ -67,6 +67,8 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("bitop", -4, W, (2, -1, 1), "bitmap"),
     spec("bitfield", -2, W, ONE, "bitmap"),
     spec("sort", -2, WM, ONE, "generic"),
+    spec("dump", 2, R, ONE, "generic"),
+    spec("restore", -4, W, ONE, "generic"),
     spec("sort_ro", -2, R, ONE, "generic"),
     spec("bitfield_ro", -2, R, ONE, "bitmap"),
     spec("pfadd", -2, W, ONE, "hyperloglog"),

@@ -50,6 +50,7 @@ use crate::speculation::Proposed;
 use sets::member_key;
 
 mod bits;
+mod dump;
 mod geo;
 mod hyperloglog;
 mod lists;
@@ -933,6 +934,13 @@ impl KvState {
             Write::PfAdd { key, elements } => self.pf_add(index, &key, &elements),
             Write::BitField { key, fields } => self.bit_field(index, &key, &fields),
             Write::Sort(args) => self.sort_store(index, &args),
+            Write::Restore {
+                key,
+                ttl_ms,
+                payload,
+                replace,
+                absolute,
+            } => self.restore(index, &key, &ttl_ms, &payload, replace, absolute),
             Write::PfMerge { dest, sources } => self.pf_merge(index, &dest, &sources),
             Write::IncrByFloat { key, increment } => {
                 let current = match self.string_to_update(&key) {
@@ -1318,6 +1326,13 @@ impl KvState {
             Write::PfAdd { key, elements } => self.preview_pf_add(key, elements),
             Write::BitField { key, fields } => self.preview_bit_field(key, fields),
             Write::Sort(args) => self.preview_sort_store(args),
+            Write::Restore {
+                key,
+                ttl_ms,
+                payload,
+                replace,
+                absolute,
+            } => self.preview_restore(key, ttl_ms, payload, *replace, *absolute),
             Write::PfMerge { dest, sources } => self.preview_pf_merge(dest, sources),
             Write::IncrByFloat { key, increment } => match self.string_to_update(key) {
                 Err(e) => e,
@@ -1564,6 +1579,7 @@ impl KvState {
                 Read::PfCount(keys) => self.pf_count(keys)?,
                 Read::BitField { key, fields } => self.bit_field_get(key, fields)?,
                 Read::Sort(args) => self.sort_reply(args)?,
+                Read::Dump(key) => self.dump(key)?,
                 Read::HRandField {
                     key,
                     count,
