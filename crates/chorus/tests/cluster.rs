@@ -1090,7 +1090,7 @@ async fn resp3_clients_negotiate_with_hello_and_get_maps_and_nulls() {
 
 /// The cases of `replies_match_redis`'s generator: every one, and the streams' and their
 /// consumer groups'.
-const ALL_CASES: std::ops::Range<usize> = 0..166;
+const ALL_CASES: std::ops::Range<usize> = 0..167;
 const STREAM_CASES: std::ops::Range<usize> = 138..154;
 
 /// A redis-server of our own on a free port, stopped when dropped.
@@ -1453,6 +1453,17 @@ async fn replies_match_redis(
                 }
                 if store {
                     c.extend(["STORE".into(), other]);
+                }
+                c
+            }
+            166 => {
+                let mut c = vec!["LCS".into(), key, other];
+                match below(5) {
+                    0 => c.push("LEN".into()),
+                    1 => c.push("IDX".into()),
+                    2 => c.extend(["IDX".into(), "MINMATCHLEN".into(), ["1", "2", "x"][below(3)].into()]),
+                    3 => c.extend(["IDX".into(), "WITHMATCHLEN".into(), ["LEN", "IDX"][below(2)].into()]),
+                    _ => {}
                 }
                 c
             }

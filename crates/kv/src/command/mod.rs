@@ -560,6 +560,11 @@ pub enum Read {
     },
     /// SORT without STORE, and SORT_RO.
     Sort(SortArgs),
+    /// LCS: the options' error, if any, is answered after the keys' type is checked.
+    Lcs {
+        keys: [Bytes; 2],
+        options: Result<LcsOptions, CommandError>,
+    },
     /// DUMP: the key's value as a RESTORE payload.
     Dump(Bytes),
     /// BITFIELD (or BITFIELD_RO) that only GETs.
@@ -640,6 +645,43 @@ pub enum BitOp {
     Or,
     Xor,
     Not,
+}
+
+/// LCS's options: the string (neither), its length (LEN), or the matching ranges (IDX), those
+/// at least `min_match_len` long, with their lengths if `with_match_len`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LcsOptions {
+    pub len_only: bool,
+    pub ranges: bool,
+    pub min_match_len: u64,
+    pub with_match_len: bool,
+}
+
+fn lcs_options(rest: &[Bytes]) -> Result<LcsOptions, CommandError> {
+    let mut options = LcsOptions {
+        len_only: false,
+        ranges: false,
+        min_match_len: 0,
+        with_match_len: false,
+    };
+    let mut at = 0;
+    while at < rest.len() {
+        match rest[at].to_ascii_lowercase().as_slice() {
+            b"idx" => options.ranges = true,
+            b"len" => options.len_only = true,
+            b"withmatchlen" => options.with_match_len = true,
+            b"minmatchlen" if at + 1 < rest.len() => {
+                options.min_match_len = parse_i64(&rest[at + 1])?.max(0) as u64;
+                at += 1;
+            }
+            _ => return Err(syntax_error()),
+        }
+        at += 1;
+    }
+    if options.len_only && options.ranges {
+        return Err("ERR If you want both the length and indexes, please just use IDX.".into());
+    }
+    Ok(options)
 }
 
 /// SORT's (or SORT_RO's) options, all checked before the key is looked at, as in Redis 7.0.
@@ -1553,6 +1595,13 @@ impl Command {
                     op,
                     dest: rest[1].clone(),
                     sources: rest[2..].to_vec(),
+                })
+            }
+            "lcs" => {
+                at_least(2)?;
+                Command::Read(Read::Lcs {
+                    keys: [rest[0].clone(), rest[1].clone()],
+                    options: lcs_options(&rest[2..]),
                 })
             }
             "dump" => {

@@ -60,6 +60,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("getrange", 4, R, ONE, "string"),
     spec("substr", 4, R, ONE, "string"),
     spec("setrange", 4, W, ONE, "string"),
+    spec("lcs", -3, R, TWO, "string"),
     spec("setbit", 4, W, ONE, "bitmap"),
     spec("getbit", 3, R, ONE, "bitmap"),
     spec("bitcount", -2, R, ONE, "bitmap"),

@@ -53,6 +53,7 @@ mod bits;
 mod dump;
 mod geo;
 mod hyperloglog;
+mod lcs;
 mod lists;
 mod scripts;
 mod sets;
@@ -1580,6 +1581,7 @@ impl KvState {
                 Read::BitField { key, fields } => self.bit_field_get(key, fields)?,
                 Read::Sort(args) => self.sort_reply(args)?,
                 Read::Dump(key) => self.dump(key)?,
+                Read::Lcs { keys, options } => self.lcs(keys, options)?,
                 Read::HRandField {
                     key,
                     count,
@@ -2472,6 +2474,35 @@ mod tests {
         assert_eq!(
             s.run("PFADD"),
             Value::error("ERR wrong number of arguments for 'pfadd' command")
+        );
+    }
+
+    #[test]
+    fn lcs_answers_as_redis_answers() {
+        // Redis's own example, replies from redis-server 7.0.15.
+        let mut s = Replica::new();
+        assert_eq!(s.run("MSET key1 ohmytext key2 mynewtext"), Value::ok());
+        assert_eq!(s.run("LCS key1 key2"), Value::bulk("mytext"));
+        assert_eq!(s.run("LCS key1 key2 LEN"), Value::Integer(6));
+        let range = |a: [i64; 2], b: [i64; 2], len: i64| {
+            Value::array(vec![
+                Value::array(a.map(Value::Integer).to_vec()),
+                Value::array(b.map(Value::Integer).to_vec()),
+                Value::Integer(len),
+            ])
+        };
+        assert_eq!(
+            s.run("LCS key1 key2 IDX MINMATCHLEN 4 WITHMATCHLEN"),
+            Value::Map(vec![
+                (Value::bulk("matches"), Value::array(vec![range([4, 7], [5, 8], 4)])),
+                (Value::bulk("len"), Value::Integer(6)),
+            ])
+        );
+        assert_eq!(s.run("HSET h f v"), Value::Integer(1));
+        assert_eq!(
+            s.run("LCS key1 h NOPE"),
+            Value::error("ERR The specified keys must contain string values"),
+            "the keys are checked before the options"
         );
     }
 
