@@ -1090,7 +1090,7 @@ async fn resp3_clients_negotiate_with_hello_and_get_maps_and_nulls() {
 
 /// The cases of `replies_match_redis`'s generator: every one, and the streams' and their
 /// consumer groups'.
-const ALL_CASES: std::ops::Range<usize> = 0..167;
+const ALL_CASES: std::ops::Range<usize> = 0..168;
 const STREAM_CASES: std::ops::Range<usize> = 138..154;
 
 /// A redis-server of our own on a free port, stopped when dropped.
@@ -1453,6 +1453,15 @@ async fn replies_match_redis(
                 }
                 if store {
                     c.extend(["STORE".into(), other]);
+                }
+                c
+            }
+            167 => {
+                let mut c = vec!["XSETID".into(), stream_key, stream_ids()[below(10)].into()];
+                match below(4) {
+                    0 => c.extend(["ENTRIESADDED".into(), ["0", "3", "100", "-1"][below(4)].into()]),
+                    1 => c.extend(["MAXDELETEDID".into(), stream_ids()[below(10)].into()]),
+                    _ => {}
                 }
                 c
             }

@@ -114,15 +114,24 @@ pub enum StreamWrite {
         key: Bytes,
         trim: Trim,
     },
+    /// XSETID: the stream's last id, and optionally its count of entries ever added and its
+    /// largest deleted id.
+    SetId {
+        key: Bytes,
+        last_id: StreamId,
+        entries_added: Option<u64>,
+        max_deleted_id: Option<StreamId>,
+    },
     Group(GroupWrite),
 }
 
 impl StreamWrite {
     pub(super) fn keys(&self) -> Vec<Bytes> {
         match self {
-            StreamWrite::Add { key, .. } | StreamWrite::Delete { key, .. } | StreamWrite::Trim { key, .. } => {
-                vec![key.clone()]
-            }
+            StreamWrite::Add { key, .. }
+            | StreamWrite::Delete { key, .. }
+            | StreamWrite::Trim { key, .. }
+            | StreamWrite::SetId { key, .. } => vec![key.clone()],
             StreamWrite::Group(write) => write.keys(),
         }
     }
@@ -195,6 +204,40 @@ pub(super) fn strict_id(arg: &[u8]) -> Result<StreamId, CommandError> {
     Ok(StreamId {
         ms,
         seq: seq.expect("no auto sequence asked for"),
+    })
+}
+
+/// XSETID key last-id [ENTRIESADDED n] [MAXDELETEDID id], checked before the key as in Redis.
+fn xsetid(rest: &[Bytes]) -> Result<StreamWrite, CommandError> {
+    let last_id = strict_id(&rest[1])?;
+    let (mut entries_added, mut max_deleted_id) = (None, None);
+    let mut at = 2;
+    while at < rest.len() {
+        let has_value = at + 1 < rest.len();
+        match rest[at].to_ascii_lowercase().as_slice() {
+            b"entriesadded" if has_value => {
+                let n = parse_i64(&rest[at + 1])?;
+                entries_added =
+                    Some(u64::try_from(n).map_err(|_| CommandError::from("ERR entries_added must be positive"))?);
+            }
+            b"maxdeletedid" if has_value => {
+                let id = strict_id(&rest[at + 1])?;
+                if last_id < id {
+                    return Err(
+                        "ERR The ID specified in XSETID is smaller than the provided max_deleted_entry_id".into(),
+                    );
+                }
+                max_deleted_id = Some(id);
+            }
+            _ => return Err(syntax_error()),
+        }
+        at += 2;
+    }
+    Ok(StreamWrite::SetId {
+        key: rest[0].clone(),
+        last_id,
+        entries_added,
+        max_deleted_id,
     })
 }
 
@@ -524,6 +567,10 @@ pub(super) fn parse(name: &str, rest: &[Bytes]) -> Option<Result<Command, Comman
                     key: rest[0].clone(),
                     ids: rest[1..].iter().map(|id| strict_id(id)).collect(),
                 })
+            }
+            "xsetid" => {
+                at_least(2)?;
+                write(xsetid(rest)?)
             }
             "xtrim" => {
                 at_least(3)?;

@@ -151,6 +151,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("xrevrange", -4, R, ONE, "stream"),
     spec("xdel", -3, W, ONE, "stream"),
     spec("xtrim", -4, W, ONE, "stream"),
+    spec("xsetid", -3, W, ONE, "stream"),
     spec("xread", -4, RBM, NONE, "stream"),
     spec("xgroup", -2, W, (2, 2, 1), "stream"),
     spec("xreadgroup", -7, WBM, NONE, "stream"),

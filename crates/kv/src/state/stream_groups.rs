@@ -219,7 +219,7 @@ impl KvState {
     }
 
     /// The id of the stream's last entry still there, if any.
-    fn last_entry_id(&mut self, key: &[u8]) -> Option<StreamId> {
+    pub(super) fn last_entry_id(&mut self, key: &[u8]) -> Option<StreamId> {
         let last = self.stream_entries(key, StreamId::MIN, StreamId::MAX, 1, true);
         last.first().map(|(id, _)| *id)
     }

@@ -265,6 +265,38 @@ impl KvState {
                 }
                 Value::Integer(removed as i64)
             }
+            StreamWrite::SetId {
+                key,
+                last_id,
+                entries_added,
+                max_deleted_id,
+            } => {
+                let mut meta = match self.stream_meta(&key) {
+                    Err(e) => return e,
+                    Ok(None) => return Value::error("ERR no such key"),
+                    Ok(Some(meta)) => meta,
+                };
+                if meta.length > 0 {
+                    if self.last_entry_id(&key).is_some_and(|top| last_id < top) {
+                        return Value::error(
+                            "ERR The ID specified in XSETID is smaller than the target stream top item",
+                        );
+                    }
+                    if entries_added.is_some_and(|added| meta.length > added) {
+                        return Value::error(
+                            "ERR The entries_added specified in XSETID is smaller than the target stream length",
+                        );
+                    }
+                }
+                meta.last_id = last_id;
+                meta.entries_added = entries_added.unwrap_or(meta.entries_added);
+                if let Some(id) = max_deleted_id.filter(|id| *id != StreamId::MIN) {
+                    meta.max_deleted_id = id;
+                }
+                self.put_stream_meta(index, &key, &meta);
+                self.notify(keyspace_events::STREAM, "xsetid", &key);
+                Value::ok()
+            }
             StreamWrite::Group(write) => self.execute_group_write(index, write),
         }
     }
