@@ -567,6 +567,13 @@ pub enum Read {
     },
     /// DUMP: the key's value as a RESTORE payload.
     Dump(Bytes),
+    /// OBJECT ENCODING, REFCOUNT, IDLETIME or FREQ.
+    Object {
+        info: ObjectInfo,
+        key: Bytes,
+    },
+    /// A container command's HELP: its lines.
+    Help(&'static [&'static str]),
     /// BITFIELD (or BITFIELD_RO) that only GETs.
     BitField {
         key: Bytes,
@@ -645,6 +652,76 @@ pub enum BitOp {
     Or,
     Xor,
     Not,
+}
+
+/// A container command's subcommand, checked against its arity (with the command's and the
+/// subcommand's names, negative: at least) as Redis 7.0 checks it.
+pub(super) fn subcommand(
+    command: &str,
+    rest: &[Bytes],
+    arities: &[(&'static str, i64)],
+) -> Result<&'static str, CommandError> {
+    let given = String::from_utf8_lossy(&rest[0]);
+    let lower = given.to_ascii_lowercase();
+    let Some(&(name, arity)) = arities.iter().find(|(name, _)| *name == lower) else {
+        return Err(format!(
+            "ERR unknown subcommand '{given}'. Try {} HELP.",
+            command.to_ascii_uppercase()
+        ));
+    };
+    let argc = rest.len() as i64 + 1;
+    if (arity >= 0 && argc != arity) || argc < arity.abs() {
+        return Err(format!("ERR wrong number of arguments for '{command}|{name}' command"));
+    }
+    Ok(name)
+}
+
+/// OBJECT's subcommands that read a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectInfo {
+    Encoding,
+    RefCount,
+    IdleTime,
+    Frequency,
+}
+
+const OBJECT_HELP: &[&str] = &[
+    "OBJECT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "ENCODING <key>",
+    "    How Redis would represent the key's value, judged from what it holds now.",
+    "FREQ <key>",
+    "    The key's access frequency: Chorus keeps none (no LFU policy).",
+    "IDLETIME <key>",
+    "    Seconds since the key was last used: Chorus keeps no access times, so 0.",
+    "REFCOUNT <key>",
+    "    References to the key's value, as Redis would count them.",
+    "HELP",
+    "    Shows this list.",
+];
+
+fn object(rest: &[Bytes]) -> Result<Command, CommandError> {
+    let sub = subcommand(
+        "object",
+        rest,
+        &[
+            ("encoding", 3),
+            ("freq", 3),
+            ("idletime", 3),
+            ("refcount", 3),
+            ("help", 2),
+        ],
+    )?;
+    let info = match sub {
+        "help" => return Ok(Command::Read(Read::Help(OBJECT_HELP))),
+        "encoding" => ObjectInfo::Encoding,
+        "freq" => ObjectInfo::Frequency,
+        "idletime" => ObjectInfo::IdleTime,
+        _ => ObjectInfo::RefCount,
+    };
+    Ok(Command::Read(Read::Object {
+        info,
+        key: rest[1].clone(),
+    }))
 }
 
 /// LCS's options: the string (neither), its length (LEN), or the matching ranges (IDX), those
@@ -1603,6 +1680,10 @@ impl Command {
                     keys: [rest[0].clone(), rest[1].clone()],
                     options: lcs_options(&rest[2..]),
                 })
+            }
+            "object" => {
+                at_least(1)?;
+                object(rest)?
             }
             "dump" => {
                 exact(1)?;

@@ -6,7 +6,7 @@
 use bytes::Bytes;
 
 use super::streams::{interval_id, read_args, strict_id, StreamId, StreamRead, StreamWrite};
-use super::{parse_i64, syntax_error, Blocking, BlockingReply, Command, CommandError, Look, Read, Write};
+use super::{parse_i64, subcommand, syntax_error, Blocking, BlockingReply, Command, CommandError, Look, Read, Write};
 
 /// Where XGROUP CREATE and SETID put a group's last delivered id: at an id, or (`$`) at the
 /// stream's last one.
@@ -188,24 +188,6 @@ const XINFO_HELP: &[&str] = &[
     "HELP",
     "    Shows this list.",
 ];
-
-/// A container command's subcommand, checked against its arity (with the command's and the
-/// subcommand's names, negative: at least) as Redis 7.0 checks it.
-fn subcommand(command: &str, rest: &[Bytes], arities: &[(&'static str, i64)]) -> Result<&'static str, CommandError> {
-    let given = String::from_utf8_lossy(&rest[0]);
-    let lower = given.to_ascii_lowercase();
-    let Some(&(name, arity)) = arities.iter().find(|(name, _)| *name == lower) else {
-        return Err(format!(
-            "ERR unknown subcommand '{given}'. Try {} HELP.",
-            command.to_ascii_uppercase()
-        ));
-    };
-    let argc = rest.len() as i64 + 1;
-    if (arity >= 0 && argc != arity) || argc < arity.abs() {
-        return Err(format!("ERR wrong number of arguments for '{command}|{name}' command"));
-    }
-    Ok(name)
-}
 
 fn subcommand_syntax_error(command: &str, given: &[u8]) -> CommandError {
     format!(

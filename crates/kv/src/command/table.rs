@@ -69,6 +69,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("bitfield", -2, W, ONE, "bitmap"),
     spec("sort", -2, WM, ONE, "generic"),
     spec("dump", 2, R, ONE, "generic"),
+    spec("object", -2, R, NONE, "generic"),
     spec("restore", -4, W, ONE, "generic"),
     spec("sort_ro", -2, R, ONE, "generic"),
     spec("bitfield_ro", -2, R, ONE, "bitmap"),

@@ -55,6 +55,7 @@ mod geo;
 mod hyperloglog;
 mod lcs;
 mod lists;
+mod object;
 mod scripts;
 mod sets;
 mod sort;
@@ -236,6 +237,11 @@ enum Stored {
     Zset(Vec<(Bytes, f64)>),
     /// A stream's records as stored, after its prefix.
     Stream(Vec<(Bytes, Bytes)>),
+}
+
+/// A container command's HELP: its lines as simple strings.
+fn help_reply(lines: &[&'static str]) -> Value {
+    Value::array(lines.iter().map(|line| Value::Simple((*line).into())).collect())
 }
 
 /// SCAN's order: a key's place is this 64-bit hash of it (FNV-1a, the same on every node and in
@@ -1581,6 +1587,8 @@ impl KvState {
                 Read::BitField { key, fields } => self.bit_field_get(key, fields)?,
                 Read::Sort(args) => self.sort_reply(args)?,
                 Read::Dump(key) => self.dump(key)?,
+                Read::Object { info, key } => self.object_info(*info, key)?,
+                Read::Help(lines) => help_reply(lines),
                 Read::Lcs { keys, options } => self.lcs(keys, options)?,
                 Read::HRandField {
                     key,
@@ -2474,6 +2482,33 @@ mod tests {
         assert_eq!(
             s.run("PFADD"),
             Value::error("ERR wrong number of arguments for 'pfadd' command")
+        );
+    }
+
+    #[test]
+    fn object_reports_the_encoding_redis_would_use_for_the_contents() {
+        let mut s = Replica::new();
+        let encoding = |s: &mut Replica, key: &str| s.run(&format!("OBJECT ENCODING {key}"));
+        assert_eq!(s.run("MSET i 123 e hello"), Value::ok());
+        assert_eq!(s.run("SADD small 1 2"), Value::Integer(2));
+        assert_eq!(s.run("HSET h f v"), Value::Integer(1));
+        assert_eq!(encoding(&mut s, "i"), Value::bulk("int"));
+        assert_eq!(encoding(&mut s, "e"), Value::bulk("embstr"));
+        assert_eq!(encoding(&mut s, "small"), Value::bulk("intset"));
+        assert_eq!(s.run("SADD small a"), Value::Integer(1));
+        assert_eq!(encoding(&mut s, "small"), Value::bulk("hashtable"));
+        assert_eq!(encoding(&mut s, "h"), Value::bulk("listpack"));
+        assert_eq!(encoding(&mut s, "none"), Value::null());
+        assert_eq!(
+            s.run("OBJECT REFCOUNT i"),
+            Value::Integer(i64::from(i32::MAX)),
+            "a shared integer"
+        );
+        assert_eq!(s.run("OBJECT REFCOUNT e"), Value::Integer(1));
+        assert_eq!(s.run("OBJECT IDLETIME e"), Value::Integer(0));
+        assert_eq!(
+            s.run("OBJECT ENCODING"),
+            Value::error("ERR wrong number of arguments for 'object|encoding' command")
         );
     }
 

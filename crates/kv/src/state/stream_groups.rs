@@ -707,7 +707,7 @@ impl KvState {
     pub(super) fn read_group(&mut self, read: &GroupRead) -> Result<Value, Value> {
         let now = self.now_ms as i64;
         Ok(match read {
-            GroupRead::Help(lines) => Value::array(lines.iter().map(|line| Value::Simple((*line).into())).collect()),
+            GroupRead::Help(lines) => super::help_reply(lines),
             GroupRead::Undelivered { group, keys } => {
                 for key in keys {
                     let Ok(Some((_, g))) = self.stream_and_group(key, group) else {
