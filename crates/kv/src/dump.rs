@@ -466,6 +466,12 @@ fn listpack(blob: &[u8]) -> Result<Vec<Bytes>, DumpError> {
         }
         items.push(item);
     }
+    ended_whole(blob, at, declared, items)
+}
+
+/// A listpack's or ziplist's items, if its walk ended at its last byte (the 0xFF) with as many
+/// items as its header declares (65,535: too many to count there).
+fn ended_whole(blob: &[u8], at: usize, declared: usize, items: Vec<Bytes>) -> Result<Vec<Bytes>, DumpError> {
     if at != blob.len() - 1 || (declared != 65_535 && declared != items.len()) {
         return Err(BAD);
     }
@@ -525,10 +531,7 @@ fn ziplist(blob: &[u8]) -> Result<Vec<Bytes>, DumpError> {
         }
         items.push(item);
     }
-    if at != blob.len() - 1 || (declared != 65_535 && declared != items.len()) {
-        return Err(BAD);
-    }
-    Ok(items)
+    ended_whole(blob, at, declared, items)
 }
 
 fn paired(items: Vec<Bytes>) -> Result<Vec<(Bytes, Bytes)>, DumpError> {

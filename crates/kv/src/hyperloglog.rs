@@ -109,16 +109,25 @@ pub fn merge_into(max: &mut [u8; REGISTERS], hll: &[u8]) -> Result<(), HllError>
         }
         return Ok(());
     }
+    for_each_nonzero_run(hll, |first, run, value| {
+        for slot in &mut max[first..first + run] {
+            *slot = (*slot).max(value);
+        }
+    })
+}
+
+/// Calls `visit(first register, run length, value)` for each run of non-zero registers of a
+/// sparse HyperLogLog, in order; `Corrupt` unless its opcodes cover exactly every register.
+/// As Redis, the walk stops at a run that would pass the last register and judges by where it
+/// stopped.
+fn for_each_nonzero_run(hll: &[u8], mut visit: impl FnMut(usize, usize, u8)) -> Result<(), HllError> {
     let mut i = 0;
     for op in opcodes(&hll[HEADER_BYTES..]) {
         match op {
             Opcode::Zeros(run) => i += run,
-            // Redis stops at a run past the last register and judges by where it stopped.
             Opcode::Val(_, run) if i + run > REGISTERS => break,
             Opcode::Val(value, run) => {
-                for slot in &mut max[i..i + run] {
-                    *slot = (*slot).max(value);
-                }
+                visit(i, run, value);
                 i += run;
             }
         }
@@ -171,22 +180,11 @@ pub fn make_dense(hll: &mut Vec<u8>) -> Result<(), HllError> {
     let mut dense = vec![0u8; DENSE_BYTES];
     dense[..HEADER_BYTES].copy_from_slice(&hll[..HEADER_BYTES]);
     dense[ENCODING_AT] = DENSE;
-    let mut i = 0;
-    for op in opcodes(&hll[HEADER_BYTES..]) {
-        match op {
-            Opcode::Zeros(run) => i += run,
-            Opcode::Val(_, run) if i + run > REGISTERS => break,
-            Opcode::Val(value, run) => {
-                for register in i..i + run {
-                    dense_raise(&mut dense[HEADER_BYTES..], register, value);
-                }
-                i += run;
-            }
+    for_each_nonzero_run(hll, |first, run, value| {
+        for register in first..first + run {
+            dense_raise(&mut dense[HEADER_BYTES..], register, value);
         }
-    }
-    if i != REGISTERS {
-        return Err(HllError::Corrupt);
-    }
+    })?;
     *hll = dense;
     Ok(())
 }

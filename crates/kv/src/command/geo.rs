@@ -152,11 +152,7 @@ fn geoadd(rest: &[Bytes]) -> Result<ZsetWrite, CommandError> {
     Ok(ZsetWrite::Add {
         key: rest[0].clone(),
         options: ZaddOptions {
-            condition: match (nx, xx) {
-                (true, _) => SetCondition::IfAbsent,
-                (_, true) => SetCondition::IfPresent,
-                _ => SetCondition::Always,
-            },
+            condition: SetCondition::from_flags(nx, xx),
             only: None,
             count_changed: ch,
             increment: false,

@@ -31,6 +31,17 @@ pub enum SetCondition {
     IfPresent,
 }
 
+impl SetCondition {
+    /// From NX (only if absent) and XX (only if present) flags, NX first.
+    pub fn from_flags(nx: bool, xx: bool) -> SetCondition {
+        match (nx, xx) {
+            (true, _) => SetCondition::IfAbsent,
+            (_, true) => SetCondition::IfPresent,
+            _ => SetCondition::Always,
+        }
+    }
+}
+
 /// What a write that replaces a string's value does to the key's time to live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TtlChange {

@@ -371,11 +371,7 @@ fn zadd(rest: &[Bytes]) -> Result<ZsetWrite, CommandError> {
     Ok(ZsetWrite::Add {
         key: rest[0].clone(),
         options: ZaddOptions {
-            condition: match (nx, xx) {
-                (true, _) => SetCondition::IfAbsent,
-                (_, true) => SetCondition::IfPresent,
-                _ => SetCondition::Always,
-            },
+            condition: SetCondition::from_flags(nx, xx),
             only: match (gt, lt) {
                 (true, _) => Some(Direction::Up),
                 (_, true) => Some(Direction::Down),
