@@ -1922,6 +1922,16 @@ async fn replies_match_redis(
             }
         };
         let as_set = |name: &str, v: Value| match v {
+            // ZSCAN's pairs: Redis walks a sorted set that has ever been large (its encoding
+            // stays converted) in its hash table's order.
+            Value::Array(Some(mut page)) if name == "ZSCAN" && page.len() == 2 => {
+                if let Value::Array(Some(items)) = &mut page[1] {
+                    let mut pairs: Vec<Vec<Value>> = items.chunks(2).map(<[Value]>::to_vec).collect();
+                    pairs.sort_by_key(|pair| format!("{:?}", pair[0]));
+                    *items = pairs.concat();
+                }
+                Value::Array(Some(page))
+            }
             Value::Array(Some(items)) if name == "HGETALL" => {
                 let mut pairs: Vec<(Value, Value)> = items.chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
                 pairs.sort_by_key(|(field, _)| format!("{field:?}"));
