@@ -137,16 +137,7 @@ pub enum Write {
     },
     /// SORT ... STORE: the destination becomes a list of what the sort answers.
     Sort(SortArgs),
-    /// RESTORE: the payload is decoded where it applies. The TTL's error, if any, is answered
-    /// after BUSYKEY, as in Redis.
-    Restore {
-        key: Bytes,
-        ttl_ms: Result<i64, CommandError>,
-        payload: Bytes,
-        replace: bool,
-        /// ABSTTL: the TTL is a Unix time in milliseconds.
-        absolute: bool,
-    },
+    Restore(RestoreArgs),
     /// BITFIELD with a SET or INCRBY: the string grows to the farthest field written.
     BitField {
         key: Bytes,
@@ -438,7 +429,7 @@ impl Write {
                 std::iter::once(dest).chain(sources).cloned().collect()
             }
             Write::Sort(args) => std::iter::once(&args.key).chain(&args.store).cloned().collect(),
-            Write::Restore { key, .. } => vec![key.clone()],
+            Write::Restore(args) => vec![args.key.clone()],
             // See `touches_every_key`.
             Write::FlushAll => Vec::new(),
             Write::Exec { watched, commands } => watched
@@ -494,7 +485,7 @@ impl Write {
             // the entry's time (and streams are never answered early).
             Write::Publish { .. } | Write::Streams(_) => true,
             // A TTL counts from the entry's time.
-            Write::Restore { .. } => true,
+            Write::Restore(_) => true,
             _ => false,
         }
     }
@@ -796,6 +787,18 @@ impl SortArgs {
     }
 }
 
+/// RESTORE's arguments: the payload is decoded where it applies, and the TTL's error, if any, is
+/// answered after BUSYKEY, as in Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreArgs {
+    pub key: Bytes,
+    pub ttl_ms: Result<i64, CommandError>,
+    pub payload: Bytes,
+    pub replace: bool,
+    /// ABSTTL: the TTL is a Unix time in milliseconds.
+    pub absolute: bool,
+}
+
 /// RESTORE key ttl payload [REPLACE] [ABSTTL] [IDLETIME seconds] [FREQ frequency]. IDLETIME and
 /// FREQ are checked and, Chorus keeping no access times, otherwise ignored.
 fn restore(rest: &[Bytes]) -> Result<Command, CommandError> {
@@ -831,13 +834,13 @@ fn restore(rest: &[Bytes]) -> Result<Command, CommandError> {
             Ok(ttl)
         }
     });
-    Ok(Command::Write(Write::Restore {
+    Ok(Command::Write(Write::Restore(RestoreArgs {
         key: rest[0].clone(),
         ttl_ms,
         payload: rest[2].clone(),
         replace,
         absolute,
-    }))
+    })))
 }
 
 fn sort_args(rest: &[Bytes], read_only_command: bool) -> Result<SortArgs, CommandError> {

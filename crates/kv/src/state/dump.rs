@@ -1,10 +1,9 @@
 //! DUMP and RESTORE (the payload format is `crate::dump`'s).
 
-use bytes::Bytes;
 use chorus_resp::Value;
 
 use super::{KvState, Stored};
-use crate::command::CommandError;
+use crate::command::RestoreArgs;
 use crate::dump::{self, DumpValue};
 use crate::keyspace_events;
 
@@ -28,22 +27,15 @@ impl KvState {
 
     /// What RESTORE does, checked in Redis 7.0's order (BUSYKEY, the TTL, the payload): the
     /// value and its deadline (`None` inside: it has expired already), or the error.
-    fn restoring(
-        &mut self,
-        key: &[u8],
-        ttl_ms: &Result<i64, CommandError>,
-        payload: &[u8],
-        replace: bool,
-        absolute: bool,
-    ) -> Result<(DumpValue, Option<Option<u64>>), Value> {
-        if !replace && self.exists(key) {
+    fn restoring(&mut self, args: &RestoreArgs) -> Result<(DumpValue, Option<Option<u64>>), Value> {
+        if !args.replace && self.exists(&args.key) {
             return Err(Value::error("BUSYKEY Target key name already exists."));
         }
-        let ttl_ms = *ttl_ms.as_ref().map_err(|e| Value::error(e.clone()))?;
-        let value = dump::decode(payload).map_err(|e| Value::error(e.message()))?;
+        let ttl_ms = *args.ttl_ms.as_ref().map_err(|e| Value::error(e.clone()))?;
+        let value = dump::decode(&args.payload).map_err(|e| Value::error(e.message()))?;
         let deadline = match ttl_ms {
             0 => Some(None),
-            ttl if absolute => (ttl > self.now_ms as i64).then_some(Some(ttl as u64)),
+            ttl if args.absolute => (ttl > self.now_ms as i64).then_some(Some(ttl as u64)),
             ttl => {
                 let at = ttl.saturating_add(self.now_ms as i64);
                 (at > self.now_ms as i64).then_some(Some(at as u64))
@@ -52,22 +44,15 @@ impl KvState {
         Ok((value, deadline))
     }
 
-    pub(super) fn restore(
-        &mut self,
-        index: u64,
-        key: &Bytes,
-        ttl_ms: &Result<i64, CommandError>,
-        payload: &[u8],
-        replace: bool,
-        absolute: bool,
-    ) -> Value {
-        let (value, deadline) = match self.restoring(key, ttl_ms, payload, replace, absolute) {
+    pub(super) fn restore(&mut self, index: u64, args: &RestoreArgs) -> Value {
+        let key = &args.key;
+        let (value, deadline) = match self.restoring(args) {
             Err(e) => return e,
             Ok(restoring) => restoring,
         };
         let Some(deadline) = deadline else {
             // Expired on arrival: the key is only deleted (REPLACE), as in Redis.
-            if replace && self.delete(index, key) {
+            if args.replace && self.delete(index, key) {
                 self.notify(keyspace_events::GENERIC, "del", key);
             }
             return Value::ok();
@@ -85,15 +70,7 @@ impl KvState {
     }
 
     /// What RESTORE will answer, before it applies.
-    pub(super) fn preview_restore(
-        &mut self,
-        key: &[u8],
-        ttl_ms: &Result<i64, CommandError>,
-        payload: &[u8],
-        replace: bool,
-        absolute: bool,
-    ) -> Value {
-        self.restoring(key, ttl_ms, payload, replace, absolute)
-            .map_or_else(|e| e, |_| Value::ok())
+    pub(super) fn preview_restore(&mut self, args: &RestoreArgs) -> Value {
+        self.restoring(args).map_or_else(|e| e, |_| Value::ok())
     }
 }

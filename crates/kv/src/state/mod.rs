@@ -941,13 +941,7 @@ impl KvState {
             Write::PfAdd { key, elements } => self.pf_add(index, &key, &elements),
             Write::BitField { key, fields } => self.bit_field(index, &key, &fields),
             Write::Sort(args) => self.sort_store(index, &args),
-            Write::Restore {
-                key,
-                ttl_ms,
-                payload,
-                replace,
-                absolute,
-            } => self.restore(index, &key, &ttl_ms, &payload, replace, absolute),
+            Write::Restore(args) => self.restore(index, &args),
             Write::PfMerge { dest, sources } => self.pf_merge(index, &dest, &sources),
             Write::IncrByFloat { key, increment } => {
                 let current = match self.string_to_update(&key) {
@@ -1333,13 +1327,7 @@ impl KvState {
             Write::PfAdd { key, elements } => self.preview_pf_add(key, elements),
             Write::BitField { key, fields } => self.preview_bit_field(key, fields),
             Write::Sort(args) => self.preview_sort_store(args),
-            Write::Restore {
-                key,
-                ttl_ms,
-                payload,
-                replace,
-                absolute,
-            } => self.preview_restore(key, ttl_ms, payload, *replace, *absolute),
+            Write::Restore(args) => self.preview_restore(args),
             Write::PfMerge { dest, sources } => self.preview_pf_merge(dest, sources),
             Write::IncrByFloat { key, increment } => match self.string_to_update(key) {
                 Err(e) => e,

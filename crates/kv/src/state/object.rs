@@ -4,7 +4,7 @@
 
 use chorus_resp::Value;
 
-use super::{KeyType, KvState, Stored};
+use super::{KeyType, KvState, Stored, HASH_TAG, SET_TAG, ZSET_TAG};
 use crate::command::{parse_i64, ObjectInfo};
 
 /// Redis 7.0's defaults for its compact encodings.
@@ -42,36 +42,50 @@ impl KvState {
                         .is_some_and(|value| parse_i64(&value).is_ok_and(|n| (0..SHARED_INTEGERS).contains(&n)));
                 Value::Integer(if shared { i64::from(i32::MAX) } else { 1 })
             }
-            ObjectInfo::Encoding => Value::bulk(match self.stored(key) {
-                None => return Ok(Value::null()),
-                Some(Stored::String(value)) if is_integer(&value) => "int",
-                Some(Stored::String(value)) if value.len() <= EMBSTR_MAX_BYTES => "embstr",
-                Some(Stored::String(_)) => "raw",
-                Some(Stored::List(_)) => "quicklist",
-                Some(Stored::Set(members))
-                    if members.len() <= INTSET_MAX_ENTRIES && members.iter().all(|m| is_integer(m)) =>
-                {
-                    "intset"
-                }
-                Some(Stored::Set(_)) => "hashtable",
-                Some(Stored::Zset(members))
-                    if members.len() <= LISTPACK_MAX_ENTRIES
-                        && members.iter().all(|(m, _)| m.len() <= LISTPACK_MAX_VALUE_BYTES) =>
-                {
-                    "listpack"
-                }
-                Some(Stored::Zset(_)) => "skiplist",
-                Some(Stored::Hash(fields))
-                    if fields.len() <= LISTPACK_MAX_ENTRIES
-                        && fields.iter().all(|(f, v)| {
-                            f.len() <= LISTPACK_MAX_VALUE_BYTES && v.len() <= LISTPACK_MAX_VALUE_BYTES
-                        }) =>
-                {
-                    "listpack"
-                }
-                Some(Stored::Hash(_)) => "hashtable",
-                Some(Stored::Stream(_)) => "stream",
+            // Large containers, lists and streams are told apart without reading them.
+            ObjectInfo::Encoding => Value::bulk(match key_type {
+                KeyType::List => "quicklist",
+                KeyType::Stream => "stream",
+                KeyType::Set if self.group_size(SET_TAG, key) > INTSET_MAX_ENTRIES => "hashtable",
+                KeyType::Zset if self.group_size(ZSET_TAG, key) / 2 > LISTPACK_MAX_ENTRIES => "skiplist",
+                KeyType::Hash if self.group_size(HASH_TAG, key) > LISTPACK_MAX_ENTRIES => "hashtable",
+                _ => self.small_encoding(key),
             }),
         })
+    }
+
+    /// The encoding of a string, or of a set, sorted set or hash small enough to be compact
+    /// if its members are.
+    fn small_encoding(&mut self, key: &[u8]) -> &'static str {
+        match self.stored(key) {
+            Some(Stored::String(value)) if is_integer(&value) => "int",
+            Some(Stored::String(value)) if value.len() <= EMBSTR_MAX_BYTES => "embstr",
+            Some(Stored::String(_)) => "raw",
+            Some(Stored::Set(members))
+                if members.len() <= INTSET_MAX_ENTRIES && members.iter().all(|m| is_integer(m)) =>
+            {
+                "intset"
+            }
+            Some(Stored::Set(_)) => "hashtable",
+            Some(Stored::Zset(members))
+                if members.len() <= LISTPACK_MAX_ENTRIES
+                    && members.iter().all(|(m, _)| m.len() <= LISTPACK_MAX_VALUE_BYTES) =>
+            {
+                "listpack"
+            }
+            Some(Stored::Zset(_)) => "skiplist",
+            Some(Stored::Hash(fields))
+                if fields.len() <= LISTPACK_MAX_ENTRIES
+                    && fields
+                        .iter()
+                        .all(|(f, v)| f.len() <= LISTPACK_MAX_VALUE_BYTES && v.len() <= LISTPACK_MAX_VALUE_BYTES) =>
+            {
+                "listpack"
+            }
+            Some(Stored::Hash(_)) => "hashtable",
+            Some(Stored::List(_)) => "quicklist",
+            Some(Stored::Stream(_)) => "stream",
+            None => "none",
+        }
     }
 }
