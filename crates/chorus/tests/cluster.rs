@@ -1995,6 +1995,230 @@ async fn replies_match_redis(
     }
 }
 
+/// FUNCTION LIST's reply with each library's functions in name order: Redis lists them in its
+/// hash table's order, which a seed drawn at start-up decides.
+fn functions_in_name_order(listing: Value) -> Value {
+    let Value::Array(Some(libraries)) = listing else {
+        return listing;
+    };
+    let sorted = libraries.into_iter().map(|library| {
+        let Value::Array(Some(mut fields)) = library else {
+            return library;
+        };
+        if let Some(Value::Array(Some(functions))) = fields.get_mut(5) {
+            functions.sort_by_key(|f| format!("{f:?}"));
+        }
+        Value::Array(Some(fields))
+    });
+    let mut sorted: Vec<Value> = sorted.collect();
+    sorted.sort_by_key(|library| format!("{library:?}"));
+    Value::Array(Some(sorted))
+}
+
+/// Redis 7's functions answer as redis-server's do — loading (and every way a library is
+/// refused), FCALL and FCALL_RO, their flags, their errors, FUNCTION LIST, STATS and DELETE, a
+/// transaction that loads and calls, and commands a script may not call — on a follower, whose
+/// writes go through the log; another node calls them too; FUNCTION DUMP payloads move
+/// libraries between redis-server and Chorus both ways; and the libraries survive a restart of
+/// every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_answer_as_on_redis_server_on_every_node_and_survive_restarts() {
+    let redis_server = RedisServer::start();
+    let mut redis = Client::connect(redis_server.addr).await.unwrap();
+    let cluster = Cluster::start(3, &[]);
+    let (_, followers) = cluster.leader_and_followers().await;
+    let mut chorus = cluster.client(followers[0]).await;
+    let lib = |name: &str, body: &str| format!("#!lua name={name}\n{body}");
+    let calls = lib(
+        "calls",
+        "local suffix = '!'\n\
+         redis.register_function('set_and_get', function(keys, args)\n\
+           redis.call('set', keys[1], args[1] .. suffix)\n\
+           return redis.call('get', keys[1])\n\
+         end)\n\
+         redis.register_function{function_name='reader', callback=function(keys, args)\n\
+           return {redis.call('get', keys[1]), #args, string.rep('a', 2)} end,\n\
+           flags={'no-writes', 'allow-stale'}, description='reads a key'}\n\
+         redis.register_function('fails', function(keys, args) return redis.call('incr', keys[1]) end)\n\
+         redis.register_function('writes_a_global', function() x = 1 end)\n\
+         redis.register_function('pcall_bad_arg', function() return redis.pcall('get', nil) end)\n\
+         redis.register_function('call_bad_arg', function() return redis.call('get', nil) end)\n\
+         redis.register_function('calls_fcall', function() return redis.call('fcall', 'reader', 0) end)\n\
+         redis.register_function('calls_blpop', function() return redis.call('blpop', 'l', 0) end)\n\
+         redis.register_function('calls_function', function() return redis.call('function', 'stats') end)",
+    );
+    let cases: Vec<Vec<String>> = [
+        vec!["FUNCTION", "LOAD", &calls],
+        vec!["FUNCTION", "LOAD", &calls],
+        vec!["FCALL", "set_and_get", "1", "k", "v"],
+        vec!["FCALL_RO", "set_and_get", "1", "k", "v"],
+        vec!["FCALL_RO", "reader", "1", "k", "a", "b"],
+        vec!["FCALL", "reader", "1", "k"],
+        vec!["FCALL", "fails", "1", "k"],
+        vec!["FCALL", "writes_a_global", "0"],
+        vec!["FCALL", "pcall_bad_arg", "0"],
+        vec!["FCALL", "call_bad_arg", "0"],
+        vec!["FCALL", "calls_fcall", "0"],
+        vec!["FCALL", "calls_blpop", "0"],
+        vec!["FCALL", "calls_function", "0"],
+        vec!["FCALL", "nosuch", "x"],
+        vec!["FCALL", "reader", "x"],
+        vec!["FCALL", "reader", "-1"],
+        vec!["FCALL", "reader", "2", "k"],
+        vec!["EVAL", "return redis.call('eval_ro', 'return 1', 0)", "0"],
+        vec!["EVAL", "return redis.call('get', nil)", "0"],
+        vec!["FUNCTION", "LOAD", "return 1"],
+        vec!["FUNCTION", "LOAD", "#!lua name=a-b\n"],
+        vec!["FUNCTION", "LOAD", "#!js name=js\n"],
+        vec!["FUNCTION", "LOAD", "#!lua name=x name=y\n"],
+        vec![
+            "FUNCTION",
+            "LOAD",
+            "#!lua name=\"quoted\"\nredis.register_function('q', function() return 1 end)",
+        ],
+        vec!["FUNCTION", "LOAD", &lib("nothing", "return 1")],
+        vec!["FUNCTION", "LOAD", &lib("syntax", "this is not lua")],
+        vec!["FUNCTION", "LOAD", &lib("calls_at_load", "redis.call('set', 'a', 'b')")],
+        vec!["FUNCTION", "LOAD", &lib("no_string", "local s = string.rep('a', 2)")],
+        vec!["FUNCTION", "LOAD", &lib("global", "x = 1")],
+        vec!["FUNCTION", "LOAD", &lib("arity", "redis.register_function()")],
+        vec!["FUNCTION", "LOAD", &lib("one_arg", "redis.register_function('f')")],
+        vec![
+            "FUNCTION",
+            "LOAD",
+            &lib("bad_name", "redis.register_function('a-b', function() end)"),
+        ],
+        vec![
+            "FUNCTION",
+            "LOAD",
+            &lib(
+                "twice",
+                "redis.register_function('t', function() end)\nredis.register_function('t', function() end)",
+            ),
+        ],
+        vec![
+            "FUNCTION",
+            "LOAD",
+            &lib(
+                "bad_flag",
+                "redis.register_function{function_name='b', callback=function() end, flags={'nope'}}",
+            ),
+        ],
+        vec![
+            "FUNCTION",
+            "LOAD",
+            &lib("no_callback", "redis.register_function{function_name='b'}"),
+        ],
+        vec![
+            "FUNCTION",
+            "LOAD",
+            &lib("taken", "redis.register_function('reader', function() end)"),
+        ],
+        vec![
+            "FUNCTION",
+            "LOAD",
+            "REPLACE",
+            &lib("other", "redis.register_function('other', function() return 2 end)"),
+        ],
+        vec!["FUNCTION", "LOAD", "NOPE", "x"],
+        vec!["FUNCTION", "LIST", "LIBRARYNAME"],
+        vec!["FUNCTION", "LIST", "WITHCODE", "WITHCODE"],
+        vec!["FUNCTION", "STATS"],
+        vec!["MULTI"],
+        vec![
+            "FUNCTION",
+            "LOAD",
+            &lib(
+                "in_multi",
+                "redis.register_function('in_multi', function() return 'yes' end)",
+            ),
+        ],
+        vec!["FCALL", "in_multi", "0"],
+        vec!["EXEC"],
+        vec!["FUNCTION", "DELETE", "nosuch"],
+        vec!["FUNCTION", "DELETE", "in_multi"],
+        vec!["FCALL", "in_multi", "0"],
+        vec!["FUNCTION", "FLUSH", "LAZY"],
+        vec!["FUNCTION", "RESTORE", "not a payload"],
+        vec!["FUNCTION", "KILL"],
+        vec!["FUNCTION", "NOPE"],
+    ]
+    .iter()
+    .map(|case| case.iter().map(|a| a.to_string()).collect())
+    .collect();
+    for args in &cases {
+        let expected = redis.command(args).await.unwrap();
+        assert_eq!(chorus.command(args).await.unwrap(), expected, "{args:?}");
+    }
+    let listing = ["FUNCTION", "LIST", "WITHCODE"];
+    let expected = functions_in_name_order(redis.command(&listing).await.unwrap());
+    assert_eq!(
+        functions_in_name_order(chorus.command(&listing).await.unwrap()),
+        expected
+    );
+
+    // Another node calls the same functions and reads what they wrote.
+    let mut other = cluster.client(followers[1]).await;
+    let read = ["FCALL_RO", "reader", "1", "k"];
+    assert_eq!(other.command(&read).await.unwrap(), redis.command(&read).await.unwrap());
+
+    // Libraries move between redis-server and Chorus in FUNCTION DUMP's payloads, both ways.
+    let Value::Bulk(Some(from_redis)) = redis.command(&["FUNCTION", "DUMP"]).await.unwrap() else {
+        panic!("redis-server dumps its functions")
+    };
+    let restore = |payload: &[u8], policy: &str| {
+        vec![
+            b"FUNCTION".to_vec(),
+            b"RESTORE".to_vec(),
+            payload.to_vec(),
+            policy.as_bytes().to_vec(),
+        ]
+    };
+    // Every library in it is taken; which one the error names depends on the payload's order.
+    let taken = chorus.command(&restore(&from_redis, "APPEND")).await.unwrap();
+    assert!(
+        matches!(&taken, Value::Error(e) if e.starts_with("ERR Library ") && e.ends_with(" already exists")),
+        "{taken:?}"
+    );
+    assert_eq!(
+        chorus.command(&restore(&from_redis, "FLUSH")).await.unwrap(),
+        Value::ok()
+    );
+    assert_eq!(
+        functions_in_name_order(chorus.command(&listing).await.unwrap()),
+        expected
+    );
+    let Value::Bulk(Some(from_chorus)) = chorus.command(&["FUNCTION", "DUMP"]).await.unwrap() else {
+        panic!("Chorus dumps its functions")
+    };
+    redis.command(&["FUNCTION", "FLUSH"]).await.unwrap();
+    assert_eq!(
+        redis.command(&restore(&from_chorus, "REPLACE")).await.unwrap(),
+        Value::ok()
+    );
+    assert_eq!(
+        functions_in_name_order(redis.command(&listing).await.unwrap()),
+        expected
+    );
+
+    // Every node restarts and still holds the libraries.
+    for id in 1..=3 {
+        cluster.kill(id);
+    }
+    cluster.restart_stopped();
+    let (leader, _) = cluster.leader_and_followers().await;
+    let mut chorus = cluster.client(leader).await;
+    assert_eq!(
+        functions_in_name_order(chorus.command(&listing).await.unwrap()),
+        expected
+    );
+    let call = ["FCALL", "set_and_get", "1", "k2", "w"];
+    assert_eq!(
+        chorus.command(&call).await.unwrap(),
+        redis.command(&call).await.unwrap()
+    );
+}
+
 /// DUMP payloads move values between redis-server and Chorus, both ways: Redis's compact
 /// encodings (listpacks, quicklists, intsets, integer and LZF strings) restore into Chorus, and
 /// Chorus's payloads restore into Redis, every value intact.

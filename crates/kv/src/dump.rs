@@ -152,6 +152,15 @@ pub fn encode(value: &DumpValue) -> Vec<u8> {
 
 /// A payload's value: its version and checksum checked first, as Redis checks them.
 pub fn decode(payload: &[u8]) -> Result<DumpValue, DumpError> {
+    let mut reader = Reader {
+        bytes: checked_body(payload)?,
+    };
+    let value = reader.object()?;
+    Ok(value)
+}
+
+/// A payload's body, once its version and checksum are found good.
+fn checked_body(payload: &[u8]) -> Result<&[u8], DumpError> {
     if payload.len() < FOOTER_BYTES {
         return Err(DumpError::VersionOrChecksum);
     }
@@ -161,9 +170,58 @@ pub fn decode(payload: &[u8]) -> Result<DumpValue, DumpError> {
     if version > RDB_VERSION || crc64(&payload[..payload.len() - 8]) != crc {
         return Err(DumpError::VersionOrChecksum);
     }
+    Ok(body)
+}
+
+/// A function library, as RDB and FUNCTION DUMP hold one: its code, metadata line included.
+const OPCODE_FUNCTION_2: u8 = 245;
+/// Redis 7.0's release candidates' form: name, engine, an optional description, the code
+/// without its metadata line.
+const OPCODE_FUNCTION: u8 = 246;
+
+/// FUNCTION DUMP's payload of the libraries whose code is given.
+pub fn encode_libraries(codes: &[Bytes]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for code in codes {
+        out.push(OPCODE_FUNCTION_2);
+        put_string(&mut out, code);
+    }
+    seal(&out)
+}
+
+/// The libraries' code a FUNCTION RESTORE payload holds, or Redis's error for it.
+pub fn decode_libraries(payload: &[u8]) -> Result<Vec<Bytes>, &'static str> {
+    let body = checked_body(payload).map_err(DumpError::message)?;
     let mut reader = Reader { bytes: body };
-    let value = reader.object()?;
-    Ok(value)
+    let mut codes = Vec::new();
+    while !reader.bytes.is_empty() {
+        let failed = |what: &'static str| move |_| what;
+        match reader.byte().map_err(failed("ERR can not read data type"))? {
+            OPCODE_FUNCTION_2 => codes.push(reader.string().map_err(failed("ERR Failed loading library payload"))?),
+            OPCODE_FUNCTION => {
+                let name = reader.string().map_err(failed("ERR Failed loading library name"))?;
+                let engine = reader.string().map_err(failed("ERR Failed loading engine name"))?;
+                let has_description = reader
+                    .len()
+                    .map_err(failed("ERR Failed loading library description indicator"))?;
+                if has_description != 0 {
+                    reader
+                        .string()
+                        .map_err(failed("ERR Failed loading library description"))?;
+                }
+                let blob = reader.string().map_err(failed("ERR Failed loading library blob"))?;
+                let mut code = b"#!".to_vec();
+                code.extend_from_slice(&engine);
+                code.extend_from_slice(b" name=");
+                code.extend_from_slice(&name);
+                code.push(b'\n');
+                code.extend_from_slice(&blob);
+                codes.push(Bytes::from(code));
+            }
+            _ => return Err("ERR given type is not a function"),
+        }
+    }
+    Ok(codes)
 }
 
 /// A cursor over an object's bytes.
@@ -630,6 +688,46 @@ mod tests {
             decode(&payload(&[TYPE_STRING, 1, b'x', 0], 10)),
             Err(BAD),
             "bytes left over"
+        );
+    }
+
+    #[test]
+    fn function_libraries_are_read_and_written_as_redis_dumps_them() {
+        // `FUNCTION DUMP` of redis-server 7.0.15 holding one library.
+        let hex = "f5404423216c7561206e616d653d6c69620a72656469732e72656769737465725f66756e6374696f6e28\
+                   2266222c2066756e6374696f6e28292072657475726e203120656e64290a003902a1f9225522f7";
+        let from_redis: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        let code = Bytes::from_static(b"#!lua name=lib\nredis.register_function(\"f\", function() return 1 end)");
+        assert_eq!(decode_libraries(&from_redis).unwrap(), [code.clone()]);
+        assert_eq!(encode_libraries(&[code]), from_redis);
+
+        // Redis 7.0's release candidates kept the name and engine apart from the code.
+        let mut old = vec![OPCODE_FUNCTION];
+        for part in [&b"lib"[..], b"LUA"] {
+            put_string(&mut old, part);
+        }
+        put_len(&mut old, 1);
+        put_string(&mut old, b"a description");
+        put_string(&mut old, b"return");
+        assert_eq!(
+            decode_libraries(&seal(&old)).unwrap(),
+            [Bytes::from_static(b"#!LUA name=lib\nreturn")]
+        );
+
+        assert_eq!(
+            decode_libraries(&seal(&[TYPE_STRING])),
+            Err("ERR given type is not a function")
+        );
+        assert_eq!(
+            decode_libraries(&seal(&[OPCODE_FUNCTION_2, 5, b'a'])),
+            Err("ERR Failed loading library payload")
+        );
+        assert_eq!(
+            decode_libraries(b"short"),
+            Err("ERR DUMP payload version or checksum are wrong")
         );
     }
 

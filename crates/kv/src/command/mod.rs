@@ -9,7 +9,7 @@ pub use crate::decimal::Decimal;
 use crate::decimal::{parse_float, Float};
 pub use crate::expiry::ExpireAt;
 pub use geo::{metres_per_unit, position, GeoRead, GeoSearch, SearchCommand};
-pub use scripts::{script_sha, ScriptCall, ScriptRef};
+pub use scripts::{script_sha, FunctionRead, FunctionWrite, RestorePolicy, ScriptCall, ScriptRef};
 pub use stream_groups::{Claim, DeliveredAt, GroupRead, GroupReadFrom, GroupStart, GroupWrite, PendingRange};
 pub use streams::{resolve_last_ids, NewId, ReadAfter, StreamId, StreamRead, StreamWrite, Trim, TrimTo};
 pub use zsets::{
@@ -189,6 +189,8 @@ pub enum Write {
     /// SCRIPT LOAD: every replica learns the script (EVALSHA finds it on any node).
     ScriptLoad(Bytes),
     ScriptFlush,
+    /// FUNCTION LOAD, DELETE, FLUSH and RESTORE.
+    Functions(FunctionWrite),
     /// CONFIG SET notify-keyspace-events: every node notifies alike from this entry on.
     KeyspaceEvents(u16),
     /// PUBLISH: every node hands the message to its subscribers as it applies the entry.
@@ -441,7 +443,7 @@ impl Write {
                 }))
                 .collect(),
             Write::Script(call) => call.keys.clone(),
-            Write::ScriptLoad(_) | Write::ScriptFlush | Write::KeyspaceEvents(_) => Vec::new(),
+            Write::ScriptLoad(_) | Write::ScriptFlush | Write::Functions(_) | Write::KeyspaceEvents(_) => Vec::new(),
             // Not a key, but messages to one channel must keep their order: they do not commute.
             Write::Publish { channel, .. } => vec![channel.clone()],
             Write::Sets(write) => write.keys(),
@@ -457,8 +459,9 @@ impl Write {
     pub fn touches_every_key(&self) -> bool {
         match self {
             // A script may touch keys it did not declare; what the writes after a keyspace
-            // events setting notify depends on where it is in the log.
-            Write::FlushAll | Write::Script(_) | Write::KeyspaceEvents(_) => true,
+            // events setting notify depends on where it is in the log; which functions there
+            // are decides what the FCALLs after a FUNCTION write do.
+            Write::FlushAll | Write::Script(_) | Write::Functions(_) | Write::KeyspaceEvents(_) => true,
             // BY and GET patterns read keys no argument names.
             Write::Sort(args) => args.reads_other_keys(),
             Write::Exec { commands, .. } => commands
@@ -605,6 +608,7 @@ pub enum Read {
     /// EVAL_RO / EVALSHA_RO: a script that may only read.
     Script(ScriptCall),
     ScriptExists(Vec<Bytes>),
+    Functions(FunctionRead),
     Sets(SetRead),
     Lists(ListRead),
     Zsets(ZsetRead),

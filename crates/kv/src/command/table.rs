@@ -17,7 +17,8 @@ pub struct CommandSpec {
 
 const W: &[&str] = &["write"];
 const R: &[&str] = &["readonly"];
-const WB: &[&str] = &["write", "blocking"];
+/// Blocking commands Redis 7.0 keeps out of scripts.
+const WBS: &[&str] = &["write", "blocking", "noscript"];
 const WM: &[&str] = &["write", "movablekeys"];
 const RM: &[&str] = &["readonly", "movablekeys"];
 const WBM: &[&str] = &["write", "blocking", "movablekeys"];
@@ -161,11 +162,11 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("xclaim", -6, W, ONE, "stream"),
     spec("xautoclaim", -6, W, ONE, "stream"),
     spec("xinfo", -2, R, (2, 2, 1), "stream"),
-    spec("blpop", -3, WB, (1, -2, 1), "list"),
-    spec("brpop", -3, WB, (1, -2, 1), "list"),
+    spec("blpop", -3, WBS, (1, -2, 1), "list"),
+    spec("brpop", -3, WBS, (1, -2, 1), "list"),
     spec("blmpop", -5, WBM, NONE, "list"),
-    spec("blmove", 6, WB, TWO, "list"),
-    spec("brpoplpush", 4, WB, TWO, "list"),
+    spec("blmove", 6, WBS, TWO, "list"),
+    spec("brpoplpush", 4, WBS, TWO, "list"),
     spec("zadd", -4, W, ONE, "sorted-set"),
     spec("zincrby", 4, W, ONE, "sorted-set"),
     spec("zrem", -3, W, ONE, "sorted-set"),
@@ -185,8 +186,8 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("zpopmin", -2, W, ONE, "sorted-set"),
     spec("zpopmax", -2, W, ONE, "sorted-set"),
     spec("zmpop", -4, WM, NONE, "sorted-set"),
-    spec("bzpopmin", -3, WB, (1, -2, 1), "sorted-set"),
-    spec("bzpopmax", -3, WB, (1, -2, 1), "sorted-set"),
+    spec("bzpopmin", -3, WBS, (1, -2, 1), "sorted-set"),
+    spec("bzpopmax", -3, WBS, (1, -2, 1), "sorted-set"),
     spec("bzmpop", -5, WBM, NONE, "sorted-set"),
     spec("zremrangebyrank", 4, W, ONE, "sorted-set"),
     spec("zremrangebyscore", 4, W, ONE, "sorted-set"),
@@ -248,6 +249,15 @@ pub const COMMANDS: &[CommandSpec] = &[
         "scripting",
     ),
     spec("script", -2, S, NONE, "scripting"),
+    spec("fcall", -3, &["noscript", "movablekeys"], NONE, "scripting"),
+    spec(
+        "fcall_ro",
+        -3,
+        &["noscript", "readonly", "movablekeys"],
+        NONE,
+        "scripting",
+    ),
+    spec("function", -2, S, NONE, "scripting"),
     spec("subscribe", -2, P, NONE, "pubsub"),
     spec("unsubscribe", -1, P, NONE, "pubsub"),
     spec("psubscribe", -2, P, NONE, "pubsub"),

@@ -51,6 +51,7 @@ use sets::member_key;
 
 mod bits;
 mod dump;
+mod functions;
 mod geo;
 mod hyperloglog;
 mod lcs;
@@ -78,10 +79,22 @@ const STREAM_TAG: u8 = b'X';
 const EXPIRY_TAG: u8 = b'x';
 const CLOCK_KEY: &[u8] = b"c";
 const SCRIPT_TAG: u8 = b'l';
+/// A function library's code, by its name.
+const LIBRARY_TAG: u8 = b'F';
+/// A function's library, by the function's name.
+const FUNCTION_TAG: u8 = b'f';
 /// The `notify-keyspace-events` flags (two bytes, big-endian).
 const KEYSPACE_EVENTS_KEY: &[u8] = b"n";
 /// Tags of keys that hold no client key: each is one group, left out of `DBSIZE`.
-const BOOKKEEPING_TAGS: [u8; 5] = [RIFL_TAG, EXPIRY_TAG, CLOCK_KEY[0], SCRIPT_TAG, KEYSPACE_EVENTS_KEY[0]];
+const BOOKKEEPING_TAGS: [u8; 7] = [
+    RIFL_TAG,
+    EXPIRY_TAG,
+    CLOCK_KEY[0],
+    SCRIPT_TAG,
+    KEYSPACE_EVENTS_KEY[0],
+    LIBRARY_TAG,
+    FUNCTION_TAG,
+];
 
 /// Replies to writes that did not execute, which the front end acts on (a client sees them only
 /// if it sends enveloped writes of its own).
@@ -1069,6 +1082,7 @@ impl KvState {
             Write::Script(call) => self.run_script(index, &call, false),
             Write::ScriptLoad(text) => self.load_script(index, &text),
             Write::ScriptFlush => self.flush_scripts(index),
+            Write::Functions(write) => self.execute_function_write(index, write),
             Write::KeyspaceEvents(flags) => {
                 self.keyspace_flags = flags;
                 let value = Bytes::copy_from_slice(&flags.to_be_bytes());
@@ -1307,10 +1321,10 @@ impl KvState {
             Write::Sets(write) => self.preview_set_write(write),
             Write::Lists(write) => self.preview_list_write(write),
             Write::Zsets(write) => self.preview_zset_write(write),
-            Write::Exec { .. } | Write::Script(_) | Write::Publish { .. } | Write::Streams(_) => {
+            Write::Exec { .. } | Write::Script(_) | Write::Functions(_) | Write::Publish { .. } | Write::Streams(_) => {
                 unreachable!(
-                    "transactions, scripts, PUBLISH and stream writes are never answered before they apply, \
-                     so never previewed"
+                    "transactions, scripts, functions, PUBLISH and stream writes are never answered before \
+                     they apply, so never previewed"
                 )
             }
             Write::ScriptLoad(text) => Value::bulk(crate::command::script_sha(text)),
@@ -1628,6 +1642,7 @@ impl KvState {
                 Read::Geo(read) => self.read_geo(read)?,
                 Read::Script(call) => self.run_script(0, call, true),
                 Read::ScriptExists(shas) => self.scripts_exist(shas),
+                Read::Functions(read) => self.read_functions(read),
                 Read::Cached(keys) => Value::array(
                     keys.iter()
                         .map(|(key, version)| Value::Bulk(self.store.cached(key, *version)))

@@ -11,16 +11,16 @@
 //! scripts are kept in the state (`l` and the SHA-1), so EVALSHA finds a script on every node
 //! once any node ran or loaded it.
 
-use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use chorus_resp::{format_double, format_human_double, Value};
 use mlua::{Function, HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value as LuaValue, VmState};
 
 use super::{KvState, SCRIPT_TAG};
-use crate::command::{script_sha, Command, ScriptCall, ScriptRef, Write};
+use crate::command::{script_sha, table, Command, ScriptCall, ScriptRef};
 
 /// Limits that stop a runaway script, which holds up the log's apply on every replica while it
 /// runs (tens of milliseconds at these limits).
@@ -88,9 +88,289 @@ fn new_vm() -> mlua::Result<Lua> {
     Ok(lua)
 }
 
-/// Sets a call's globals: only what a script may use, then KEYS, ARGV and `redis`, behind a
-/// guard against creating globals or reading undefined ones.
-fn set_globals(lua: &Lua, call: &ScriptCall, redis: Table) -> mlua::Result<()> {
+/// The chunk an EVAL script is compiled as, which its errors name.
+const SCRIPT_CHUNK: &str = "user_script";
+/// The chunk a function library is compiled as.
+const FUNCTION_CHUNK: &str = "user_function";
+
+/// What a call runs: an EVAL script (named in errors by its SHA-1), or a function (named by its
+/// name) of a library, whose code includes its metadata line.
+#[derive(Clone, Copy)]
+pub(super) enum Program<'a> {
+    Script { sha: &'a str, text: &'a [u8] },
+    Function { name: &'a str, library: &'a [u8] },
+}
+
+impl Program<'_> {
+    fn chunk(&self) -> &'static str {
+        match self {
+            Program::Script { .. } => SCRIPT_CHUNK,
+            Program::Function { .. } => FUNCTION_CHUNK,
+        }
+    }
+
+    fn label(&self) -> &str {
+        match self {
+            Program::Script { sha, .. } => sha,
+            Program::Function { name, .. } => name,
+        }
+    }
+}
+
+/// The flags `redis.register_function` takes, in the order FUNCTION LIST gives them; a
+/// function's flags are a bit set over this list.
+const FUNCTION_FLAGS: [&str; 5] = [
+    "no-writes",
+    "allow-oom",
+    "allow-stale",
+    "no-cluster",
+    "allow-cross-slot-keys",
+];
+const NO_WRITES: u8 = 1;
+
+/// A function a library registers when its code runs.
+pub(super) struct FunctionInfo {
+    pub name: Bytes,
+    pub description: Option<Bytes>,
+    pub flags: u8,
+}
+
+impl FunctionInfo {
+    pub fn flag_names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        FUNCTION_FLAGS
+            .iter()
+            .enumerate()
+            .filter(|(bit, _)| self.flags & (1 << bit) != 0)
+            .map(|(_, name)| *name)
+    }
+}
+
+/// A library's function names, descriptions and flags, from running its code (`body`: the code
+/// after the metadata line) in a VM of its own; the error is Redis's reply for a library that
+/// does not compile or whose code fails.
+pub(super) fn library_functions(body: &[u8]) -> Result<Vec<FunctionInfo>, Value> {
+    let lua = new_vm().unwrap_or_else(|e| panic!("cannot start a Lua VM: {e}"));
+    let registered = register_library(&lua, body).unwrap_or_else(|e| panic!("cannot set up a Lua VM: {e}"))?;
+    Ok(registered.into_iter().map(|(info, _)| info).collect())
+}
+
+/// What a library registered: each function, with its callback.
+type Registered = Vec<(FunctionInfo, Function)>;
+
+/// Runs a library's code (`body`) as FUNCTION LOAD does: its globals are only `redis`, with
+/// `register_function`, `log` and the log levels. Returns what it registered. The callbacks
+/// read their globals through the library's environment, which reads the VM's globals once
+/// loading is over.
+fn register_library(lua: &Lua, body: &[u8]) -> mlua::Result<Result<Registered, Value>> {
+    let registered = Arc::new(Mutex::new(Registered::new()));
+    let loading = Arc::new(AtomicBool::new(true));
+    let load_redis = lua.create_table()?;
+    let (into, still_loading) = (registered.clone(), loading.clone());
+    load_redis.raw_set(
+        "register_function",
+        lua.create_function(move |_, args: MultiValue| {
+            if !still_loading.load(Ordering::Relaxed) {
+                return Err(registration_error(
+                    "redis.register_function can only be called on FUNCTION LOAD command",
+                ));
+            }
+            let (info, callback) = registration(args)?;
+            let mut into = into.lock().expect("one VM runs on one thread");
+            if !is_function_name(&info.name) {
+                return Err(registration_error(INVALID_NAME));
+            }
+            if into.iter().any(|(known, _)| known.name == info.name) {
+                return Err(registration_error("Function already exists in the library"));
+            }
+            into.push((info, callback));
+            Ok(())
+        })?,
+    )?;
+    redis_log(lua, &load_redis)?;
+    load_redis.set_metatable(Some(readonly_guard(lua, FUNCTION_CHUNK)?))?;
+    let load_api = lua.create_table()?;
+    load_api.raw_set("redis", load_redis)?;
+    load_api.set_metatable(Some(readonly_guard(lua, FUNCTION_CHUNK)?))?;
+    let environment = lua.create_table()?;
+    let reads_through = readonly_guard(lua, FUNCTION_CHUNK)?;
+    reads_through.raw_set("__index", load_api)?;
+    environment.set_metatable(Some(reads_through.clone()))?;
+    let code = lua
+        .load(body)
+        .set_name(format!("@{FUNCTION_CHUNK}"))
+        .set_environment(environment.clone())
+        .into_function();
+    let code = match code {
+        Ok(code) => code,
+        Err(e) => {
+            let message = match e {
+                mlua::Error::SyntaxError { message, .. } => message,
+                other => other.to_string(),
+            };
+            return Ok(Err(Value::error(format!("ERR Error compiling function: {message}"))));
+        }
+    };
+    if let Err(e) = code.call::<()>(()) {
+        return Ok(Err(Value::error(format!(
+            "ERR Error registering functions: {}",
+            error_message(&e)
+        ))));
+    }
+    loading.store(false, Ordering::Relaxed);
+    reads_through.raw_set("__index", lua.globals())?;
+    let registered = std::mem::take(&mut *registered.lock().expect("one VM runs on one thread"));
+    Ok(Ok(registered))
+}
+
+/// What Redis says of a function or library name that is not letters, digits and underscores.
+pub(super) const INVALID_NAME: &str =
+    "Library names can only contain letters, numbers, or underscores(_) and must be at least one character long";
+
+/// Whether `name` may name a library or a function: letters, digits and underscores, at least one.
+pub(super) fn is_function_name(name: &[u8]) -> bool {
+    !name.is_empty() && name.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+}
+
+fn registration_error(message: &str) -> mlua::Error {
+    mlua::Error::external(ScriptError(format!("ERR {message}")))
+}
+
+/// A string argument as Lua's `lua_isstring` takes one: a string, or a number as text.
+fn lua_text(value: &LuaValue) -> Option<Bytes> {
+    match value {
+        LuaValue::String(s) => Some(Bytes::copy_from_slice(&s.as_bytes())),
+        LuaValue::Integer(_) | LuaValue::Number(_) => value.to_string().ok().map(Bytes::from),
+        _ => None,
+    }
+}
+
+/// `redis.register_function`'s arguments, as Redis reads them: a name and a callback, or one
+/// table of named arguments (`function_name`, `callback`, `description`, `flags`).
+fn registration(args: MultiValue) -> mlua::Result<(FunctionInfo, Function)> {
+    let args: Vec<LuaValue> = args.into_iter().collect();
+    match args.as_slice() {
+        [name, callback] => {
+            let name = lua_text(name).ok_or_else(|| {
+                registration_error("first argument to redis.register_function must be a string")
+            })?;
+            let LuaValue::Function(callback) = callback else {
+                return Err(registration_error(
+                    "second argument to redis.register_function must be a function",
+                ));
+            };
+            let info = FunctionInfo {
+                name,
+                description: None,
+                flags: 0,
+            };
+            Ok((info, callback.clone()))
+        }
+        [LuaValue::Table(named)] => {
+            let (mut name, mut description, mut callback, mut flags) = (None, None, None, 0);
+            for pair in named.clone().pairs::<LuaValue, LuaValue>() {
+                let (key, value) = pair?;
+                let key = lua_text(&key).ok_or_else(|| {
+                    registration_error("named argument key given to redis.register_function is not a string")
+                })?;
+                match key.to_ascii_lowercase().as_slice() {
+                    b"function_name" => {
+                        name = Some(lua_text(&value).ok_or_else(|| {
+                            registration_error("function_name argument given to redis.register_function must be a string")
+                        })?);
+                    }
+                    b"description" => {
+                        description = Some(lua_text(&value).ok_or_else(|| {
+                            registration_error("description argument given to redis.register_function must be a string")
+                        })?);
+                    }
+                    b"callback" => match value {
+                        LuaValue::Function(f) => callback = Some(f),
+                        _ => {
+                            return Err(registration_error(
+                                "callback argument given to redis.register_function must be a function",
+                            ))
+                        }
+                    },
+                    b"flags" => {
+                        let LuaValue::Table(given) = value else {
+                            return Err(registration_error(
+                                "flags argument to redis.register_function must be a table representing function flags",
+                            ));
+                        };
+                        flags = function_flags(&given)?;
+                    }
+                    _ => return Err(registration_error("unknown argument given to redis.register_function")),
+                }
+            }
+            let name =
+                name.ok_or_else(|| registration_error("redis.register_function must get a function name argument"))?;
+            let callback =
+                callback.ok_or_else(|| registration_error("redis.register_function must get a callback argument"))?;
+            Ok((
+                FunctionInfo {
+                    name,
+                    description,
+                    flags,
+                },
+                callback,
+            ))
+        }
+        [_] => Err(registration_error(
+            "calling redis.register_function with a single argument is only applicable to Lua table (representing named arguments).",
+        )),
+        _ => Err(registration_error("wrong number of arguments to redis.register_function")),
+    }
+}
+
+/// A `flags` table's bit set: its items from the first up to the first nil, each a known flag
+/// (in any case).
+fn function_flags(given: &Table) -> mlua::Result<u8> {
+    let mut flags = 0;
+    for i in 1.. {
+        let item: LuaValue = given.raw_get(i)?;
+        if item == LuaValue::Nil {
+            break;
+        }
+        let bit = lua_text(&item)
+            .and_then(|flag| {
+                FUNCTION_FLAGS
+                    .iter()
+                    .position(|known| flag.eq_ignore_ascii_case(known.as_bytes()))
+            })
+            .ok_or_else(|| registration_error("unknown flag given"))?;
+        flags |= 1 << bit;
+    }
+    Ok(flags)
+}
+
+/// A guard for a table that may not be written to, and whose missing names are errors, as
+/// Redis words them.
+fn readonly_guard(lua: &Lua, chunk: &'static str) -> mlua::Result<Table> {
+    let guard = lua.create_table()?;
+    guard.raw_set(
+        "__newindex",
+        lua.create_function(move |lua, _: MultiValue| -> mlua::Result<()> {
+            Err(script_runtime_error(lua, chunk, "Attempt to modify a readonly table"))
+        })?,
+    )?;
+    guard.raw_set(
+        "__index",
+        lua.create_function(move |lua, (_, name): (LuaValue, LuaValue)| -> mlua::Result<()> {
+            let name = lua
+                .coerce_string(name)?
+                .map(|s| s.to_string_lossy())
+                .unwrap_or_default();
+            let message = format!("Script attempted to access nonexistent global variable '{name}'");
+            Err(script_runtime_error(lua, chunk, &message))
+        })?,
+    )?;
+    Ok(guard)
+}
+
+/// Sets a call's globals: only what a script may use, then `redis` and (for an EVAL script,
+/// not a function) KEYS and ARGV, behind a guard against creating globals or reading undefined
+/// ones.
+fn set_globals(lua: &Lua, keys_and_args: Option<&ScriptCall>, redis: Table, chunk: &'static str) -> mlua::Result<()> {
     let globals = lua.globals();
     let names = globals
         .pairs::<LuaValue, LuaValue>()
@@ -114,36 +394,20 @@ fn set_globals(lua: &Lua, call: &ScriptCall, redis: Table) -> mlua::Result<()> {
             .map(|i| lua.create_string(i))
             .collect::<mlua::Result<Vec<_>>>()
     };
-    globals.raw_set("KEYS", lua.create_sequence_from(strings(&call.keys)?)?)?;
-    globals.raw_set("ARGV", lua.create_sequence_from(strings(&call.args)?)?)?;
+    if let Some(call) = keys_and_args {
+        globals.raw_set("KEYS", lua.create_sequence_from(strings(&call.keys)?)?)?;
+        globals.raw_set("ARGV", lua.create_sequence_from(strings(&call.args)?)?)?;
+    }
     globals.raw_set("redis", redis)?;
-    let guard = lua.create_table()?;
-    guard.raw_set(
-        "__newindex",
-        lua.create_function(|lua, _: MultiValue| -> mlua::Result<()> {
-            Err(script_runtime_error(lua, "Attempt to modify a readonly table"))
-        })?,
-    )?;
-    guard.raw_set(
-        "__index",
-        lua.create_function(|lua, (_, name): (LuaValue, LuaValue)| -> mlua::Result<()> {
-            let name = lua
-                .coerce_string(name)?
-                .map(|s| s.to_string_lossy())
-                .unwrap_or_default();
-            let message = format!("Script attempted to access nonexistent global variable '{name}'");
-            Err(script_runtime_error(lua, &message))
-        })?,
-    )?;
-    globals.set_metatable(Some(guard))?;
+    globals.set_metatable(Some(readonly_guard(lua, chunk)?))?;
     Ok(())
 }
 
 /// An error raised in a script as Lua's `error(message, 2)` would raise it: with the place in
-/// the script it comes from.
-fn script_runtime_error(lua: &Lua, message: &str) -> mlua::Error {
+/// the script (compiled as `chunk`) it comes from.
+fn script_runtime_error(lua: &Lua, chunk: &str, message: &str) -> mlua::Error {
     match lua.inspect_stack(1, |debug| debug.current_line()).flatten() {
-        Some(line) => mlua::Error::RuntimeError(format!("user_script:{line}: {message}")),
+        Some(line) => mlua::Error::RuntimeError(format!("{chunk}:{line}: {message}")),
         None => mlua::Error::RuntimeError(message.to_string()),
     }
 }
@@ -181,6 +445,12 @@ fn redis_helpers(lua: &Lua, redis: &Table) -> mlua::Result<()> {
         "sha1hex",
         lua.create_function(|_, text: mlua::String| Ok(script_sha(&text.as_bytes())))?,
     )?;
+    redis_log(lua, redis)
+}
+
+/// `redis.log` (which logs nothing: a replica's log is no place for a script's chatter) and the
+/// log levels.
+fn redis_log(lua: &Lua, redis: &Table) -> mlua::Result<()> {
     redis.raw_set("log", lua.create_function(|_, _: MultiValue| Ok(()))?)?;
     for (level, name) in ["LOG_DEBUG", "LOG_VERBOSE", "LOG_NOTICE", "LOG_WARNING"]
         .iter()
@@ -192,13 +462,16 @@ fn redis_helpers(lua: &Lua, redis: &Table) -> mlua::Result<()> {
 }
 
 fn compile(lua: &Lua, text: &[u8]) -> Result<Function, Value> {
-    lua.load(text).set_name("@user_script").into_function().map_err(|e| {
-        let message = match e {
-            mlua::Error::SyntaxError { message, .. } => message,
-            other => other.to_string(),
-        };
-        Value::error(format!("ERR Error compiling script (new function): {message}"))
-    })
+    lua.load(text)
+        .set_name(format!("@{SCRIPT_CHUNK}"))
+        .into_function()
+        .map_err(|e| {
+            let message = match e {
+                mlua::Error::SyntaxError { message, .. } => message,
+                other => other.to_string(),
+            };
+            Value::error(format!("ERR Error compiling script (new function): {message}"))
+        })
 }
 
 /// A command's reply as a script sees it (RESP2's types, as Redis gives scripts by default).
@@ -279,27 +552,41 @@ fn lua_number_as_integer(n: f64) -> i64 {
     }
 }
 
-/// The reply for a script that failed: its error as Redis 7.0 words it.
-fn failure_reply(error: &mlua::Error, sha: &str) -> Value {
+/// The reply for a script or function that failed: its error as Redis 7.0 words it.
+fn failure_reply(error: &mlua::Error, program: Program) -> Value {
     match error {
-        mlua::Error::CallbackError { cause, .. } => failure_reply(cause, sha),
-        mlua::Error::WithContext { cause, .. } => failure_reply(cause, sha),
-        mlua::Error::ExternalError(_) => match error.downcast_ref::<ScriptError>() {
-            Some(ScriptError(message)) => Value::error(message.clone()),
-            None => Value::error(format!("ERR {error}")),
-        },
-        mlua::Error::MemoryError(_) => Value::error("ERR script ran out of memory"),
+        mlua::Error::CallbackError { cause, .. } => failure_reply(cause, program),
+        mlua::Error::WithContext { cause, .. } => failure_reply(cause, program),
         mlua::Error::RuntimeError(message) => {
             // Lua's own message, without the traceback mlua appends.
             let message = message.split("\nstack traceback:").next().unwrap_or_default();
+            let chunk = program.chunk();
             let line = message
-                .strip_prefix("user_script:")
+                .strip_prefix(chunk)
+                .and_then(|rest| rest.strip_prefix(':'))
                 .and_then(|rest| rest.split(':').next())
                 .and_then(|line| line.parse::<u64>().ok());
-            let place = line.map_or(String::new(), |line| format!(", on @user_script:{line}"));
-            Value::error(format!("ERR {message} script: {sha}{place}."))
+            let place = line.map_or(String::new(), |line| format!(", on @{chunk}:{line}"));
+            Value::error(format!("ERR {message} script: {}{place}.", program.label()))
         }
-        other => Value::error(format!("ERR {other}")),
+        other => Value::error(error_message(other)),
+    }
+}
+
+/// A Lua error as one line of Redis's reply: a command's or a limit's error as it is, Lua's own
+/// (a string) after `ERR`.
+fn error_message(error: &mlua::Error) -> String {
+    match error {
+        mlua::Error::CallbackError { cause, .. } | mlua::Error::WithContext { cause, .. } => error_message(cause),
+        mlua::Error::ExternalError(_) => match error.downcast_ref::<ScriptError>() {
+            Some(ScriptError(message)) => message.clone(),
+            None => format!("ERR {error}"),
+        },
+        mlua::Error::MemoryError(_) => "ERR script ran out of memory".to_string(),
+        mlua::Error::RuntimeError(message) => {
+            format!("ERR {}", message.split("\nstack traceback:").next().unwrap_or_default())
+        }
+        other => format!("ERR {other}"),
     }
 }
 
@@ -315,6 +602,20 @@ impl KvState {
     /// `redis.call` refuses writes).
     pub(super) fn run_script(&mut self, index: u64, call: &ScriptCall, read_only: bool) -> Value {
         let (sha, text) = match &call.script {
+            ScriptRef::Function { name, numkeys_error } => {
+                let Some(library) = self.function_library_code(name) else {
+                    return Value::error("ERR Function not found");
+                };
+                if let Some(e) = numkeys_error {
+                    return Value::error(e.clone());
+                }
+                let name = String::from_utf8_lossy(name);
+                let program = Program::Function {
+                    name: &name,
+                    library: &library,
+                };
+                return self.run_in_new_vm(index, call, program, read_only);
+            }
             ScriptRef::Text(text) => (script_sha(text), text.clone()),
             ScriptRef::Sha(sha) => {
                 let sha = String::from_utf8_lossy(sha).into_owned();
@@ -328,7 +629,7 @@ impl KvState {
                 }
             }
         };
-        let reply = self.run_in_new_vm(index, call, &sha, &text, read_only);
+        let reply = self.run_in_new_vm(index, call, Program::Script { sha: &sha, text: &text }, read_only);
         if !read_only && matches!(call.script, ScriptRef::Text(_)) && !is_compile_error(&reply) {
             self.keep_script(index, &sha, &text);
         }
@@ -342,29 +643,38 @@ impl KvState {
         }
     }
 
-    fn run_in_new_vm(&mut self, index: u64, call: &ScriptCall, sha: &str, text: &[u8], read_only: bool) -> Value {
+    /// Runs `program` in a VM of its own: an EVAL script, or a library's code and then the
+    /// function it registered under the called name. A function without the `no-writes` flag
+    /// is refused by FCALL_RO (`read_only`); one with it may not write even through FCALL.
+    fn run_in_new_vm(&mut self, index: u64, call: &ScriptCall, program: Program, read_only: bool) -> Value {
         let lua = new_vm().unwrap_or_else(|e| panic!("cannot start a Lua VM: {e}"));
-        let function = match compile(&lua, text) {
-            Ok(function) => function,
-            Err(e) => return e,
+        let script = match program {
+            Program::Script { text, .. } => match compile(&lua, text) {
+                Ok(function) => Some(function),
+                Err(e) => return e,
+            },
+            Program::Function { .. } => None,
         };
+        let chunk = program.chunk();
+        let read_only = Cell::new(read_only);
         let state = RefCell::new(&mut *self);
         let run = |lua: &Lua, args: MultiValue, protected: bool| -> mlua::Result<LuaValue> {
             let args = args
                 .into_iter()
-                .map(|arg| match lua.coerce_string(arg)? {
-                    Some(s) => Ok(Bytes::copy_from_slice(&s.as_bytes())),
-                    None => Err(mlua::Error::external(ScriptError(
-                        "ERR Lua redis lib command arguments must be strings or integers".into(),
-                    ))),
-                })
-                .collect::<mlua::Result<Vec<Bytes>>>()?;
-            match state.borrow_mut().script_command(index, &args, read_only) {
+                .map(|arg| Ok(lua.coerce_string(arg)?.map(|s| Bytes::copy_from_slice(&s.as_bytes()))))
+                .collect::<mlua::Result<Option<Vec<Bytes>>>>()?;
+            // An argument that is no string or number fails the call as a command's error does.
+            let reply = match args {
+                Some(args) => state.borrow_mut().script_command(index, &args, read_only.get()),
+                None => Value::error("ERR Lua redis lib command arguments must be strings or integers"),
+            };
+            match reply {
                 Value::Error(message) if !protected => {
                     let line = lua.inspect_stack(1, |debug| debug.current_line()).flatten();
-                    let place = line.map_or(String::new(), |line| format!(", on @user_script:{line}"));
+                    let place = line.map_or(String::new(), |line| format!(", on @{chunk}:{line}"));
                     Err(mlua::Error::external(ScriptError(format!(
-                        "{message} script: {sha}{place}."
+                        "{message} script: {}{place}.",
+                        program.label()
                     ))))
                 }
                 reply => to_lua(lua, reply),
@@ -375,29 +685,63 @@ impl KvState {
             redis.raw_set("call", scope.create_function(|lua, args| run(lua, args, false))?)?;
             redis.raw_set("pcall", scope.create_function(|lua, args| run(lua, args, true))?)?;
             redis_helpers(&lua, &redis)?;
-            set_globals(&lua, call, redis)?;
-            function.call::<LuaValue>(())
+            let Program::Function { name, library } = program else {
+                set_globals(&lua, Some(call), redis, chunk)?;
+                return Ok(Ok(script.expect("a script compiled").call::<LuaValue>(())?));
+            };
+            set_globals(&lua, None, redis, chunk)?;
+            let body = super::functions::library_body(library);
+            let registered = match register_library(&lua, body)? {
+                Ok(registered) => registered,
+                Err(reply) => return Ok(Err(reply)),
+            };
+            let Some((info, callback)) = registered.into_iter().find(|(info, _)| info.name == name.as_bytes()) else {
+                return Ok(Err(Value::error("ERR Function not found")));
+            };
+            if info.flags & NO_WRITES == 0 && read_only.get() {
+                return Ok(Err(Value::error(
+                    "ERR Can not execute a script with write flag using *_ro command.",
+                )));
+            }
+            read_only.set(read_only.get() || info.flags & NO_WRITES != 0);
+            let strings = |items: &[Bytes]| {
+                lua.create_sequence_from(
+                    items
+                        .iter()
+                        .map(|i| lua.create_string(i))
+                        .collect::<mlua::Result<Vec<_>>>()?,
+                )
+            };
+            Ok(Ok(
+                callback.call::<LuaValue>((strings(&call.keys)?, strings(&call.args)?))?
+            ))
         });
         match result {
-            Ok(value) => from_lua(value),
-            Err(e) => failure_reply(&e, sha),
+            Ok(Ok(value)) => from_lua(value),
+            Ok(Err(reply)) => reply,
+            Err(e) => failure_reply(&e, program),
         }
     }
 
-    /// One `redis.call` of a script: a data command, run where the script runs.
+    /// One `redis.call` of a script: a data command, run where the script runs. Checked as
+    /// Redis checks it: a known command, its arity, one a script may call, then its arguments.
     fn script_command(&mut self, index: u64, args: &[Bytes], read_only: bool) -> Value {
+        let name = String::from_utf8_lossy(&args[0]);
+        let Some(spec) = table::find(&name) else {
+            return Value::error("ERR Unknown Redis command called from script");
+        };
+        let given = args.len() as i64;
+        if (spec.arity >= 0 && given != spec.arity) || given < -spec.arity {
+            return Value::error("ERR Wrong number of args calling Redis command from script");
+        }
+        if spec.flags.contains(&"noscript") {
+            return Value::error("ERR This Redis command is not allowed from script");
+        }
         match Command::parse(args) {
-            // Redis words an arity error from a script its own way.
+            // A subcommand's arity ('object|encoding'), which the table does not hold.
             Err(e) if e.starts_with("ERR wrong number of arguments") => {
                 Value::error("ERR Wrong number of args calling Redis command from script")
             }
-            Ok(Some(Command::Write(
-                Write::Exec { .. }
-                | Write::Script(_)
-                | Write::ScriptLoad(_)
-                | Write::ScriptFlush
-                | Write::KeyspaceEvents(_),
-            ))) => Value::error("ERR This Redis command is not allowed from script"),
             Ok(Some(Command::Write(_) | Command::Blocking(_))) if read_only => {
                 Value::error("ERR Write commands are not allowed from read-only scripts.")
             }
