@@ -1090,7 +1090,7 @@ async fn resp3_clients_negotiate_with_hello_and_get_maps_and_nulls() {
 
 /// The cases of `replies_match_redis`'s generator: every one, and the streams' and their
 /// consumer groups'.
-const ALL_CASES: std::ops::Range<usize> = 0..168;
+const ALL_CASES: std::ops::Range<usize> = 0..171;
 const STREAM_CASES: std::ops::Range<usize> = 138..154;
 
 /// A redis-server of our own on a free port, stopped when dropped.
@@ -1456,6 +1456,27 @@ async fn replies_match_redis(
                 }
                 c
             }
+            // A library loaded again and again (the same code: the same reply), and its
+            // functions called — one that may write, one that may not.
+            168 => vec![
+                "FUNCTION".into(),
+                "LOAD".into(),
+                "REPLACE".into(),
+                "#!lua name=generated\n\
+                 redis.register_function('generated_call', function(keys, args)\n\
+                   return redis.call(args[1], keys[1], args[2]) end)\n\
+                 redis.register_function{function_name='generated_read', flags={'no-writes'},\n\
+                   callback=function(keys, args) return redis.call(args[1], keys[1], args[2]) end}"
+                    .into(),
+            ],
+            169 | 170 => vec![
+                ["FCALL", "FCALL_RO"][below(2)].into(),
+                ["generated_call", "generated_read"][below(2)].into(),
+                "1".into(),
+                key,
+                ["SET", "GET", "INCRBY", "APPEND", "SADD", "LPUSH", "HGET", "ZADD"][below(8)].into(),
+                value,
+            ],
             167 => {
                 let mut c = vec!["XSETID".into(), stream_key, stream_ids()[below(10)].into()];
                 match below(4) {

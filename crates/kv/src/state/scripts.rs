@@ -737,6 +737,10 @@ impl KvState {
         if spec.flags.contains(&"noscript") {
             return Value::error("ERR This Redis command is not allowed from script");
         }
+        // Before its arguments are read.
+        if read_only && spec.flags.contains(&"write") {
+            return Value::error("ERR Write commands are not allowed from read-only scripts.");
+        }
         match Command::parse(args) {
             // A subcommand's arity ('object|encoding'), which the table does not hold.
             Err(e) if e.starts_with("ERR wrong number of arguments") => {
