@@ -2016,6 +2016,78 @@ async fn replies_match_redis(
     }
 }
 
+/// The commands a MONITOR connection is shown while `client` sends `commands`, each line
+/// without its time and client address (checked for Redis's form), up to the `PING` sent last.
+async fn monitored(addr: SocketAddr, commands: &[Vec<&str>]) -> Vec<String> {
+    let mut monitor = RawConnection::connect(addr);
+    monitor.expect(&["MONITOR"], b"+OK\r\n");
+    let mut client = Client::connect(addr).await.unwrap();
+    for args in commands {
+        client.command(args).await.unwrap();
+    }
+    client.command(&["PING"]).await.unwrap();
+    let mut lines = std::io::BufReader::new(monitor.0.try_clone().unwrap());
+    let mut shown = Vec::new();
+    loop {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut lines, &mut line).unwrap();
+        let line = line.strip_suffix("\r\n").expect("a whole line");
+        let (time, rest) = line.strip_prefix('+').unwrap().split_once(' ').unwrap();
+        let (secs, micros) = time.split_once('.').unwrap();
+        assert!(
+            secs.parse::<u64>().is_ok() && micros.len() == 6 && micros.parse::<u32>().is_ok(),
+            "{line}"
+        );
+        // Redis shows a script's commands too; Chorus runs them where the log applies.
+        if rest.starts_with("[0 lua] ") {
+            continue;
+        }
+        let (client, command) = rest
+            .strip_prefix("[0 127.0.0.1:")
+            .and_then(|rest| rest.split_once("] "))
+            .unwrap_or_else(|| panic!("{line}"));
+        assert!(client.parse::<u16>().is_ok(), "{line}");
+        if command == "\"PING\"" {
+            return shown;
+        }
+        shown.push(command.to_string());
+    }
+}
+
+/// MONITOR shows what a node's clients send as redis-server shows it: each command as sent,
+/// quoted alike (binary bytes escaped), a transaction's commands when its EXEC comes,
+/// passwords redacted, administrative and unknown commands left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_shows_commands_as_redis_server_does() {
+    let redis_server = RedisServer::start();
+    let cluster = Cluster::start(3, &[]);
+    let (_, followers) = cluster.leader_and_followers().await;
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["SET", "k", "a \"b\"\n\t\u{1}é"],
+        vec!["get", "k"],
+        vec!["MULTI"],
+        vec!["INCR", "n"],
+        vec!["LPUSH", "l", "x"],
+        vec!["EXEC"],
+        vec!["MULTI"],
+        vec!["NOSUCHCOMMAND"],
+        vec!["EXEC"],
+        vec!["EVAL", "return redis.call('GET', KEYS[1])", "1", "k"],
+        vec!["HELLO", "2", "AUTH", "default", "any"],
+        vec!["CONFIG", "GET", "maxmemory"],
+        vec!["CLIENT", "LIST"],
+        vec!["CLIENT", "SETNAME", "watched"],
+        vec!["NOSUCHCOMMAND", "x"],
+        vec!["ECHO", ""],
+    ];
+    let expected = monitored(redis_server.addr, &commands).await;
+    assert_eq!(expected.len(), 12, "{expected:#?}");
+    assert_eq!(
+        monitored(cluster.node(followers[0]).resp_addr, &commands).await,
+        expected
+    );
+}
+
 /// FUNCTION LIST's reply with each library's functions in name order: Redis lists them in its
 /// hash table's order, which a seed drawn at start-up decides.
 fn functions_in_name_order(listing: Value) -> Value {

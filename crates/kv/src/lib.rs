@@ -13,6 +13,7 @@ pub mod hyperloglog;
 pub mod keyspace_events;
 pub mod ldc;
 pub mod listeners;
+mod monitor;
 pub mod server;
 mod speculation;
 pub mod state;

@@ -51,6 +51,7 @@ use crate::curp::{Curp, FastOutcome};
 use crate::glob::glob_match;
 use crate::keyspace_events;
 use crate::listeners::{Delivery, Hub};
+use crate::monitor::{Feed, Monitors};
 use crate::state::{KvState, EXPIRED, OUT_OF_ORDER};
 
 pub type KvNode = NodeHandle<KvState>;
@@ -119,6 +120,7 @@ const SERVER_COMMANDS: &[&str] = &[
     "acl",
     "time",
     "memory",
+    "monitor",
 ];
 
 /// COMMAND and its subcommands, from the command table.
@@ -277,6 +279,8 @@ struct Shared {
     logins: Logins,
     /// The node's shutdown: connections open, and whether it began.
     drain: Arc<Drain>,
+    /// Connections in MONITOR mode, and the lines they are sent.
+    monitors: Arc<Monitors>,
 }
 
 /// The RIFL client ids this node has handed to connections.
@@ -523,6 +527,7 @@ pub async fn serve(
         client_incarnations: Mutex::new(HashMap::new()),
         logins,
         drain,
+        monitors: Arc::default(),
     });
     let renewing = shared.clone();
     tokio::spawn(async move {
@@ -586,6 +591,7 @@ pub async fn serve(
                 patterns: BTreeSet::new(),
                 deliveries: None,
                 settled: Vec::new(),
+                monitoring: None,
                 shared,
             };
             conn.seen.describe(&conn);
@@ -680,6 +686,8 @@ struct Connection {
     deliveries: Option<(UnboundedSender<Delivery>, UnboundedReceiver<Delivery>)>,
     /// The replies `settle` puts in order, kept between batches so a batch allocates none.
     settled: Vec<Option<Value>>,
+    /// After MONITOR: the lines of the commands this node's clients send.
+    monitoring: Option<Feed>,
     shared: Arc<Shared>,
 }
 
@@ -822,6 +830,9 @@ impl Connection {
                     slots.push(Slot::Ready(refusal));
                     continue;
                 }
+                if self.shared.monitors.watching() {
+                    self.feed_monitors(&args);
+                }
                 let args = match self.transaction_step(args) {
                     TransactionStep::Dispatch(args) => args,
                     TransactionStep::Reply(value) => {
@@ -910,27 +921,77 @@ impl Connection {
         input: &mut BytesMut,
         mut drained: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
     ) -> std::io::Result<bool> {
-        let Some((_, deliveries)) = &mut self.deliveries else {
+        if self.deliveries.is_none() && self.monitoring.is_none() {
             return tokio::select! {
                 biased;
                 () = &mut drained => Ok(false),
                 read = stream.read_buf(input) => Ok(read? > 0),
             };
+        }
+        let protocol = self.protocol;
+        let (subscribed, monitoring) = (&mut self.deliveries, &mut self.monitoring);
+        let delivery = async {
+            match subscribed {
+                Some((_, deliveries)) => deliveries.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        let line = async {
+            match monitoring {
+                Some(feed) => feed.lines.recv().await,
+                None => std::future::pending().await,
+            }
         };
         tokio::select! {
             biased;
             () = &mut drained => Ok(false),
             read = stream.read_buf(input) => Ok(read? > 0),
-            Some(delivery) = deliveries.recv() => {
+            Some(delivery) = delivery => {
                 let mut output = Vec::new();
-                write_value_as(&delivery.frame(), self.protocol, &mut output);
-                while let Ok(delivery) = deliveries.try_recv() {
-                    write_value_as(&delivery.frame(), self.protocol, &mut output);
+                write_value_as(&delivery.frame(), protocol, &mut output);
+                if let Some((_, deliveries)) = &mut self.deliveries {
+                    while let Ok(delivery) = deliveries.try_recv() {
+                        write_value_as(&delivery.frame(), protocol, &mut output);
+                    }
+                }
+                stream.write_all(&output).await?;
+                Ok(true)
+            }
+            line = line => {
+                // A monitor that fell behind misses the lines it could not keep up with.
+                let mut output = line.map(|l| l.to_vec()).unwrap_or_default();
+                if let Some(feed) = &mut self.monitoring {
+                    while let Ok(line) = feed.lines.try_recv() {
+                        output.extend_from_slice(&line);
+                    }
                 }
                 stream.write_all(&output).await?;
                 Ok(true)
             }
         }
+    }
+
+    /// Shows monitors the command this connection's client sent, as Redis shows what it runs:
+    /// a command queued in MULTI when its EXEC comes (and not if the transaction was refused),
+    /// just before the EXEC; an unknown command never.
+    fn feed_monitors(&self, args: &[Bytes]) {
+        let name = command_name(args);
+        if table::find(&name).is_none() {
+            return;
+        }
+        let peer = self.seen.addr.to_string();
+        if let Some(queued) = &self.transaction {
+            match name.as_str() {
+                "exec" if !queued.refused => {
+                    for command in &queued.commands {
+                        self.shared.monitors.feed(&peer, command);
+                    }
+                }
+                "exec" | "discard" | "multi" | "watch" | "quit" | "reset" => {}
+                _ => return,
+            }
+        }
+        self.shared.monitors.feed(&peer, args);
     }
 
     /// SUBSCRIBE / PSUBSCRIBE (`pattern`): one confirmation per name, with the connection's
@@ -989,6 +1050,7 @@ impl Connection {
     /// subscriptions, no name, RESP2, the node's default consistency, and its first user (none
     /// when logging in is required).
     fn reset(&mut self) {
+        self.monitoring = None;
         self.transaction = None;
         self.watched.clear();
         self.unsubscribe(&[], false);
@@ -1648,6 +1710,15 @@ impl Connection {
             }
             "time" => return (arity(false).unwrap_err(), Flow::Continue),
             "memory" => self.memory_command(&sub, rest).await,
+            "monitor" => match rest {
+                [] => {
+                    if self.monitoring.is_none() {
+                        self.monitoring = Some(self.shared.monitors.watch());
+                    }
+                    Value::ok()
+                }
+                _ => return (arity(false).unwrap_err(), Flow::Continue),
+            },
             "select" => match rest {
                 [db] if db.as_ref() == b"0" => Value::ok(),
                 [_] => Value::error("ERR DB index is out of range (Chorus has one database, 0)"),
