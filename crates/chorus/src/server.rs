@@ -333,7 +333,8 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         listeners,
         drain.clone(),
     ));
-    until_shut_down(|| async move {
+    let asked = drain.clone();
+    until_shut_down(asked.shutdown_requested(), || async move {
         let within = Duration::from_millis(config.shutdown_drain_ms);
         if drain.run(within, || drain.open_connections() == 0).await {
             tracing::info!("every client's commands answered");
@@ -361,14 +362,18 @@ pub async fn step_down<S: StateMachine>(node: &NodeHandle<S>) {
     }
 }
 
-/// Serves until SIGTERM or an interrupt, then runs `drain` (bounded by --shutdown-drain-ms); a
-/// second signal meanwhile ends it at once.
-pub async fn until_shut_down<F: std::future::Future<Output = ()>>(drain: impl FnOnce() -> F) -> anyhow::Result<()> {
+/// Serves until SIGTERM, an interrupt or `asked` (a client's SHUTDOWN), then runs `drain`
+/// (bounded by --shutdown-drain-ms); a second signal meanwhile ends it at once.
+pub async fn until_shut_down<F: std::future::Future<Output = ()>>(
+    asked: impl std::future::Future<Output = ()>,
+    drain: impl FnOnce() -> F,
+) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut terminate = signal(SignalKind::terminate())?;
     tokio::select! {
         _ = terminate.recv() => tracing::info!("SIGTERM received; letting clients finish"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received; letting clients finish"),
+        () = asked => tracing::info!("a client sent SHUTDOWN; letting clients finish"),
     }
     tokio::select! {
         () = drain() => {}

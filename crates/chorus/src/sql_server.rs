@@ -88,7 +88,8 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         id = config.id, pg = %config.pg_addr, metrics = %config.metrics_addr,
         data_dir = %config.data_dir.display(), "chorus SQL node serving"
     );
-    crate::server::until_shut_down(|| async move {
+    // PostgreSQL's clients have no command that stops the server.
+    crate::server::until_shut_down(std::future::pending(), || async move {
         match node.drain(Duration::from_millis(config.shutdown_drain_ms)).await {
             Ok(()) => tracing::info!("every client's transaction ended"),
             Err(open) => tracing::warn!(

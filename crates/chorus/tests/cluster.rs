@@ -2016,6 +2016,48 @@ async fn replies_match_redis(
     }
 }
 
+/// SHUTDOWN stops a node as SIGTERM does — what its client sent before is answered, SHUTDOWN
+/// itself is not (the connection closes, as with Redis, whose clients take that for success)
+/// — while the others go on; its options are checked as Redis checks them. (A read-only user
+/// may not send it: `resp_users_log_in_and_a_read_only_user_cannot_write`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_the_node_it_is_sent_to() {
+    let cluster = Cluster::start(3, &[]);
+    let (leader, followers) = cluster.leader_and_followers().await;
+    let mut stopping = cluster.client(followers[0]).await;
+    for (args, expected) in [
+        (vec!["SHUTDOWN", "LATER"], "ERR syntax error"),
+        (vec!["SHUTDOWN", "SAVE", "NOSAVE"], "ERR syntax error"),
+        (vec!["SHUTDOWN", "ABORT", "NOW"], "ERR syntax error"),
+        (vec!["SHUTDOWN", "ABORT"], "ERR No shutdown in progress."),
+    ] {
+        assert_eq!(
+            stopping.command(&args).await.unwrap(),
+            Value::error(expected),
+            "{args:?}"
+        );
+    }
+    let replies = stopping
+        .pipeline(&[vec!["SET", "before", "1"], vec!["SHUTDOWN", "NOSAVE", "NOW"]])
+        .await;
+    assert!(replies.is_err(), "SHUTDOWN is not answered: {replies:?}");
+    // Its process exits (`cluster status` shows no pid once it has).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let down = format!("node {}  down", followers[0]);
+    while !run_chorus(&["cluster", "status", "--dir", cluster.dir()]).contains(&down) {
+        assert!(Instant::now() < deadline, "node {} still runs", followers[0]);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut leader_client = cluster.client(leader).await;
+    assert_eq!(
+        leader_client.command(&["GET", "before"]).await.unwrap(),
+        Value::bulk("1")
+    );
+    cluster.restart_stopped();
+    let mut restarted = cluster.client(followers[0]).await;
+    assert_eq!(restarted.command(&["GET", "before"]).await.unwrap(), Value::bulk("1"));
+}
+
 /// The commands a MONITOR connection is shown while `client` sends `commands`, each line
 /// without its time and client address (checked for Redis's form), up to the `PING` sent last.
 async fn monitored(addr: SocketAddr, commands: &[Vec<&str>]) -> Vec<String> {
@@ -3364,7 +3406,8 @@ fn redis_cli(port: u16, login: Option<(&str, &str)>, args: &[&str]) -> String {
 }
 
 /// With an ACL file, a connection runs nothing but AUTH, HELLO and QUIT until it logs in; a
-/// read-only user reads and cannot write (not even queued in a MULTI); a wrong password gets
+/// read-only user reads and cannot write (not even queued in a MULTI), stop a node or monitor
+/// it; a wrong password gets
 /// WRONGPASS, and an address that keeps failing is made to wait, counted in the metrics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resp_users_log_in_and_a_read_only_user_cannot_write() {
@@ -3399,6 +3442,12 @@ async fn resp_users_log_in_and_a_read_only_user_cannot_write() {
     );
     let script = redis_cli(port(1), reader, &["EVAL", "return 1", "0"]);
     assert!(script.contains("NOPERM"), "a script may write: {script}");
+    for admin_only in ["shutdown", "monitor"] {
+        assert_eq!(
+            redis_cli(port(2), reader, &[admin_only]),
+            format!("NOPERM User reader has no permissions to run the '{admin_only}' command")
+        );
+    }
     assert_eq!(
         redis_cli(port(1), admin, &["GET", "k"]),
         "v",

@@ -121,6 +121,7 @@ const SERVER_COMMANDS: &[&str] = &[
     "time",
     "memory",
     "monitor",
+    "shutdown",
 ];
 
 /// COMMAND and its subcommands, from the command table.
@@ -1710,6 +1711,7 @@ impl Connection {
             }
             "time" => return (arity(false).unwrap_err(), Flow::Continue),
             "memory" => self.memory_command(&sub, rest).await,
+            "shutdown" => return self.shutdown(rest),
             "monitor" => match rest {
                 [] => {
                     if self.monitoring.is_none() {
@@ -1941,8 +1943,9 @@ impl Connection {
         };
         let writes = match name {
             "ping" | "acl" => false,
-            // A node's own writes (RIFL registration, CURP's halves) and a leadership move.
-            "rifl" | "curp" | "cluster" => true,
+            // A node's own writes (RIFL registration, CURP's halves), a leadership move, and
+            // what only an administrator does: stopping the node, seeing every command.
+            "rifl" | "curp" | "cluster" | "shutdown" | "monitor" => true,
             _ => match Command::parse(args) {
                 Ok(Some(Command::Write(_))) => true,
                 Ok(Some(Command::Blocking(blocking))) => blocking.reply != BlockingReply::Streams,
@@ -1961,6 +1964,31 @@ impl Connection {
             )));
         }
         None
+    }
+
+    /// SHUTDOWN [NOSAVE|SAVE] [NOW] [FORCE] [ABORT]: the node drains and exits, as on SIGTERM
+    /// (every acknowledged write is on disk already: there is nothing to save, nor to wait
+    /// for before the drain). Like Redis, it answers nothing: the connection closes.
+    fn shutdown(&mut self, rest: &[Bytes]) -> (Value, Flow) {
+        let mut given = Vec::new();
+        for arg in rest {
+            let arg = arg.to_ascii_lowercase();
+            match arg.as_slice() {
+                b"nosave" | b"save" | b"now" | b"force" | b"abort" => given.push(arg),
+                _ => return (Value::error("ERR syntax error"), Flow::Continue),
+            }
+        }
+        let has = |option: &[u8]| given.iter().any(|g| g == option);
+        let besides_abort = given.iter().any(|g| g != b"abort");
+        if (has(b"abort") && besides_abort) || (has(b"save") && has(b"nosave")) {
+            return (Value::error("ERR syntax error"), Flow::Continue);
+        }
+        if has(b"abort") {
+            return (Value::error("ERR No shutdown in progress."), Flow::Continue);
+        }
+        tracing::info!(client = %self.seen.addr, "SHUTDOWN from a client");
+        self.shared.drain.request_shutdown();
+        (Value::Replies(Vec::new()), Flow::Close)
     }
 
     /// Counts a command, and shows it in CLIENT LIST as this connection's latest.

@@ -15,6 +15,8 @@ const POLL: Duration = Duration::from_millis(10);
 pub struct Drain {
     signal: watch::Sender<bool>,
     connections: AtomicUsize,
+    /// A client asked the node to shut down (Redis's SHUTDOWN), as SIGTERM does.
+    shutdown_requested: tokio::sync::Notify,
 }
 
 impl Drain {
@@ -22,7 +24,18 @@ impl Drain {
         Arc::new(Drain {
             signal: watch::Sender::new(false),
             connections: AtomicUsize::new(0),
+            shutdown_requested: tokio::sync::Notify::new(),
         })
+    }
+
+    /// Asks whoever awaits `shutdown_requested` to shut the node down.
+    pub fn request_shutdown(&self) {
+        self.shutdown_requested.notify_one();
+    }
+
+    /// Returns once a client asked the node to shut down.
+    pub async fn shutdown_requested(&self) {
+        self.shutdown_requested.notified().await;
     }
 
     /// Counts a client connection (or a request a peer makes for its client) open until the

@@ -227,6 +227,13 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("touch", -2, R, ALL, "generic"),
     spec("time", 1, &["random", "fast"], NONE, "server"),
     spec("monitor", 1, &["admin", "noscript", "loading", "stale"], NONE, "server"),
+    spec(
+        "shutdown",
+        -1,
+        &["admin", "noscript", "loading", "stale"],
+        NONE,
+        "server",
+    ),
     spec("memory", -2, R, NONE, "server"),
     spec("multi", 1, S, NONE, "transactions"),
     spec("exec", 1, S, NONE, "transactions"),
