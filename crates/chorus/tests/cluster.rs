@@ -2016,6 +2016,87 @@ async fn replies_match_redis(
     }
 }
 
+/// What a subscriber connection at `addr` is sent while it subscribes to shard channels,
+/// channels and a pattern and another connection publishes, then unsubscribes, up to its `PING`'s
+/// answer; and the publisher's replies.
+async fn shard_channel_traffic(addr: SocketAddr) -> (String, Vec<Value>) {
+    let mut subscriber = RawConnection::connect(addr);
+    subscriber.send(&["SSUBSCRIBE", "a", "b"]);
+    subscriber.send(&["SUBSCRIBE", "c"]);
+    subscriber.send(&["PSUBSCRIBE", "*"]);
+    subscriber.send(&["SSUBSCRIBE", "a"]);
+    subscriber.send(&["GET", "k"]);
+    // Every confirmation is out before anything is published.
+    subscriber.send(&["PING", "subscribed"]);
+    let mut received = Vec::new();
+    let mut byte = [0u8];
+    while !received.ends_with(b"$10\r\nsubscribed\r\n") {
+        std::io::Read::read_exact(&mut subscriber.0, &mut byte).unwrap();
+        received.push(byte[0]);
+    }
+    let mut publisher = Client::connect(addr).await.unwrap();
+    let mut replies = Vec::new();
+    for args in [
+        vec!["SPUBLISH", "a", "to a, sharded"],
+        vec!["PUBLISH", "a", "to a"],
+        vec!["SPUBLISH", "c", "to c, sharded"],
+        vec!["SPUBLISH", "b", "to b, sharded"],
+        vec!["PUBSUB", "SHARDCHANNELS"],
+        vec!["PUBSUB", "SHARDCHANNELS", "b*"],
+        vec!["PUBSUB", "SHARDNUMSUB", "a", "c"],
+        vec!["PUBSUB", "NUMSUB", "a", "c"],
+        vec!["SPUBLISH", "a"],
+    ] {
+        let mut reply = publisher.command(&args).await.unwrap();
+        // Redis lists channels in its hash table's order.
+        if let (["PUBSUB", "SHARDCHANNELS", ..], Value::Array(Some(channels))) = (args.as_slice(), &mut reply) {
+            channels.sort_by_key(|c| format!("{c:?}"));
+        }
+        replies.push(reply);
+    }
+    // The node hands messages over as it applies them: let them reach the subscriber first.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    subscriber.send(&["SUNSUBSCRIBE", "a"]);
+    subscriber.send(&["SUNSUBSCRIBE"]);
+    subscriber.send(&["SUNSUBSCRIBE"]);
+    subscriber.send(&["PING", "done"]);
+    while !received.ends_with(b"$4\r\ndone\r\n") {
+        std::io::Read::read_exact(&mut subscriber.0, &mut byte).unwrap();
+        received.push(byte[0]);
+    }
+    replies.push(publisher.command(&["PUBSUB", "SHARDCHANNELS"]).await.unwrap());
+    (String::from_utf8(received).unwrap(), replies)
+}
+
+/// Shard channels (SSUBSCRIBE, SUNSUBSCRIBE, SPUBLISH, PUBSUB SHARDCHANNELS and SHARDNUMSUB)
+/// behave byte for byte as on redis-server: their own namespace, which PUBLISH and patterns do
+/// not reach, `smessage` frames, confirmations counting the shard channels alone; and a message
+/// published through one node reaches a shard channel's subscriber on another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shard_channels_behave_as_on_redis_server() {
+    let redis_server = RedisServer::start();
+    let cluster = Cluster::start(3, &[]);
+    let (leader, followers) = cluster.leader_and_followers().await;
+    let expected = shard_channel_traffic(redis_server.addr).await;
+    assert!(expected.0.contains("smessage"), "{}", expected.0);
+    assert_eq!(
+        shard_channel_traffic(cluster.node(followers[0]).resp_addr).await,
+        expected
+    );
+
+    let mut subscriber = RawConnection::connect(cluster.node(followers[1]).resp_addr);
+    subscriber.expect(
+        &["SSUBSCRIBE", "far"],
+        b"*3\r\n$10\r\nssubscribe\r\n$3\r\nfar\r\n:1\r\n",
+    );
+    let mut publisher = cluster.client(leader).await;
+    publisher.command(&["SPUBLISH", "far", "hello"]).await.unwrap();
+    let frame = b"*3\r\n$8\r\nsmessage\r\n$3\r\nfar\r\n$5\r\nhello\r\n";
+    let mut message = vec![0; frame.len()];
+    std::io::Read::read_exact(&mut subscriber.0, &mut message).unwrap();
+    assert_eq!(String::from_utf8_lossy(&message), String::from_utf8_lossy(frame));
+}
+
 /// SHUTDOWN stops a node as SIGTERM does — what its client sent before is answered, SHUTDOWN
 /// itself is not (the connection closes, as with Redis, whose clients take that for success)
 /// — while the others go on; its options are checked as Redis checks them. (A read-only user

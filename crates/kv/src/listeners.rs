@@ -6,7 +6,8 @@
 //! the messages of a channel in log order, whichever node it and the publishers are connected
 //! to, at most once (a node that restarts does not replay old messages to new subscribers; it
 //! has none while it replays). Keyspace notifications (`keyspace_events`) reach subscribers the
-//! same way.
+//! same way. Shard channels (SSUBSCRIBE, SPUBLISH; Redis 7) are a namespace of their own, as
+//! on a Redis that is not a cluster: their messages reach only their own subscribers.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
@@ -31,6 +32,18 @@ pub enum Delivery {
         channel: Bytes,
         payload: Bytes,
     },
+    ShardMessage {
+        channel: Bytes,
+        payload: Bytes,
+    },
+}
+
+/// What a connection subscribes to: a channel, a pattern of channels, or a shard channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subscription {
+    Channel,
+    Pattern,
+    ShardChannel,
 }
 
 impl Delivery {
@@ -47,6 +60,11 @@ impl Delivery {
             } => Value::Push(vec![
                 Value::bulk("pmessage"),
                 Value::bulk(pattern),
+                Value::bulk(channel),
+                Value::bulk(payload),
+            ]),
+            Delivery::ShardMessage { channel, payload } => Value::Push(vec![
+                Value::bulk("smessage"),
                 Value::bulk(channel),
                 Value::bulk(payload),
             ]),
@@ -75,32 +93,34 @@ pub struct Hub {
 struct Subscriptions {
     channels: HashMap<Bytes, Subscribers>,
     patterns: HashMap<Bytes, Subscribers>,
+    shard_channels: HashMap<Bytes, Subscribers>,
+}
+
+impl Subscriptions {
+    fn of(&mut self, kind: Subscription) -> &mut HashMap<Bytes, Subscribers> {
+        match kind {
+            Subscription::Channel => &mut self.channels,
+            Subscription::Pattern => &mut self.patterns,
+            Subscription::ShardChannel => &mut self.shard_channels,
+        }
+    }
 }
 
 impl Hub {
-    /// Subscribes connection `id` to a channel (`pattern`: a glob of channels); whether it was
-    /// not subscribed already.
-    pub fn subscribe(&self, id: u64, name: Bytes, pattern: bool, to: UnboundedSender<Delivery>) -> bool {
+    /// Subscribes connection `id` to a channel, a glob of channels or a shard channel; whether
+    /// it was not subscribed already.
+    pub fn subscribe(&self, id: u64, name: Bytes, kind: Subscription, to: UnboundedSender<Delivery>) -> bool {
         let mut inner = self.inner.lock().expect("pubsub lock");
-        let map = if pattern {
-            &mut inner.patterns
-        } else {
-            &mut inner.channels
-        };
-        let subscribers = map.entry(name).or_default();
+        let subscribers = inner.of(kind).entry(name).or_default();
         if subscribers.is_empty() {
             self.subscription_count.fetch_add(1, Ordering::Relaxed);
         }
         subscribers.insert(id, to).is_none()
     }
 
-    pub fn unsubscribe(&self, id: u64, name: &[u8], pattern: bool) {
+    pub fn unsubscribe(&self, id: u64, name: &[u8], kind: Subscription) {
         let mut inner = self.inner.lock().expect("pubsub lock");
-        let map = if pattern {
-            &mut inner.patterns
-        } else {
-            &mut inner.channels
-        };
+        let map = inner.of(kind);
         if let Some(subscribers) = map.get_mut(name) {
             subscribers.remove(&id);
             if subscribers.is_empty() {
@@ -111,10 +131,21 @@ impl Hub {
     }
 
     /// Hands a published message to this node's subscribers; how many receive it (a connection
-    /// subscribed to the channel and to a matching pattern counts, and receives it, twice).
-    pub fn publish(&self, channel: &Bytes, payload: &Bytes) -> usize {
+    /// subscribed to the channel and to a matching pattern counts, and receives it, twice). A
+    /// message to a shard channel (`sharded`) reaches that shard channel's subscribers alone.
+    pub fn publish(&self, channel: &Bytes, payload: &Bytes, sharded: bool) -> usize {
         let inner = self.inner.lock().expect("pubsub lock");
         let mut receivers = 0;
+        if sharded {
+            for to in inner.shard_channels.get(channel).into_iter().flat_map(HashMap::values) {
+                let message = Delivery::ShardMessage {
+                    channel: channel.clone(),
+                    payload: payload.clone(),
+                };
+                receivers += usize::from(to.send(message).is_ok());
+            }
+            return receivers;
+        }
         if let Some(subscribers) = inner.channels.get(channel) {
             for to in subscribers.values() {
                 let message = Delivery::Message {
@@ -193,11 +224,12 @@ impl Hub {
         }
     }
 
-    /// PUBSUB CHANNELS: the channels with a subscriber here, those matching `pattern` if given.
-    pub fn channels(&self, pattern: Option<&[u8]>) -> Vec<Bytes> {
-        let inner = self.inner.lock().expect("pubsub lock");
+    /// PUBSUB CHANNELS (or SHARDCHANNELS, `kind`): the channels with a subscriber here, those
+    /// matching `pattern` if given.
+    pub fn channels(&self, kind: Subscription, pattern: Option<&[u8]>) -> Vec<Bytes> {
+        let mut inner = self.inner.lock().expect("pubsub lock");
         let mut channels: Vec<Bytes> = inner
-            .channels
+            .of(kind)
             .keys()
             .filter(|c| pattern.is_none_or(|p| glob_match(p, c, false)))
             .cloned()
@@ -206,10 +238,10 @@ impl Hub {
         channels
     }
 
-    /// PUBSUB NUMSUB: subscribers here of `channel`.
-    pub fn subscribers(&self, channel: &[u8]) -> usize {
-        let inner = self.inner.lock().expect("pubsub lock");
-        inner.channels.get(channel).map_or(0, HashMap::len)
+    /// PUBSUB NUMSUB (or SHARDNUMSUB, `kind`): subscribers here of `channel`.
+    pub fn subscribers(&self, kind: Subscription, channel: &[u8]) -> usize {
+        let mut inner = self.inner.lock().expect("pubsub lock");
+        inner.of(kind).get(channel).map_or(0, HashMap::len)
     }
 
     /// PUBSUB NUMPAT: patterns subscribed here.
@@ -227,11 +259,13 @@ mod tests {
         let hub = Hub::default();
         let (to_a, mut a) = tokio::sync::mpsc::unbounded_channel();
         let (to_b, mut b) = tokio::sync::mpsc::unbounded_channel();
-        assert!(hub.subscribe(1, Bytes::from("news"), false, to_a.clone()));
-        assert!(!hub.subscribe(1, Bytes::from("news"), false, to_a));
-        assert!(hub.subscribe(2, Bytes::from("n*"), true, to_b.clone()));
-        assert!(hub.subscribe(2, Bytes::from("sport"), false, to_b));
-        assert_eq!(hub.publish(&Bytes::from("news"), &Bytes::from("hi")), 2);
+        use Subscription::{Channel, Pattern, ShardChannel};
+        assert!(hub.subscribe(1, Bytes::from("news"), Channel, to_a.clone()));
+        assert!(!hub.subscribe(1, Bytes::from("news"), Channel, to_a.clone()));
+        assert!(hub.subscribe(2, Bytes::from("n*"), Pattern, to_b.clone()));
+        assert!(hub.subscribe(2, Bytes::from("sport"), Channel, to_b));
+        assert!(hub.subscribe(1, Bytes::from("news"), ShardChannel, to_a));
+        assert_eq!(hub.publish(&Bytes::from("news"), &Bytes::from("hi"), false), 2);
         assert_eq!(
             a.try_recv().unwrap(),
             Delivery::Message {
@@ -241,13 +275,22 @@ mod tests {
         );
         assert!(matches!(b.try_recv().unwrap(), Delivery::PatternMessage { .. }));
         assert!(b.try_recv().is_err(), "not subscribed to news itself");
-        hub.unsubscribe(1, b"news", false);
-        assert_eq!(hub.publish(&Bytes::from("news"), &Bytes::from("again")), 1);
-        assert_eq!(hub.channels(None), vec![Bytes::from("sport")]);
-        assert_eq!((hub.subscribers(b"sport"), hub.patterns()), (1, 1));
+        assert!(
+            a.try_recv().is_err(),
+            "a channel's message does not reach its shard channel"
+        );
+        assert_eq!(hub.publish(&Bytes::from("news"), &Bytes::from("sharded"), true), 1);
+        assert!(matches!(a.try_recv().unwrap(), Delivery::ShardMessage { .. }));
+        assert!(b.try_recv().is_err(), "a shard channel's message matches no pattern");
+        hub.unsubscribe(1, b"news", Channel);
+        assert_eq!(hub.publish(&Bytes::from("news"), &Bytes::from("again"), false), 1);
+        assert_eq!(hub.channels(Channel, None), vec![Bytes::from("sport")]);
+        assert_eq!(hub.channels(ShardChannel, None), vec![Bytes::from("news")]);
+        assert_eq!((hub.subscribers(Channel, b"sport"), hub.patterns()), (1, 1));
         assert!(hub.any_subscribed());
-        hub.unsubscribe(2, b"sport", false);
-        hub.unsubscribe(2, b"n*", true);
+        hub.unsubscribe(2, b"sport", Channel);
+        hub.unsubscribe(2, b"n*", Pattern);
+        hub.unsubscribe(1, b"news", ShardChannel);
         assert!(!hub.any_subscribed());
     }
 }

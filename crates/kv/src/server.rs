@@ -50,7 +50,7 @@ use crate::command::{
 use crate::curp::{Curp, FastOutcome};
 use crate::glob::glob_match;
 use crate::keyspace_events;
-use crate::listeners::{Delivery, Hub};
+use crate::listeners::{Delivery, Hub, Subscription};
 use crate::monitor::{Feed, Monitors};
 use crate::state::{KvState, EXPIRED, OUT_OF_ORDER};
 
@@ -114,6 +114,8 @@ const SERVER_COMMANDS: &[&str] = &[
     "unsubscribe",
     "psubscribe",
     "punsubscribe",
+    "ssubscribe",
+    "sunsubscribe",
     "pubsub",
     "wait",
     "auth",
@@ -590,6 +592,7 @@ pub async fn serve(
                 watched: Vec::new(),
                 channels: BTreeSet::new(),
                 patterns: BTreeSet::new(),
+                shard_channels: BTreeSet::new(),
                 deliveries: None,
                 settled: Vec::new(),
                 monitoring: None,
@@ -684,6 +687,7 @@ struct Connection {
     /// Channels and patterns subscribed to, and where this node's hub sends their messages.
     channels: BTreeSet<Bytes>,
     patterns: BTreeSet<Bytes>,
+    shard_channels: BTreeSet<Bytes>,
     deliveries: Option<(UnboundedSender<Delivery>, UnboundedReceiver<Delivery>)>,
     /// The replies `settle` puts in order, kept between batches so a batch allocates none.
     settled: Vec<Option<Value>>,
@@ -714,11 +718,15 @@ impl Drop for Connection {
         if let Some(rifl) = &self.rifl {
             self.shared.close_client(rifl.id);
         }
-        for channel in &self.channels {
-            self.shared.listeners.unsubscribe(self.id, channel, false);
-        }
-        for pattern in &self.patterns {
-            self.shared.listeners.unsubscribe(self.id, pattern, true);
+        let subscriptions = [
+            (Subscription::Channel, &self.channels),
+            (Subscription::Pattern, &self.patterns),
+            (Subscription::ShardChannel, &self.shard_channels),
+        ];
+        for (kind, names) in subscriptions {
+            for name in names {
+                self.shared.listeners.unsubscribe(self.id, name, kind);
+            }
         }
     }
 }
@@ -995,51 +1003,47 @@ impl Connection {
         self.shared.monitors.feed(&peer, args);
     }
 
-    /// SUBSCRIBE / PSUBSCRIBE (`pattern`): one confirmation per name, with the connection's
-    /// count of subscriptions after it.
-    fn subscribe(&mut self, names: &[Bytes], pattern: bool) -> Value {
+    /// The connection's channels, patterns or shard channels.
+    fn subscribed_to(&mut self, kind: Subscription) -> &mut BTreeSet<Bytes> {
+        match kind {
+            Subscription::Channel => &mut self.channels,
+            Subscription::Pattern => &mut self.patterns,
+            Subscription::ShardChannel => &mut self.shard_channels,
+        }
+    }
+
+    /// SUBSCRIBE, PSUBSCRIBE or SSUBSCRIBE (`kind`): one confirmation per name, with the
+    /// connection's count of subscriptions after it.
+    fn subscribe(&mut self, names: &[Bytes], kind: Subscription) -> Value {
         let (to, _) = self.deliveries.get_or_insert_with(tokio::sync::mpsc::unbounded_channel);
         let to = to.clone();
-        let kind = if pattern { "psubscribe" } else { "subscribe" };
         let mut replies = Vec::with_capacity(names.len());
         for name in names {
             // A copy: a slice would keep the whole input buffer it came in alive.
             let name = Bytes::copy_from_slice(name);
-            self.shared
-                .listeners
-                .subscribe(self.id, name.clone(), pattern, to.clone());
-            if pattern {
-                self.patterns.insert(name.clone());
-            } else {
-                self.channels.insert(name.clone());
-            }
-            replies.push(self.subscription_reply(kind, Some(name)));
+            self.shared.listeners.subscribe(self.id, name.clone(), kind, to.clone());
+            self.subscribed_to(kind).insert(name.clone());
+            replies.push(self.subscription_reply(kind, false, Some(name)));
         }
         Value::Replies(replies)
     }
 
-    /// UNSUBSCRIBE / PUNSUBSCRIBE (`pattern`) of `names`, or of every subscription when none
-    /// are named.
-    fn unsubscribe(&mut self, names: &[Bytes], pattern: bool) -> Value {
-        let kind = if pattern { "punsubscribe" } else { "unsubscribe" };
-        let subscribed = if pattern { &self.patterns } else { &self.channels };
+    /// UNSUBSCRIBE, PUNSUBSCRIBE or SUNSUBSCRIBE (`kind`) of `names`, or of every subscription
+    /// of that kind when none are named.
+    fn unsubscribe(&mut self, names: &[Bytes], kind: Subscription) -> Value {
         let names: Vec<Bytes> = if names.is_empty() {
-            subscribed.iter().cloned().collect()
+            self.subscribed_to(kind).iter().cloned().collect()
         } else {
             names.iter().map(|n| Bytes::copy_from_slice(n)).collect()
         };
         if names.is_empty() {
-            return self.subscription_reply(kind, None);
+            return self.subscription_reply(kind, true, None);
         }
         let mut replies = Vec::with_capacity(names.len());
         for name in names {
-            self.shared.listeners.unsubscribe(self.id, &name, pattern);
-            if pattern {
-                self.patterns.remove(&name);
-            } else {
-                self.channels.remove(&name);
-            }
-            replies.push(self.subscription_reply(kind, Some(name)));
+            self.shared.listeners.unsubscribe(self.id, &name, kind);
+            self.subscribed_to(kind).remove(&name);
+            replies.push(self.subscription_reply(kind, true, Some(name)));
         }
         if !self.subscribed() {
             self.deliveries = None;
@@ -1054,8 +1058,9 @@ impl Connection {
         self.monitoring = None;
         self.transaction = None;
         self.watched.clear();
-        self.unsubscribe(&[], false);
-        self.unsubscribe(&[], true);
+        for kind in [Subscription::Channel, Subscription::Pattern, Subscription::ShardChannel] {
+            self.unsubscribe(&[], kind);
+        }
         self.name = None;
         self.protocol = Protocol::Resp2;
         self.consistency = self.shared.options.default_consistency;
@@ -1069,15 +1074,25 @@ impl Connection {
     }
 
     fn subscribed(&self) -> bool {
-        !(self.channels.is_empty() && self.patterns.is_empty())
+        !(self.channels.is_empty() && self.patterns.is_empty() && self.shard_channels.is_empty())
     }
 
-    fn subscription_reply(&self, kind: &str, name: Option<Bytes>) -> Value {
-        let count = (self.channels.len() + self.patterns.len()) as i64;
+    /// A (un)subscription's confirmation, with the count Redis gives: of the connection's shard
+    /// channels for a shard channel's, of its channels and patterns for the others.
+    fn subscription_reply(&self, kind: Subscription, unsubscribed: bool, name: Option<Bytes>) -> Value {
+        let (confirmation, count) = match (kind, unsubscribed) {
+            (Subscription::Channel, false) => ("subscribe", None),
+            (Subscription::Channel, true) => ("unsubscribe", None),
+            (Subscription::Pattern, false) => ("psubscribe", None),
+            (Subscription::Pattern, true) => ("punsubscribe", None),
+            (Subscription::ShardChannel, false) => ("ssubscribe", Some(self.shard_channels.len())),
+            (Subscription::ShardChannel, true) => ("sunsubscribe", Some(self.shard_channels.len())),
+        };
+        let count = count.unwrap_or(self.channels.len() + self.patterns.len());
         Value::Push(vec![
-            Value::bulk(kind.to_string()),
+            Value::bulk(confirmation),
             Value::Bulk(name),
-            Value::Integer(count),
+            Value::Integer(count as i64),
         ])
     }
 
@@ -1088,11 +1103,13 @@ impl Connection {
             return None;
         }
         let name = command_name(args);
-        const ALLOWED: [&str; 7] = [
+        const ALLOWED: [&str; 9] = [
             "subscribe",
             "unsubscribe",
             "psubscribe",
             "punsubscribe",
+            "ssubscribe",
+            "sunsubscribe",
             "ping",
             "quit",
             "reset",
@@ -1814,31 +1831,49 @@ impl Connection {
                     "ERR ACL takes WHOAMI or USERS here ('{sub}' is not supported: users come from the ACL file)"
                 )),
             },
-            "subscribe" | "psubscribe" if rest.is_empty() => return (arity(false).unwrap_err(), Flow::Continue),
-            "subscribe" => self.subscribe(rest, false),
-            "psubscribe" => self.subscribe(rest, true),
-            "unsubscribe" => self.unsubscribe(rest, false),
-            "punsubscribe" => self.unsubscribe(rest, true),
+            "subscribe" | "psubscribe" | "ssubscribe" if rest.is_empty() => {
+                return (arity(false).unwrap_err(), Flow::Continue)
+            }
+            "subscribe" => self.subscribe(rest, Subscription::Channel),
+            "psubscribe" => self.subscribe(rest, Subscription::Pattern),
+            "ssubscribe" => self.subscribe(rest, Subscription::ShardChannel),
+            "unsubscribe" => self.unsubscribe(rest, Subscription::Channel),
+            "punsubscribe" => self.unsubscribe(rest, Subscription::Pattern),
+            "sunsubscribe" => self.unsubscribe(rest, Subscription::ShardChannel),
             "pubsub" => match (sub.as_str(), rest.len()) {
-                ("channels", 1 | 2) => Value::array(
-                    self.shared
-                        .listeners
-                        .channels(rest.get(1).map(|p| p.as_ref()))
-                        .into_iter()
-                        .map(Value::bulk)
-                        .collect(),
-                ),
-                ("numsub", _) => Value::array(
-                    rest[1..]
-                        .iter()
-                        .flat_map(|c| {
-                            [
-                                Value::bulk(c.clone()),
-                                Value::Integer(self.shared.listeners.subscribers(c) as i64),
-                            ]
-                        })
-                        .collect(),
-                ),
+                ("channels" | "shardchannels", 1 | 2) => {
+                    let kind = if sub == "channels" {
+                        Subscription::Channel
+                    } else {
+                        Subscription::ShardChannel
+                    };
+                    Value::array(
+                        self.shared
+                            .listeners
+                            .channels(kind, rest.get(1).map(|p| p.as_ref()))
+                            .into_iter()
+                            .map(Value::bulk)
+                            .collect(),
+                    )
+                }
+                ("numsub" | "shardnumsub", _) => {
+                    let kind = if sub == "numsub" {
+                        Subscription::Channel
+                    } else {
+                        Subscription::ShardChannel
+                    };
+                    Value::array(
+                        rest[1..]
+                            .iter()
+                            .flat_map(|c| {
+                                [
+                                    Value::bulk(c.clone()),
+                                    Value::Integer(self.shared.listeners.subscribers(kind, c) as i64),
+                                ]
+                            })
+                            .collect(),
+                    )
+                }
                 ("numpat", 1) => Value::Integer(self.shared.listeners.patterns() as i64),
                 _ => Value::error(format!(
                     "ERR unknown subcommand or wrong number of arguments for '{sub}'. Try PUBSUB HELP."
@@ -2319,6 +2354,13 @@ struct ClientDescription {
     resp: u8,
     channels: usize,
     patterns: usize,
+    shard_channels: usize,
+}
+
+impl ClientDescription {
+    fn subscriptions(&self) -> usize {
+        self.channels + self.patterns + self.shard_channels
+    }
 }
 
 impl ClientSeen {
@@ -2361,6 +2403,7 @@ impl ClientSeen {
             },
             channels: conn.channels.len(),
             patterns: conn.patterns.len(),
+            shard_channels: conn.shard_channels.len(),
         };
     }
 
@@ -2371,19 +2414,16 @@ impl ClientSeen {
         let idle_secs = (self.connected_at.elapsed().as_millis() as u64)
             .saturating_sub(self.active_ms.load(Ordering::Relaxed))
             / 1000;
-        let flags = if described.channels + described.patterns > 0 {
-            "P"
-        } else {
-            "N"
-        };
+        let flags = if described.subscriptions() > 0 { "P" } else { "N" };
         format!(
-            "id={} addr={} laddr={} name={} age={age_secs} idle={idle_secs} flags={flags} db=0 sub={} psub={} cmd={} user={} resp={}",
+            "id={} addr={} laddr={} name={} age={age_secs} idle={idle_secs} flags={flags} db=0 sub={} psub={} ssub={} cmd={} user={} resp={}",
             self.id,
             self.addr,
             self.local_addr,
             described.name,
             described.channels,
             described.patterns,
+            described.shard_channels,
             self.last_command.lock().expect("not poisoned"),
             described.user,
             described.resp,
@@ -2406,7 +2446,7 @@ impl ClientFilter {
             ClientFilter::Ids(ids) => ids.contains(&seen.id),
             ClientFilter::Subscribed(subscribed) => {
                 let described = seen.described.lock().expect("not poisoned");
-                (described.channels + described.patterns > 0) == *subscribed
+                (described.subscriptions() > 0) == *subscribed
             }
             ClientFilter::Addr(addr) => seen.addr.to_string().as_bytes() == addr.as_ref(),
             ClientFilter::LocalAddr(addr) => seen.local_addr.to_string().as_bytes() == addr.as_ref(),

@@ -193,10 +193,12 @@ pub enum Write {
     Functions(FunctionWrite),
     /// CONFIG SET notify-keyspace-events: every node notifies alike from this entry on.
     KeyspaceEvents(u16),
-    /// PUBLISH: every node hands the message to its subscribers as it applies the entry.
+    /// PUBLISH (or SPUBLISH, `sharded`: to a shard channel): every node hands the message to
+    /// its subscribers as it applies the entry.
     Publish {
         channel: Bytes,
         message: Bytes,
+        sharded: bool,
     },
     Sets(SetWrite),
     Lists(ListWrite),
@@ -2166,11 +2168,12 @@ impl Command {
                     at: parse_i64(&rest[1])?,
                 }))
             }
-            "publish" => {
+            "publish" | "spublish" => {
                 exact(2)?;
                 Command::Write(Write::Publish {
                     channel: rest[0].clone(),
                     message: rest[1].clone(),
+                    sharded: name == "spublish",
                 })
             }
             // Only the front end writes EXEC with arguments: what a MULTI queued, for the log.

@@ -811,7 +811,7 @@ impl KvState {
                 let new = created.is_some() && event != "new";
                 for event in new.then_some("new").into_iter().chain([event]) {
                     for (channel, message) in keyspace_events::messages(flags, event, &key) {
-                        hub.publish(&channel, &message);
+                        hub.publish(&channel, &message, false);
                     }
                 }
             }
@@ -1093,9 +1093,15 @@ impl KvState {
                 }
                 Value::ok()
             }
-            Write::Publish { channel, message } => {
-                Value::Integer(self.listeners.as_ref().map_or(0, |hub| hub.publish(&channel, &message)) as i64)
-            }
+            Write::Publish {
+                channel,
+                message,
+                sharded,
+            } => Value::Integer(
+                self.listeners
+                    .as_ref()
+                    .map_or(0, |hub| hub.publish(&channel, &message, sharded)) as i64,
+            ),
             Write::FlushAll => {
                 for key in self.store.ungrouped_key_list() {
                     if key.first() == Some(&STRING_TAG) {
