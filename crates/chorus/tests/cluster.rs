@@ -2016,6 +2016,62 @@ async fn replies_match_redis(
     }
 }
 
+/// The replies a connection blocked in BLPOP, then in XREAD BLOCK, gets when another unblocks
+/// it (as timed out, then with an error), and what the other is answered along the way.
+async fn unblocked(addr: SocketAddr) -> Vec<Value> {
+    let mut blocked = Client::connect(addr).await.unwrap();
+    let mut other = Client::connect(addr).await.unwrap();
+    let Value::Integer(id) = blocked.command(&["CLIENT", "ID"]).await.unwrap() else {
+        panic!("CLIENT ID is a number")
+    };
+    let id = id.to_string();
+    let mut replies = Vec::new();
+    for (command, reason) in [
+        (vec!["BLPOP", "nothing", "0"], None),
+        (vec!["XREAD", "BLOCK", "0", "STREAMS", "nothing-s", "$"], Some("ERROR")),
+    ] {
+        let waiting = tokio::spawn(async move {
+            let reply = blocked.command(&command).await.unwrap();
+            (blocked, reply)
+        });
+        // Until it waits, CLIENT UNBLOCK finds nothing to end.
+        loop {
+            let mut unblock = vec!["CLIENT", "UNBLOCK", id.as_str()];
+            unblock.extend(reason);
+            if other.command(&unblock).await.unwrap() == Value::Integer(1) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (back, reply) = waiting.await.unwrap();
+        blocked = back;
+        replies.push(reply);
+    }
+    for args in [
+        vec!["CLIENT", "UNBLOCK", id.as_str()],
+        vec!["CLIENT", "UNBLOCK", "987654321"],
+        vec!["CLIENT", "UNBLOCK", "abc"],
+        vec!["CLIENT", "UNBLOCK", id.as_str(), "LATER"],
+        vec!["CLIENT", "NO-EVICT", "on"],
+        vec!["CLIENT", "NO-EVICT", "maybe"],
+    ] {
+        replies.push(other.command(&args).await.unwrap());
+    }
+    replies
+}
+
+/// CLIENT UNBLOCK ends another connection's blocking command as redis-server does: as if its
+/// timeout ran out, or with an UNBLOCKED error; 0 for a connection that does not wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_unblock_ends_a_blocking_command_as_redis_server_does() {
+    let redis_server = RedisServer::start();
+    let cluster = Cluster::start(3, &[]);
+    let (_, followers) = cluster.leader_and_followers().await;
+    let expected = unblocked(redis_server.addr).await;
+    assert_eq!(expected[0], Value::Array(None), "{expected:?}");
+    assert_eq!(unblocked(cluster.node(followers[0]).resp_addr).await, expected);
+}
+
 /// What a subscriber connection at `addr` is sent while it subscribes to shard channels,
 /// channels and a pattern and another connection publishes, then unsubscribes, up to its `PING`'s
 /// answer; and the publisher's replies.

@@ -1287,8 +1287,14 @@ impl Connection {
         let wake = Arc::new(tokio::sync::Notify::new());
         // Registered before the first look, so no write in between goes unnoticed.
         let _registration = Blocked::register(self.shared.listeners.clone(), self.id, &blocking.keys, wake.clone());
+        let _unblockable = Unblockable::new(self.seen.clone(), wake.clone());
         let mut draining = self.shared.drain.signal();
         loop {
+            match self.seen.unblocked.lock().expect("not poisoned").take() {
+                Some(Unblock::TimedOut) => return blocking.reply.timed_out(),
+                Some(Unblock::Error) => return Value::error("UNBLOCKED client unblocked via CLIENT UNBLOCK"),
+                None => {}
+            }
             if self.worth_attempting(&blocking).await {
                 let parsed = Command::parse(&blocking.attempt);
                 let (slot, _) = self.dispatch(blocking.attempt.clone(), parsed, None).await;
@@ -1794,6 +1800,12 @@ impl Connection {
                 ("list", _) => self.client_list(&rest[1..]),
                 ("kill", n) if n >= 2 => self.client_kill(&rest[1..]),
                 ("kill", _) => Value::error("ERR wrong number of arguments for 'client|kill' command"),
+                ("unblock", 2 | 3) => self.client_unblock(&rest[1..]),
+                // Chorus never evicts a client for the memory it uses.
+                ("no-evict", 2) => match rest[1].to_ascii_lowercase().as_slice() {
+                    b"on" | b"off" => Value::ok(),
+                    _ => Value::error("ERR syntax error"),
+                },
                 _ => Value::error(format!("ERR unknown or malformed subcommand '{sub}' for 'client'")),
             },
             // Standalone Redis answers every CLUSTER subcommand with this error; cluster-aware
@@ -2104,6 +2116,32 @@ impl Connection {
     }
 
     /// Kills the connections `which` picks; how many.
+    /// CLIENT UNBLOCK id [TIMEOUT|ERROR]: 1 if that connection was waiting in a blocking
+    /// command and now is answered (as if its timeout ran out, or with an error), else 0.
+    fn client_unblock(&self, args: &[Bytes]) -> Value {
+        let how = match args.get(1).map(|a| a.to_ascii_lowercase()) {
+            None => Unblock::TimedOut,
+            Some(reason) if reason == b"timeout" => Unblock::TimedOut,
+            Some(reason) if reason == b"error" => Unblock::Error,
+            Some(_) => return Value::error("ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR"),
+        };
+        let Some(id) = std::str::from_utf8(&args[0]).ok().and_then(|id| id.parse::<i64>().ok()) else {
+            return Value::error("ERR value is not an integer or out of range");
+        };
+        let target = u64::try_from(id)
+            .ok()
+            .and_then(|id| self.shared.clients.lock().expect("not poisoned").get(&id).cloned());
+        let Some(target) = target else {
+            return Value::Integer(0);
+        };
+        let Some(wake) = target.blocked_wake.lock().expect("not poisoned").clone() else {
+            return Value::Integer(0);
+        };
+        *target.unblocked.lock().expect("not poisoned") = Some(how);
+        wake.notify_one();
+        Value::Integer(1)
+    }
+
     fn kill_where(&self, which: impl Fn(&ClientSeen) -> bool) -> usize {
         let clients = self.shared.clients.lock().expect("not poisoned");
         let mut killed = 0;
@@ -2345,6 +2383,17 @@ struct ClientSeen {
     /// looks at `was_killed` when it looks again.
     killed: tokio::sync::Notify,
     was_killed: std::sync::atomic::AtomicBool,
+    /// While it waits in a blocking command: what wakes it, for CLIENT UNBLOCK.
+    blocked_wake: Mutex<Option<Arc<tokio::sync::Notify>>>,
+    /// CLIENT UNBLOCK's word to its blocking command: end as if timed out, or with an error.
+    unblocked: Mutex<Option<Unblock>>,
+}
+
+/// How CLIENT UNBLOCK ends a blocking command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unblock {
+    TimedOut,
+    Error,
 }
 
 #[derive(Default)]
@@ -2378,6 +2427,8 @@ impl ClientSeen {
             }),
             killed: tokio::sync::Notify::new(),
             was_killed: std::sync::atomic::AtomicBool::new(false),
+            blocked_wake: Mutex::new(None),
+            unblocked: Mutex::new(None),
         }
     }
 
@@ -2428,6 +2479,24 @@ impl ClientSeen {
             described.user,
             described.resp,
         )
+    }
+}
+
+/// A connection waiting in a blocking command, reachable by CLIENT UNBLOCK until this drops.
+struct Unblockable(Arc<ClientSeen>);
+
+impl Unblockable {
+    fn new(seen: Arc<ClientSeen>, wake: Arc<tokio::sync::Notify>) -> Unblockable {
+        *seen.blocked_wake.lock().expect("not poisoned") = Some(wake);
+        Unblockable(seen)
+    }
+}
+
+impl Drop for Unblockable {
+    fn drop(&mut self) {
+        *self.0.blocked_wake.lock().expect("not poisoned") = None;
+        // An UNBLOCK that came as the command ended is not kept for the next one.
+        *self.0.unblocked.lock().expect("not poisoned") = None;
     }
 }
 
