@@ -10,6 +10,10 @@
 //! the same point. A script's writes are not undone when it fails part-way, as in Redis. Known
 //! scripts are kept in the state (`l` and the SHA-1), so EVALSHA finds a script on every node
 //! once any node ran or loaded it.
+//!
+//! Redis 7's functions (FCALL) run the same way: a VM of their own, in which the library's code
+//! runs first, as FUNCTION LOAD ran it, to register its functions; `functions.rs` keeps the
+//! libraries.
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -198,16 +202,15 @@ fn register_library(lua: &Lua, body: &[u8]) -> mlua::Result<Result<Registered, V
     let code = lua
         .load(body)
         .set_name(format!("@{FUNCTION_CHUNK}"))
-        .set_environment(environment.clone())
+        .set_environment(environment)
         .into_function();
     let code = match code {
         Ok(code) => code,
         Err(e) => {
-            let message = match e {
-                mlua::Error::SyntaxError { message, .. } => message,
-                other => other.to_string(),
-            };
-            return Ok(Err(Value::error(format!("ERR Error compiling function: {message}"))));
+            return Ok(Err(Value::error(format!(
+                "ERR Error compiling function: {}",
+                compile_error_message(e)
+            ))))
         }
     };
     if let Err(e) = code.call::<()>(()) {
@@ -466,12 +469,19 @@ fn compile(lua: &Lua, text: &[u8]) -> Result<Function, Value> {
         .set_name(format!("@{SCRIPT_CHUNK}"))
         .into_function()
         .map_err(|e| {
-            let message = match e {
-                mlua::Error::SyntaxError { message, .. } => message,
-                other => other.to_string(),
-            };
-            Value::error(format!("ERR Error compiling script (new function): {message}"))
+            Value::error(format!(
+                "ERR Error compiling script (new function): {}",
+                compile_error_message(e)
+            ))
         })
+}
+
+/// Lua's message for code that does not compile.
+fn compile_error_message(error: mlua::Error) -> String {
+    match error {
+        mlua::Error::SyntaxError { message, .. } => message,
+        other => other.to_string(),
+    }
 }
 
 /// A command's reply as a script sees it (RESP2's types, as Redis gives scripts by default).
