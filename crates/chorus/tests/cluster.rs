@@ -2153,6 +2153,36 @@ async fn shard_channels_behave_as_on_redis_server() {
     assert_eq!(String::from_utf8_lossy(&message), String::from_utf8_lossy(frame));
 }
 
+/// LASTSAVE on any node is when the latest write was made (every write is on disk once it
+/// applies); SAVE, BGSAVE and BGREWRITEAOF say there is nothing to do and where a copy comes
+/// from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lastsave_is_when_the_latest_write_was_made() {
+    let cluster = Cluster::start(3, &[]);
+    let (_, followers) = cluster.leader_and_followers().await;
+    let mut client = cluster.client(followers[0]).await;
+    let unix_secs = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+    };
+    let before = unix_secs();
+    client.command(&["SET", "k", "v"]).await.unwrap();
+    let after = unix_secs();
+    let Value::Integer(saved) = client.command(&["LASTSAVE"]).await.unwrap() else {
+        panic!("LASTSAVE is a number")
+    };
+    assert!((before..=after).contains(&saved), "{before} <= {saved} <= {after}");
+    for command in ["SAVE", "BGSAVE", "BGREWRITEAOF"] {
+        let reply = client.command(&[command]).await.unwrap();
+        assert!(
+            matches!(&reply, Value::Error(e) if e.contains("chorus backup --to FILE")),
+            "{command}: {reply:?}"
+        );
+    }
+}
+
 /// SHUTDOWN stops a node as SIGTERM does — what its client sent before is answered, SHUTDOWN
 /// itself is not (the connection closes, as with Redis, whose clients take that for success)
 /// — while the others go on; its options are checked as Redis checks them. (A read-only user

@@ -124,6 +124,9 @@ const SERVER_COMMANDS: &[&str] = &[
     "memory",
     "monitor",
     "shutdown",
+    "save",
+    "bgsave",
+    "bgrewriteaof",
 ];
 
 /// COMMAND and its subcommands, from the command table.
@@ -1735,6 +1738,12 @@ impl Connection {
             "time" => return (arity(false).unwrap_err(), Flow::Continue),
             "memory" => self.memory_command(&sub, rest).await,
             "shutdown" => return self.shutdown(rest),
+            // What Redis writes to dump.rdb or the AOF, Chorus has on disk as each write commits.
+            "save" | "bgsave" | "bgrewriteaof" => Value::error(format!(
+                "ERR {} has nothing to do on Chorus: every acknowledged write is on disk already \
+                 (LASTSAVE says when the latest was made); for a copy of the data use `chorus backup --to FILE`",
+                name.to_ascii_uppercase()
+            )),
             "monitor" => match rest {
                 [] => {
                     if self.monitoring.is_none() {

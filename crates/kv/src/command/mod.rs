@@ -525,6 +525,9 @@ pub enum Read {
         field: Bytes,
     },
     DbSize,
+    /// LASTSAVE: when the latest write this node applied was made (its entry's time, in
+    /// seconds): every write is on disk once it applies, so that is the last save.
+    LastSave,
     /// INFO's keyspace line: how many keys, and how many of them have a deadline.
     KeyspaceCounts,
     /// MEMORY USAGE: about what `key` takes in memory, were its values all cached (nil when it
@@ -1644,6 +1647,10 @@ impl Command {
             "dbsize" => {
                 exact(0)?;
                 Command::Read(Read::DbSize)
+            }
+            "lastsave" => {
+                exact(0)?;
+                Command::Read(Read::LastSave)
             }
             "getrange" | "substr" => {
                 exact(3)?;

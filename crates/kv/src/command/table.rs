@@ -227,6 +227,10 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("touch", -2, R, ALL, "generic"),
     spec("time", 1, &["random", "fast"], NONE, "server"),
     spec("monitor", 1, &["admin", "noscript", "loading", "stale"], NONE, "server"),
+    spec("lastsave", 1, &["random", "fast", "loading", "stale"], NONE, "server"),
+    spec("save", 1, &["admin", "noscript"], NONE, "server"),
+    spec("bgsave", -1, &["admin", "noscript"], NONE, "server"),
+    spec("bgrewriteaof", 1, &["admin", "noscript"], NONE, "server"),
     spec(
         "shutdown",
         -1,

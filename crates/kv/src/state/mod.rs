@@ -1554,6 +1554,7 @@ impl KvState {
                     Value::Integer(present as i64)
                 }
                 Read::DbSize => Value::Integer(self.len() as i64),
+                Read::LastSave => Value::Integer((self.log_clock_ms / 1000) as i64),
                 Read::KeyspaceCounts => Value::array(vec![
                     Value::Integer(self.len() as i64),
                     Value::Integer(self.deadlines.len() as i64),
