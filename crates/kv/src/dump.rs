@@ -701,7 +701,7 @@ mod tests {
             .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
             .collect();
         let code = Bytes::from_static(b"#!lua name=lib\nredis.register_function(\"f\", function() return 1 end)");
-        assert_eq!(decode_libraries(&from_redis).unwrap(), [code.clone()]);
+        assert_eq!(decode_libraries(&from_redis).unwrap(), std::slice::from_ref(&code));
         assert_eq!(encode_libraries(&[code]), from_redis);
 
         // Redis 7.0's release candidates kept the name and engine apart from the code.
