@@ -1083,15 +1083,18 @@ impl Connection {
     /// A (un)subscription's confirmation, with the count Redis gives: of the connection's shard
     /// channels for a shard channel's, of its channels and patterns for the others.
     fn subscription_reply(&self, kind: Subscription, unsubscribed: bool, name: Option<Bytes>) -> Value {
-        let (confirmation, count) = match (kind, unsubscribed) {
-            (Subscription::Channel, false) => ("subscribe", None),
-            (Subscription::Channel, true) => ("unsubscribe", None),
-            (Subscription::Pattern, false) => ("psubscribe", None),
-            (Subscription::Pattern, true) => ("punsubscribe", None),
-            (Subscription::ShardChannel, false) => ("ssubscribe", Some(self.shard_channels.len())),
-            (Subscription::ShardChannel, true) => ("sunsubscribe", Some(self.shard_channels.len())),
+        let confirmation = match (kind, unsubscribed) {
+            (Subscription::Channel, false) => "subscribe",
+            (Subscription::Channel, true) => "unsubscribe",
+            (Subscription::Pattern, false) => "psubscribe",
+            (Subscription::Pattern, true) => "punsubscribe",
+            (Subscription::ShardChannel, false) => "ssubscribe",
+            (Subscription::ShardChannel, true) => "sunsubscribe",
         };
-        let count = count.unwrap_or(self.channels.len() + self.patterns.len());
+        let count = match kind {
+            Subscription::ShardChannel => self.shard_channels.len(),
+            _ => self.channels.len() + self.patterns.len(),
+        };
         Value::Push(vec![
             Value::bulk(confirmation),
             Value::Bulk(name),

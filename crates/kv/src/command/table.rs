@@ -25,6 +25,9 @@ const WBM: &[&str] = &["write", "blocking", "movablekeys"];
 const RBM: &[&str] = &["readonly", "blocking", "movablekeys"];
 const S: &[&str] = &["noscript"];
 const P: &[&str] = &["pubsub", "noscript"];
+/// Scripts and functions: their keys come from a count.
+const SCRIPT: &[&str] = &["noscript", "movablekeys"];
+const SCRIPT_RO: &[&str] = &["noscript", "readonly", "movablekeys"];
 
 const fn spec(
     name: &'static str,
@@ -244,31 +247,13 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("discard", 1, S, NONE, "transactions"),
     spec("watch", -2, S, ALL, "transactions"),
     spec("unwatch", 1, S, NONE, "transactions"),
-    spec("eval", -3, &["noscript", "movablekeys"], NONE, "scripting"),
-    spec("evalsha", -3, &["noscript", "movablekeys"], NONE, "scripting"),
-    spec(
-        "eval_ro",
-        -3,
-        &["noscript", "readonly", "movablekeys"],
-        NONE,
-        "scripting",
-    ),
-    spec(
-        "evalsha_ro",
-        -3,
-        &["noscript", "readonly", "movablekeys"],
-        NONE,
-        "scripting",
-    ),
+    spec("eval", -3, SCRIPT, NONE, "scripting"),
+    spec("evalsha", -3, SCRIPT, NONE, "scripting"),
+    spec("eval_ro", -3, SCRIPT_RO, NONE, "scripting"),
+    spec("evalsha_ro", -3, SCRIPT_RO, NONE, "scripting"),
     spec("script", -2, S, NONE, "scripting"),
-    spec("fcall", -3, &["noscript", "movablekeys"], NONE, "scripting"),
-    spec(
-        "fcall_ro",
-        -3,
-        &["noscript", "readonly", "movablekeys"],
-        NONE,
-        "scripting",
-    ),
+    spec("fcall", -3, SCRIPT, NONE, "scripting"),
+    spec("fcall_ro", -3, SCRIPT_RO, NONE, "scripting"),
     spec("function", -2, S, NONE, "scripting"),
     spec("subscribe", -2, P, NONE, "pubsub"),
     spec("unsubscribe", -1, P, NONE, "pubsub"),
