@@ -18,9 +18,16 @@ struct Node {
     metrics: SocketAddr,
     dir: PathBuf,
     child: Option<Child>,
-    /// On the PostgreSQL engine: the directory of the node's own server (stopped on drop), and
-    /// the flags naming it.
-    engine: Option<(PathBuf, Vec<String>)>,
+    /// On the PostgreSQL engine: the node's own server (stopped on drop).
+    engine: Option<NodeServer>,
+}
+
+/// A node's own PostgreSQL server.
+struct NodeServer {
+    dir: PathBuf,
+    addr: SocketAddr,
+    /// The `chorus sql` flags naming it.
+    flags: Vec<String>,
 }
 
 /// The database under the nodes.
@@ -75,7 +82,11 @@ impl SqlCluster {
                         "--sql-postgres".to_string(),
                         chorus_cluster::postgres::conninfo(server),
                     ];
-                    (server_dir, flags)
+                    NodeServer {
+                        dir: server_dir,
+                        addr: server,
+                        flags,
+                    }
                 }),
             })
             .collect();
@@ -99,8 +110,8 @@ impl SqlCluster {
         let peers = self.peers.clone();
         let mut args = self.args.clone();
         let node = &mut self.nodes[id as usize - 1];
-        if let Some((_, flags)) = &node.engine {
-            args.extend(flags.iter().cloned());
+        if let Some(server) = &node.engine {
+            args.extend(server.flags.iter().cloned());
         }
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -333,8 +344,11 @@ impl SqlCluster {
     /// recover from its WAL) and returns a connection to it once it takes them again.
     /// Node `id`'s PostgreSQL server's connection string.
     fn server_conninfo(&self, id: u64) -> String {
-        let (_, flags) = self.node(id).engine.as_ref().expect("a PostgreSQL engine");
-        format!("{} connect_timeout=2", flags.last().expect("--sql-postgres's value"))
+        let server = self.node(id).engine.as_ref().expect("a PostgreSQL engine");
+        format!(
+            "{} connect_timeout=2",
+            server.flags.last().expect("--sql-postgres's value")
+        )
     }
 
     /// A client of node `id`'s PostgreSQL server itself, behind the node's back.
@@ -344,6 +358,18 @@ impl SqlCluster {
             .expect("connect");
         tokio::spawn(connection);
         server
+    }
+
+    /// Node `id`'s PostgreSQL server, stopped (a fast shutdown).
+    fn stop_postgres(&self, id: u64) {
+        chorus_cluster::postgres::stop(&self.node(id).engine.as_ref().expect("a PostgreSQL engine").dir);
+    }
+
+    /// Node `id`'s PostgreSQL server, started again; returns once it takes connections.
+    fn start_postgres(&self, id: u64) {
+        let server = self.node(id).engine.as_ref().expect("a PostgreSQL engine");
+        chorus_cluster::postgres::ensure_running(self._dir.path(), &server.dir, server.addr)
+            .expect("PostgreSQL starts");
     }
 
     async fn crash_postgres(&self, id: u64) -> Client {
@@ -357,6 +383,10 @@ impl SqlCluster {
             .await
             .unwrap();
         let pid: i32 = server.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+        // Crash recovery ends with a checkpoint of its own: until it is there, a connection may
+        // be one the postmaster took before it saw the crash, and is about to cut.
+        const CHECKPOINT: &str = "SELECT checkpoint_lsn::text FROM pg_control_checkpoint()";
+        let before: String = server.query_one(CHECKPOINT, &[]).await.unwrap().get(0);
         let killed = Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
         assert!(killed.success(), "kill -KILL {pid}");
         assert!(server.simple_query("SELECT 1").await.is_err(), "the backend was killed");
@@ -364,8 +394,10 @@ impl SqlCluster {
         loop {
             if let Ok((server, connection)) = tokio_postgres::connect(&conninfo, NoTls).await {
                 tokio::spawn(connection);
-                if server.simple_query("SELECT 1").await.is_ok() {
-                    return server;
+                if let Ok(row) = server.query_one(CHECKPOINT, &[]).await {
+                    if row.get::<_, String>(0) != before {
+                        return server;
+                    }
                 }
             }
             assert!(Instant::now() < deadline, "node {id}'s server did not recover");
@@ -429,8 +461,8 @@ impl Drop for SqlCluster {
         for id in 1..=self.nodes.len() as u64 {
             self.kill(id);
         }
-        for (server_dir, _) in self.nodes.iter().filter_map(|n| n.engine.as_ref()) {
-            chorus_cluster::postgres::stop(server_dir);
+        for server in self.nodes.iter().filter_map(|n| n.engine.as_ref()) {
+            chorus_cluster::postgres::stop(&server.dir);
         }
     }
 }
@@ -972,6 +1004,35 @@ async fn on_the_postgres_engine_a_replica_whose_server_crashed_draws_what_the_le
     for node in others(leader) {
         cluster.wait_for_rows(node, query, &expected).await;
     }
+}
+
+/// A node started while its PostgreSQL server is down (a reboot that starts Chorus first, a
+/// server still replaying its WAL) waits for the server instead of exiting, then serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_postgres_engine_a_node_started_before_its_server_waits_for_it() {
+    let mut cluster = SqlCluster::start_on(Engine::Postgres, 1, &[]);
+    let node = cluster
+        .setup("CREATE TABLE items (id int PRIMARY KEY); INSERT INTO items VALUES (1)")
+        .await;
+    cluster.kill(node);
+    cluster.stop_postgres(node);
+    cluster.launch(node);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let exited = cluster.nodes[node as usize - 1]
+        .child
+        .as_mut()
+        .expect("launched")
+        .try_wait()
+        .expect("wait");
+    assert!(
+        exited.is_none(),
+        "node {node} exited ({exited:?}) while its server was down; its log ends:\n{}",
+        cluster.log_tail(node)
+    );
+    cluster.start_postgres(node);
+    cluster
+        .wait_for_rows(node, "SELECT id FROM items", &[vec![Some("1".to_string())]])
+        .await;
 }
 
 /// A checkpoint's dump reads sequences later than its snapshot, while the leader goes on

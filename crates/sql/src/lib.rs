@@ -114,6 +114,9 @@ pub async fn start(
             )));
         }
     }
+    if let Database::Postgres(server) = &database {
+        postgres::wait_until_ready(server).await.map_err(StartError::Database)?;
+    }
     if let (Database::Postgres(server), false) = (&database, options.mode == ReplicationMode::Active) {
         postgres::require_logical_decoding(server).map_err(StartError::Database)?;
     }

@@ -536,6 +536,32 @@ fn may_change_schema(sql: &str) -> bool {
     .any(|word| word.eq_ignore_ascii_case(first))
 }
 
+/// How long a starting node waits for its PostgreSQL server to take connections: a server
+/// restarted after a crash (or a reboot) replays its WAL first and refuses connections
+/// meanwhile (SQLSTATE 57P03), and a server started beside the node may not listen yet.
+const SERVER_READY_WAIT: Duration = Duration::from_secs(120);
+
+/// Returns once `server` takes connections, or with its refusal after `SERVER_READY_WAIT`, or
+/// at once with an error that waiting does not mend (a password asked for, say).
+pub async fn wait_until_ready(server: &PgServer) -> Result<(), SqlError> {
+    let deadline = Instant::now() + SERVER_READY_WAIT;
+    let mut told = false;
+    loop {
+        match pg_blocking::Connection::connect(&server.config, "") {
+            Ok(_) => return Ok(()),
+            Err(e) if (e.code == "57P03" || e.is_connection_failure()) && Instant::now() < deadline => {
+                if !told {
+                    tracing::warn!(reason = %e, wait_s = SERVER_READY_WAIT.as_secs(),
+                        "the node's PostgreSQL server does not take connections yet; waiting for it");
+                    told = true;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Fails, saying what to set, unless `server` can decode its WAL for a slot (passive mode).
 pub fn require_logical_decoding(server: &PgServer) -> Result<(), SqlError> {
     let mut reader = PgReader::open(server)?;
