@@ -40,7 +40,7 @@ enum Engine {
 
 /// A local cluster of `chorus sql` nodes, stopped when dropped.
 struct SqlCluster {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     peers: String,
     nodes: Vec<Node>,
     /// Extra `chorus sql` flags for every node.
@@ -91,7 +91,7 @@ impl SqlCluster {
             })
             .collect();
         let mut cluster = SqlCluster {
-            _dir: dir,
+            dir,
             peers,
             nodes,
             args: args.iter().map(|a| a.to_string()).collect(),
@@ -344,11 +344,15 @@ impl SqlCluster {
     /// recover from its WAL) and returns a connection to it once it takes them again.
     /// Node `id`'s PostgreSQL server's connection string.
     fn server_conninfo(&self, id: u64) -> String {
-        let server = self.node(id).engine.as_ref().expect("a PostgreSQL engine");
         format!(
             "{} connect_timeout=2",
-            server.flags.last().expect("--sql-postgres's value")
+            chorus_cluster::postgres::conninfo(self.node_server(id).addr)
         )
+    }
+
+    /// Node `id`'s own PostgreSQL server.
+    fn node_server(&self, id: u64) -> &NodeServer {
+        self.node(id).engine.as_ref().expect("a PostgreSQL engine")
     }
 
     /// A client of node `id`'s PostgreSQL server itself, behind the node's back.
@@ -362,14 +366,13 @@ impl SqlCluster {
 
     /// Node `id`'s PostgreSQL server, stopped (a fast shutdown).
     fn stop_postgres(&self, id: u64) {
-        chorus_cluster::postgres::stop(&self.node(id).engine.as_ref().expect("a PostgreSQL engine").dir);
+        chorus_cluster::postgres::stop(&self.node_server(id).dir);
     }
 
     /// Node `id`'s PostgreSQL server, started again; returns once it takes connections.
     fn start_postgres(&self, id: u64) {
-        let server = self.node(id).engine.as_ref().expect("a PostgreSQL engine");
-        chorus_cluster::postgres::ensure_running(self._dir.path(), &server.dir, server.addr)
-            .expect("PostgreSQL starts");
+        let server = self.node_server(id);
+        chorus_cluster::postgres::ensure_running(self.dir.path(), &server.dir, server.addr).expect("PostgreSQL starts");
     }
 
     async fn crash_postgres(&self, id: u64) -> Client {
@@ -1017,16 +1020,9 @@ async fn on_the_postgres_engine_a_node_started_before_its_server_waits_for_it() 
     cluster.kill(node);
     cluster.stop_postgres(node);
     cluster.launch(node);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let exited = cluster.nodes[node as usize - 1]
-        .child
-        .as_mut()
-        .expect("launched")
-        .try_wait()
-        .expect("wait");
     assert!(
-        exited.is_none(),
-        "node {node} exited ({exited:?}) while its server was down; its log ends:\n{}",
+        !cluster.exited_within(node, Duration::from_millis(1500)),
+        "node {node} exited while its server was down; its log ends:\n{}",
         cluster.log_tail(node)
     );
     cluster.start_postgres(node);
