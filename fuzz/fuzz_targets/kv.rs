@@ -1,10 +1,11 @@
 //! The key-value state machine's inputs from the log: command argument lists (plain and with RIFL
-//! envelopes), RIFL's lease commands, command parsing and applying. (What a leader ships, segment files and a manifest, is the `segment` target's.)
+//! envelopes), RIFL's lease commands, command parsing (and COMMAND GETKEYS's search for keys)
+//! and applying. (What a leader ships, segment files and a manifest, is the `segment` target's.)
 #![no_main]
 
 use std::sync::Mutex;
 
-use chorus_kv::command::{decode_logged, Command, Logged};
+use chorus_kv::command::{decode_logged, table, Command, Logged};
 use chorus_kv::KvState;
 use chorus_log::StateMachine;
 use chorus_storage::StoreOptions;
@@ -17,6 +18,7 @@ static STATE: Mutex<Option<(tempfile::TempDir, KvState, u64)>> = Mutex::new(None
 fuzz_target!(|data: &[u8]| {
     if let Ok(Logged::Args(args) | Logged::Enveloped(_, args)) = decode_logged(data) {
         let _ = Command::parse(&args);
+        let _ = table::keys_of(&args);
     }
     let mut guard = STATE.lock().expect("not poisoned");
     let (_, state, index) = guard.get_or_insert_with(|| {

@@ -1097,6 +1097,8 @@ const STREAM_CASES: std::ops::Range<usize> = 138..154;
 struct RedisServer {
     child: std::process::Child,
     addr: SocketAddr,
+    /// Its working directory: where a BGREWRITEAOF writes.
+    _dir: tempfile::TempDir,
 }
 
 impl RedisServer {
@@ -1106,7 +1108,9 @@ impl RedisServer {
         // out for binding to port 0 can be taken by another test's outgoing connection before
         // redis-server binds it.
         let port = chorus_cluster::ports::free_loopback_ports(1).unwrap()[0];
+        let dir = tempfile::tempdir().unwrap();
         let child = Command::new("redis-server")
+            .current_dir(dir.path())
             .args([
                 "--port",
                 &port.to_string(),
@@ -1126,7 +1130,7 @@ impl RedisServer {
             assert!(Instant::now() < deadline, "redis-server did not start on port {port}");
             std::thread::sleep(Duration::from_millis(50));
         }
-        RedisServer { child, addr }
+        RedisServer { child, addr, _dir: dir }
     }
 }
 
@@ -2153,6 +2157,126 @@ async fn shard_channels_behave_as_on_redis_server() {
     assert_eq!(String::from_utf8_lossy(&message), String::from_utf8_lossy(frame));
 }
 
+/// COMMAND GETKEYS of every kind of command, and its errors.
+const GETKEYS_CASES: &[&str] = &[
+    "GET k",
+    "SET k v EX 10",
+    "MSET a 1 b 2",
+    "OBJECT ENCODING k",
+    "OBJECT HELP",
+    "OBJECT ENCODING",
+    "MEMORY USAGE k",
+    "SORT k LIMIT 0 1 BY w GET x STORE dst",
+    "SORT_RO k BY x",
+    "GEORADIUS k 0 0 1 km STORE d1 STOREDIST d2",
+    "GEORADIUSBYMEMBER k store 1 km STORE d1",
+    "SINTERCARD 2 a b LIMIT 1",
+    "SINTERCARD 5 a",
+    "BLMPOP 0 2 a b LEFT",
+    "ZUNIONSTORE d 2 a b WEIGHTS 1 2",
+    "ZINTERSTORE d 0 a",
+    "ZDIFF 1 a",
+    "XREAD COUNT 1 STREAMS s1 s2 0 0",
+    "XREADGROUP GROUP g c COUNT 1 STREAMS s1 0",
+    "XGROUP CREATE s g 0",
+    "XINFO HELP",
+    "EVAL x 2 a b",
+    "EVAL x 3 a b",
+    "FCALL_RO f 0",
+    "PUBLISH ch m",
+    "SPUBLISH ch m",
+    "WATCH a b",
+    "BLPOP a b 0",
+    "BITOP AND d a b",
+    "GEOSEARCHSTORE d s FROMMEMBER m BYRADIUS 1 km",
+    "KEYS *",
+    "GET a b",
+    "NOSUCH a",
+    "PING",
+];
+
+/// What a client sees of COMMAND GETKEYS, SLOWLOG and the slow log's settings (the entries'
+/// arguments and client names, not their times).
+async fn introspection(addr: SocketAddr) -> Vec<Value> {
+    let mut client = Client::connect(addr).await.unwrap();
+    let mut seen = Vec::new();
+    for case in GETKEYS_CASES {
+        let mut args = vec!["COMMAND", "GETKEYS"];
+        args.extend(case.split(' '));
+        seen.push(client.command(&args).await.unwrap());
+    }
+    let long_key = "k".repeat(200);
+    let many: Vec<String> = (0..40).map(|i| format!("key{i}")).collect();
+    let mut del = vec!["DEL"];
+    del.extend(many.iter().map(String::as_str));
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["CONFIG", "SET", "slowlog-max-len", "x"],
+        vec!["CONFIG", "SET", "slowlog-max-len", "-1"],
+        vec!["CONFIG", "SET", "slowlog-max-len", "5", "slowlog-max-len", "6"],
+        vec!["CONFIG", "SET", "slowlog-log-slower-than", "1.5"],
+        vec!["CONFIG", "SET", "slowlog-max-len", "6", "slowlog-log-slower-than", "0"],
+        // One at a time: redis-server's order of several is its hash table's.
+        vec!["CONFIG", "GET", "slowlog-max-len"],
+        vec!["CONFIG", "GET", "slowlog-log-slower-than"],
+        vec!["SLOWLOG", "RESET"],
+        vec!["CLIENT", "SETNAME", "tester"],
+        vec!["SET", &long_key, "v"],
+        vec!["GET", "k"],
+        vec!["HSET", "h", "f", "v"],
+        del,
+        vec!["PING"],
+        vec!["SLOWLOG", "LEN"],
+        vec!["SLOWLOG", "GET", "-2"],
+        vec!["SLOWLOG", "GET", "x"],
+        vec!["SLOWLOG", "LEN", "1"],
+        vec!["SLOWLOG", "NOSUCH"],
+        vec!["SLOWLOG"],
+    ];
+    for command in &commands {
+        seen.push(client.command(command).await.unwrap());
+    }
+    let Value::Array(Some(entries)) = client.command(&["SLOWLOG", "GET", "-1"]).await.unwrap() else {
+        panic!("SLOWLOG GET is an array")
+    };
+    let mut ids = Vec::new();
+    for entry in entries {
+        let Value::Array(Some(fields)) = entry else {
+            panic!("{entry:?}")
+        };
+        let [Value::Integer(id), Value::Integer(unix_secs), Value::Integer(took_us), args, Value::Bulk(Some(addr)), name] =
+            &fields[..]
+        else {
+            panic!("{fields:?}")
+        };
+        assert!(*unix_secs > 1_700_000_000 && *took_us >= 0, "{fields:?}");
+        assert!(String::from_utf8_lossy(addr).starts_with("127.0.0.1:"), "{fields:?}");
+        ids.push(*id);
+        seen.push(Value::array(vec![args.clone(), name.clone()]));
+    }
+    assert!(ids.windows(2).all(|w| w[0] == w[1] + 1), "newest first: {ids:?}");
+    let Value::Array(Some(two)) = client.command(&["SLOWLOG", "GET", "2"]).await.unwrap() else {
+        panic!("SLOWLOG GET is an array")
+    };
+    seen.push(Value::Integer(two.len() as i64));
+    seen
+}
+
+/// COMMAND GETKEYS finds the keys redis-server finds and fails as it does; the slow log of a
+/// follower (writes forwarded to its leader) keeps what redis-server's keeps, cut and ordered
+/// alike, with its settings and errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn command_getkeys_and_the_slow_log_answer_as_on_redis_server() {
+    let redis_server = RedisServer::start();
+    let cluster = Cluster::start(3, &[]);
+    let (_, followers) = cluster.leader_and_followers().await;
+    let expected = introspection(redis_server.addr).await;
+    let seen = introspection(cluster.node(followers[0]).resp_addr).await;
+    assert_eq!(seen.len(), expected.len(), "{seen:#?}\n{expected:#?}");
+    for (at, (seen, expected)) in seen.iter().zip(&expected).enumerate() {
+        assert_eq!(seen, expected, "reply {at}");
+    }
+}
+
 /// LASTSAVE on any node is when the latest write was made (every write is on disk once it
 /// applies); SAVE, BGSAVE and BGREWRITEAOF say there is nothing to do and where a copy comes
 /// from.
@@ -2287,10 +2411,13 @@ async fn monitor_shows_commands_as_redis_server_does() {
         vec!["CLIENT", "LIST"],
         vec!["CLIENT", "SETNAME", "watched"],
         vec!["NOSUCHCOMMAND", "x"],
+        vec!["SLOWLOG", "LEN"],
+        vec!["BGREWRITEAOF"],
+        vec!["COMMAND", "GETKEYS", "GET", "k"],
         vec!["ECHO", ""],
     ];
     let expected = monitored(redis_server.addr, &commands).await;
-    assert_eq!(expected.len(), 12, "{expected:#?}");
+    assert_eq!(expected.len(), 13, "{expected:#?}");
     assert_eq!(
         monitored(cluster.node(followers[0]).resp_addr, &commands).await,
         expected

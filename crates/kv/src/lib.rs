@@ -15,6 +15,7 @@ pub mod ldc;
 pub mod listeners;
 mod monitor;
 pub mod server;
+mod slowlog;
 mod speculation;
 pub mod state;
 mod storage_metrics;

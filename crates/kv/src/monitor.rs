@@ -68,13 +68,26 @@ fn hidden(args: &[Bytes]) -> bool {
     let is = |arg: Option<&Bytes>, names: &[&str]| {
         arg.is_some_and(|a| names.iter().any(|n| a.eq_ignore_ascii_case(n.as_bytes())))
     };
-    is(args.first(), &["config", "cluster", "monitor", "debug"])
-        || (is(args.first(), &["client"]) && is(args.get(1), &["kill", "list"]))
+    is(
+        args.first(),
+        &[
+            "config",
+            "cluster",
+            "monitor",
+            "debug",
+            "slowlog",
+            "save",
+            "bgsave",
+            "bgrewriteaof",
+            "shutdown",
+        ],
+    ) || (is(args.first(), &["client"]) && is(args.get(1), &["kill", "list"]))
         || (is(args.first(), &["acl"]) && is(args.get(1), &["users"]))
 }
 
-/// The arguments a monitor sees: AUTH's, and HELLO's after AUTH, replaced by `(redacted)`.
-fn redacted(args: &[Bytes]) -> Vec<Bytes> {
+/// The arguments a monitor (or the slow log) shows: AUTH's, and HELLO's after AUTH, replaced by
+/// `(redacted)`.
+pub(crate) fn redacted(args: &[Bytes]) -> Vec<Bytes> {
     let redacted = Bytes::from_static(b"(redacted)");
     let mut shown = args.to_vec();
     if args[0].eq_ignore_ascii_case(b"auth") {

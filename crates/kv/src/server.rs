@@ -52,6 +52,7 @@ use crate::glob::glob_match;
 use crate::keyspace_events;
 use crate::listeners::{Delivery, Hub, Subscription};
 use crate::monitor::{Feed, Monitors};
+use crate::slowlog::{self, SlowLog};
 use crate::state::{KvState, EXPIRED, OUT_OF_ORDER};
 
 pub type KvNode = NodeHandle<KvState>;
@@ -127,6 +128,7 @@ const SERVER_COMMANDS: &[&str] = &[
     "save",
     "bgsave",
     "bgrewriteaof",
+    "slowlog",
 ];
 
 /// COMMAND and its subcommands, from the command table.
@@ -156,8 +158,42 @@ fn command_command(sub: &str, rest: &[Bytes]) -> Value {
                 .map(|spec| (Value::bulk(spec.name), spec.docs()))
                 .collect(),
         ),
-        _ => Value::error(format!("ERR unknown subcommand '{sub}'. Try COMMAND HELP.")),
+        "getkeys" if rest.len() < 3 => Value::error("ERR wrong number of arguments for 'command|getkeys' command"),
+        "getkeys" => match table::keys_of(&rest[1..]) {
+            Ok(keys) => Value::array(keys.into_iter().map(|key| Value::Bulk(Some(key))).collect()),
+            Err(e) => Value::error(e),
+        },
+        "help" => crate::state::help_reply(&[
+            "COMMAND <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "(no subcommand)",
+            "    Return details about all commands Chorus answers.",
+            "COUNT",
+            "    Return how many commands Chorus answers.",
+            "LIST",
+            "    Return the names of the commands Chorus answers.",
+            "INFO [<command-name> ...]",
+            "    Return details about the given commands (or all of them).",
+            "DOCS [<command-name> ...]",
+            "    Return the group of each of the given commands (or all of them).",
+            "GETKEYS <full-command>",
+            "    Return the keys of a whole command.",
+            "HELP",
+            "    Print this help.",
+        ]),
+        _ => Value::error(format!(
+            "ERR unknown subcommand '{}'. Try COMMAND HELP.",
+            String::from_utf8_lossy(&rest[0])
+        )),
     }
+}
+
+/// Whether a server command's reply refuses it as Redis refuses a command before running it (an
+/// unknown command or subcommand, or a wrong number of arguments): the slow log leaves those
+/// out, as Redis's does.
+fn refused_by_the_command_table(reply: &Value) -> bool {
+    matches!(reply, Value::Error(e) if ["ERR unknown command", "ERR unknown subcommand", "ERR wrong number of arguments"]
+        .iter()
+        .any(|refusal| e.starts_with(refusal)))
 }
 
 /// Redis's reply to a command it does not know (`args` as the client sent them): the name, and
@@ -287,6 +323,7 @@ struct Shared {
     drain: Arc<Drain>,
     /// Connections in MONITOR mode, and the lines they are sent.
     monitors: Arc<Monitors>,
+    slowlog: SlowLog,
 }
 
 /// The RIFL client ids this node has handed to connections.
@@ -534,6 +571,7 @@ pub async fn serve(
         logins,
         drain,
         monitors: Arc::default(),
+        slowlog: SlowLog::new(slowlog::DEFAULT_SLOWER_THAN_US, slowlog::DEFAULT_MAX_LEN),
     });
     let renewing = shared.clone();
     tokio::spawn(async move {
@@ -598,6 +636,7 @@ pub async fn serve(
                 shard_channels: BTreeSet::new(),
                 deliveries: None,
                 settled: Vec::new(),
+                timed: Vec::new(),
                 monitoring: None,
                 shared,
             };
@@ -694,6 +733,9 @@ struct Connection {
     deliveries: Option<(UnboundedSender<Delivery>, UnboundedReceiver<Delivery>)>,
     /// The replies `settle` puts in order, kept between batches so a batch allocates none.
     settled: Vec<Option<Value>>,
+    /// The reads and writes of this batch and when each was read, for the slow log (while it
+    /// logs anything): their time ends when the batch's replies are ready.
+    timed: Vec<(Vec<Bytes>, Instant)>,
     /// After MONITOR: the lines of the commands this node's clients send.
     monitoring: Option<Feed>,
     shared: Arc<Shared>,
@@ -1278,6 +1320,16 @@ impl Connection {
             write_value_as(&value, self.protocol, output);
         }
         self.settled = settled;
+        if !self.timed.is_empty() {
+            let ready = Instant::now();
+            let sender = slowlog::Sender {
+                addr: self.seen.addr,
+                name: self.name.as_ref(),
+            };
+            for (args, read_at) in self.timed.drain(..) {
+                self.shared.slowlog.note(&args, ready - read_at, &sender);
+            }
+        }
     }
 
     /// A blocking command: its attempt, each time this node sees one of its keys hold something
@@ -1669,6 +1721,9 @@ impl Connection {
                     last_error: None,
                     last_in_doubt: false,
                 });
+                if self.shared.slowlog.enabled() {
+                    self.timed.push((args, started));
+                }
                 (slot, Flow::Continue)
             }
             Ok(Some(Command::Blocking(_))) => (
@@ -1680,11 +1735,21 @@ impl Connection {
                     Ok(reply) => Slot::Read { reply, started },
                     Err(e) => Slot::Ready(node_error(e)),
                 };
+                if self.shared.slowlog.enabled() {
+                    self.timed.push((args, started));
+                }
                 (slot, Flow::Continue)
             }
             Ok(None) => {
                 let (value, flow) = self.server_command(&args).await;
                 self.seen.describe(self);
+                if !refused_by_the_command_table(&value) {
+                    let sender = slowlog::Sender {
+                        addr: self.seen.addr,
+                        name: self.name.as_ref(),
+                    };
+                    self.shared.slowlog.note(&args, started.elapsed(), &sender);
+                }
                 (Slot::Ready(value), flow)
             }
         }
@@ -1780,18 +1845,25 @@ impl Connection {
                         .read(crate::command::Read::DbSize, self.consistency)
                         .await
                     {
-                        Ok(_) => config_get(&rest[1..], self.shared.listeners.keyspace_flags()),
+                        Ok(_) => config_get(&rest[1..], self.shared.listeners.keyspace_flags(), &self.shared.slowlog),
                         Err(e) => node_error(e),
                     }
                 }
                 ("get", _) => Value::error("ERR wrong number of arguments for 'config|get' command"),
+                ("set", n) if n < 3 || n % 2 == 0 => {
+                    Value::error("ERR wrong number of arguments for 'config|set' command")
+                }
+                ("set", _) if rest[1..].chunks(2).all(|pair| slowlog_setting(&pair[0]).is_some()) => {
+                    config_set_slowlog(&self.shared.slowlog, &rest[1..])
+                }
                 ("set", _) | ("rewrite", _) | ("resetstat", _) => Value::error(
-                    "ERR CONFIG SET takes only notify-keyspace-events; REWRITE and RESETSTAT are not supported: \
-                     configure chorus with its TOML file or flags",
+                    "ERR CONFIG SET takes only notify-keyspace-events, slowlog-log-slower-than and slowlog-max-len; \
+                     REWRITE and RESETSTAT are not supported: configure chorus with its TOML file or flags",
                 ),
                 _ => Value::error(format!("ERR unknown subcommand '{sub}' for 'config'")),
             },
             "command" => command_command(&sub, rest),
+            "slowlog" => slowlog_command(&self.shared.slowlog, &sub, rest),
             "client" => match (sub.as_str(), rest.len()) {
                 ("setname", 2) => {
                     // A copy: a slice would keep the whole input buffer it came in alive.
@@ -2261,19 +2333,14 @@ impl Connection {
                 }
             }
             "usage" => Value::error("ERR wrong number of arguments for 'memory|usage' command"),
-            "help" => Value::array(
-                [
-                    "MEMORY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
-                    "USAGE <key> [SAMPLES <count>]",
-                    "    Return about how many bytes <key> takes in memory were its values all cached:",
-                    "    its records' keys and values, and what the index spends on each record.",
-                    "HELP",
-                    "    Print this help.",
-                ]
-                .into_iter()
-                .map(|line| Value::Simple(line.into()))
-                .collect(),
-            ),
+            "help" => crate::state::help_reply(&[
+                "MEMORY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                "USAGE <key> [SAMPLES <count>]",
+                "    Return about how many bytes <key> takes in memory were its values all cached:",
+                "    its records' keys and values, and what the index spends on each record.",
+                "HELP",
+                "    Print this help.",
+            ]),
             _ => Value::error(format!("ERR unknown subcommand '{sub}'. Try MEMORY HELP.")),
         }
     }
@@ -2587,23 +2654,112 @@ fn human_bytes(bytes: u64) -> String {
 }
 
 /// Answers CONFIG GET honestly for the parameters that describe Chorus; others match nothing.
-fn config_get(patterns: &[Bytes], keyspace_flags: u16) -> Value {
+fn config_get(patterns: &[Bytes], keyspace_flags: u16, slowlog: &SlowLog) -> Value {
     let keyspace_events = keyspace_events::render(keyspace_flags);
     let known = [
-        ("appendonly", "yes"),
-        ("appendfsync", "always"),
-        ("databases", "1"),
-        ("maxmemory", "0"),
-        ("notify-keyspace-events", keyspace_events.as_str()),
-        ("save", ""),
+        ("appendonly", "yes".to_string()),
+        ("appendfsync", "always".to_string()),
+        ("databases", "1".to_string()),
+        ("maxmemory", "0".to_string()),
+        ("notify-keyspace-events", keyspace_events),
+        ("save", String::new()),
+        ("slowlog-log-slower-than", slowlog.slower_than_us().to_string()),
+        ("slowlog-max-len", slowlog.max_len().to_string()),
     ];
     let mut pairs = Vec::new();
     for (key, value) in known {
         if patterns.iter().any(|p| glob_match(p, key.as_bytes(), true)) {
-            pairs.push((Value::bulk(key), Value::bulk(value.to_string())));
+            pairs.push((Value::bulk(key), Value::bulk(value)));
         }
     }
     Value::map(pairs)
+}
+
+/// The slow log's settings, which CONFIG SET changes on this node only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlowlogSetting {
+    SlowerThanUs,
+    MaxLen,
+}
+
+fn slowlog_setting(name: &[u8]) -> Option<SlowlogSetting> {
+    if name.eq_ignore_ascii_case(b"slowlog-log-slower-than") {
+        Some(SlowlogSetting::SlowerThanUs)
+    } else if name.eq_ignore_ascii_case(b"slowlog-max-len") {
+        Some(SlowlogSetting::MaxLen)
+    } else {
+        None
+    }
+}
+
+/// CONFIG SET of slow log settings (`pairs`: name, value, …): every value checked before any
+/// is set, with Redis's errors.
+fn config_set_slowlog(slowlog: &SlowLog, pairs: &[Bytes]) -> Value {
+    let mut checked: Vec<(SlowlogSetting, i64)> = Vec::new();
+    for pair in pairs.chunks(2) {
+        let setting = slowlog_setting(&pair[0]).expect("only slow log settings come here");
+        let failed = |why: &str| {
+            Value::error(format!(
+                "ERR CONFIG SET failed (possibly related to argument '{}') - {why}",
+                String::from_utf8_lossy(&pair[0]).to_ascii_lowercase()
+            ))
+        };
+        if checked.iter().any(|(seen, _)| *seen == setting) {
+            return failed("duplicate parameter");
+        }
+        let Some(value) = std::str::from_utf8(&pair[1]).ok().and_then(|v| v.parse::<i64>().ok()) else {
+            return failed("argument couldn't be parsed into an integer");
+        };
+        if setting == SlowlogSetting::MaxLen && value < 0 {
+            return failed("argument must be between 0 and 9223372036854775807 inclusive");
+        }
+        checked.push((setting, value));
+    }
+    for (setting, value) in checked {
+        match setting {
+            SlowlogSetting::SlowerThanUs => slowlog.set_slower_than_us(value),
+            SlowlogSetting::MaxLen => slowlog.set_max_len(value as u64),
+        }
+    }
+    Value::ok()
+}
+
+/// SLOWLOG and its subcommands.
+fn slowlog_command(slowlog: &SlowLog, sub: &str, rest: &[Bytes]) -> Value {
+    match (sub, rest.len()) {
+        (_, 0) => Value::error("ERR wrong number of arguments for 'slowlog' command"),
+        ("get", 1) => slowlog.newest(Some(10)),
+        ("get", 2) => match std::str::from_utf8(&rest[1]).ok().and_then(|n| n.parse::<i64>().ok()) {
+            Some(-1) => slowlog.newest(None),
+            Some(count) if count >= 0 => slowlog.newest(Some(count as usize)),
+            _ => Value::error("ERR count should be greater than or equal to -1"),
+        },
+        ("len", 1) => Value::Integer(slowlog.len() as i64),
+        ("reset", 1) => {
+            slowlog.reset();
+            Value::ok()
+        }
+        ("help", 1) => crate::state::help_reply(&[
+            "SLOWLOG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "GET [<count>]",
+            "    Return the newest <count> entries (10 if not given, every one for -1), each:",
+            "    id, unix time, microseconds from reading the command to its reply being ready,",
+            "    the command's arguments, the client's address and the client's name.",
+            "LEN",
+            "    Return how many entries this node keeps.",
+            "RESET",
+            "    Drop every entry.",
+            "HELP",
+            "    Print this help.",
+        ]),
+        ("get" | "len" | "reset" | "help", _) => {
+            Value::error(format!("ERR wrong number of arguments for 'slowlog|{sub}' command"))
+        }
+        _ => Value::error(format!(
+            "ERR unknown subcommand '{}'. Try SLOWLOG HELP.",
+            String::from_utf8_lossy(&rest[0])
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -2644,21 +2800,26 @@ mod tests {
 
     #[test]
     fn config_get_matches_globs() {
+        let slowlog = SlowLog::new(slowlog::DEFAULT_SLOWER_THAN_US, slowlog::DEFAULT_MAX_LEN);
         assert_eq!(
-            config_get(&[Bytes::from("save")], 0),
+            config_get(&[Bytes::from("save")], 0, &slowlog),
             Value::map(vec![(Value::bulk("save"), Value::bulk(""))])
         );
-        let Value::Map(all) = config_get(&[Bytes::from("*")], 0) else {
+        let Value::Map(all) = config_get(&[Bytes::from("*")], 0, &slowlog) else {
             panic!()
         };
-        assert_eq!(all.len(), 6);
-        assert_eq!(config_get(&[Bytes::from("nothing*")], 0), Value::map(vec![]));
-        assert_eq!(config_get(&[Bytes::from("APPEND?")], 0), Value::map(vec![]));
+        assert_eq!(all.len(), 8);
+        assert_eq!(config_get(&[Bytes::from("nothing*")], 0, &slowlog), Value::map(vec![]));
+        assert_eq!(config_get(&[Bytes::from("APPEND?")], 0, &slowlog), Value::map(vec![]));
         assert_eq!(
-            config_get(&[Bytes::from("notify-*")], keyspace_events::parse(b"KEA").unwrap()),
+            config_get(
+                &[Bytes::from("notify-*")],
+                keyspace_events::parse(b"KEA").unwrap(),
+                &slowlog
+            ),
             Value::map(vec![(Value::bulk("notify-keyspace-events"), Value::bulk("AKE"))])
         );
-        let Value::Map(append) = config_get(&[Bytes::from("APPEND*")], 0) else {
+        let Value::Map(append) = config_get(&[Bytes::from("APPEND*")], 0, &slowlog) else {
             panic!()
         };
         assert_eq!(append.len(), 2, "CONFIG GET patterns ignore case");

@@ -3,6 +3,7 @@
 //! (first, last — negative counts from the end — and step; 0, 0, 0 when it has none or they
 //! are found from a count, `movablekeys`).
 
+use bytes::Bytes;
 use chorus_resp::Value;
 
 pub struct CommandSpec {
@@ -292,6 +293,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("info", -1, S, NONE, "server"),
     spec("config", -2, S, NONE, "server"),
     spec("command", -1, S, NONE, "server"),
+    spec("slowlog", -2, &["admin", "random", "loading", "stale"], NONE, "server"),
     spec("rifl", -2, S, NONE, "chorus"),
     spec("curp", -2, S, NONE, "chorus"),
 ];
@@ -321,5 +323,187 @@ impl CommandSpec {
     /// COMMAND DOCS's entry: the command's group.
     pub fn docs(&self) -> Value {
         Value::map(vec![(Value::bulk("group"), Value::bulk(self.group))])
+    }
+}
+
+/// Subcommands whose keys differ from what their command's table entry says: their arity (of
+/// the whole command, as Redis 7's subcommand table has it) and where their key is, if any.
+const SUBCOMMANDS: &[(&str, &str, i64, Option<i64>)] = &[
+    ("object", "encoding", 3, Some(2)),
+    ("object", "freq", 3, Some(2)),
+    ("object", "idletime", 3, Some(2)),
+    ("object", "refcount", 3, Some(2)),
+    ("memory", "usage", -3, Some(2)),
+    ("xinfo", "help", 2, None),
+    ("xgroup", "help", 2, None),
+];
+
+/// Channel commands: Redis 7 marks their channel as "not a key", so COMMAND GETKEYS finds none.
+const CHANNEL_COMMANDS: &[&str] = &["spublish", "ssubscribe", "sunsubscribe"];
+
+/// COMMAND GETKEYS: the keys of a whole command (`args`: its name and arguments), found as
+/// Redis 7.0 finds them — from the table's first, last and step, or, for a command whose keys
+/// move (`movablekeys`), from its own rule. The error is Redis's reply text.
+pub fn keys_of(args: &[Bytes]) -> Result<Vec<Bytes>, &'static str> {
+    let name = String::from_utf8_lossy(args.first().ok_or("ERR Invalid command specified")?).to_ascii_lowercase();
+    let spec = find(&name).ok_or("ERR Invalid command specified")?;
+    let subcommand = args.get(1).map(|sub| String::from_utf8_lossy(sub).to_ascii_lowercase());
+    let listed_subcommand = SUBCOMMANDS
+        .iter()
+        .find(|(command, sub, _, _)| *command == name && Some(*sub) == subcommand.as_deref());
+    let arity = listed_subcommand.map_or(spec.arity, |(_, _, arity, _)| *arity);
+    let arity_holds = if arity < 0 {
+        args.len() >= arity.unsigned_abs() as usize
+    } else {
+        args.len() == arity as usize
+    };
+    if !arity_holds {
+        return Err("ERR Invalid number of arguments specified for command");
+    }
+    let (first, last, step) = match listed_subcommand {
+        Some((_, _, _, Some(at))) => (*at, *at, 1),
+        Some((_, _, _, None)) => (0, 0, 0),
+        None => (spec.first_key, spec.last_key, spec.step),
+    };
+    let keys = if spec.flags.contains(&"movablekeys") {
+        movable_keys(&name, args)
+    } else if first == 0 || CHANNEL_COMMANDS.contains(&name.as_str()) {
+        return Err("ERR The command has no key arguments");
+    } else {
+        let last = if last < 0 { args.len() as i64 + last } else { last };
+        (first..=last)
+            .step_by(step as usize)
+            .filter_map(|at| args.get(at as usize).cloned())
+            .collect()
+    };
+    // Scripts and functions may name no keys at all; every other command names at least one.
+    if keys.is_empty() && spec.group != "scripting" {
+        return Err("ERR Invalid arguments specified for command");
+    }
+    Ok(keys)
+}
+
+/// The keys of a `movablekeys` command, by its own rule; none when its arguments do not add up
+/// (a key count past the end).
+fn movable_keys(name: &str, args: &[Bytes]) -> Vec<Bytes> {
+    let counted = |count_at: usize| -> Vec<Bytes> {
+        let count = args
+            .get(count_at)
+            .and_then(|count| std::str::from_utf8(count).ok()?.parse::<usize>().ok());
+        match count.and_then(|count| count.checked_add(count_at)) {
+            Some(last) if last < args.len() => args[count_at + 1..=last].to_vec(),
+            _ => Vec::new(),
+        }
+    };
+    let position = |word: &[u8]| args.iter().position(|arg| arg.eq_ignore_ascii_case(word));
+    match name {
+        "sintercard" | "lmpop" | "zmpop" | "zunion" | "zinter" | "zdiff" | "zintercard" => counted(1),
+        "blmpop" | "bzmpop" => counted(2),
+        "eval" | "evalsha" | "eval_ro" | "evalsha_ro" | "fcall" | "fcall_ro" => counted(2),
+        "zunionstore" | "zinterstore" | "zdiffstore" => {
+            let mut keys = vec![args[1].clone()];
+            keys.extend(counted(2));
+            if keys.len() == 1 {
+                keys.clear();
+            }
+            keys
+        }
+        "xread" | "xreadgroup" => match position(b"streams") {
+            // Half of what follows STREAMS are keys, the other half their ids.
+            Some(at) => {
+                let streams = &args[at + 1..];
+                streams[..streams.len() / 2].to_vec()
+            }
+            None => Vec::new(),
+        },
+        // The key, and where the last STORE puts the result.
+        "sort" => {
+            let mut destination = None;
+            let mut at = 2;
+            while let Some(word) = args.get(at) {
+                let is = |option: &[u8]| word.eq_ignore_ascii_case(option);
+                // LIMIT takes two arguments, BY and GET one; none of them is a key.
+                at += if is(b"limit") {
+                    3
+                } else if is(b"by") || is(b"get") {
+                    2
+                } else {
+                    if is(b"store") {
+                        destination = args.get(at + 1).cloned().or(destination);
+                    }
+                    1
+                };
+            }
+            std::iter::once(args[1].clone()).chain(destination).collect()
+        }
+        // The key, then where the first STORE and the first STOREDIST after the query put it.
+        "georadius" | "georadiusbymember" => {
+            let options_at = if name == "georadius" { 6 } else { 5 };
+            let after = |option: &[u8]| {
+                let options = args.get(options_at..).unwrap_or_default();
+                let at = options.iter().position(|arg| arg.eq_ignore_ascii_case(option))?;
+                options.get(at + 1).cloned()
+            };
+            std::iter::once(args[1].clone())
+                .chain(after(b"store"))
+                .chain(after(b"storedist"))
+                .collect()
+        }
+        _ => unreachable!("no rule for the keys of movable command {name}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(command: &str) -> Result<Vec<String>, &'static str> {
+        let args: Vec<Bytes> = command.split(' ').map(|arg| Bytes::from(arg.to_string())).collect();
+        keys_of(&args).map(|keys| keys.iter().map(|k| String::from_utf8_lossy(k).into_owned()).collect())
+    }
+
+    /// Every command whose keys move has a rule for them (the rest panic: the table and the
+    /// rules disagree).
+    #[test]
+    fn every_movable_command_has_a_rule_for_its_keys() {
+        for spec in COMMANDS.iter().filter(|spec| spec.flags.contains(&"movablekeys")) {
+            let found = keys(&format!("{} 1 2 3 4 STREAMS 6 7 8 9", spec.name));
+            assert!(
+                found.as_ref().is_ok_and(|keys| !keys.is_empty()) || spec.group == "scripting",
+                "{}: {found:?}",
+                spec.name
+            );
+        }
+    }
+
+    #[test]
+    fn keys_are_found_where_redis_finds_them() {
+        assert_eq!(keys("MSET a 1 b 2"), Ok(vec!["a".into(), "b".into()]));
+        assert_eq!(keys("BLPOP a b 0"), Ok(vec!["a".into(), "b".into()]));
+        assert_eq!(
+            keys("SORT k LIMIT 0 1 BY store GET store STORE d"),
+            Ok(vec!["k".into(), "d".into()])
+        );
+        assert_eq!(
+            keys("GEORADIUSBYMEMBER k store 1 km STOREDIST d STORE e STOREDIST f"),
+            Ok(vec!["k".into(), "e".into(), "d".into()])
+        );
+        assert_eq!(
+            keys("ZUNIONSTORE d 2 a b WEIGHTS 1 2"),
+            Ok(vec!["d".into(), "a".into(), "b".into()])
+        );
+        assert_eq!(keys("XREAD COUNT 1 STREAMS s t 0 0"), Ok(vec!["s".into(), "t".into()]));
+        assert_eq!(keys("EVAL x 3 a b"), Ok(vec![]));
+        assert_eq!(
+            keys("SINTERCARD 3 a b"),
+            Err("ERR Invalid arguments specified for command")
+        );
+        assert_eq!(keys("OBJECT ENCODING k"), Ok(vec!["k".into()]));
+        assert_eq!(
+            keys("OBJECT ENCODING"),
+            Err("ERR Invalid number of arguments specified for command")
+        );
+        assert_eq!(keys("SPUBLISH ch m"), Err("ERR The command has no key arguments"));
+        assert_eq!(keys("NOSUCH k"), Err("ERR Invalid command specified"));
     }
 }

@@ -253,7 +253,7 @@ enum Stored {
 }
 
 /// A container command's HELP: its lines as simple strings.
-fn help_reply(lines: &[&'static str]) -> Value {
+pub(crate) fn help_reply(lines: &[&'static str]) -> Value {
     Value::array(lines.iter().map(|line| Value::Simple((*line).into())).collect())
 }
 
