@@ -14,6 +14,7 @@ pub mod peer_auth;
 pub mod peer_stream;
 mod raft_log;
 mod replica_wait;
+mod segment_remover;
 pub mod shipment;
 pub mod storage;
 pub mod transport;
