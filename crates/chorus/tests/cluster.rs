@@ -319,6 +319,35 @@ async fn a_node_shutting_down_answers_the_writes_under_way_before_it_exits() {
     assert_eq!(reader.command(&["GET", "drained"]).await.unwrap(), bulk("yes"));
 }
 
+/// `chorus cluster stop` lets every node's clients finish: a client blocked in BLPOP on each
+/// node is answered as if its timeout ran out, not dropped, and no node is sent a second
+/// SIGTERM (which ends a node at once, dropping the writes its clients wait for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_stop_lets_every_node_answer_its_clients() {
+    let cluster = Cluster::start(3, &[]);
+    let mut blocked = Vec::new();
+    for id in 1..=3 {
+        let mut client = cluster.client(id).await;
+        blocked.push(tokio::spawn(async move {
+            client.command(&["BLPOP", "nothing-comes", "0"]).await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let dir = cluster.dir().to_string();
+    tokio::task::spawn_blocking(move || run_chorus(&["cluster", "stop", "--dir", &dir]))
+        .await
+        .unwrap();
+    for (id, reply) in (1..=3).zip(blocked) {
+        let reply = reply.await.unwrap();
+        assert_eq!(
+            reply.unwrap_or_else(|e| panic!("node {id} dropped its blocked client: {e}")),
+            Value::Array(None)
+        );
+        let log = std::fs::read_to_string(cluster.dir.path().join(format!("node{id}/server.log"))).unwrap();
+        assert!(!log.contains("second SIGTERM"), "node {id} was told twice to stop");
+    }
+}
+
 /// A leader sent SIGTERM hands its leadership to a follower before it exits: with an election
 /// timeout of 5 s (`--election-ticks 50`) the followers would wait that long for a leader that
 /// crashed, but one of them leads, and takes a write, well within it.

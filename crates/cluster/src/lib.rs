@@ -699,7 +699,7 @@ fn stop_nodes(dir: &Path, pids: &[(u64, u32)]) {
         process::signal(*pid, libc::SIGTERM);
     }
     for (id, pid) in pids {
-        process::terminate(*pid, NODE_STOP_GRACE);
+        process::wait_gone_or_kill(*pid, NODE_STOP_GRACE);
         let _ = std::fs::remove_file(node_dir(dir, *id).join("pid"));
     }
 }

@@ -146,7 +146,7 @@ pub fn stop(node_dir: &Path) {
     let pid_file = pid_file(node_dir);
     if let Some(pid) = process::read_pid(&pid_file) {
         process::signal(pid, libc::SIGINT);
-        process::terminate(pid, Duration::from_secs(20));
+        process::wait_gone_or_kill(pid, Duration::from_secs(20));
         let _ = std::fs::remove_file(&pid_file);
     }
 }

@@ -98,6 +98,12 @@ pub fn kill(pid: u32) {
 /// SIGTERM, then SIGKILL once `grace` has passed; returns when the process is gone.
 pub fn terminate(pid: u32, grace: Duration) {
     signal(pid, libc::SIGTERM);
+    wait_gone_or_kill(pid, grace);
+}
+
+/// Waits for a process already signalled to stop, SIGKILLing it once `grace` has passed. A
+/// second SIGTERM instead would tell a node to skip letting its clients finish.
+pub fn wait_gone_or_kill(pid: u32, grace: Duration) {
     if !wait_gone(pid, grace) {
         kill(pid);
     }
