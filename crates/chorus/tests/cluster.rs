@@ -137,15 +137,11 @@ impl Drop for Cluster {
             .args(["cluster", "stop", "--dir", self.dir()])
             .output();
         if std::thread::panicking() {
-            for n in &self.nodes {
+            let logs = self.nodes.iter().map(|n| {
                 let log = self.dir.path().join(format!("node{}/server.log", n.id));
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(30).collect();
-                eprintln!("---- node {} log tail ----", n.id);
-                for l in tail.iter().rev() {
-                    eprintln!("{l}");
-                }
-            }
+                (format!("node {}", n.id), log)
+            });
+            common::print_log_tails(logs, 30);
         }
     }
 }

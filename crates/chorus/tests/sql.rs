@@ -3,7 +3,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
-const CHORUS: &str = env!("CARGO_BIN_EXE_chorus");
+mod common;
+use common::{run_chorus_in, CHORUS};
 
 struct Node {
     pg: SocketAddr,
@@ -451,15 +452,11 @@ impl SqlCluster {
 impl Drop for SqlCluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            // The nodes' logs go with the temporary directory: show their ends with the failure.
-            for node in &self.nodes {
-                let log = std::fs::read_to_string(node.dir.with_extension("log")).unwrap_or_default();
-                let lines: Vec<&str> = log.lines().collect();
-                eprintln!("--- {} (last 40 lines)", node.dir.display());
-                for line in &lines[lines.len().saturating_sub(40)..] {
-                    eprintln!("{line}");
-                }
-            }
+            let logs = self
+                .nodes
+                .iter()
+                .map(|node| (node.dir.display().to_string(), node.dir.with_extension("log")));
+            common::print_log_tails(logs, 40);
         }
         for id in 1..=self.nodes.len() as u64 {
             self.kill(id);
@@ -1998,7 +1995,7 @@ impl ClusterDir {
     }
 
     fn chorus(&self, args: &[&str]) -> String {
-        chorus_in(Path::new("."), args)
+        common::run_chorus(args)
     }
 
     fn nodes(&self) -> Vec<chorus_cluster::NodeEntry> {
@@ -2035,24 +2032,25 @@ impl ClusterDir {
     }
 }
 
-/// Runs `chorus args` in the working directory `cwd`; fails the test, with what it said, unless
-/// it succeeds.
-fn chorus_in(cwd: &Path, args: &[&str]) -> String {
-    let out = Command::new(CHORUS)
-        .current_dir(cwd)
-        .args(args)
-        .output()
-        .expect("run chorus");
-    let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "chorus {args:?} failed:\n{said}");
-    said
-}
-
 impl Drop for ClusterDir {
     fn drop(&mut self) {
         let _ = Command::new(CHORUS)
             .args(["cluster", "stop", "--dir", self.path()])
             .output();
+        if std::thread::panicking() {
+            let logs = std::fs::read_dir(self.0.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("node"))
+                .map(|e| {
+                    (
+                        e.file_name().to_string_lossy().into_owned(),
+                        e.path().join("server.log"),
+                    )
+                });
+            common::print_log_tails(logs, 40);
+        }
     }
 }
 
@@ -2148,7 +2146,7 @@ async fn a_stopped_sql_cluster_starts_again_as_it_was_made() {
         .rsplit('/')
         .next()
         .expect("a temporary directory has a name");
-    let relative = |args: &[&str]| chorus_in(parent, args);
+    let relative = |args: &[&str]| run_chorus_in(parent, args);
     relative(&[
         "cluster",
         "start",

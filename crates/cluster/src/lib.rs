@@ -487,6 +487,26 @@ fn why_it_stopped(log: &str) -> String {
     lines[from..lines.len().min(from + LINES)].join("\n")
 }
 
+/// The last `count` warnings and errors in a node's log, or a word saying there were none:
+/// what a failed wait shows of why.
+fn last_warnings(log: &str, count: usize) -> String {
+    let mut warned: Vec<&str> = log
+        .lines()
+        .rev()
+        .filter(|line| line.contains(" WARN ") || line.contains(" ERROR "))
+        .take(count)
+        .collect();
+    if warned.is_empty() {
+        return "  (no warnings)".into();
+    }
+    warned.reverse();
+    warned
+        .iter()
+        .map(|line| format!("  {line}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Where the commands that act through a node's metrics port (failover, membership, backup)
 /// find the credentials a node with users asks for: a user with every right.
 pub const ADMIN_USER_ENV: &str = "CHORUS_USER";
@@ -777,11 +797,26 @@ async fn wait_caught_up(dir: &Path, file: &ClusterFile, id: u64, within: Duratio
             }
         }
         if Instant::now() > deadline {
+            let warnings_of = |who: u64| {
+                let log = std::fs::read_to_string(node_dir(dir, who).join("server.log")).unwrap_or_default();
+                last_warnings(&log, 5)
+            };
+            let leader_warnings = match leader {
+                Some(leader) if leader.entry.id != id => {
+                    format!(
+                        "\nnode {} (leading) last warned:\n{}",
+                        leader.entry.id,
+                        warnings_of(leader.entry.id)
+                    )
+                }
+                _ => String::new(),
+            };
             bail!(
-                "node {id} did not catch up within {within:?} (applied {}, leader's commit {:?}); see {}",
+                "node {id} did not catch up within {within:?} (applied {}, leader's commit {:?}); see {}\nnode {id} last warned:\n{}{leader_warnings}",
                 node.applied_index,
                 target,
-                node_dir(dir, id).join("server.log").display()
+                node_dir(dir, id).join("server.log").display(),
+                warnings_of(id),
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -790,7 +825,14 @@ async fn wait_caught_up(dir: &Path, file: &ClusterFile, id: u64, within: Duratio
 
 #[cfg(test)]
 mod tests {
-    use super::why_it_stopped;
+    use super::{last_warnings, why_it_stopped};
+
+    #[test]
+    fn a_failed_wait_shows_the_last_warnings_in_order() {
+        let log = "T INFO a\nT  WARN chorus: one\nT INFO b\nT ERROR chorus: two\nT  WARN chorus: three\n";
+        assert_eq!(last_warnings(log, 2), "  T ERROR chorus: two\n  T  WARN chorus: three");
+        assert_eq!(last_warnings("T INFO a\n", 2), "  (no warnings)");
+    }
 
     #[test]
     fn a_stopped_nodes_panic_message_is_shown_not_its_backtrace() {

@@ -76,6 +76,13 @@ pub async fn add_nodes(dir: &Path, count: usize, within: Duration) -> anyhow::Re
         },
         first_line(&answer)
     );
+    // Every node up applies the new configuration before this returns, so each one's own view
+    // (GET /members, `cluster status`) already names the new voters.
+    for state in status(dir, &file).await {
+        if state.role != "down" {
+            crate::wait_caught_up(dir, &file, state.entry.id, within).await?;
+        }
+    }
     Ok(ids)
 }
 

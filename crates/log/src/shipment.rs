@@ -371,17 +371,19 @@ impl Shipper {
         }
     }
 
-    /// Ships `msg` and `files` to `to` on a thread of its own; the outcome comes back as
-    /// `PeerEvent::SnapshotSent`, except for a shipment superseded by a newer one (raft already
-    /// moved on from it).
     /// Where each peer listens, after a membership change.
     pub fn set_peers(&mut self, peers: HashMap<u64, SocketAddr>) {
         self.peers = peers;
     }
 
+    /// Ships `msg` and `files` to `to` on a thread of its own; the outcome comes back as
+    /// `PeerEvent::SnapshotSent`, except for a shipment superseded by a newer one (raft already
+    /// moved on from it).
     pub fn ship(&mut self, to: u64, msg: Message, files: SnapshotFiles) {
         let Some(addr) = self.peers.get(&to).copied() else {
+            // Reported as failed, or raft would wait on this shipment forever.
             tracing::warn!(to, "snapshot for an unknown peer dropped");
+            let _ = self.events.send(PeerEvent::SnapshotSent { to, delivered: false });
             return;
         };
         let cancel = Arc::new(AtomicBool::new(false));
