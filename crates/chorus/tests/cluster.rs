@@ -1,5 +1,6 @@
 //! Integration tests: real `chorus` node processes on 127.0.0.1, real clients.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -2182,6 +2183,286 @@ async fn shard_channels_behave_as_on_redis_server() {
     assert_eq!(String::from_utf8_lossy(&message), String::from_utf8_lossy(frame));
 }
 
+impl RawConnection {
+    /// Sends `PING marker` and returns every byte received up to its answer.
+    fn until_ping(&mut self, marker: &str) -> String {
+        self.send(&["PING", marker]);
+        let end = format!("${}\r\n{marker}\r\n", marker.len());
+        let mut received = Vec::new();
+        let mut byte = [0u8];
+        while !received.ends_with(end.as_bytes()) {
+            std::io::Read::read_exact(&mut self.0, &mut byte).unwrap();
+            received.push(byte[0]);
+        }
+        String::from_utf8(received).unwrap()
+    }
+}
+
+/// What client-side caching connections at `reader` are sent while another client writes at
+/// `writer`: RESP3 default mode (the keys read, a connection's own write, FLUSHALL), BCAST with
+/// prefixes, OPTIN with CLIENT CACHING, a RESP2 connection redirecting to a subscriber of
+/// `__redis__:invalidate`, CLIENT TRACKINGINFO and GETREDIR, the refusals; and a RESP3 set.
+async fn tracking_traffic(reader: SocketAddr, writer: SocketAddr) -> Vec<String> {
+    let mut writer = Client::connect(writer).await.unwrap();
+    let mut write = async |args: &[&str]| {
+        writer.command(args).await.unwrap();
+    };
+    // The node hands invalidations over as it applies the writes: let them reach the reader.
+    let settle = || tokio::time::sleep(Duration::from_millis(300));
+    let mut seen = Vec::new();
+    let mut r = RawConnection::connect(reader);
+    r.hello(&["HELLO", "3"]);
+    for args in [
+        &["CLIENT", "TRACKING", "ON"][..],
+        &["GET", "k"],
+        &["MGET", "a", "b"],
+        &["CLIENT", "TRACKINGINFO"],
+        &["CLIENT", "GETREDIR"],
+        &["CLIENT", "CACHING", "YES"],
+    ] {
+        r.send(args);
+    }
+    seen.push(r.until_ping("tracking"));
+    write(&["SET", "k", "1"]).await;
+    write(&["MSET", "a", "1", "b", "2", "c", "3"]).await;
+    settle().await;
+    seen.push(r.until_ping("others-wrote"));
+    r.send(&["GET", "k"]);
+    r.send(&["SET", "k", "2"]);
+    settle().await;
+    seen.push(r.until_ping("own-write"));
+    r.send(&["GET", "k"]);
+    r.send(&["GET", "a"]);
+    seen.push(r.until_ping("read-again"));
+    write(&["FLUSHALL"]).await;
+    settle().await;
+    seen.push(r.until_ping("flushed"));
+    for args in [
+        &["CLIENT", "TRACKING", "ON", "BCAST"][..],
+        &["CLIENT", "TRACKING", "OFF"],
+        &["CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "user:", "PREFIX", "job:"],
+        &["CLIENT", "TRACKINGINFO"],
+    ] {
+        r.send(args);
+    }
+    seen.push(r.until_ping("bcast"));
+    write(&["MSET", "user:1", "x", "job:1", "y", "user:2", "z", "other", "o"]).await;
+    settle().await;
+    seen.push(r.until_ping("bcast-written"));
+    for args in [
+        &["CLIENT", "TRACKING", "OFF"][..],
+        &["CLIENT", "TRACKING", "ON", "OPTIN"],
+        &["GET", "x"],
+        &["CLIENT", "CACHING", "YES"],
+        &["GET", "y"],
+        &["CLIENT", "CACHING", "NO"],
+    ] {
+        r.send(args);
+    }
+    seen.push(r.until_ping("optin"));
+    write(&["SET", "x", "1"]).await;
+    write(&["SET", "y", "1"]).await;
+    settle().await;
+    seen.push(r.until_ping("optin-written"));
+    write(&["SADD", "members", "m"]).await;
+    r.send(&["SMEMBERS", "members"]);
+    r.send(&["SPOP", "nothing", "2"]);
+    seen.push(r.until_ping("set"));
+
+    let mut subscriber = RawConnection::connect(reader);
+    subscriber.send(&["CLIENT", "ID"]);
+    let id = subscriber.until_ping("id");
+    let id = id[1..].split("\r\n").next().unwrap().to_string();
+    subscriber.send(&["SUBSCRIBE", "__redis__:invalidate"]);
+    seen.push(subscriber.until_ping("subscribed"));
+    let mut redirecting = RawConnection::connect(reader);
+    for args in [
+        &["CLIENT", "TRACKING", "ON", "REDIRECT", &id][..],
+        &["GET", "z"],
+        &["CLIENT", "TRACKING", "ON", "REDIRECT", "999999"],
+        &["CLIENT", "TRACKING", "ON", "PREFIX", "a"],
+        &["CLIENT", "TRACKING", "ON", "OPTIN", "OPTOUT"],
+        &["CLIENT", "TRACKING", "ON", "BCAST", "OPTIN"],
+        &["CLIENT", "TRACKING", "MAYBE"],
+    ] {
+        redirecting.send(args);
+    }
+    seen.push(redirecting.until_ping("redirecting"));
+    write(&["SET", "z", "1"]).await;
+    settle().await;
+    seen.push(subscriber.until_ping("redirected"));
+    seen
+}
+
+/// Client-side caching (CLIENT TRACKING, CACHING, GETREDIR, TRACKINGINFO) behaves byte for byte
+/// as on redis-server, with the reader on a follower and the writer on the leader: every
+/// invalidation, in Redis's order and grouping, and no other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_side_caching_invalidates_as_redis_server_does() {
+    let redis_server = RedisServer::start();
+    let cluster = Cluster::start(3, &[]);
+    let (leader, followers) = cluster.leader_and_followers().await;
+    let expected = tracking_traffic(redis_server.addr, redis_server.addr).await;
+    assert!(expected[1].contains("invalidate"), "{expected:?}");
+    let seen = tracking_traffic(cluster.node(followers[0]).resp_addr, cluster.node(leader).resp_addr).await;
+    for (step, (seen, expected)) in seen.iter().zip(&expected).enumerate() {
+        assert_eq!(seen, expected, "step {step}");
+    }
+    assert_eq!(seen.len(), expected.len());
+}
+
+/// A RESP3 frame as a tracking reader needs it: an invalidation push, or a reply.
+#[derive(Debug, PartialEq)]
+enum Resp3Frame {
+    Invalidate(Option<Vec<String>>),
+    Reply(Option<String>),
+}
+
+impl RawConnection {
+    fn line(&mut self) -> String {
+        let mut line = Vec::new();
+        let mut byte = [0u8];
+        while !line.ends_with(b"\r\n") {
+            std::io::Read::read_exact(&mut self.0, &mut byte).unwrap();
+            line.push(byte[0]);
+        }
+        line.truncate(line.len() - 2);
+        String::from_utf8(line).unwrap()
+    }
+
+    /// A bulk string, a null, a simple string or an invalidation push (what GET, SET and PING
+    /// answer a tracking RESP3 client).
+    fn frame(&mut self) -> Resp3Frame {
+        let line = self.line();
+        match line.as_bytes()[0] {
+            b'$' => {
+                let body = self.line();
+                assert_eq!(body.len().to_string(), line[1..], "a bulk string of its length");
+                Resp3Frame::Reply(Some(body))
+            }
+            b'_' => Resp3Frame::Reply(None),
+            b'+' => Resp3Frame::Reply(Some(line[1..].to_string())),
+            b'>' => {
+                assert_eq!(
+                    (line.as_str(), self.line().as_str(), self.line().as_str()),
+                    (">2", "$10", "invalidate")
+                );
+                let keys = self.line();
+                if keys == "_" {
+                    return Resp3Frame::Invalidate(None);
+                }
+                let count: usize = keys[1..].parse().unwrap();
+                Resp3Frame::Invalidate(Some(
+                    (0..count)
+                        .map(|_| {
+                            self.line();
+                            self.line()
+                        })
+                        .collect(),
+                ))
+            }
+            _ => panic!("unexpected frame {line}"),
+        }
+    }
+}
+
+/// A client caching what it reads on a follower, told of writes through invalidations, never
+/// keeps a stale value: while writes to the same keys race its reads, each value it caches is
+/// invalidated if a later write applies — however close the write comes to the read — so once
+/// the writes stop and their invalidations arrive, every value it still holds is the latest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caching_client_never_keeps_a_value_a_racing_write_replaced() {
+    let cluster = Cluster::start(3, &[]);
+    let (leader, followers) = cluster.leader_and_followers().await;
+    const KEYS: usize = 4;
+    let mut writer = cluster.client(leader).await;
+    for key in 0..KEYS {
+        writer.command(&["SET", &format!("k{key}"), "0"]).await.unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writing = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut last = [0u64; KEYS];
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let key = (n as usize * 7) % KEYS;
+                writer
+                    .command(&["SET", &format!("k{key}"), &n.to_string()])
+                    .await
+                    .unwrap();
+                last[key] = n;
+            }
+            last
+        })
+    };
+    let addr = cluster.node(followers[0]).resp_addr;
+    let reading = tokio::task::spawn_blocking(move || {
+        let mut r = RawConnection::connect(addr);
+        r.hello(&["HELLO", "3"]);
+        r.send(&["CLIENT", "TRACKING", "ON"]);
+        assert_eq!(r.frame(), Resp3Frame::Reply(Some("OK".into())));
+        let mut cache: HashMap<String, Option<String>> = HashMap::new();
+        let (mut hits, mut invalidations) = (0, 0);
+        let mut forget = |cache: &mut HashMap<String, Option<String>>, keys: Option<Vec<String>>| {
+            invalidations += 1;
+            match keys {
+                Some(keys) => keys.iter().for_each(|k| drop(cache.remove(k))),
+                None => cache.clear(),
+            }
+        };
+        let began = Instant::now();
+        let mut i = 0;
+        while began.elapsed() < Duration::from_secs(3) {
+            i += 1;
+            let key = format!("k{}", i % KEYS);
+            if cache.contains_key(&key) {
+                hits += 1;
+                // Invalidations arrive on their own: a PING takes whatever came before it.
+                r.send(&["PING", "p"]);
+            } else {
+                r.send(&["GET", &key]);
+            }
+            loop {
+                match r.frame() {
+                    Resp3Frame::Invalidate(keys) => forget(&mut cache, keys),
+                    Resp3Frame::Reply(reply) if reply.as_deref() == Some("p") => break,
+                    Resp3Frame::Reply(value) => {
+                        cache.insert(key.clone(), value);
+                        break;
+                    }
+                }
+            }
+        }
+        (r, cache, hits, invalidations)
+    });
+    let (mut r, mut cache, hits, invalidations) = reading.await.unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let last = writing.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    r.send(&["PING", "done"]);
+    loop {
+        match r.frame() {
+            Resp3Frame::Invalidate(Some(keys)) => keys.iter().for_each(|k| drop(cache.remove(k))),
+            Resp3Frame::Invalidate(None) => cache.clear(),
+            Resp3Frame::Reply(_) => break,
+        }
+    }
+    assert!(
+        hits > 100 && invalidations > 100,
+        "hits {hits}, invalidations {invalidations}"
+    );
+    for (key, value) in &cache {
+        let index: usize = key[1..].parse().unwrap();
+        assert_eq!(
+            value.as_deref(),
+            Some(last[index].to_string().as_str()),
+            "{key} is stale in the cache"
+        );
+    }
+}
+
 /// COMMAND GETKEYS of every kind of command, and its errors.
 const GETKEYS_CASES: &[&str] = &[
     "GET k",
@@ -3374,7 +3655,6 @@ async fn ldc_remote_hits_stay_linearizable_under_racing_writes() {
 }
 
 async fn gets_stay_linearizable_under_racing_writes(cache_flags: &[&str]) -> Cluster {
-    use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
     const KEYS: u64 = 2_000;
     let cluster = device_read_cluster(cache_flags);

@@ -19,6 +19,7 @@ mod slowlog;
 mod speculation;
 pub mod state;
 mod storage_metrics;
+pub mod tracking;
 pub mod unicache;
 
 pub use server::{serve, FrontEndOptions, KvNode};

@@ -10,15 +10,16 @@
 //! on a Redis that is not a cluster: their messages reach only their own subscribers.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use chorus_resp::Value;
+use chorus_resp::{Protocol, Value};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::Notify;
 
 use crate::glob::glob_match;
+use crate::tracking::{self, Invalidations, Target, TrackingOptions, INVALIDATE_CHANNEL};
 
 /// What a subscribed connection is sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +37,8 @@ pub enum Delivery {
         channel: Bytes,
         payload: Bytes,
     },
+    /// Forget these cached keys (`None`: every key); see `tracking`.
+    Invalidate(Option<Vec<Bytes>>),
 }
 
 /// What a connection subscribes to: a channel, a pattern of channels, or a shard channel.
@@ -47,9 +50,11 @@ pub enum Subscription {
 }
 
 impl Delivery {
-    /// The frame Redis sends for it (a push in RESP3, an array in RESP2).
-    pub fn frame(self) -> Value {
-        match self {
+    /// The frame Redis sends for it (a push in RESP3, an array in RESP2), if any: an
+    /// invalidation reaches a RESP2 connection only as a message of `INVALIDATE_CHANNEL`, so
+    /// only if it subscribed to that (`invalidations_subscribed`).
+    pub fn frame(self, protocol: Protocol, invalidations_subscribed: bool) -> Option<Value> {
+        Some(match self {
             Delivery::Message { channel, payload } => {
                 Value::Push(vec![Value::bulk("message"), Value::bulk(channel), Value::bulk(payload)])
             }
@@ -68,7 +73,19 @@ impl Delivery {
                 Value::bulk(channel),
                 Value::bulk(payload),
             ]),
-        }
+            Delivery::Invalidate(keys) => {
+                let keys = Value::Array(keys.map(|keys| keys.into_iter().map(|k| Value::Bulk(Some(k))).collect()));
+                match protocol {
+                    Protocol::Resp3 => Value::Push(vec![Value::bulk("invalidate"), keys]),
+                    Protocol::Resp2 if invalidations_subscribed => Value::Push(vec![
+                        Value::bulk("message"),
+                        Value::bulk(Bytes::from_static(INVALIDATE_CHANNEL)),
+                        keys,
+                    ]),
+                    Protocol::Resp2 => return None,
+                }
+            }
+        })
     }
 }
 
@@ -87,6 +104,9 @@ pub struct Hub {
     subscription_count: AtomicUsize,
     /// The `notify-keyspace-events` flags as this node last applied them, for CONFIG GET.
     keyspace_flags: AtomicU16,
+    tracking: Mutex<tracking::Table>,
+    /// Whether any connection tracks, so that applying a write costs one load when none does.
+    any_tracking: AtomicBool,
 }
 
 #[derive(Default)]
@@ -242,6 +262,59 @@ impl Hub {
     pub fn subscribers(&self, kind: Subscription, channel: &[u8]) -> usize {
         let mut inner = self.inner.lock().expect("pubsub lock");
         inner.of(kind).get(channel).map_or(0, HashMap::len)
+    }
+
+    /// Connection `id` is told of writes to what it reads from now on, through `to` (see
+    /// `tracking`).
+    pub fn track(&self, id: u64, to: UnboundedSender<Delivery>, options: &TrackingOptions) {
+        let mut table = self.tracking.lock().expect("tracking lock");
+        table.turn_on(id, to, options);
+        self.any_tracking.store(true, Ordering::Relaxed);
+    }
+
+    pub fn untrack(&self, id: u64) {
+        let mut table = self.tracking.lock().expect("tracking lock");
+        table.turn_off(id);
+        self.any_tracking.store(!table.is_empty(), Ordering::Relaxed);
+    }
+
+    pub fn any_tracking(&self) -> bool {
+        self.any_tracking.load(Ordering::Relaxed)
+    }
+
+    /// Connection `id` read `keys` (on the raft loop, as the read executed).
+    pub fn tracked_read(&self, id: u64, keys: &[Bytes]) {
+        let evicted = self.tracking.lock().expect("tracking lock").read(id, keys);
+        self.invalidate(evicted);
+    }
+
+    /// A write to `keys` applied here.
+    pub fn keys_written(&self, keys: &[Bytes]) {
+        let told = self.tracking.lock().expect("tracking lock").written(keys);
+        self.invalidate(told);
+    }
+
+    /// Every key may have changed (FLUSHALL, a script, a snapshot installed).
+    pub fn everything_written(&self) {
+        let told = self.tracking.lock().expect("tracking lock").everything_written();
+        self.invalidate(told);
+    }
+
+    fn invalidate(&self, invalidations: Invalidations) {
+        if invalidations.is_empty() {
+            return;
+        }
+        let inner = self.inner.lock().expect("pubsub lock");
+        let redirected = inner.channels.get(INVALIDATE_CHANNEL);
+        for (target, keys) in invalidations {
+            let to = match &target {
+                Target::Own(to) => Some(to),
+                Target::Redirect(id) => redirected.and_then(|subscribers| subscribers.get(id)),
+            };
+            if let Some(to) = to {
+                let _ = to.send(Delivery::Invalidate(keys));
+            }
+        }
     }
 
     /// PUBSUB NUMPAT: patterns subscribed here.

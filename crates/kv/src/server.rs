@@ -54,6 +54,7 @@ use crate::listeners::{Delivery, Hub, Subscription};
 use crate::monitor::{Feed, Monitors};
 use crate::slowlog::{self, SlowLog};
 use crate::state::{KvState, EXPIRED, OUT_OF_ORDER};
+use crate::tracking::{self, TrackingOptions, INVALIDATE_CHANNEL};
 
 pub type KvNode = NodeHandle<KvState>;
 
@@ -638,6 +639,8 @@ pub async fn serve(
                 settled: Vec::new(),
                 timed: Vec::new(),
                 monitoring: None,
+                tracking: None,
+                caching: None,
                 shared,
             };
             conn.seen.describe(&conn);
@@ -738,6 +741,10 @@ struct Connection {
     timed: Vec<(Vec<Bytes>, Instant)>,
     /// After MONITOR: the lines of the commands this node's clients send.
     monitoring: Option<Feed>,
+    /// Client-side caching: how the connection asked to be told of writes to what it read.
+    tracking: Option<TrackingOptions>,
+    /// CLIENT CACHING YES or NO, for the next command.
+    caching: Option<bool>,
     shared: Arc<Shared>,
 }
 
@@ -762,6 +769,9 @@ impl Drop for Connection {
     fn drop(&mut self) {
         if let Some(rifl) = &self.rifl {
             self.shared.close_client(rifl.id);
+        }
+        if self.tracking.is_some() {
+            self.shared.listeners.untrack(self.id);
         }
         let subscriptions = [
             (Subscription::Channel, &self.channels),
@@ -983,6 +993,7 @@ impl Connection {
             };
         }
         let protocol = self.protocol;
+        let invalidations_subscribed = self.channels.contains(INVALIDATE_CHANNEL);
         let (subscribed, monitoring) = (&mut self.deliveries, &mut self.monitoring);
         let delivery = async {
             match subscribed {
@@ -1002,13 +1013,20 @@ impl Connection {
             read = stream.read_buf(input) => Ok(read? > 0),
             Some(delivery) = delivery => {
                 let mut output = Vec::new();
-                write_value_as(&delivery.frame(), protocol, &mut output);
+                let mut write = |delivery: Delivery| {
+                    if let Some(frame) = delivery.frame(protocol, invalidations_subscribed) {
+                        write_value_as(&frame, protocol, &mut output);
+                    }
+                };
+                write(delivery);
                 if let Some((_, deliveries)) = &mut self.deliveries {
                     while let Ok(delivery) = deliveries.try_recv() {
-                        write_value_as(&delivery.frame(), protocol, &mut output);
+                        write(delivery);
                     }
                 }
-                stream.write_all(&output).await?;
+                if !output.is_empty() {
+                    stream.write_all(&output).await?;
+                }
                 Ok(true)
             }
             line = line => {
@@ -1090,7 +1108,7 @@ impl Connection {
             self.subscribed_to(kind).remove(&name);
             replies.push(self.subscription_reply(kind, true, Some(name)));
         }
-        if !self.subscribed() {
+        if !self.subscribed() && self.tracking.is_none() {
             self.deliveries = None;
         }
         Value::Replies(replies)
@@ -1101,6 +1119,7 @@ impl Connection {
     /// when logging in is required).
     fn reset(&mut self) {
         self.monitoring = None;
+        self.untrack();
         self.transaction = None;
         self.watched.clear();
         for kind in [Subscription::Channel, Subscription::Pattern, Subscription::ShardChannel] {
@@ -1116,6 +1135,101 @@ impl Connection {
             .initial()
             .map(|user| (user.name.clone(), user.rights));
         self.seen.describe(self);
+    }
+
+    /// CLIENT TRACKING ON|OFF ...: see `tracking`.
+    fn client_tracking(&mut self, args: &[Bytes]) -> Value {
+        let shared = self.shared.clone();
+        let exists = |id: u64| shared.clients.lock().expect("not poisoned").contains_key(&id);
+        let options = match tracking::parse(args, self.tracking.as_ref(), exists) {
+            Ok(Some(options)) => options,
+            Ok(None) => {
+                self.untrack();
+                return Value::ok();
+            }
+            Err(e) => return Value::error(e),
+        };
+        let (to, _) = self.deliveries.get_or_insert_with(tokio::sync::mpsc::unbounded_channel);
+        self.shared.listeners.track(self.id, to.clone(), &options);
+        self.tracking = Some(options);
+        Value::ok()
+    }
+
+    fn untrack(&mut self) {
+        if self.tracking.take().is_some() {
+            self.shared.listeners.untrack(self.id);
+        }
+        self.caching = None;
+        if !self.subscribed() {
+            self.deliveries = None;
+        }
+    }
+
+    /// CLIENT CACHING YES|NO: whether the next read is tracked, under OPTIN or OPTOUT.
+    fn client_caching(&mut self, answer: &[u8]) -> Value {
+        let yes = match answer.to_ascii_lowercase().as_slice() {
+            b"yes" => true,
+            b"no" => false,
+            _ => return Value::error("ERR syntax error"),
+        };
+        match &self.tracking {
+            Some(options) if (options.optin && yes) || (options.optout && !yes) => {
+                self.caching = Some(yes);
+                Value::ok()
+            }
+            Some(_) if yes => Value::error("ERR CLIENT CACHING YES is only valid when tracking is enabled in OPTIN mode."),
+            Some(_) => Value::error("ERR CLIENT CACHING NO is only valid when tracking is enabled in OPTOUT mode."),
+            None => Value::error(
+                "ERR CLIENT CACHING can be called only when the client is in tracking mode with OPTIN or OPTOUT mode enabled",
+            ),
+        }
+    }
+
+    /// Whether a read now (after CLIENT CACHING `caching`, if any) is tracked.
+    fn tracks_this_read(&self, caching: Option<bool>) -> bool {
+        match &self.tracking {
+            Some(options) if !options.bcast => {
+                (!options.optin || caching == Some(true)) && (!options.optout || caching != Some(false))
+            }
+            _ => false,
+        }
+    }
+
+    /// CLIENT TRACKINGINFO.
+    fn tracking_info(&self) -> Value {
+        let (flags, redirect, prefixes) = match &self.tracking {
+            None => (vec!["off"], -1, Vec::new()),
+            Some(options) => {
+                let mut flags = vec!["on"];
+                for (set, flag) in [
+                    (options.bcast, "bcast"),
+                    (options.optin, "optin"),
+                    (options.optout, "optout"),
+                ] {
+                    if set {
+                        flags.push(flag);
+                    }
+                }
+                match self.caching {
+                    Some(true) => flags.push("caching-yes"),
+                    Some(false) => flags.push("caching-no"),
+                    None => {}
+                }
+                let redirect = options.redirect.map_or(0, |id| id as i64);
+                (flags, redirect, options.prefixes.clone())
+            }
+        };
+        Value::Map(vec![
+            (
+                Value::bulk("flags"),
+                Value::Set(flags.into_iter().map(Value::bulk).collect()),
+            ),
+            (Value::bulk("redirect"), Value::Integer(redirect)),
+            (
+                Value::bulk("prefixes"),
+                Value::array(prefixes.into_iter().map(Value::bulk).collect()),
+            ),
+        ])
     }
 
     fn subscribed(&self) -> bool {
@@ -1682,6 +1796,8 @@ impl Connection {
         let mut name_buf = [0u8; MAX_COMMAND_NAME_BYTES];
         self.note_command(short_name(&args, &mut name_buf));
         let started = Instant::now();
+        // CLIENT CACHING is for the command after it.
+        let caching = self.caching.take();
         match parsed {
             Err(e) => (Slot::Ready(Value::error(e)), Flow::Continue),
             Ok(Some(Command::Write(write))) => {
@@ -1697,7 +1813,9 @@ impl Connection {
                 };
                 let command = encode_enveloped(&envelope, &args);
                 let (attempt, fast) = match &self.shared.curp {
-                    Some(curp) if curp.fast_path_pays() && !write.touches_every_key() => {
+                    // A write answered before it applies here would reach a tracking client
+                    // before the invalidation it causes.
+                    Some(curp) if curp.fast_path_pays() && !write.touches_every_key() && self.tracking.is_none() => {
                         let curp = curp.clone();
                         let (command, keys) = (command.clone(), write.keys());
                         let fast =
@@ -1731,6 +1849,14 @@ impl Connection {
                 Flow::Continue,
             ),
             Ok(Some(Command::Read(read))) => {
+                let read = match self.tracks_this_read(caching) {
+                    true => Read::Tracked {
+                        client: self.id,
+                        keys: table::keys_of(&args).unwrap_or_default(),
+                        read: Box::new(read),
+                    },
+                    false => read,
+                };
                 let slot = match self.shared.node.submit_read(read, self.consistency).await {
                     Ok(reply) => Slot::Read { reply, started },
                     Err(e) => Slot::Ready(node_error(e)),
@@ -1885,6 +2011,13 @@ impl Connection {
                 ("kill", n) if n >= 2 => self.client_kill(&rest[1..]),
                 ("kill", _) => Value::error("ERR wrong number of arguments for 'client|kill' command"),
                 ("unblock", 2 | 3) => self.client_unblock(&rest[1..]),
+                ("tracking", n) if n >= 2 => self.client_tracking(&rest[1..]),
+                ("caching", 2) => self.client_caching(&rest[1]),
+                ("getredir", 1) => Value::Integer(match &self.tracking {
+                    None => -1,
+                    Some(options) => options.redirect.map_or(0, |id| id as i64),
+                }),
+                ("trackinginfo", 1) => self.tracking_info(),
                 // Chorus never evicts a client for the memory it uses.
                 ("no-evict", 2) => match rest[1].to_ascii_lowercase().as_slice() {
                     b"on" | b"off" => Value::ok(),

@@ -20,6 +20,9 @@ pub enum Value {
     /// Field-value pairs: a RESP3 map (`%`); in RESP2, a flat array of its pairs. Only replies
     /// carry it; the decoder never makes one.
     Map(Vec<(Value, Value)>),
+    /// Distinct members (SMEMBERS, a tracking client's flags): a RESP3 set (`~`), in RESP2 an
+    /// array. Only replies carry it; the decoder never makes one.
+    Set(Vec<Value>),
     /// Pairs (a member and its score, a field and its value): in RESP3 an array of two-element
     /// arrays, in RESP2 a flat array, as Redis 7 answers WITHSCORES and WITHVALUES.
     Pairs(Vec<(Value, Value)>),
@@ -470,6 +473,14 @@ pub fn write_value_as(value: &Value, protocol: Protocol, out: &mut Vec<u8>) {
                 }
             }
         },
+        Value::Set(members) => {
+            out.push(if protocol == Protocol::Resp3 { b'~' } else { b'*' });
+            out.extend_from_slice(members.len().to_string().as_bytes());
+            out.extend_from_slice(b"\r\n");
+            for member in members {
+                write_value_as(member, protocol, out);
+            }
+        }
         Value::Map(pairs) => {
             let (tag, len) = match protocol {
                 Protocol::Resp2 => (b'*', pairs.len() * 2),

@@ -499,6 +499,13 @@ impl Write {
 /// A command that only reads state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Read {
+    /// `read`, for a connection with client-side caching on (`client`, its id): the raft loop
+    /// records `keys` for it as it executes the read (see `tracking`).
+    Tracked {
+        client: u64,
+        keys: Vec<Bytes>,
+        read: Box<Read>,
+    },
     Get(Bytes),
     MGet(Vec<Bytes>),
     Exists(Vec<Bytes>),

@@ -783,7 +783,7 @@ impl KvState {
         let (notifying, observed) = match &self.listeners {
             Some(hub) => {
                 let notifying = self.keyspace_flags != 0 && hub.any_subscribed();
-                (notifying, notifying || hub.any_blocked())
+                (notifying, notifying || hub.any_blocked() || hub.any_tracking())
             }
             None => (false, false),
         };
@@ -792,6 +792,7 @@ impl KvState {
         }
         let hub = self.listeners.clone().expect("observed");
         let keys = write.keys();
+        let touches_every_key = write.touches_every_key();
         // A key this write creates is `new` just before the first event of it. A transaction's
         // or a script's commands each say so themselves.
         let nested = matches!(write, Write::Exec { .. } | Write::Script(_));
@@ -819,6 +820,13 @@ impl KvState {
         if hub.any_blocked() {
             for key in &keys {
                 hub.key_written(key);
+            }
+        }
+        if hub.any_tracking() {
+            if touches_every_key {
+                hub.everything_written();
+            } else {
+                hub.keys_written(&keys);
             }
         }
         reply
@@ -1499,6 +1507,14 @@ impl KvState {
         reply
     }
 
+    /// A read of `keys` for a connection with client-side caching on: it is told of the next
+    /// write to each.
+    fn tracked_read(&mut self, client: u64, keys: &[Bytes]) {
+        if let Some(hub) = &self.listeners {
+            hub.tracked_read(client, keys);
+        }
+    }
+
     fn read_now(&mut self, read: &Read) -> Value {
         let mut result = || -> Result<Value, Value> {
             Ok(match read {
@@ -1650,6 +1666,10 @@ impl KvState {
                 Read::Script(call) => self.run_script(0, call, true),
                 Read::ScriptExists(shas) => self.scripts_exist(shas),
                 Read::Functions(read) => self.read_functions(read),
+                Read::Tracked { client, keys, read } => {
+                    self.tracked_read(*client, keys);
+                    self.read_now(read)
+                }
                 Read::Cached(keys) => Value::array(
                     keys.iter()
                         .map(|(key, version)| Value::Bulk(self.store.cached(key, *version)))
@@ -1816,6 +1836,10 @@ impl StateMachine for KvState {
     }
 
     fn query(&mut self, query: &Read) -> Value {
+        if let Read::Tracked { client, keys, read } = query {
+            self.tracked_read(*client, keys);
+            return self.query(read);
+        }
         self.execute_read(query)
     }
 
@@ -1826,6 +1850,10 @@ impl StateMachine for KvState {
     /// value when the read was served here, after its ReadIndex, so it is linearizable even if a
     /// write lands while the slow step runs.
     fn query_or_defer(&mut self, query: &Read) -> Result<Value, SlowRead<Self>> {
+        if let Read::Tracked { client, keys, read } = query {
+            self.tracked_read(*client, keys);
+            return self.query_or_defer(read);
+        }
         let Read::Get(key) = query else {
             return Ok(self.query(query));
         };
@@ -1995,6 +2023,10 @@ impl StateMachine for KvState {
         self.log_clock_unwritten = false;
         self.now_ms = self.log_clock_ms;
         self.drop_settled_records();
+        // What a connection cached here may be older than the state installed.
+        if let Some(hub) = &self.listeners {
+            hub.everything_written();
+        }
         Ok(())
     }
 }
@@ -2806,7 +2838,7 @@ mod tests {
         let mut s = Replica::new();
         let int = Value::Integer;
         let members = |v: Value| match v {
-            Value::Array(Some(items)) => {
+            Value::Array(Some(items)) | Value::Set(items) => {
                 let mut m: Vec<String> = items
                     .into_iter()
                     .map(|i| match i {
@@ -2868,7 +2900,7 @@ mod tests {
         assert!(matches!(s.run("SPOP pool"), Value::Bulk(Some(_))));
         assert_eq!(
             (s.run("SPOP nope"), s.run("SPOP nope 2")),
-            (Value::null(), Value::array(vec![]))
+            (Value::null(), Value::Set(vec![]))
         );
         assert_eq!(
             s.run("SPOP pool -1"),

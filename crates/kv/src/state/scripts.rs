@@ -499,7 +499,7 @@ fn to_lua(lua: &Lua, value: Value) -> mlua::Result<LuaValue> {
             }
             LuaValue::Table(table)
         }
-        Value::Push(items) | Value::Replies(items) => to_lua(lua, Value::array(items))?,
+        Value::Push(items) | Value::Replies(items) | Value::Set(items) => to_lua(lua, Value::array(items))?,
         Value::Map(pairs) | Value::Pairs(pairs) => {
             let flat = pairs.into_iter().flat_map(|(a, b)| [a, b]).collect();
             to_lua(lua, Value::array(flat))?

@@ -242,7 +242,7 @@ impl KvState {
 
     pub(super) fn read_set(&mut self, read: &SetRead) -> Result<Value, Value> {
         Ok(match read {
-            SetRead::Members(key) => Value::array(self.set_members(key)?.into_iter().map(Value::bulk).collect()),
+            SetRead::Members(key) => Value::Set(self.set_members(key)?.into_iter().map(Value::bulk).collect()),
             SetRead::IsMember { key, member } => {
                 self.type_check(key, KeyType::Set)?;
                 Value::Integer(i64::from(self.is_member(key, member)))
@@ -274,7 +274,7 @@ impl KvState {
                 }
             }
             SetRead::Operation { op, keys } => {
-                Value::array(self.set_operation(*op, keys)?.into_iter().map(Value::bulk).collect())
+                Value::Set(self.set_operation(*op, keys)?.into_iter().map(Value::bulk).collect())
             }
             SetRead::InterCard { keys, limit } => {
                 let len = self.set_operation(SetOp::Inter, keys)?.len();
@@ -294,10 +294,10 @@ impl KvState {
     }
 }
 
-/// SPOP's reply: one member (or nil) without a count, an array with one.
+/// SPOP's reply: one member (or nil) without a count, a set with one.
 fn spop_reply(picks: Vec<Bytes>, count: Option<usize>) -> Value {
     match count {
         None => Value::Bulk(picks.into_iter().next()),
-        Some(_) => Value::array(picks.into_iter().map(Value::bulk).collect()),
+        Some(_) => Value::Set(picks.into_iter().map(Value::bulk).collect()),
     }
 }
