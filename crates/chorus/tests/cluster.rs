@@ -1057,13 +1057,18 @@ impl RawConnection {
     /// Sends a HELLO and returns its reply (whose last field is the empty module list).
     fn hello(&mut self, args: &[&str]) -> String {
         self.send(args);
-        let mut reply = Vec::new();
+        self.until(b"$7\r\nmodules\r\n*0\r\n")
+    }
+
+    /// Every byte received from now until (and with) `end`.
+    fn until(&mut self, end: &[u8]) -> String {
+        let mut received = Vec::new();
         let mut byte = [0u8];
-        while !reply.ends_with(b"$7\r\nmodules\r\n*0\r\n") {
+        while !received.ends_with(end) {
             std::io::Read::read_exact(&mut self.0, &mut byte).unwrap();
-            reply.push(byte[0]);
+            received.push(byte[0]);
         }
-        String::from_utf8(reply).unwrap()
+        String::from_utf8(received).unwrap()
     }
 }
 
@@ -2114,12 +2119,7 @@ async fn shard_channel_traffic(addr: SocketAddr) -> (String, Vec<Value>) {
     subscriber.send(&["GET", "k"]);
     // Every confirmation is out before anything is published.
     subscriber.send(&["PING", "subscribed"]);
-    let mut received = Vec::new();
-    let mut byte = [0u8];
-    while !received.ends_with(b"$10\r\nsubscribed\r\n") {
-        std::io::Read::read_exact(&mut subscriber.0, &mut byte).unwrap();
-        received.push(byte[0]);
-    }
+    let mut received = subscriber.until(b"$10\r\nsubscribed\r\n");
     let mut publisher = Client::connect(addr).await.unwrap();
     let mut replies = Vec::new();
     for args in [
@@ -2146,12 +2146,9 @@ async fn shard_channel_traffic(addr: SocketAddr) -> (String, Vec<Value>) {
     subscriber.send(&["SUNSUBSCRIBE"]);
     subscriber.send(&["SUNSUBSCRIBE"]);
     subscriber.send(&["PING", "done"]);
-    while !received.ends_with(b"$4\r\ndone\r\n") {
-        std::io::Read::read_exact(&mut subscriber.0, &mut byte).unwrap();
-        received.push(byte[0]);
-    }
+    received += &subscriber.until(b"$4\r\ndone\r\n");
     replies.push(publisher.command(&["PUBSUB", "SHARDCHANNELS"]).await.unwrap());
-    (String::from_utf8(received).unwrap(), replies)
+    (received, replies)
 }
 
 /// Shard channels (SSUBSCRIBE, SUNSUBSCRIBE, SPUBLISH, PUBSUB SHARDCHANNELS and SHARDNUMSUB)
@@ -2187,14 +2184,7 @@ impl RawConnection {
     /// Sends `PING marker` and returns every byte received up to its answer.
     fn until_ping(&mut self, marker: &str) -> String {
         self.send(&["PING", marker]);
-        let end = format!("${}\r\n{marker}\r\n", marker.len());
-        let mut received = Vec::new();
-        let mut byte = [0u8];
-        while !received.ends_with(end.as_bytes()) {
-            std::io::Read::read_exact(&mut self.0, &mut byte).unwrap();
-            received.push(byte[0]);
-        }
-        String::from_utf8(received).unwrap()
+        self.until(format!("${}\r\n{marker}\r\n", marker.len()).as_bytes())
     }
 }
 
@@ -2320,14 +2310,9 @@ enum Resp3Frame {
 
 impl RawConnection {
     fn line(&mut self) -> String {
-        let mut line = Vec::new();
-        let mut byte = [0u8];
-        while !line.ends_with(b"\r\n") {
-            std::io::Read::read_exact(&mut self.0, &mut byte).unwrap();
-            line.push(byte[0]);
-        }
+        let mut line = self.until(b"\r\n");
         line.truncate(line.len() - 2);
-        String::from_utf8(line).unwrap()
+        line
     }
 
     /// A bulk string, a null, a simple string or an invalidation push (what GET, SET and PING
@@ -4090,13 +4075,7 @@ async fn resp_users_log_in_and_a_read_only_user_cannot_write() {
         );
     }
     guesser.send(&["AUTH", "admin", "admin-pw"]);
-    let mut refused = Vec::new();
-    while !refused.ends_with(b"\r\n") {
-        let mut byte = [0u8];
-        std::io::Read::read_exact(&mut guesser.0, &mut byte).unwrap();
-        refused.push(byte[0]);
-    }
-    let refused = String::from_utf8_lossy(&refused);
+    let refused = guesser.until(b"\r\n");
     assert!(
         refused.starts_with("-ERR too many failed logins from 127.0.0.1: try again in "),
         "the right password is not even checked while the address waits: {refused}"
