@@ -1,5 +1,6 @@
-//! What a node's connections wait for from the log as it applies: pub/sub messages, and
-//! writes to the keys a blocked command (BLPOP & co.) waits on.
+//! What a node's connections wait for from the log as it applies: pub/sub messages, writes to
+//! the keys a blocked command (BLPOP & co.) waits on, and invalidations of what a client caches
+//! (`tracking`).
 //!
 //! PUBLISH is a write, so the log puts each channel's messages in one order; every node, as it
 //! applies one, hands it to its own subscribers through this hub. A subscriber therefore gets

@@ -1849,13 +1849,14 @@ impl Connection {
                 Flow::Continue,
             ),
             Ok(Some(Command::Read(read))) => {
-                let read = match self.tracks_this_read(caching) {
-                    true => Read::Tracked {
+                let read = if self.tracks_this_read(caching) {
+                    Read::Tracked {
                         client: self.id,
                         keys: table::keys_of(&args).unwrap_or_default(),
                         read: Box::new(read),
-                    },
-                    false => read,
+                    }
+                } else {
+                    read
                 };
                 let slot = match self.shared.node.submit_read(read, self.consistency).await {
                     Ok(reply) => Slot::Read { reply, started },
