@@ -1139,8 +1139,7 @@ impl Connection {
 
     /// CLIENT TRACKING ON|OFF ...: see `tracking`.
     fn client_tracking(&mut self, args: &[Bytes]) -> Value {
-        let shared = self.shared.clone();
-        let exists = |id: u64| shared.clients.lock().expect("not poisoned").contains_key(&id);
+        let exists = |id: u64| self.shared.clients.lock().expect("not poisoned").contains_key(&id);
         let options = match tracking::parse(args, self.tracking.as_ref(), exists) {
             Ok(Some(options)) => options,
             Ok(None) => {

@@ -176,10 +176,7 @@ fn kept_args(args: &[Bytes]) -> Vec<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn args(text: &str) -> Vec<Bytes> {
-        text.split(' ').map(|arg| Bytes::from(arg.to_string())).collect()
-    }
+    use crate::command::args_of as args;
 
     #[test]
     fn long_commands_and_secrets_are_kept_as_redis_keeps_them() {

@@ -275,10 +275,7 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn words(text: &str) -> Vec<Bytes> {
-        text.split(' ').map(|w| Bytes::copy_from_slice(w.as_bytes())).collect()
-    }
+    use crate::command::args_of as words;
 
     #[test]
     fn tracking_options_are_parsed_and_refused_as_redis_refuses_them() {

@@ -2432,13 +2432,18 @@ fn decode_arg_list(buf: &[u8], start: usize) -> Result<Vec<Bytes>, &'static str>
     Ok(args)
 }
 
+/// A command's arguments from its words, one space apart, as the tests write commands.
+#[cfg(test)]
+pub(crate) fn args_of(text: &str) -> Vec<Bytes> {
+    text.split(' ')
+        .map(|word| Bytes::copy_from_slice(word.as_bytes()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    use super::args_of as args;
     use super::*;
-
-    fn args(s: &str) -> Vec<Bytes> {
-        s.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect()
-    }
 
     #[test]
     fn a_wrong_number_of_arguments_is_refused_in_redis_words() {

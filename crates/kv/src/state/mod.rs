@@ -2034,7 +2034,7 @@ impl StateMachine for KvState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::command::encode_args;
+    use crate::command::{args_of as args, encode_args};
     use chorus_resp::Double;
 
     /// A state in a temporary directory, fed one command per log entry.
@@ -2046,10 +2046,6 @@ mod tests {
         time_ms: u64,
         /// Last, so it is removed after the state closes.
         dir: tempfile::TempDir,
-    }
-
-    fn args(cmd: &str) -> Vec<Bytes> {
-        cmd.split(' ').map(|p| Bytes::copy_from_slice(p.as_bytes())).collect()
     }
 
     /// The next number below `n` from `state`.
