@@ -292,6 +292,7 @@ fn run_mode(
     });
     let manifest = store.manifest_later()();
     store.manifest_persisted(&manifest)?;
+    store.wait_for_retirements();
     let settle_secs = settle_started.elapsed().as_secs_f64();
     let cpu_secs_used = cpu_secs()? - cpu_before;
     let stats = store.stats();

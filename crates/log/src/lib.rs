@@ -4,6 +4,7 @@
 pub mod backup;
 pub mod batch;
 pub mod codec;
+mod compactor;
 mod curp_leader;
 pub mod drain;
 pub mod error;
@@ -14,7 +15,6 @@ pub mod peer_auth;
 pub mod peer_stream;
 mod raft_log;
 mod replica_wait;
-mod segment_remover;
 pub mod shipment;
 pub mod storage;
 pub mod transport;

@@ -10,7 +10,7 @@
 //!   a record should start, with nothing but zeros after it, is the end of the records.
 //!   A new segment starts when the active one passes `segment_size_bytes`; segments whose entries
 //!   are all covered by a snapshot are deleted on compaction, by a thread of their own
-//!   (`segment_remover`).
+//!   (`compactor`).
 //!   Preallocated segments are written with direct I/O and `O_DSYNC` where the file system allows
 //!   it: whole blocks go from an aligned buffer to the device and each write returns durable, one
 //!   system call instead of a page-cache copy, a write-back and an fdatasync (about a third less
@@ -45,9 +45,9 @@ use protobuf::{Message as _, ProtobufEnum};
 use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState};
 
+use crate::compactor::Compactor;
 use crate::error::{io_error, DecodeError, StorageError};
 use crate::membership::{decode_members, encode_members, Addresses, Members};
-use crate::segment_remover::SegmentRemover;
 use crate::wal_writer::WalWriter;
 use crate::wire::{put_blob, put_u32, put_u64, Reader};
 
@@ -137,9 +137,9 @@ pub struct DiskStorage {
     /// Writes the records in order, off the caller's thread (see `start_persist`).
     writer: WalWriter,
     /// Deletes covered segments off the caller's thread.
-    remover: SegmentRemover,
+    compactor: Compactor,
     /// Covered segments, by the sequence number of the write of the truncation record that
-    /// covers them: handed to the remover once that write is durable.
+    /// covers them: handed to the compactor once that write is durable.
     covered: VecDeque<(u64, Vec<PathBuf>)>,
     spare: Spare,
     /// Records encoded but not yet written to the active segment.
@@ -811,7 +811,7 @@ impl DiskStorage {
             active_direct,
             tail_block: active_tail,
             writer: WalWriter::start()?,
-            remover: SegmentRemover::start(dir).map_err(io_error(dir))?,
+            compactor: Compactor::start(dir).map_err(io_error(dir))?,
             covered: VecDeque::new(),
             spare,
             pending: Vec::new(),
@@ -934,7 +934,7 @@ impl DiskStorage {
             active_direct: false,
             tail_block: Vec::new(),
             writer: WalWriter::start()?,
-            remover: SegmentRemover::start(dir).map_err(io_error(dir))?,
+            compactor: Compactor::start(dir).map_err(io_error(dir))?,
             covered: VecDeque::new(),
             spare,
             pending: Vec::new(),
@@ -1109,7 +1109,7 @@ impl DiskStorage {
         let durable = self.writer.durable_seq()?;
         while self.covered.front().is_some_and(|(seq, _)| *seq <= durable) {
             let (_, paths) = self.covered.pop_front().expect("checked");
-            self.remover.remove(paths);
+            self.compactor.remove_segments(paths);
         }
         Ok(durable)
     }
@@ -1266,7 +1266,7 @@ impl DiskStorage {
         let new_index = snapshot.get_metadata().index;
         self.snapshot = snapshot;
         if old_index != new_index && old_index != 0 {
-            let _ = fs::remove_file(snapshot_path(&self.dir, old_index));
+            self.compactor.remove_snapshot(snapshot_path(&self.dir, old_index));
         }
     }
 
@@ -1284,9 +1284,8 @@ impl DiskStorage {
         assert!(compact_index <= self.last_entry_index() + 1);
         let new_truncated = compact_index - 1;
         let term = raft::Storage::term(self, new_truncated).expect("term of a retained entry");
-        while self.entries.front().is_some_and(|e| e.index <= new_truncated) {
-            self.entries.pop_front();
-        }
+        let compacted = self.entries.partition_point(|e| e.index <= new_truncated);
+        self.compactor.free(self.entries.drain(..compacted).collect());
         self.truncated_index = new_truncated;
         self.truncated_term = term;
         encode_record(
@@ -1300,7 +1299,7 @@ impl DiskStorage {
     }
 
     /// Deletes the oldest segments whose entries are all at or below the truncation point, on
-    /// the remover's thread, once the write `truncation_seq` (the truncation record's) is
+    /// the compactor's thread, once the write `truncation_seq` (the truncation record's) is
     /// durable. The active segment always stays; each segment header restates the full raft
     /// state.
     fn delete_covered_segments(&mut self, truncation_seq: u64) -> Result<(), StorageError> {
@@ -1688,6 +1687,32 @@ mod tests {
     }
 
     #[test]
+    fn a_newer_snapshot_replaces_the_older_ones_file() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut s, _) = DiskStorage::open(dir.path(), &[1], plain(300)).unwrap();
+            for i in 1..=10 {
+                s.append(&[entry(i, 1, "x")]).unwrap();
+            }
+            s.persist(true).unwrap();
+            s.set_commit(10);
+            for index in [5, 8] {
+                let snap = snapshot_at(index, 1, "state");
+                write_snapshot_file(dir.path(), &snap).unwrap();
+                s.adopt_local_snapshot(snap);
+                s.compact(index).unwrap();
+            }
+        }
+        assert!(
+            !snapshot_path(dir.path(), 5).exists(),
+            "the replaced snapshot's file is deleted"
+        );
+        let (s, report) = DiskStorage::open(dir.path(), &[1], plain(300)).unwrap();
+        assert_eq!(report.snapshot_index, 8);
+        assert_eq!(s.first_entry_index(), 9);
+    }
+
+    #[test]
     fn compaction_deletes_covered_segments_and_survives_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let options = plain(300);
@@ -1710,7 +1735,7 @@ mod tests {
             assert_eq!(s.first_entry_index(), 26);
             assert_eq!(s.term(25).unwrap(), 1);
             assert!(s.term(24).is_err());
-            // The covered segments go once the truncation record is durable (and the remover
+            // The covered segments go once the truncation record is durable (and the compactor
             // finishes by the time the storage drops).
             s.persist(true).unwrap();
             s.durable_seq().unwrap();
@@ -1721,6 +1746,7 @@ mod tests {
             after,
             "covered segment files are deleted"
         );
+
         let reopen = |options: StorageOptions| {
             let (s, report) = DiskStorage::open(dir.path(), &[1], options).unwrap();
             assert_eq!(report.snapshot_index, 30);

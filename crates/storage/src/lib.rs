@@ -10,6 +10,7 @@
 mod cache;
 mod manifest;
 mod reduce;
+mod retirer;
 mod scan_map;
 mod segment;
 mod sharded_map;

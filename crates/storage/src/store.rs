@@ -34,6 +34,7 @@ use foldhash::{HashMap, HashSet};
 use crate::cache::{CacheSlots, CacheStats, ObjectCache, ValueSlot};
 use crate::manifest::Manifest;
 use crate::reduce::{CutBatch, ReducedBatch, Reducer};
+use crate::retirer::Retirer;
 use crate::scan_map::{no_groups, GroupOf, ScanMap};
 use crate::segment::{
     create_dir_durably, decode_record, in_file, io_error, parse_spare_name, read_segment_index, record_len,
@@ -879,6 +880,8 @@ pub struct Store {
     /// Segments a merge replaced, deleted once a persisted manifest no longer lists them and no
     /// shipment reads them.
     retired: Vec<((u64, u64), PathBuf)>,
+    /// Renames or deletes what `retired` gives up, off the applying thread.
+    retirer: Retirer,
     /// Local segments an install set aside, with the installed manifest's applied index.
     set_aside: Vec<(u64, PathBuf)>,
     pins: Pins,
@@ -1101,6 +1104,10 @@ impl Store {
             cleaner: Some(cleaner),
             cleaning: false,
             retired: Vec::new(),
+            retirer: {
+                let shared = shared.clone();
+                Retirer::start(move |paths| shared.retire_files(paths))
+            },
             set_aside: Vec::new(),
             pins: Pins::default(),
             shared,
@@ -1649,6 +1656,8 @@ impl Store {
             loaded.extend(load_segments(self.options.mode, window)?);
         }
         self.finish_unwritten();
+        // A queued retirement must not rename a received segment moved in under the same name.
+        self.retirer.wait_idle();
         // A local segment with a received one's name covers the same log range but need not hold
         // the same records (what a merge keeps depends on the segments after it). Until the
         // installed manifest is persisted the old one may be the state a restart reopens, so the
@@ -1927,6 +1936,12 @@ impl Store {
         end == adoption.entries.len()
     }
 
+    /// Returns once the segments retired by every `manifest_persisted` so far are renamed to
+    /// spares or deleted, durably.
+    pub fn wait_for_retirements(&self) {
+        self.retirer.wait_idle();
+    }
+
     /// Writes and adopts every cut batch, then lets the cleaner merge until it has nothing left
     /// to do: the state as it is once the store is idle (what benchmarks and tests measure).
     pub fn settle(&mut self) {
@@ -2193,7 +2208,7 @@ impl Store {
     }
 
     /// A manifest is now the durable description of the state: segments a merge replaced that it
-    /// does not list are deleted.
+    /// does not list are retired, by the retirer's thread (`wait_for_retirements` waits for it).
     pub fn manifest_persisted(&mut self, manifest: &Manifest) -> Result<(), StoreError> {
         let listed: HashSet<&(u64, u64)> = manifest.segments.iter().collect();
         let pins = self.pins.lock().expect("not poisoned");
@@ -2203,8 +2218,7 @@ impl Store {
             .cloned()
             .partition(|(range, _)| listed.contains(range) || pins.contains_key(range));
         drop(pins);
-        let delete: Vec<PathBuf> = delete.into_iter().map(|(_, path)| path).collect();
-        self.shared.retire_files(&delete)?;
+        self.retirer.retire(delete.into_iter().map(|(_, path)| path).collect());
         self.retired = keep;
         let (done, pending): (Vec<_>, Vec<_>) = std::mem::take(&mut self.set_aside)
             .into_iter()
@@ -3006,6 +3020,7 @@ mod tests {
     fn snapshot(store: &mut Store) -> Manifest {
         let manifest = store.manifest_later()();
         store.manifest_persisted(&manifest).unwrap();
+        store.wait_for_retirements();
         manifest
     }
 
@@ -3876,6 +3891,80 @@ mod tests {
         drop(follower);
         let mut follower = Store::open(options(follower_dir.path(), &mut rng), Some(&manifest)).unwrap();
         assert_matches(&mut follower, &model_at(&log, 300), 50, "reopened");
+    }
+
+    #[test]
+    fn a_retirement_queued_before_an_install_leaves_the_received_segments_of_its_names_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = StoreOptions {
+            batch_writes: 10,
+            cleaner_min_segments: 2,
+            min_cleanable_dirty_ratio: 0.1,
+            ..StoreOptions::new(dir.path().join("state"))
+        };
+        let mut store = Store::open(options.clone(), None).unwrap();
+        for index in 1..=40u64 {
+            store.write(index, Bytes::from(format!("k{}", index % 5)), Some(Bytes::from("old")));
+            store.entry_applied(index);
+        }
+        store.settle();
+        assert!(store.stats().merges > 0, "the test meant to merge");
+        let merged = store.manifest_later()();
+        let replaced: Vec<(u64, u64)> = [(1, 10), (11, 20), (21, 30), (31, 40)]
+            .into_iter()
+            .filter(|range| !merged.segments.contains(range))
+            .collect();
+        assert!(!replaced.is_empty(), "{:?}", merged.segments);
+        // The retirer is held up, as a slow disk would, while its job is queued and the install runs.
+        let spares = store.shared.clone();
+        let (held, hold) = mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            let _spares = spares.spares.lock().unwrap();
+            held.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+        });
+        hold.recv().unwrap();
+        store.manifest_persisted(&merged).unwrap();
+        let received = dir.path().join("received");
+        std::fs::create_dir(&received).unwrap();
+        let shared = Shared::default();
+        for &(first, last) in &replaced {
+            let batch = ReducedBatch {
+                first_index: first,
+                last_index: last,
+                records: vec![Record {
+                    key: Bytes::from(format!("new{first}")),
+                    value: Some(Bytes::from("new")),
+                    version: last,
+                }],
+                log_order: false,
+                writes_in: 1,
+                bytes_in: 0,
+            };
+            write_until_done(&received, &batch, &shared).unwrap();
+        }
+        let installed = Manifest {
+            applied_index: replaced.last().unwrap().1,
+            segments: replaced.clone(),
+        };
+        store.install(&installed, &received).unwrap();
+        holder.join().unwrap();
+        store.manifest_persisted(&installed).unwrap();
+        store.wait_for_retirements();
+        for &(first, last) in &replaced {
+            assert!(
+                options.dir.join(segment_file_name(first, last)).exists(),
+                "the installed segment {first}-{last} is in place"
+            );
+        }
+        drop(store);
+        let mut store = Store::open(options, Some(&installed)).unwrap();
+        for &(first, _) in &replaced {
+            assert_eq!(
+                store.get(format!("new{first}").as_bytes()).unwrap(),
+                Some(Bytes::from("new"))
+            );
+        }
     }
 
     #[test]

@@ -2006,8 +2006,9 @@ impl StateMachine for KvState {
         })
     }
 
-    /// Segments the cleaner replaced are deleted once no durable manifest lists them; a failure
-    /// to delete one leaves it for the next start-up, which removes every unlisted segment.
+    /// Segments the cleaner replaced are retired (off this thread) once no durable manifest lists
+    /// them; a failure to remove one leaves it for the next start-up, which removes every
+    /// unlisted segment.
     fn snapshot_persisted(&mut self, snapshot: &[u8]) {
         let manifest = Manifest::decode(snapshot).expect("a manifest this node wrote decodes");
         if let Err(e) = self.store.manifest_persisted(&manifest) {
