@@ -360,6 +360,13 @@ async fn a_leader_shutting_down_hands_its_leadership_over_first() {
     assert_eq!(client.command(&["SET", "after", "the-hand-over"]).await.unwrap(), ok());
 }
 
+async fn info_section(client: &mut Client, section: &str) -> String {
+    let Value::Bulk(Some(text)) = client.command(&["INFO", section]).await.unwrap() else {
+        panic!("INFO {section} is not a bulk string")
+    };
+    String::from_utf8(text.to_vec()).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_on_any_node_are_linearizably_readable_on_every_node() {
     let cluster = Cluster::start(3, &[]);
@@ -450,7 +457,60 @@ async fn writes_on_any_node_are_linearizably_readable_on_every_node() {
     };
     let stats = String::from_utf8(stats.to_vec()).unwrap();
     assert!(stats.starts_with("# Commandstats\r\n"), "{stats}");
-    assert!(stats.contains("cmdstat_dbsize:calls=2\r\n"), "{stats}");
+    assert!(stats.contains("cmdstat_dbsize:calls=2,usec="), "{stats}");
+    // A refusal before running and a failure while running are told apart, as Redis does, and
+    // each error reply is counted by its code.
+    let stat = |name: &str| {
+        stats
+            .lines()
+            .find(|l| l.starts_with(&format!("cmdstat_{name}:")))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(stat("set").ends_with(",rejected_calls=1,failed_calls=0"), "{stats}");
+    assert!(stat("hget").ends_with(",rejected_calls=0,failed_calls=1"), "{stats}");
+    assert!(!stats.contains("nosuchcommand"), "{stats}");
+    let errors = info_section(&mut clients[0], "errorstats").await;
+    assert!(errors.contains("errorstat_WRONGTYPE:count=1\r\n"), "{errors}");
+    assert!(errors.contains("errorstat_ERR:count=2\r\n"), "{errors}");
+    let latencies = info_section(&mut clients[0], "latencystats").await;
+    assert!(latencies.contains("latency_percentiles_usec_get:p50="), "{latencies}");
+    // LATENCY HISTOGRAM: the GETs' calls, and calls under each power of two µs growing to them.
+    let Value::Array(Some(histogram)) = clients[0]
+        .command(&["LATENCY", "HISTOGRAM", "get", "nosuch"])
+        .await
+        .unwrap()
+    else {
+        panic!("LATENCY HISTOGRAM is not an array")
+    };
+    let [name, Value::Array(Some(fields))] = &histogram[..] else {
+        panic!("one command's histogram: {histogram:?}")
+    };
+    assert_eq!(name, &bulk("get"));
+    let [calls_name, Value::Integer(calls), buckets_name, Value::Array(Some(buckets))] = &fields[..] else {
+        panic!("{fields:?}")
+    };
+    assert_eq!((calls_name, buckets_name), (&bulk("calls"), &bulk("histogram_usec")));
+    let cumulative: Vec<i64> = buckets
+        .chunks(2)
+        .map(|pair| match pair {
+            [Value::Integer(_), Value::Integer(count)] => *count,
+            _ => panic!("{buckets:?}"),
+        })
+        .collect();
+    assert!(cumulative.windows(2).all(|w| w[0] < w[1]), "{cumulative:?}");
+    assert_eq!(cumulative.last(), Some(calls));
+    assert_eq!(
+        clients[0].command(&["MODULE", "LIST"]).await.unwrap(),
+        Value::Array(Some(vec![]))
+    );
+    assert_eq!(clients[0].command(&["CONFIG", "RESETSTAT"]).await.unwrap(), ok());
+    let stats = info_section(&mut clients[0], "commandstats").await;
+    let lines: Vec<&str> = stats.lines().collect();
+    assert!(
+        lines.len() == 2 && lines[1].starts_with("cmdstat_config:calls=1,"),
+        "only the RESETSTAT itself is counted since: {stats}"
+    );
     // The fields monitoring tools (and `redis-cli --stat`) read are there, and mean something.
     let Value::Bulk(Some(info)) = clients[0].command(&["INFO"]).await.unwrap() else {
         panic!("INFO is not a bulk string")
@@ -2486,8 +2546,8 @@ const GETKEYS_CASES: &[&str] = &[
     "PING",
 ];
 
-/// What a client sees of COMMAND GETKEYS, SLOWLOG and the slow log's settings (the entries'
-/// arguments and client names, not their times).
+/// What a client sees of COMMAND GETKEYS, LATENCY, MODULE, SLOWLOG and the slow log's settings
+/// (the entries' arguments and client names, not their times).
 async fn introspection(addr: SocketAddr) -> Vec<Value> {
     let mut client = Client::connect(addr).await.unwrap();
     let mut seen = Vec::new();
@@ -2501,6 +2561,18 @@ async fn introspection(addr: SocketAddr) -> Vec<Value> {
     let mut del = vec!["DEL"];
     del.extend(many.iter().map(String::as_str));
     let commands: Vec<Vec<&str>> = vec![
+        // Redis's latency monitor, off; module commands with no module loaded.
+        vec!["LATENCY", "LATEST"],
+        vec!["LATENCY", "HISTORY", "command"],
+        vec!["LATENCY", "RESET"],
+        vec!["LATENCY", "GRAPH", "command"],
+        vec!["LATENCY", "HISTOGRAM", "nosuchcommand"],
+        vec!["LATENCY", "HISTORY"],
+        vec!["LATENCY", "NOSUCH"],
+        vec!["LATENCY"],
+        vec!["MODULE", "LIST"],
+        vec!["MODULE", "LIST", "x"],
+        vec!["MODULE", "NOSUCH"],
         vec!["CONFIG", "SET", "slowlog-max-len", "x"],
         vec!["CONFIG", "SET", "slowlog-max-len", "-1"],
         vec!["CONFIG", "SET", "slowlog-max-len", "5", "slowlog-max-len", "6"],
@@ -2554,9 +2626,10 @@ async fn introspection(addr: SocketAddr) -> Vec<Value> {
 
 /// COMMAND GETKEYS finds the keys redis-server finds and fails as it does; the slow log of a
 /// follower (writes forwarded to its leader) keeps what redis-server's keeps, cut and ordered
-/// alike, with its settings and errors.
+/// alike, with its settings and errors; LATENCY's monitor commands and MODULE answer as
+/// redis-server's do with the monitor off and no module loaded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn command_getkeys_and_the_slow_log_answer_as_on_redis_server() {
+async fn command_getkeys_latency_modules_and_the_slow_log_answer_as_on_redis_server() {
     let redis_server = RedisServer::start();
     let cluster = Cluster::start(3, &[]);
     let (_, followers) = cluster.leader_and_followers().await;

@@ -2,6 +2,7 @@
 //! RESP front end that routes writes through the replicated log and reads through ReadIndex.
 
 pub mod command;
+mod command_stats;
 pub mod curp;
 mod decimal;
 pub mod dump;

@@ -76,6 +76,8 @@ fn hidden(args: &[Bytes]) -> bool {
             "monitor",
             "debug",
             "slowlog",
+            "latency",
+            "module",
             "save",
             "bgsave",
             "bgrewriteaof",

@@ -47,6 +47,7 @@ use crate::command::{
     reenvelope, resolve_last_ids, short_name, Blocking, BlockingReply, Command, CommandError, GroupRead, Look, Read,
     StreamRead, MAX_COMMAND_NAME_BYTES,
 };
+use crate::command_stats::CommandStats;
 use crate::curp::{Curp, FastOutcome};
 use crate::glob::glob_match;
 use crate::keyspace_events;
@@ -130,6 +131,8 @@ const SERVER_COMMANDS: &[&str] = &[
     "bgsave",
     "bgrewriteaof",
     "slowlog",
+    "latency",
+    "module",
 ];
 
 /// COMMAND and its subcommands, from the command table.
@@ -285,15 +288,16 @@ impl FrontEndMetrics {
 
     /// Counts a command; its name as the table has it.
     fn count(&self, name: Option<&str>) -> &'static str {
+        let name = self.name_of(name);
+        self.by_command[name].inc();
+        name
+    }
+
+    /// A command's name as the table has it (`OTHER_COMMAND` for one it does not).
+    fn name_of(&self, name: Option<&str>) -> &'static str {
         match name.and_then(|name| self.by_command.get_key_value(name)) {
-            Some((name, counter)) => {
-                counter.inc();
-                name
-            }
-            None => {
-                self.by_command[OTHER_COMMAND].inc();
-                OTHER_COMMAND
-            }
+            Some((name, _)) => name,
+            None => OTHER_COMMAND,
         }
     }
 }
@@ -325,6 +329,7 @@ struct Shared {
     /// Connections in MONITOR mode, and the lines they are sent.
     monitors: Arc<Monitors>,
     slowlog: SlowLog,
+    command_stats: CommandStats,
 }
 
 /// The RIFL client ids this node has handed to connections.
@@ -573,6 +578,7 @@ pub async fn serve(
         drain,
         monitors: Arc::default(),
         slowlog: SlowLog::new(slowlog::DEFAULT_SLOWER_THAN_US, slowlog::DEFAULT_MAX_LEN),
+        command_stats: CommandStats::new(table::COMMANDS.iter().map(|spec| spec.name)),
     });
     let renewing = shared.clone();
     tokio::spawn(async move {
@@ -672,6 +678,8 @@ enum Slot {
     Read {
         reply: chorus_log::node::Pending<Value>,
         started: Instant,
+        /// As the command table names it.
+        name: &'static str,
     },
     Write(WriteSlot),
 }
@@ -680,6 +688,8 @@ enum Slot {
 struct WriteSlot {
     /// As logged; sent again unchanged on a retry.
     command: Bytes,
+    /// As the command table names it.
+    name: &'static str,
     /// Whose write it is; when that is no longer the connection's id, the write moves to the new
     /// one or gives up.
     client: ClientId,
@@ -886,6 +896,9 @@ impl Connection {
                     continue;
                 }
                 if let Some(refusal) = self.refused_by_rights(&args) {
+                    let mut name_buf = [0u8; MAX_COMMAND_NAME_BYTES];
+                    let name = self.shared.metrics.name_of(short_name(&args, &mut name_buf));
+                    self.shared.command_stats.rejected(name);
                     self.flag_refused();
                     slots.push(Slot::Ready(refusal));
                     continue;
@@ -927,20 +940,24 @@ impl Connection {
                 };
                 if let Ok(Some(Command::Blocking(blocking))) = parsed {
                     let mut name_buf = [0u8; MAX_COMMAND_NAME_BYTES];
-                    self.note_command(short_name(&args, &mut name_buf));
+                    let name = self.note_command(short_name(&args, &mut name_buf));
                     // What is in flight completes first; then this connection waits. Each of its
                     // attempts counts as the write it is (LMPOP, LMOVE, RPOPLPUSH).
                     self.resolve(&mut slots, &mut output).await;
                     pending = None;
-                    slots.push(Slot::Ready(self.block(blocking).await));
+                    let reply = self.block(blocking).await;
+                    self.shared.command_stats.executed(name, None, reply.is_error());
+                    slots.push(Slot::Ready(reply));
                     continue;
                 }
                 if matches!(parsed, Ok(None)) && args[0].eq_ignore_ascii_case(b"wait") {
-                    self.note_command(Some("wait"));
+                    let name = self.note_command(Some("wait"));
                     // About this connection's writes: they settle first.
                     self.resolve(&mut slots, &mut output).await;
                     pending = None;
-                    slots.push(Slot::Ready(self.wait(&args).await));
+                    let reply = self.wait(&args).await;
+                    self.shared.command_stats.executed(name, None, reply.is_error());
+                    slots.push(Slot::Ready(reply));
                     continue;
                 }
                 let kind = match &parsed {
@@ -1427,8 +1444,9 @@ impl Connection {
         self.settle(slots, &mut settled).await;
         for value in settled.drain(..) {
             let value = value.expect("every slot settles");
-            if value.is_error() {
+            if let Value::Error(message) = &value {
                 self.shared.metrics.errors.inc();
+                self.shared.command_stats.error_replied(message);
             }
             write_value_as(&value, self.protocol, output);
         }
@@ -1535,13 +1553,15 @@ impl Connection {
         for slot in slots.drain(..) {
             let value = match slot {
                 Slot::Ready(v) => Some(v),
-                Slot::Read { reply, started } => {
+                Slot::Read { reply, started, name } => {
                     let value = match reply.await {
                         Ok(Ok(v)) => v,
                         Ok(Err(e)) => node_error(e),
                         Err(_) => node_error(NodeError::ShuttingDown),
                     };
-                    self.shared.metrics.read_seconds.observe(started.elapsed());
+                    let took = started.elapsed();
+                    self.shared.metrics.read_seconds.observe(took);
+                    self.shared.command_stats.executed(name, Some(took), value.is_error());
                     Some(value)
                 }
                 Slot::Write(mut write) => {
@@ -1601,8 +1621,12 @@ impl Connection {
                 }
             }
         };
-        if let Attempt::Settled(_) = outcome {
-            self.shared.metrics.write_seconds.observe(write.started.elapsed());
+        if let Attempt::Settled(value) = &outcome {
+            let took = write.started.elapsed();
+            self.shared.metrics.write_seconds.observe(took);
+            self.shared
+                .command_stats
+                .executed(write.name, Some(took), value.is_error());
         }
         outcome
     }
@@ -1670,7 +1694,9 @@ impl Connection {
     /// The answer for a write that retrying did not settle. Its sequence number stays a gap
     /// that no later write of this client id could pass, so the connection takes a new one.
     fn give_up(&mut self, write: &WriteSlot) -> Value {
-        self.shared.metrics.write_seconds.observe(write.started.elapsed());
+        let took = write.started.elapsed();
+        self.shared.metrics.write_seconds.observe(took);
+        self.shared.command_stats.executed(write.name, Some(took), true);
         if self.rifl.as_ref().map(|rifl| rifl.id) == Some(write.client) {
             self.abandon_client();
         }
@@ -1793,12 +1819,15 @@ impl Connection {
         owned: Option<Envelope>,
     ) -> (Slot, Flow) {
         let mut name_buf = [0u8; MAX_COMMAND_NAME_BYTES];
-        self.note_command(short_name(&args, &mut name_buf));
+        let name = self.note_command(short_name(&args, &mut name_buf));
         let started = Instant::now();
         // CLIENT CACHING is for the command after it.
         let caching = self.caching.take();
         match parsed {
-            Err(e) => (Slot::Ready(Value::error(e)), Flow::Continue),
+            Err(e) => {
+                self.shared.command_stats.rejected(name);
+                (Slot::Ready(Value::error(e)), Flow::Continue)
+            }
             Ok(Some(Command::Write(write))) => {
                 let envelope = match owned {
                     Some(envelope) => {
@@ -1825,6 +1854,7 @@ impl Connection {
                 };
                 let slot = Slot::Write(WriteSlot {
                     command,
+                    name,
                     client: envelope.client,
                     owned: owned.is_some(),
                     started,
@@ -1858,7 +1888,7 @@ impl Connection {
                     read
                 };
                 let slot = match self.shared.node.submit_read(read, self.consistency).await {
-                    Ok(reply) => Slot::Read { reply, started },
+                    Ok(reply) => Slot::Read { reply, started, name },
                     Err(e) => Slot::Ready(node_error(e)),
                 };
                 if self.shared.slowlog.enabled() {
@@ -1869,12 +1899,16 @@ impl Connection {
             Ok(None) => {
                 let (value, flow) = self.server_command(&args).await;
                 self.seen.describe(self);
-                if !refused_by_the_command_table(&value) {
+                if refused_by_the_command_table(&value) {
+                    self.shared.command_stats.rejected(name);
+                } else {
+                    let took = started.elapsed();
+                    self.shared.command_stats.executed(name, Some(took), value.is_error());
                     let sender = slowlog::Sender {
                         addr: self.seen.addr,
                         name: self.name.as_ref(),
                     };
-                    self.shared.slowlog.note(&args, started.elapsed(), &sender);
+                    self.shared.slowlog.note(&args, took, &sender);
                 }
                 (Slot::Ready(value), flow)
             }
@@ -1982,14 +2016,20 @@ impl Connection {
                 ("set", _) if rest[1..].chunks(2).all(|pair| slowlog_setting(&pair[0]).is_some()) => {
                     config_set_slowlog(&self.shared.slowlog, &rest[1..])
                 }
-                ("set", _) | ("rewrite", _) | ("resetstat", _) => Value::error(
+                ("resetstat", 1) => {
+                    self.shared.command_stats.reset();
+                    Value::ok()
+                }
+                ("set", _) | ("rewrite", _) => Value::error(
                     "ERR CONFIG SET takes only notify-keyspace-events, slowlog-log-slower-than and slowlog-max-len; \
-                     REWRITE and RESETSTAT are not supported: configure chorus with its TOML file or flags",
+                     REWRITE is not supported: configure chorus with its TOML file or flags",
                 ),
                 _ => Value::error(format!("ERR unknown subcommand '{sub}' for 'config'")),
             },
             "command" => command_command(&sub, rest),
             "slowlog" => slowlog_command(&self.shared.slowlog, &sub, rest),
+            "latency" => latency_command(&self.shared.command_stats, &sub, rest),
+            "module" => module_command(&sub, rest),
             "client" => match (sub.as_str(), rest.len()) {
                 ("setname", 2) => {
                     // A copy: a slice would keep the whole input buffer it came in alive.
@@ -2255,10 +2295,12 @@ impl Connection {
         (Value::Replies(Vec::new()), Flow::Close)
     }
 
-    /// Counts a command, and shows it in CLIENT LIST as this connection's latest.
-    fn note_command(&self, name: Option<&str>) {
+    /// Counts a command, and shows it in CLIENT LIST as this connection's latest; its name as the
+    /// command table has it.
+    fn note_command(&self, name: Option<&str>) -> &'static str {
         let name = self.shared.metrics.count(name);
         self.seen.active(name);
+        name
     }
 
     /// CLIENT LIST [TYPE normal|pubsub|master|replica] [ID id ...].
@@ -2493,14 +2535,18 @@ impl Connection {
             _ => (0, 0),
         };
         let all = section.is_empty() || section == "all" || section == "everything" || section == "default";
+        let uptime = self.shared.started.elapsed().as_secs();
         let mut out = String::new();
         if all || section == "server" {
             out.push_str(&format!(
-                "# Server\r\nredis_version:7.0.0\r\nchorus_version:{}\r\nredis_mode:standalone\r\nprocess_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{}\r\n\r\n",
+                "# Server\r\nredis_version:7.0.0\r\nchorus_version:{}\r\nredis_mode:standalone\r\nos:{} {}\r\narch_bits:{}\r\nmultiplexing_api:epoll\r\nprocess_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{uptime}\r\nuptime_in_days:{}\r\n\r\n",
                 env!("CARGO_PKG_VERSION"),
+                std::env::consts::OS,
+                std::env::consts::ARCH,
+                usize::BITS,
                 std::process::id(),
                 self.shared.options.resp_addr.port(),
-                self.shared.started.elapsed().as_secs()
+                uptime / 86_400,
             ));
         }
         if all || section == "clients" {
@@ -2521,8 +2567,9 @@ impl Connection {
         }
         if all || section == "stats" {
             let commands: u64 = self.shared.metrics.by_command.values().map(|calls| calls.get()).sum();
+            let (_, _, error_replies) = self.shared.command_stats.totals();
             out.push_str(&format!(
-                "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{commands}\r\n\r\n",
+                "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{commands}\r\ntotal_error_replies:{error_replies}\r\n\r\n",
                 self.shared.metrics.connections.get()
             ));
         }
@@ -2555,6 +2602,14 @@ impl Connection {
                 self.consistency_name()
             ));
         }
+        if all || section == "modules" {
+            out.push_str("# Modules\r\n\r\n");
+        }
+        if all || section == "errorstats" {
+            out.push_str("# Errorstats\r\n");
+            self.shared.command_stats.write_errorstats(&mut out);
+            out.push_str("\r\n");
+        }
         if all || section == "keyspace" {
             // Redis samples its average time to live; Chorus does not estimate it.
             out.push_str(&format!(
@@ -2562,18 +2617,23 @@ impl Connection {
             ));
         }
         // As in Redis, only asked for by name or with everything.
-        if section == "commandstats" || section == "all" || section == "everything" {
-            if !out.is_empty() {
-                out.push_str("\r\n");
-            }
-            out.push_str("# Commandstats\r\n");
-            for spec in table::COMMANDS {
-                let calls = self.shared.metrics.by_command[spec.name].get();
-                if calls > 0 {
-                    out.push_str(&format!("cmdstat_{}:calls={calls}\r\n", spec.name));
+        let by_name_or_everything = |name: &str| section == name || section == "all" || section == "everything";
+        let stats = &self.shared.command_stats;
+        for (name, title, write) in [
+            (
+                "commandstats",
+                "Commandstats",
+                CommandStats::write_commandstats as fn(&CommandStats, &mut String),
+            ),
+            ("latencystats", "Latencystats", CommandStats::write_latencystats),
+        ] {
+            if by_name_or_everything(name) {
+                if !out.is_empty() && !out.ends_with("\r\n\r\n") {
+                    out.push_str("\r\n");
                 }
+                out.push_str(&format!("# {title}\r\n"));
+                write(stats, &mut out);
             }
-            out.push_str("\r\n");
         }
         out
     }
@@ -2890,6 +2950,83 @@ fn slowlog_command(slowlog: &SlowLog, sub: &str, rest: &[Bytes]) -> Value {
         }
         _ => Value::error(format!(
             "ERR unknown subcommand '{}'. Try SLOWLOG HELP.",
+            String::from_utf8_lossy(&rest[0])
+        )),
+    }
+}
+
+/// LATENCY: HISTOGRAM from the command statistics. Redis's latency monitor (LATEST, HISTORY,
+/// GRAPH, DOCTOR) records events past a threshold, off by default; Chorus has none to record, so
+/// those answer as an idle monitor does.
+fn latency_command(stats: &CommandStats, sub: &str, rest: &[Bytes]) -> Value {
+    match (sub, rest.len()) {
+        (_, 0) => Value::error("ERR wrong number of arguments for 'latency' command"),
+        ("histogram", _) => {
+            let asked: Vec<String> = rest[1..]
+                .iter()
+                .map(|name| String::from_utf8_lossy(name).to_ascii_lowercase())
+                .collect();
+            stats.histograms(&asked)
+        }
+        ("latest", 1) | ("history", 2) => Value::array(Vec::new()),
+        ("reset", _) => Value::Integer(0),
+        ("graph", 2) => Value::error(format!(
+            "ERR No samples available for event '{}'",
+            String::from_utf8_lossy(&rest[1])
+        )),
+        ("doctor", 1) => Value::bulk(
+            "Chorus records no latency events (Redis's latency monitor). Each command's latency, from \
+             reading it to its reply being ready: LATENCY HISTOGRAM and INFO latencystats; the slowest \
+             commands: SLOWLOG GET; the raft log's fsync, commit and apply times: the node's /metrics.",
+        ),
+        ("help", 1) => crate::state::help_reply(&[
+            "LATENCY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "HISTOGRAM [COMMAND ...]",
+            "    Return a cumulative distribution of the latencies of the commands named (every",
+            "    command this node timed if none is): calls under each power of two of microseconds.",
+            "LATEST",
+            "    Return the latest latency samples of every event (Chorus records none).",
+            "HISTORY <event>",
+            "    Return the time-latency samples of the <event> class (Chorus records none).",
+            "GRAPH <event>",
+            "    Return an ASCII latency graph of the <event> class.",
+            "RESET [<event> ...]",
+            "    Reset latency data of one or more <event> classes.",
+            "DOCTOR",
+            "    Return where to look for this node's latencies.",
+            "HELP",
+            "    Print this help.",
+        ]),
+        ("latest" | "history" | "graph" | "doctor" | "help", _) => {
+            Value::error(format!("ERR wrong number of arguments for 'latency|{sub}' command"))
+        }
+        _ => Value::error(format!(
+            "ERR unknown subcommand '{}'. Try LATENCY HELP.",
+            String::from_utf8_lossy(&rest[0])
+        )),
+    }
+}
+
+/// MODULE: Chorus loads none, so LIST is empty (clients ask it to look for RedisJSON and the like).
+fn module_command(sub: &str, rest: &[Bytes]) -> Value {
+    match (sub, rest.len()) {
+        (_, 0) => Value::error("ERR wrong number of arguments for 'module' command"),
+        ("list", 1) => Value::array(Vec::new()),
+        ("load" | "loadex" | "unload", n) if n >= 2 => {
+            Value::error("ERR Chorus does not load Redis modules: its commands are built in")
+        }
+        ("help", 1) => crate::state::help_reply(&[
+            "MODULE <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "LIST",
+            "    Return the modules loaded: none, as Chorus loads no Redis modules.",
+            "HELP",
+            "    Print this help.",
+        ]),
+        ("list" | "load" | "loadex" | "unload" | "help", _) => {
+            Value::error(format!("ERR wrong number of arguments for 'module|{sub}' command"))
+        }
+        _ => Value::error(format!(
+            "ERR unknown subcommand '{}'. Try MODULE HELP.",
             String::from_utf8_lossy(&rest[0])
         )),
     }

@@ -294,6 +294,14 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("config", -2, S, NONE, "server"),
     spec("command", -1, S, NONE, "server"),
     spec("slowlog", -2, &["admin", "random", "loading", "stale"], NONE, "server"),
+    spec(
+        "latency",
+        -2,
+        &["admin", "noscript", "loading", "stale"],
+        NONE,
+        "server",
+    ),
+    spec("module", -2, &["admin", "noscript"], NONE, "server"),
     spec("rifl", -2, S, NONE, "chorus"),
     spec("curp", -2, S, NONE, "chorus"),
 ];
