@@ -3728,6 +3728,23 @@ mod tests {
             .collect()
     }
 
+    /// What a leader ships in an install: into `dir`, one segment per range holding the one record
+    /// `new{first}` = "new", so that a test can tell received segments from local ones of the same names.
+    fn ship_segments(dir: &Path, ranges: &[(u64, u64)]) {
+        let shared = Shared::default();
+        for &(first, last) in ranges {
+            let batch = ReducedBatch {
+                first_index: first,
+                last_index: last,
+                records: vec![test_record(&format!("new{first}"), Some("new"), last)],
+                log_order: false,
+                writes_in: 1,
+                bytes_in: 0,
+            };
+            write_until_done(dir, &batch, &shared).unwrap();
+        }
+    }
+
     /// The records of a segment whose key `is_live` names as live.
     fn live_where(index: &SegmentIndex, is_live: impl Fn(&[u8]) -> bool) -> LiveRecords {
         let mut live = LiveRecords::new(index.file_bytes);
@@ -3927,22 +3944,7 @@ mod tests {
         store.manifest_persisted(&merged).unwrap();
         let received = dir.path().join("received");
         std::fs::create_dir(&received).unwrap();
-        let shared = Shared::default();
-        for &(first, last) in &replaced {
-            let batch = ReducedBatch {
-                first_index: first,
-                last_index: last,
-                records: vec![Record {
-                    key: Bytes::from(format!("new{first}")),
-                    value: Some(Bytes::from("new")),
-                    version: last,
-                }],
-                log_order: false,
-                writes_in: 1,
-                bytes_in: 0,
-            };
-            write_until_done(&received, &batch, &shared).unwrap();
-        }
+        ship_segments(&received, &replaced);
         let installed = Manifest {
             applied_index: replaced.last().unwrap().1,
             segments: replaced.clone(),
@@ -3982,24 +3984,9 @@ mod tests {
         let old = snapshot(&mut store);
         assert_eq!(old.segments, vec![(1, 10), (11, 20), (21, 30)]);
         // What a leader ships: segments of the same names holding other records, and one more.
-        let shared = Shared::default();
         let ship = |to: &Path| {
             std::fs::create_dir(to).unwrap();
-            for (first, last) in [(1, 10), (11, 20), (21, 30), (31, 40)] {
-                let batch = ReducedBatch {
-                    first_index: first,
-                    last_index: last,
-                    records: vec![Record {
-                        key: Bytes::from(format!("new{first}")),
-                        value: Some(Bytes::from("new")),
-                        version: last,
-                    }],
-                    log_order: false,
-                    writes_in: 1,
-                    bytes_in: 0,
-                };
-                write_until_done(to, &batch, &shared).unwrap();
-            }
+            ship_segments(to, &[(1, 10), (11, 20), (21, 30), (31, 40)]);
         };
         let received = dir.path().join("received");
         ship(&received);
