@@ -960,8 +960,19 @@ async fn without_a_quorum_requests_fail_with_clear_errors_in_bounded_time() {
     assert_eq!(c.command(&["READONLY"]).await.unwrap(), ok());
     assert!(matches!(c.command(&["GET", "a"]).await.unwrap(), Value::Bulk(Some(_))));
     cluster.restart_stopped();
+    // Back to a quorum: once a leader is elected again (on a loaded machine, maybe after more
+    // than the 1 s a request waits for one), the value is whichever write took.
     let mut c = cluster.client(leader).await;
-    let v = c.command(&["GET", "a"]).await.unwrap();
+    let give_up_at = Instant::now() + Duration::from_secs(20);
+    let v = loop {
+        let v = c.command(&["GET", "a"]).await.unwrap();
+        match &v {
+            Value::Error(e) if e.starts_with("TRYAGAIN") && Instant::now() < give_up_at => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            _ => break v,
+        }
+    };
     assert!(v == bulk("1") || v == bulk("2"), "{v:?}");
 }
 
@@ -5010,13 +5021,16 @@ async fn recovered_leader(cluster: &Cluster, within: Duration) -> Option<u64> {
 
 /// CURP answers a write before it commits, so a crash of every node right after must not lose
 /// it: the witnesses hold it on disk, and the leader elected after the restart replays it.
-/// Writers on both followers; every node is killed mid-burst, three times.
+/// Writers on both followers; every node is killed mid-burst, three times — and more, up to
+/// twelve, until 100 writes took the fast path (a loaded machine writes less per burst).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curp_fast_path_writes_survive_killing_every_node() {
     let cluster = Cluster::start(3, CURP_ON);
     let acked = std::sync::Arc::new(std::sync::Mutex::new(Acknowledged::default()));
     let mut fast = 0.0;
-    for (round, kill_after_ms) in [180u64, 420, 260].into_iter().enumerate() {
+    let mut round = 0;
+    while round < 3 || (fast <= 100.0 && round < 12) {
+        let kill_after_ms = [180u64, 420, 260][round % 3];
         fast += curp_burst_then_kill_every_node(&cluster, round, kill_after_ms, &acked).await;
         cluster.restart_stopped();
         let leader = recovered_leader(&cluster, Duration::from_secs(10))
@@ -5025,8 +5039,9 @@ async fn curp_fast_path_writes_survive_killing_every_node() {
         let acked_now = acked.lock().unwrap().clone();
         let mut c = cluster.client(leader).await;
         assert_acknowledged_writes_present(&mut c, &acked_now, 0, &format!("round {round}")).await;
+        round += 1;
     }
-    assert!(fast > 100.0, "only {fast} writes took the fast path");
+    assert!(fast > 100.0, "only {fast} writes took the fast path in {round} rounds");
 }
 
 /// CURP's fast path answers before the write is fsynced on a majority of logs: the witnesses'

@@ -1662,7 +1662,11 @@ impl<SM: StateMachine> RaftLoop<SM> {
             }
             Request::StepDown { reply } => {
                 let leads = self.raw.raft.state == StateRole::Leader;
-                let to = leads.then(|| self.furthest_voter()).flatten();
+                // A leader elected a moment ago has heard from no voter yet; a hand-over to one
+                // that does not answer costs only the bounded wait of `step_down`.
+                let to = leads
+                    .then(|| self.furthest_voter().or_else(|| self.furthest_voter_where(|_| true)))
+                    .flatten();
                 if let Some(to) = to {
                     tracing::info!(to, "shutting down: handing the leadership over first");
                     self.raw.transfer_leader(to);
@@ -2214,13 +2218,17 @@ impl<SM: StateMachine> RaftLoop<SM> {
     /// On the leader: the other voter furthest along in the log, of those heard from lately
     /// (a transfer to one that does not answer only stalls writes until raft gives it up).
     fn furthest_voter(&self) -> Option<u64> {
+        self.furthest_voter_where(|progress| progress.recent_active)
+    }
+
+    fn furthest_voter_where(&self, eligible: impl Fn(&raft::Progress) -> bool) -> Option<u64> {
         let me = self.config.id;
         let voters = &self.raw.store().conf_state().voters;
         self.raw
             .raft
             .prs()
             .iter()
-            .filter(|(id, progress)| **id != me && voters.contains(id) && progress.recent_active)
+            .filter(|(id, progress)| **id != me && voters.contains(id) && eligible(progress))
             .max_by_key(|(_, progress)| progress.matched)
             .map(|(id, _)| *id)
     }
