@@ -3728,9 +3728,11 @@ mod tests {
             .collect()
     }
 
-    /// What a leader ships in an install: into `dir`, one segment per range holding the one record
-    /// `new{first}` = "new", so that a test can tell received segments from local ones of the same names.
+    /// What a leader ships in an install: into a new directory `dir`, one segment per range holding
+    /// the one record `new{first}` = "new", so that a test can tell received segments from local
+    /// ones of the same names.
     fn ship_segments(dir: &Path, ranges: &[(u64, u64)]) {
+        std::fs::create_dir(dir).unwrap();
         let shared = Shared::default();
         for &(first, last) in ranges {
             let batch = ReducedBatch {
@@ -3943,7 +3945,6 @@ mod tests {
         hold.recv().unwrap();
         store.manifest_persisted(&merged).unwrap();
         let received = dir.path().join("received");
-        std::fs::create_dir(&received).unwrap();
         ship_segments(&received, &replaced);
         let installed = Manifest {
             applied_index: replaced.last().unwrap().1,
@@ -3984,10 +3985,7 @@ mod tests {
         let old = snapshot(&mut store);
         assert_eq!(old.segments, vec![(1, 10), (11, 20), (21, 30)]);
         // What a leader ships: segments of the same names holding other records, and one more.
-        let ship = |to: &Path| {
-            std::fs::create_dir(to).unwrap();
-            ship_segments(to, &[(1, 10), (11, 20), (21, 30), (31, 40)]);
-        };
+        let ship = |to: &Path| ship_segments(to, &[(1, 10), (11, 20), (21, 30), (31, 40)]);
         let received = dir.path().join("received");
         ship(&received);
         let new = Manifest {
