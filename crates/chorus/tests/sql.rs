@@ -175,7 +175,6 @@ impl SqlCluster {
         metric_at(self.node(id).metrics, name)
     }
 
-    /// The last lines of node `id`'s log, for failure messages.
     /// The last lines of node `id`'s log, without raft's chatter and backtrace frames (a node
     /// that exits with RUST_BACKTRACE set would fill the tail with frames, hiding its error).
     fn log_tail(&self, id: u64) -> String {
@@ -202,7 +201,7 @@ impl SqlCluster {
     /// Waits until node `id` has compacted its log past `index` (snapshots are written off its
     /// main thread).
     async fn wait_for_compaction(&self, id: u64, index: u64) {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(30);
         while self.gauge(id, "chorus_raft_first_index").unwrap_or(0) <= index {
             assert!(
                 Instant::now() < deadline,
@@ -1127,7 +1126,9 @@ async fn sigkill_of_the_leader_mid_load_loses_nothing(engine: Engine) {
             }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The leader dies once it holds a checkpoint and work after it, however slow the machine.
+    cluster.wait_for_compaction(leader, 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     cluster.kill(leader);
     for worker in workers {
         worker.await.unwrap();
@@ -1168,7 +1169,6 @@ async fn sigkill_of_the_leader_mid_load_loses_nothing(engine: Engine) {
         .map(|r| r[2].as_deref().unwrap().parse::<i64>().unwrap())
         .sum();
     assert_eq!(total, 4000, "transfers keep the total");
-    cluster.wait_for_compaction(new_leader, 1).await;
     for id in 1..=3 {
         cluster.wait_for_rows(id, dump, &reference).await;
     }
