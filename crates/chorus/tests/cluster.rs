@@ -908,6 +908,54 @@ async fn follower_behind_the_compacted_log_catches_up_by_snapshot() {
     local_reads_show_the_writes(11).await;
 }
 
+/// Reads waiting through an election are served once the new leader has committed its first
+/// entry, on the leader and on the other survivor alike. Raft drops a ReadIndex that reaches a
+/// leader before that commit; re-issued only an election timeout later (3 s here, twice the 1.5 s
+/// a request waits for a leader), such reads used to fail with TRYAGAIN after the leader was up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_waiting_through_an_election_are_served_once_the_new_leader_commits() {
+    let cluster = Cluster::start(3, &["--election-ticks", "30", "--leader-wait-ms", "1500"]);
+    let (leader, survivors) = cluster.leader_and_followers().await;
+    let mut c = cluster.client(leader).await;
+    assert_eq!(c.command(&["SET", "k", "v"]).await.unwrap(), ok());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for id in survivors.clone() {
+        let mut c = cluster.client(id).await;
+        let stop = stop.clone();
+        readers.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let answer = c.command(&["GET", "k"]).await.expect("the survivor stays up");
+                answers.push((Instant::now(), answer));
+            }
+            (id, answers)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cluster.kill(leader);
+    cluster.wait_for_leader(&survivors, Duration::from_secs(30)).await;
+    let leader_seen_at = Instant::now();
+    // Past the moment a dropped ReadIndex would be issued again.
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        let (id, answers) = reader.await.unwrap();
+        let after_the_election: Vec<_> = answers
+            .iter()
+            .filter(|(at, _)| *at > leader_seen_at + Duration::from_secs(1))
+            .map(|(_, answer)| answer)
+            .collect();
+        assert!(
+            !after_the_election.is_empty(),
+            "node {id} answered no read after the election"
+        );
+        for answer in after_the_election {
+            assert_eq!(answer, &bulk("v"), "node {id}, a read once the new leader was up");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_quorum_requests_fail_with_clear_errors_in_bounded_time() {
     let cluster = Cluster::start(3, &["--leader-wait-ms", "1000", "--request-timeout-ms", "2000"]);

@@ -930,6 +930,10 @@ struct ReadWaiter<SM: StateMachine> {
 /// round trip, so reads batch there, and negligible beside a WAN round trip.
 const READ_INDEX_SPACING: Duration = Duration::from_micros(500);
 
+/// Most followers' ReadIndex requests a new leader holds until it has committed an entry of its
+/// term; past it they are dropped, and their followers ask again after an election timeout.
+const MAX_READ_INDEXES_AWAITING_TERM_COMMIT: usize = 1024;
+
 struct IssuedReads<SM: StateMachine> {
     issued_at: Instant,
     /// Term the ReadIndex was issued in: a confirmation extends the read lease only within it.
@@ -1011,6 +1015,9 @@ struct RaftLoop<SM: StateMachine> {
     proposed: HashMap<u64, Waiter<SM::Output>>,
     reads_unissued: Vec<ReadWaiter<SM>>,
     reads_issued: HashMap<u64, IssuedReads<SM>>,
+    /// Followers' ReadIndex requests that reached this leader before it committed an entry of
+    /// its term: raft drops those silently, and their reads would wait an election timeout.
+    read_indexes_awaiting_term_commit: Vec<Message>,
     /// Reads whose ReadIndex came back, waiting for apply to reach it.
     reads_ready: Vec<(u64, ReadWaiter<SM>)>,
     next_read_ctx: u64,
@@ -1269,8 +1276,11 @@ pub async fn start<SM: StateMachine>(
         proposed: HashMap::new(),
         reads_unissued: Vec::new(),
         reads_issued: HashMap::new(),
+        read_indexes_awaiting_term_commit: Vec::new(),
         reads_ready: Vec::new(),
-        next_read_ctx: 1,
+        // A restarted node must not reuse the sequence numbers of its earlier incarnation, whose
+        // requests a leader may still hold (see `read_index_ctx`).
+        next_read_ctx: incarnation,
         read_lease: None,
         started_at: Instant::now(),
         read_lease_refused_term: 0,
@@ -1534,6 +1544,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             }
             self.propose_pending();
             self.propose_codec_entries();
+            self.release_read_indexes_awaiting_term_commit();
             self.issue_reads();
             if let Err(e) = self.on_ready() {
                 // Raft state on disk can no longer be trusted to match memory: stop loudly.
@@ -1919,6 +1930,12 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 self.curp.hold_read_index(msg);
                 return;
             }
+            MessageType::MsgReadIndex if self.awaits_commit_in_term() => {
+                if self.read_indexes_awaiting_term_commit.len() < MAX_READ_INDEXES_AWAITING_TERM_COMMIT {
+                    self.read_indexes_awaiting_term_commit.push(msg);
+                }
+                return;
+            }
             MessageType::MsgAppendResponse => {
                 self.codec.observe_response(&msg);
                 // When this response commits an entry, raft tells the followers with an empty
@@ -2268,12 +2285,16 @@ impl<SM: StateMachine> RaftLoop<SM> {
     /// arriving meanwhile share the next one (one heartbeat round per batch of reads, not per
     /// loop iteration), and on a slow one a read never waits for a round trip before its own.
     fn issue_reads(&mut self) {
+        // Raft would drop them: they go once the term's first entry commits, within a round trip.
+        if self.awaits_commit_in_term() {
+            return;
+        }
         if !self.backups_unissued.is_empty() && self.leader_known() && self.curp_recovered() {
             let ctx = self.next_read_ctx;
             self.next_read_ctx += 1;
             self.backups_issued
                 .insert(ctx, std::mem::take(&mut self.backups_unissued));
-            self.raw.read_index(ctx.to_le_bytes().to_vec());
+            self.raw.read_index(self.read_index_ctx(ctx));
         }
         if self.reads_unissued.is_empty() || !self.leader_known() || self.read_index_deadline().is_some() {
             return;
@@ -2283,6 +2304,27 @@ impl<SM: StateMachine> RaftLoop<SM> {
         }
         let reads = std::mem::take(&mut self.reads_unissued);
         self.issue_read_index(reads);
+    }
+
+    /// Whether this node leads but has not committed an entry of its term yet: raft answers no
+    /// ReadIndex until it has (it drops the request silently).
+    fn awaits_commit_in_term(&self) -> bool {
+        self.raw.raft.state == StateRole::Leader && !self.raw.raft.commit_to_current_term()
+    }
+
+    /// Hands raft the followers' ReadIndex requests held for the term's first commit once it is
+    /// in; drops them if this node no longer leads (the followers ask the next leader).
+    fn release_read_indexes_awaiting_term_commit(&mut self) {
+        if self.read_indexes_awaiting_term_commit.is_empty() || self.awaits_commit_in_term() {
+            return;
+        }
+        let held = std::mem::take(&mut self.read_indexes_awaiting_term_commit);
+        if self.raw.raft.state != StateRole::Leader {
+            return;
+        }
+        for msg in held {
+            self.step_peer_message(msg);
+        }
     }
 
     fn issue_read_index(&mut self, reads: Vec<ReadWaiter<SM>>) {
@@ -2298,7 +2340,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             },
         );
         self.metrics.read_index_requests.inc();
-        self.raw.read_index(ctx.to_le_bytes().to_vec());
+        self.raw.read_index(self.read_index_ctx(ctx));
     }
 
     /// How long a confirmed ReadIndex keeps this leader's read lease (see `ReadLease`).
@@ -2371,12 +2413,29 @@ impl<SM: StateMachine> RaftLoop<SM> {
         }
     }
 
+    /// The context of this node's ReadIndex request number `seq`: the node's id and `seq`. A
+    /// leader keeps pending requests by context alone and ignores a second one with the same, so
+    /// two nodes' requests (or two incarnations' of one node) must never share one — the later
+    /// would be lost, its reads waiting an election timeout to be asked again.
+    fn read_index_ctx(&self, seq: u64) -> Vec<u8> {
+        let mut ctx = Vec::with_capacity(16);
+        ctx.extend_from_slice(&self.config.id.to_le_bytes());
+        ctx.extend_from_slice(&seq.to_le_bytes());
+        ctx
+    }
+
+    /// The sequence number of one of this node's ReadIndex requests, from its context.
+    fn read_index_seq(&self, ctx: &[u8]) -> Option<u64> {
+        let (id, seq) = ctx.split_first_chunk::<8>()?;
+        let seq = <[u8; 8]>::try_from(seq).ok()?;
+        (u64::from_le_bytes(*id) == self.config.id).then_some(u64::from_le_bytes(seq))
+    }
+
     fn on_read_states(&mut self, states: Vec<ReadState>) {
         for state in states {
-            let Ok(ctx) = <[u8; 8]>::try_from(state.request_ctx.as_slice()) else {
+            let Some(ctx) = self.read_index_seq(&state.request_ctx) else {
                 continue;
             };
-            let ctx = u64::from_le_bytes(ctx);
             if let Some(backups) = self.backups_issued.remove(&ctx) {
                 self.backups_ready.extend(backups.into_iter().map(|b| (state.index, b)));
                 continue;
