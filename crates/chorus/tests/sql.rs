@@ -1320,11 +1320,20 @@ async fn sigkill_mid_passive_tpcc(engine: Engine) {
     let new_leader = cluster.leader_among(&others(leader)).await;
     cluster.launch(leader);
     let successor = cluster.client(new_leader).await;
-    if let Err(e) = tpcc::check_consistency(&successor).await {
-        panic!(
+    // A new leader serves linearizable reads once it has committed an entry of its term; until
+    // then (seconds on a loaded machine) a read is refused as retryable (57P03) and retried.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = tpcc::check_consistency(&successor).await {
+        let unavailable = e
+            .downcast_ref::<tokio_postgres::Error>()
+            .and_then(tokio_postgres::Error::code)
+            == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW);
+        assert!(
+            unavailable && Instant::now() < deadline,
             "the new leader {new_leader} fails the consistency check: {e:#}; the logs end:\n{}",
             cluster.log_tails(&[1, 2, 3])
         );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // 3,000 orders per district were loaded; each acknowledged new order added one.
     let orders = rows(&successor, "SELECT count(*) FROM orders").await;
