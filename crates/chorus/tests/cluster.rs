@@ -910,8 +910,10 @@ async fn follower_behind_the_compacted_log_catches_up_by_snapshot() {
 
 /// Reads waiting through an election are served once the new leader has committed its first
 /// entry, on the leader and on the other survivor alike. Raft drops a ReadIndex that reaches a
-/// leader before that commit; re-issued only an election timeout later (3 s here, twice the 1.5 s
-/// a request waits for a leader), such reads used to fail with TRYAGAIN after the leader was up.
+/// leader before that commit, and ignores one whose context another pending request has (a
+/// follower's and the leader's used to share contexts); re-issued only an election timeout later
+/// (3 s here, twice the 1.5 s a request waits for a leader), such reads failed with TRYAGAIN
+/// after the leader was up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_waiting_through_an_election_are_served_once_the_new_leader_commits() {
     let cluster = Cluster::start(3, &["--election-ticks", "30", "--leader-wait-ms", "1500"]);

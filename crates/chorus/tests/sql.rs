@@ -1320,8 +1320,9 @@ async fn sigkill_mid_passive_tpcc(engine: Engine) {
     let new_leader = cluster.leader_among(&others(leader)).await;
     cluster.launch(leader);
     let successor = cluster.client(new_leader).await;
-    // A new leader serves linearizable reads once it has committed an entry of its term; until
-    // then (seconds on a loaded machine) a read is refused as retryable (57P03) and retried.
+    // A new leader holds linearizable reads until it has committed an entry of its term; on a
+    // loaded machine that can outlast a request's wait for a leader (3 s), and the read is
+    // refused as retryable (57P03): retried.
     let deadline = Instant::now() + Duration::from_secs(30);
     while let Err(e) = tpcc::check_consistency(&successor).await {
         let unavailable = e
