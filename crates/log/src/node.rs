@@ -2399,7 +2399,11 @@ impl<SM: StateMachine> RaftLoop<SM> {
     /// Keeps a leader's read lease from running out while it is idle: a ReadIndex with no reads
     /// once less than half of it is left.
     fn renew_read_lease(&mut self) {
-        if !self.config.read_lease || self.raw.raft.state != StateRole::Leader || !self.reads_issued.is_empty() {
+        if !self.config.read_lease
+            || self.raw.raft.state != StateRole::Leader
+            || !self.reads_issued.is_empty()
+            || self.awaits_commit_in_term()
+        {
             return;
         }
         let half = self.read_lease_span() / 2;
