@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -1042,12 +1042,13 @@ async fn on_the_postgres_engine_a_replica_rebuilt_from_a_checkpoint_under_load_d
     let lagging = others(leader)[0];
     cluster.kill(lagging);
     let client = cluster.client(leader).await;
-    let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let writing = Arc::new(AtomicBool::new(true));
+    let inserted = Arc::new(AtomicU64::new(0));
     let load = {
-        let writing = writing.clone();
+        let (writing, inserted) = (writing.clone(), inserted.clone());
         tokio::spawn(async move {
-            let mut n = 0u64;
-            while writing.load(std::sync::atomic::Ordering::Relaxed) {
+            while writing.load(Ordering::Relaxed) {
+                let n = inserted.load(Ordering::Relaxed);
                 client
                     .execute(
                         "INSERT INTO events (at_ms) VALUES ($1::text::bigint)",
@@ -1055,18 +1056,28 @@ async fn on_the_postgres_engine_a_replica_rebuilt_from_a_checkpoint_under_load_d
                     )
                     .await
                     .unwrap();
-                n += 1;
+                inserted.fetch_add(1, Ordering::Relaxed);
             }
-            (client, n)
+            client
         })
     };
     cluster.wait_for_compaction(leader, 60).await;
+    let before_catch_up = inserted.load(Ordering::Relaxed);
     cluster.launch(lagging);
-    // It catches up from a checkpoint while the inserts go on.
+    // It catches up from a checkpoint while the inserts go on: for 4 s, and at least 100 of
+    // them (a loaded machine may do fewer in that time).
     tokio::time::sleep(Duration::from_secs(4)).await;
-    writing.store(false, std::sync::atomic::Ordering::Relaxed);
-    let (client, inserted) = load.await.unwrap();
-    assert!(inserted > 100, "only {inserted} inserts");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while inserted.load(Ordering::Relaxed) < before_catch_up + 100 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} inserts in a minute of catch-up",
+            inserted.load(Ordering::Relaxed) - before_catch_up
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    writing.store(false, Ordering::Relaxed);
+    let client = load.await.unwrap();
     let query = "SELECT count(*), sum(id), max(id) FROM events";
     let expected = rows(&client, query).await;
     for node in 1..=3 {
@@ -1301,7 +1312,7 @@ async fn sigkill_mid_passive_tpcc(engine: Engine) {
         dir: PathBuf::new(),
         warehouses: vec![1],
         terminals: Some(8),
-        duration_secs: 6.0,
+        duration_secs: 10.0,
         loaders: 2,
         no_load: true,
         keep_data: false,
@@ -1311,7 +1322,24 @@ async fn sigkill_mid_passive_tpcc(engine: Engine) {
         net: Default::default(),
     };
     let run = tokio::spawn(async move { tpcc::run_once("chorus-passive", &[addr], &[], &args, 1, false).await });
+    // The leader dies 3 s into the run, once 70 new orders have committed (a loaded machine
+    // may take longer), and before the run's 10 s end.
+    let watcher = loaders.into_iter().next().unwrap();
+    let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(3)).await;
+    loop {
+        let orders = rows(&watcher, "SELECT count(*) FROM orders").await;
+        let orders: u64 = orders[0][0].as_deref().unwrap().parse().unwrap();
+        if orders >= 30_070 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(9),
+            "only {} new orders committed in 9 s",
+            orders - 30_000
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     cluster.kill(leader);
     let result = run.await.unwrap().unwrap();
     let acknowledged = result.kinds[0].committed;

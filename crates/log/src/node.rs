@@ -1020,7 +1020,7 @@ struct RaftLoop<SM: StateMachine> {
     read_indexes_awaiting_term_commit: Vec<Message>,
     /// Reads whose ReadIndex came back, waiting for apply to reach it.
     reads_ready: Vec<(u64, ReadWaiter<SM>)>,
-    next_read_ctx: u64,
+    next_read_index_seq: u64,
     read_lease: Option<ReadLease>,
     /// When this node started: with read leases it gives no vote for an election timeout after.
     started_at: Instant,
@@ -1280,7 +1280,7 @@ pub async fn start<SM: StateMachine>(
         reads_ready: Vec::new(),
         // A restarted node must not reuse the sequence numbers of its earlier incarnation, whose
         // requests a leader may still hold (see `read_index_ctx`).
-        next_read_ctx: incarnation,
+        next_read_index_seq: incarnation,
         read_lease: None,
         started_at: Instant::now(),
         read_lease_refused_term: 0,
@@ -2290,11 +2290,9 @@ impl<SM: StateMachine> RaftLoop<SM> {
             return;
         }
         if !self.backups_unissued.is_empty() && self.leader_known() && self.curp_recovered() {
-            let ctx = self.next_read_ctx;
-            self.next_read_ctx += 1;
+            let seq = self.request_read_index();
             self.backups_issued
-                .insert(ctx, std::mem::take(&mut self.backups_unissued));
-            self.raw.read_index(self.read_index_ctx(ctx));
+                .insert(seq, std::mem::take(&mut self.backups_unissued));
         }
         if self.reads_unissued.is_empty() || !self.leader_known() || self.read_index_deadline().is_some() {
             return;
@@ -2328,10 +2326,9 @@ impl<SM: StateMachine> RaftLoop<SM> {
     }
 
     fn issue_read_index(&mut self, reads: Vec<ReadWaiter<SM>>) {
-        let ctx = self.next_read_ctx;
-        self.next_read_ctx += 1;
+        let seq = self.request_read_index();
         self.reads_issued.insert(
-            ctx,
+            seq,
             IssuedReads {
                 issued_at: Instant::now(),
                 term: self.raw.raft.term,
@@ -2340,7 +2337,15 @@ impl<SM: StateMachine> RaftLoop<SM> {
             },
         );
         self.metrics.read_index_requests.inc();
-        self.raw.read_index(self.read_index_ctx(ctx));
+    }
+
+    /// Asks raft for a ReadIndex under this node's next sequence number, which it returns: the
+    /// confirmation (`on_read_states`) names it.
+    fn request_read_index(&mut self) -> u64 {
+        let seq = self.next_read_index_seq;
+        self.next_read_index_seq += 1;
+        self.raw.read_index(self.read_index_ctx(seq));
+        seq
     }
 
     /// How long a confirmed ReadIndex keeps this leader's read lease (see `ReadLease`).
