@@ -991,7 +991,7 @@ struct RaftLoop<SM: StateMachine> {
     /// On the leader, a learner holding nothing yet needs a snapshot that names it, and a log
     /// that does not start at index 1 (`snapshot_for_new_members`).
     snapshot_for_learner: bool,
-    /// Backups waiting for a ReadIndex to be issued, for its answer (by context), and for apply
+    /// Backups waiting for a ReadIndex to be issued, for its answer (by ReadIndex sequence number), and for apply
     /// and a snapshot to reach its index.
     backups_unissued: Vec<BackupWait>,
     backups_issued: HashMap<u64, Vec<BackupWait>>,
@@ -1014,6 +1014,7 @@ struct RaftLoop<SM: StateMachine> {
     /// Writes handed to raft, by request id.
     proposed: HashMap<u64, Waiter<SM::Output>>,
     reads_unissued: Vec<ReadWaiter<SM>>,
+    /// Reads whose ReadIndex is out, by its sequence number.
     reads_issued: HashMap<u64, IssuedReads<SM>>,
     /// Followers' ReadIndex requests that reached this leader before it committed an entry of
     /// its term: raft drops those silently, and their reads would wait an election timeout.
@@ -2442,14 +2443,14 @@ impl<SM: StateMachine> RaftLoop<SM> {
 
     fn on_read_states(&mut self, states: Vec<ReadState>) {
         for state in states {
-            let Some(ctx) = self.read_index_seq(&state.request_ctx) else {
+            let Some(seq) = self.read_index_seq(&state.request_ctx) else {
                 continue;
             };
-            if let Some(backups) = self.backups_issued.remove(&ctx) {
+            if let Some(backups) = self.backups_issued.remove(&seq) {
                 self.backups_ready.extend(backups.into_iter().map(|b| (state.index, b)));
                 continue;
             }
-            if let Some(issued) = self.reads_issued.remove(&ctx) {
+            if let Some(issued) = self.reads_issued.remove(&seq) {
                 let raft = &self.raw.raft;
                 if self.config.read_lease && raft.state == StateRole::Leader && issued.term == raft.term {
                     let until = issued.issued_at + self.read_lease_span();
