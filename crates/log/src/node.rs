@@ -991,8 +991,8 @@ struct RaftLoop<SM: StateMachine> {
     /// On the leader, a learner holding nothing yet needs a snapshot that names it, and a log
     /// that does not start at index 1 (`snapshot_for_new_members`).
     snapshot_for_learner: bool,
-    /// Backups waiting for a ReadIndex to be issued, for its answer (by ReadIndex sequence number), and for apply
-    /// and a snapshot to reach its index.
+    /// Backups waiting for a ReadIndex to be issued, for its answer (by the ReadIndex's sequence
+    /// number), and for apply and a snapshot to reach its index.
     backups_unissued: Vec<BackupWait>,
     backups_issued: HashMap<u64, Vec<BackupWait>>,
     backups_ready: Vec<(u64, BackupWait)>,
