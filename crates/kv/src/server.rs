@@ -2472,13 +2472,19 @@ impl Connection {
             Protocol::Resp2 => 2,
             Protocol::Resp3 => 3,
         };
+        // As INFO's replication section says it (role:slave), in HELLO's words.
+        let role = if self.shared.node.status().role == chorus_log::Role::Leader {
+            "master"
+        } else {
+            "replica"
+        };
         Value::map(vec![
             (Value::bulk("server"), Value::bulk("chorus")),
             (Value::bulk("version"), Value::bulk(env!("CARGO_PKG_VERSION"))),
             (Value::bulk("proto"), Value::Integer(proto)),
             (Value::bulk("id"), Value::Integer(self.id as i64)),
             (Value::bulk("mode"), Value::bulk("standalone")),
-            (Value::bulk("role"), Value::bulk("master")),
+            (Value::bulk("role"), Value::bulk(role)),
             (Value::bulk("modules"), Value::array(Vec::new())),
         ])
     }
