@@ -14,7 +14,7 @@ pub mod node;
 pub mod peer_auth;
 pub mod peer_stream;
 mod raft_log;
-mod replica_wait;
+pub mod replica_wait;
 pub mod shipment;
 pub mod storage;
 pub mod transport;

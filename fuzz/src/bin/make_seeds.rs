@@ -15,6 +15,7 @@ use chorus_curp::rifl::{ClientId, Envelope};
 use chorus_curp::witness::{file as witness_file, Event, Record};
 use chorus_fuzz::{append_after_resume, entry, resumed_codec, OneEntryLog, CACHE};
 use chorus_kv::command::{encode_args, encode_curp_recovered, encode_enveloped, encode_register, encode_renew};
+use chorus_kv::ldc::{encode_fetch, encode_fetched, SERVICE_FETCH};
 use chorus_kv::unicache::KvPreprocessor;
 use chorus_kv::KvState;
 use chorus_kv::{dump, hyperloglog};
@@ -25,6 +26,7 @@ use chorus_log::membership::{
     encode_answer, encode_change, encode_context, encode_members, Addresses, ChangeAnswer, MemberChange, Members,
 };
 use chorus_log::peer_auth::{encode_challenge, CODE_BYTES, NONCE_BYTES};
+use chorus_log::replica_wait::{self, Answer, Question};
 use chorus_log::shipment::{encode_chunk, encode_offer, encode_resume, Offer};
 use chorus_log::storage::{write_snapshot_file, DiskStorage, StorageOptions};
 use chorus_log::{EntryCodec, StateMachine};
@@ -138,6 +140,38 @@ fn main() {
     );
     encode_frame(FrameKind::Proof, &[8; CODE_BYTES], &mut handshake);
     write(&out, "peer_frame", "handshake", &handshake);
+    // The bodies of the services peers answer: a WAIT question and its answer, a FETCH and the
+    // values it brings back (one found, one not).
+    let mut services = Vec::new();
+    let question = Question {
+        target: 40,
+        replicas: 1,
+        timeout_ms: 500,
+    };
+    encode_frame(
+        FrameKind::Request,
+        &encode_request(10, replica_wait::SERVICE, &question.encode()),
+        &mut services,
+    );
+    let answer = Answer {
+        term: 3,
+        target: 40,
+        replicas: 2,
+    };
+    encode_frame(
+        FrameKind::Response,
+        &encode_response(10, &replica_wait::encode_response(Some(answer))),
+        &mut services,
+    );
+    let fetch = encode_fetch([(&b"\x01key:1"[..], 38), (&b"\x01key:2"[..], 39)].into_iter());
+    encode_frame(
+        FrameKind::Request,
+        &encode_request(11, SERVICE_FETCH, &fetch),
+        &mut services,
+    );
+    let fetched = encode_fetched(&[Some(Bytes::from_static(b"value")), None]);
+    encode_frame(FrameKind::Response, &encode_response(11, &fetched), &mut services);
+    write(&out, "peer_frame", "services", &services);
     let mut shipment = Vec::new();
     let offer = Offer {
         term: 3,

@@ -422,7 +422,7 @@ fn owner_among(key_hash: u64, voters: &[u64]) -> u64 {
 }
 
 /// A FETCH request: per key, its version (8 bytes), its length (2 bytes) and the store key.
-fn encode_fetch<'a>(keys: impl Iterator<Item = (&'a [u8], u64)>) -> Vec<u8> {
+pub fn encode_fetch<'a>(keys: impl Iterator<Item = (&'a [u8], u64)>) -> Vec<u8> {
     let mut out = Vec::new();
     for (key, version) in keys {
         out.extend_from_slice(&version.to_le_bytes());
@@ -432,7 +432,7 @@ fn encode_fetch<'a>(keys: impl Iterator<Item = (&'a [u8], u64)>) -> Vec<u8> {
     out
 }
 
-fn decode_fetch(mut body: &[u8]) -> Option<Vec<(Bytes, u64)>> {
+pub fn decode_fetch(mut body: &[u8]) -> Option<Vec<(Bytes, u64)>> {
     let mut keys = Vec::new();
     while !body.is_empty() {
         let (version, rest) = body.split_first_chunk::<8>()?;
@@ -446,7 +446,7 @@ fn decode_fetch(mut body: &[u8]) -> Option<Vec<(Bytes, u64)>> {
 
 /// A FETCH response: per key asked, 1, the value's length (4 bytes) and the value, or 0 for
 /// "not here at that version".
-fn encode_fetched(values: &[Option<Bytes>]) -> Vec<u8> {
+pub fn encode_fetched(values: &[Option<Bytes>]) -> Vec<u8> {
     let mut out = Vec::new();
     for value in values {
         match value {
@@ -461,7 +461,7 @@ fn encode_fetched(values: &[Option<Bytes>]) -> Vec<u8> {
     out
 }
 
-fn decode_fetched(mut response: &[u8]) -> Option<Vec<Option<Bytes>>> {
+pub fn decode_fetched(mut response: &[u8]) -> Option<Vec<Option<Bytes>>> {
     let mut values = Vec::new();
     while let Some((found, rest)) = response.split_first() {
         response = match found {
