@@ -89,8 +89,10 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         data_dir = %config.data_dir.display(), "chorus SQL node serving"
     );
     // PostgreSQL's clients have no command that stops the server.
-    crate::server::until_shut_down(std::future::pending(), || async move {
-        match node.drain(Duration::from_millis(config.shutdown_drain_ms)).await {
+    let drain_ms = config.shutdown_drain_ms;
+    let node = &node;
+    crate::server::until_shut_down(std::future::pending(), move || async move {
+        match node.drain(Duration::from_millis(drain_ms)).await {
             Ok(()) => tracing::info!("every client's transaction ended"),
             Err(open) => tracing::warn!(
                 connections = open.connections,
@@ -100,8 +102,13 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         }
         crate::server::step_down(&node.node).await;
     })
-    .await
-    // Every acknowledged COMMIT is in the fsynced raft log; the database follows from it.
+    .await?;
+    // Every acknowledged COMMIT is in the fsynced raft log; the database follows from it. The
+    // node's thread runs nothing after this, so no write follows the database's close.
+    if let Err(e) = node.close_database() {
+        tracing::warn!(error = %e, "the database was not closed; the next start rebuilds it from the last checkpoint and the log");
+    }
+    Ok(())
 }
 
 /// The database holds transactions the log will not have: the process replaces itself with a

@@ -101,6 +101,17 @@ pub trait Engine: Send {
     fn holds_ahead(&mut self) -> Result<bool, SqlError>;
     /// Replaces the database with a copy of `checkpoint` (or an empty one) standing at `mark`.
     fn restore(&mut self, checkpoint: Option<&Path>, mark: AppliedMark) -> Result<(), SqlError>;
+    /// Whether the database's files may lack writes its last run made: the engine does not sync
+    /// its own writes (the raft log is what is durable) and that run did not end with `close`.
+    /// Such a database is rebuilt from the last checkpoint and the log before it serves.
+    fn may_be_torn(&self) -> bool {
+        false
+    }
+    /// The node is stopping: makes every write durable and records that the database stopped
+    /// cleanly. Nothing may write to the database after it.
+    fn close(&mut self) -> Result<(), SqlError> {
+        Ok(())
+    }
     /// Inside the open transaction: record its changes from here on, for `commit_recorded`
     /// (passive replication). Rolling back ends the recording.
     fn record_writes(&mut self) -> Result<(), SqlError>;
@@ -191,6 +202,21 @@ pub struct Sqlite {
     /// page cache stale after the other's commit.
     write_sets_on_conn: bool,
     random: Arc<AtomicU64>,
+    /// See `Engine::may_be_torn`.
+    may_be_torn: bool,
+}
+
+/// Present while the database's files are whole: written, synced, by `close`; removed, durably,
+/// when the database is opened again, so a run that ends any other way leaves none.
+const CLOSED_FILE: &str = "db.closed";
+
+/// Whether `dir` holds the mark of a clean `close`; takes it away (durably) if so.
+fn take_closed_mark(dir: &Path) -> std::io::Result<bool> {
+    match std::fs::remove_file(dir.join(CLOSED_FILE)) {
+        Ok(()) => std::fs::File::open(dir)?.sync_all().map(|()| true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// SQLite's session extension recording one transaction's changes (every table, those
@@ -246,13 +272,25 @@ impl Sqlite {
     pub fn open(dir: &Path) -> Result<Sqlite, SqlError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| SqlError::new("58030", format!("cannot create {}: {e}", dir.display())))?;
+        let existed = database_path(dir).exists();
+        let closed = take_closed_mark(dir).map_err(|e| {
+            SqlError::new(
+                "58030",
+                format!("cannot take the mark of a clean stop in {}: {e}", dir.display()),
+            )
+        })?;
         let conn = Connection::open(database_path(dir)).map_err(|e| SqlError::from_sqlite(&e))?;
         conn.set_prepared_statement_cache_capacity(PREPARED_STATEMENTS_PER_CONNECTION);
+        // SQLite syncs nothing (synchronous = OFF): a COMMIT is durable once its entry is in
+        // the raft log, fsynced on a majority, and a database whose run ended without `close`
+        // is rebuilt from the last checkpoint and the log (`may_be_torn`), so a power cut that
+        // tears its files loses nothing. Its syncs at every WAL checkpoint flushed the pages of
+        // each commit to the device and held up the log's own appends (TPC-C 1.5x, measured).
         // The WAL is checkpointed every 10,000 pages rather than SQLite's 1,000: pages a
         // workload rewrites often (TPC-C's district rows) are copied back once per checkpoint.
         conn.execute_batch(
             "PRAGMA journal_mode = WAL;
-             PRAGMA synchronous = NORMAL;
+             PRAGMA synchronous = OFF;
              PRAGMA foreign_keys = ON;
              PRAGMA wal_autocheckpoint = 10000;
              PRAGMA cache_size = -65536;
@@ -295,6 +333,7 @@ impl Sqlite {
             applies_in_transaction: None,
             write_sets_on_conn: false,
             random,
+            may_be_torn: existed && !closed,
         })
     }
 
@@ -303,7 +342,7 @@ impl Sqlite {
             let applier = Connection::open(database_path(&self.dir)).map_err(|e| SqlError::from_sqlite(&e))?;
             applier
                 .execute_batch(
-                    "PRAGMA synchronous = NORMAL;
+                    "PRAGMA synchronous = OFF;
                      PRAGMA foreign_keys = OFF;
                      PRAGMA wal_autocheckpoint = 10000;
                      PRAGMA cache_size = -65536;
@@ -633,6 +672,9 @@ impl Engine for Sqlite {
             std::fs::copy(checkpoint, &db).map_err(|e| io("cannot copy the checkpoint", e))?;
         }
         *self = Sqlite::open(&self.dir)?;
+        // This copy is the rebuild; should this run end without `close`, the next one rebuilds
+        // again (no mark).
+        self.may_be_torn = false;
         self.begin()?;
         let restored = self
             .conn
@@ -644,6 +686,40 @@ impl Engine for Sqlite {
             return Err(e);
         }
         self.commit()
+    }
+
+    fn may_be_torn(&self) -> bool {
+        self.may_be_torn
+    }
+
+    fn close(&mut self) -> Result<(), SqlError> {
+        let io = |what: &str, e: std::io::Error| SqlError::new("58030", format!("{what}: {e}"));
+        if !self.conn.is_autocommit() || self.applier.as_ref().is_some_and(|applier| !applier.is_autocommit()) {
+            return Err(SqlError::new("55000", "a transaction is open on the database"));
+        }
+        // Every committed page into the database file and the WAL emptied, so that closing
+        // the connections writes nothing more.
+        let busy: i64 = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", (), |row| row.get(0))
+            .map_err(|e| SqlError::from_sqlite(&e))?;
+        if busy != 0 {
+            return Err(SqlError::new("55006", "a reader kept the WAL from being checkpointed"));
+        }
+        let db = database_path(&self.dir);
+        let mut wal = db.clone().into_os_string();
+        wal.push("-wal");
+        for path in [db.as_os_str(), wal.as_os_str()] {
+            match std::fs::File::open(path) {
+                Ok(file) => file.sync_all().map_err(|e| io("cannot sync the database", e))?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("cannot open the database to sync it", e)),
+            }
+        }
+        std::fs::File::create(self.dir.join(CLOSED_FILE))
+            .and_then(|file| file.sync_all())
+            .and_then(|()| std::fs::File::open(&self.dir)?.sync_all())
+            .map_err(|e| io("cannot mark the database closed", e))
     }
 
     fn holds_ahead(&mut self) -> Result<bool, SqlError> {
@@ -943,5 +1019,35 @@ mod tests {
         reopened.commit().unwrap();
         assert_eq!(reopened.applied().unwrap(), mark);
         assert!(mark.covers(9, 2) && mark.covers(8, 7) && !mark.covers(9, 3) && !mark.covers(10, 0));
+    }
+
+    #[test]
+    fn only_a_database_closed_by_its_last_run_is_trusted_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut engine = Sqlite::open(dir.path()).unwrap();
+        assert!(!engine.may_be_torn(), "a new database has nothing to lose");
+        engine.execute("CREATE TABLE t (a INTEGER)", &[]).unwrap();
+        engine.begin().unwrap();
+        engine.execute("INSERT INTO t VALUES (1)", &[]).unwrap();
+        assert!(engine.close().is_err(), "closed with a transaction open");
+        engine.commit().unwrap();
+        // A run that ends without `close` (a crash, a power cut) leaves no mark.
+        drop(engine);
+        let mut engine = Sqlite::open(dir.path()).unwrap();
+        assert!(engine.may_be_torn());
+        engine.close().unwrap();
+        assert!(dir.path().join(CLOSED_FILE).exists());
+        drop(engine);
+        let mut engine = Sqlite::open(dir.path()).unwrap();
+        assert!(!engine.may_be_torn());
+        assert!(
+            !dir.path().join(CLOSED_FILE).exists(),
+            "the mark is taken when the database opens"
+        );
+        let rows = engine.execute("SELECT a FROM t", &[]).unwrap().rows;
+        assert_eq!(rows, vec![vec![Value::Integer(1)]]);
+        drop(engine);
+        // The mark was for one run only.
+        assert!(Sqlite::open(dir.path()).unwrap().may_be_torn());
     }
 }

@@ -79,6 +79,7 @@ pub struct SqlOptions {
 pub struct SqlNode {
     pub node: NodeHandle<SqlState>,
     front: Arc<Shared>,
+    writer: writer::WriterHandle,
 }
 
 impl SqlNode {
@@ -86,6 +87,13 @@ impl SqlNode {
     /// (`Shared::drain`); what was still open then.
     pub async fn drain(&self, within: Duration) -> Result<(), LeftOpen> {
         self.front.drain(within).await
+    }
+
+    /// The last thing a stopping node does: the database made durable and marked closed, so
+    /// the next start need not rebuild it (`WriterHandle::close`). Nothing may run on the
+    /// node's thread after it.
+    pub fn close_database(&self) -> Result<(), SqlError> {
+        self.writer.close()
     }
 }
 
@@ -160,7 +168,7 @@ pub async fn start(
     }
     let shared = Shared::new(
         node.clone(),
-        writer,
+        writer.clone(),
         readers,
         options.commit_timeout,
         options.read_consistency,
@@ -176,7 +184,11 @@ pub async fn start(
         tokio::spawn(front::serve_forwarded(Arc::clone(&shared), forwarded));
     }
     tokio::spawn(serve(listener, Arc::clone(&shared)));
-    Ok(SqlNode { node, front: shared })
+    Ok(SqlNode {
+        node,
+        front: shared,
+        writer,
+    })
 }
 
 /// Forwarded statements from peers waiting to be taken (each then runs in a task of its own).

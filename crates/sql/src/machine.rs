@@ -37,8 +37,8 @@ impl SqlState {
             let from = mark.map(|m| checkpoints.path(m.log_index));
             tracing::warn!(
                 dir = %checkpoints.dir.display(), checkpoint = ?from,
-                "the database holds work the log may not have, or stands before the last checkpoint; \
-                 rebuilding it from the checkpoint and the log"
+                "the database holds work the log may not have, stands before the last checkpoint, or \
+                 was not closed when its node last stopped; rebuilding it from the checkpoint and the log"
             );
             writer
                 .restore(from.as_deref(), mark.unwrap_or_default())

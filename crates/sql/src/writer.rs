@@ -356,8 +356,23 @@ impl WriterHandle {
     /// have, or stands before the raft snapshot's position (`snapshot`).
     pub fn needs_rebuild(&self, snapshot: Option<AppliedMark>) -> Result<bool, SqlError> {
         let mut writer = self.writer();
+        if writer.engine.may_be_torn() {
+            return Ok(true);
+        }
         let applied = writer.engine.applied()?;
         Ok(writer.engine.holds_ahead()? || snapshot.is_some_and(|mark| !applied.covers(mark.log_index, mark.command)))
+    }
+
+    /// The node is stopping and nothing will write after this: the engine commits what it
+    /// applied and makes it durable (`Engine::close`). An error leaves the database to be
+    /// rebuilt at the next start.
+    pub fn close(&self) -> Result<(), SqlError> {
+        let mut writer = self.writer();
+        if writer.active.is_some() {
+            return Err(SqlError::new("55000", "a session's transaction is still open"));
+        }
+        writer.close_group();
+        writer.engine.close()
     }
 
     /// Replaces the database with `checkpoint` (or an empty one) standing at `mark`.
