@@ -1044,9 +1044,6 @@ struct RaftLoop<SM: StateMachine> {
     refill: Option<Refill>,
     /// Readies whose writes the log's writer thread has not finished, oldest first.
     persisting: VecDeque<Persisting>,
-    /// Committed entries a follower applies once the acknowledgement of its latest append is
-    /// out (see `on_ready`), in log order.
-    deferred_apply: Vec<Entry>,
     /// Client requests since the last tick, and the applied index then: a tick that saw neither
     /// move is idle (see `release_memory_when_idle`).
     requests_since_tick: u64,
@@ -1298,7 +1295,6 @@ pub async fn start<SM: StateMachine>(
         answered_writes: 0,
         refill: None,
         persisting: VecDeque::new(),
-        deferred_apply: Vec::new(),
         requests_since_tick: 0,
         applied_at_tick: 0,
         idle_since: Duration::ZERO,
@@ -1481,12 +1477,6 @@ impl<SM: StateMachine> RaftLoop<SM> {
                 Some(deadline) => wake_at.min(deadline.into()),
                 None => wake_at,
             };
-            if !self.deferred_apply.is_empty() && !self.acknowledgement_pending() {
-                // The acknowledgement is queued for its peer: let it go out, then apply.
-                tokio::task::yield_now().await;
-                self.apply_deferred();
-                self.serve_ready_reads();
-            }
             let wake_at = if self.apply_backlogged() {
                 // The next round of applies goes on at once, after what arrived meanwhile.
                 tokio::task::yield_now().await;
@@ -2656,22 +2646,6 @@ impl<SM: StateMachine> RaftLoop<SM> {
         // only once it is): the followers' writes overlap the leader's.
         self.send(ready.take_messages());
         let installs_snapshot = !ready.snapshot().is_empty();
-        // A follower applies what committed after it has acknowledged this Ready's append: the
-        // leader's next commit waits for the acknowledgement, not for this node's apply (an SQL
-        // replica re-executes whole transactions). Membership changes apply at once, in order,
-        // so that the members they record persist with this Ready; so does a round's worth of
-        // deferred entries, so that appends in quick succession cannot put the apply off.
-        let deferred_bytes: usize = self.deferred_apply.iter().map(|entry| entry.data.len()).sum();
-        let defer_apply = !installs_snapshot
-            && self.raw.raft.state != StateRole::Leader
-            && (deferred_bytes as u64) < self.apply_round_max_bytes
-            && ready
-                .committed_entries()
-                .iter()
-                .all(|entry| entry.get_entry_type() == EntryType::EntryNormal);
-        if !defer_apply {
-            self.apply_deferred();
-        }
         if installs_snapshot {
             let snapshot = ready.snapshot().clone();
             let (term, index) = (snapshot.get_metadata().term, snapshot.get_metadata().index);
@@ -2705,11 +2679,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
             self.metrics.snapshots_installed.inc();
             tracing::info!(index, "installed snapshot from leader");
         }
-        if defer_apply {
-            self.deferred_apply.extend(ready.take_committed_entries());
-        } else {
-            self.apply(ready.take_committed_entries());
-        }
+        self.apply(ready.take_committed_entries());
         if !ready.entries().is_empty() {
             self.raw.mut_store().append(ready.entries())?;
         }
@@ -2734,9 +2704,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
         self.on_read_states(ready.take_read_states());
         self.raw.advance_append_async(ready);
         self.release_persisted();
-        if self.deferred_apply.is_empty() {
-            self.raw.advance_apply();
-        }
+        self.raw.advance_apply();
         self.serve_ready_reads();
         self.metrics.ready_seconds.observe(started.elapsed());
         Ok(())
@@ -2761,26 +2729,7 @@ impl<SM: StateMachine> RaftLoop<SM> {
 
     /// Whether committed entries wait for a later round of applies (past the round's byte bound).
     fn apply_backlogged(&self) -> bool {
-        let taken = self
-            .deferred_apply
-            .last()
-            .map_or(self.applied_index, |entry| entry.index);
-        self.raw.raft.raft_log.has_next_entries_since(taken)
-    }
-
-    /// Whether an append's acknowledgement waits for its write.
-    fn acknowledgement_pending(&self) -> bool {
-        self.persisting.iter().any(|p| !p.messages.is_empty())
-    }
-
-    /// Applies the entries `on_ready` deferred, and tells raft.
-    fn apply_deferred(&mut self) {
-        if self.deferred_apply.is_empty() {
-            return;
-        }
-        let entries = std::mem::take(&mut self.deferred_apply);
-        self.apply(entries);
-        self.raw.advance_apply_to(self.applied_index);
+        self.raw.raft.raft_log.has_next_entries_since(self.applied_index)
     }
 
     fn apply(&mut self, entries: Vec<Entry>) {
