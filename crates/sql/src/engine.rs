@@ -285,7 +285,8 @@ impl Sqlite {
         // the raft log, fsynced on a majority, and a database whose run ended without `close`
         // is rebuilt from the last checkpoint and the log (`may_be_torn`), so a power cut that
         // tears its files loses nothing. Its syncs at every WAL checkpoint flushed the pages of
-        // each commit to the device and held up the log's own appends (TPC-C 1.5x, measured).
+        // each commit to the device and held up the log's own appends (TPC-C ran 1.3-1.5x
+        // slower with them: docs/benchmarks.md).
         // The WAL is checkpointed every 10,000 pages rather than SQLite's 1,000: pages a
         // workload rewrites often (TPC-C's district rows) are copied back once per checkpoint.
         conn.execute_batch(
