@@ -1287,7 +1287,7 @@ async fn sigkill_mid_passive_tpcc(engine: Engine) {
     // Passive replication: the replicas apply the write-sets TPC-C's transactions made (the
     // other tests here mostly replicate statements). A 3 s election timeout: the load's long
     // statements on a machine shared with the other tests must not move leadership before the
-    // kill (the load does not retry).
+    // kill (the load retries serialization failures only).
     let mut cluster = SqlCluster::start_on(
         engine,
         3,
@@ -1304,7 +1304,10 @@ async fn sigkill_mid_passive_tpcc(engine: Engine) {
     );
     let leader = cluster.leader_among(&[1, 2, 3]).await;
     let addr = cluster.node(leader).pg;
-    let loaders = vec![tpcc::connect(addr).await.unwrap(), tpcc::connect(addr).await.unwrap()];
+    let loaders = vec![
+        vec![tpcc::connect(addr).await.unwrap()],
+        vec![tpcc::connect(addr).await.unwrap()],
+    ];
     tpcc::load(&loaders, 1, 7).await.unwrap();
     let args = TpccArgs {
         cluster: None,
@@ -1324,7 +1327,7 @@ async fn sigkill_mid_passive_tpcc(engine: Engine) {
     let run = tokio::spawn(async move { tpcc::run_once("chorus-passive", &[addr], &[], &args, 1, false).await });
     // The leader dies 3 s into the run, once 70 new orders have committed (a loaded machine
     // may take longer), and before the run's 10 s end.
-    let watcher = loaders.into_iter().next().unwrap();
+    let watcher = loaders.into_iter().flatten().next().unwrap();
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(3)).await;
     loop {

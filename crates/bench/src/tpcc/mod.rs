@@ -271,9 +271,10 @@ async fn drive(mut terminal: Terminal, deadline: Instant, seed: u64, new_orders:
 pub const CONSISTENT: &str = "conditions 1-4 hold";
 
 /// Loads (unless `load` is false), runs `terminals` terminals for `duration_secs`, checks
-/// consistency. Loads and checks through `addrs[0]`; a terminal whose home warehouse is `w`
-/// works through the node that owns class `w` (hybrid replication: `owner_index`) among
-/// `addrs`, in node id order (or elsewhere, see `Route::Any`).
+/// consistency. Creates the tables, loads the items and checks through `addrs[0]`; the
+/// loading of warehouse `w`, and a terminal whose home warehouse is `w`, go through the node
+/// that owns class `w` (hybrid replication: `owner_index`) among `addrs`, in node id order (a
+/// terminal may go elsewhere, see `Route::Any`).
 pub async fn run_once(
     system: &str,
     addrs: &[SocketAddr],
@@ -293,7 +294,11 @@ pub async fn run_once(
         let started = Instant::now();
         let mut loaders = Vec::new();
         for _ in 0..args.loaders.max(1) {
-            loaders.push(connect(addr).await?);
+            let mut nodes = Vec::new();
+            for &node in addrs {
+                nodes.push(connect(node).await?);
+            }
+            loaders.push(nodes);
         }
         schema::load(&loaders, warehouses, args.seed).await?;
         load_secs = Some(started.elapsed().as_secs_f64());

@@ -3,7 +3,7 @@
 //! run unchanged. Money is in cents (BIGINT) so that sums compare exactly; times are Unix
 //! milliseconds chosen by the driver, so no statement reads a server's clock.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use tokio_postgres::Client;
@@ -20,6 +20,10 @@ const NEW_ORDERS_PER_DISTRICT: u64 = 900;
 /// Rows per INSERT statement while loading: large enough that statement overhead vanishes,
 /// small enough that one log entry stays far below a megabyte.
 const ROWS_PER_INSERT: usize = 400;
+/// Tries of one insert refused with a retryable error, and the pauses between them (doubling).
+const RETRY_TRIES: u32 = 30;
+const RETRY_BACKOFF_FIRST: Duration = Duration::from_millis(20);
+const RETRY_BACKOFF_LAST: Duration = Duration::from_secs(2);
 
 const TABLES: [&str; 9] = [
     "order_line",
@@ -96,6 +100,8 @@ struct Inserter<'a> {
     table: &'static str,
     rows: Vec<String>,
     loaded: u64,
+    /// Whether a retry was already reported (once per table and warehouse is enough).
+    said_retrying: bool,
 }
 
 impl<'a> Inserter<'a> {
@@ -105,6 +111,7 @@ impl<'a> Inserter<'a> {
             table,
             rows: Vec::with_capacity(ROWS_PER_INSERT),
             loaded: 0,
+            said_retrying: false,
         }
     }
 
@@ -129,10 +136,32 @@ impl<'a> Inserter<'a> {
             return Ok(());
         }
         let sql = format!("INSERT INTO {} VALUES {}", self.table, self.rows.join(","));
-        self.client
-            .batch_execute(&sql)
-            .await
-            .with_context(|| format!("cannot load {}", self.table))?;
+        // A hybrid cluster may refuse an insert it could not get its class for in time
+        // (serialization failure): nothing was written, so the same insert is tried again.
+        let mut backoff = RETRY_BACKOFF_FIRST;
+        let mut tries = 1;
+        loop {
+            match self.client.batch_execute(&sql).await {
+                Ok(()) => break,
+                Err(e) if super::terminal::is_retryable(&e) && tries < RETRY_TRIES => {
+                    if !self.said_retrying {
+                        println!(
+                            "  retrying an insert into {}: {}",
+                            self.table,
+                            super::terminal::describe(&e)
+                        );
+                        self.said_retrying = true;
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(RETRY_BACKOFF_LAST);
+                    tries += 1;
+                }
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("cannot load {} (try {tries} of at most {RETRY_TRIES})", self.table))
+                }
+            }
+        }
         self.loaded += self.rows.len() as u64;
         self.rows.clear();
         Ok(())
@@ -292,18 +321,23 @@ pub async fn load_warehouse(client: &Client, w_id: u64, seed: u64, loaded_at_ms:
 pub const CONFLICT_CLASSES: &str = "warehouse.w_id,district.d_w_id,customer.c_w_id,history.h_w_id,\
                                     new_order.no_w_id,orders.o_w_id,order_line.ol_w_id,stock.s_w_id";
 
-/// Creates the tables and loads `warehouses` warehouses over `clients` (one warehouse at a
-/// time per client); prints progress.
-pub async fn load(clients: &[Client], warehouses: u64, seed: u64) -> anyhow::Result<()> {
+/// Creates the tables and loads `warehouses` warehouses over `loaders` (one warehouse at a
+/// time per loader), each loader holding a connection to every node in the order
+/// `owner_index` counts them: a warehouse is loaded through the node that owns its class, so
+/// under hybrid replication no insert borrows its class from another node. Prints progress.
+pub async fn load(loaders: &[Vec<Client>], warehouses: u64, seed: u64) -> anyhow::Result<()> {
     let started = Instant::now();
-    let first = clients.first().context("no connection to load with")?;
+    let first = loaders
+        .first()
+        .and_then(|nodes| nodes.first())
+        .context("no connection to load with")?;
     create(first).await?;
     let loaded_at_ms = random::now_ms();
     let next = std::sync::atomic::AtomicU64::new(1);
     // Items first, alone: with hybrid replication a write to `item` (no class) is certified
     // against everything written meanwhile.
     let items = load_items(first, seed).await?;
-    let workers = clients.iter().map(|client| {
+    let workers = loaders.iter().map(|nodes| {
         let next = &next;
         async move {
             let mut rows = 0;
@@ -312,7 +346,8 @@ pub async fn load(clients: &[Client], warehouses: u64, seed: u64) -> anyhow::Res
                 if w_id > warehouses {
                     return anyhow::Ok(rows);
                 }
-                rows += load_warehouse(client, w_id, seed, loaded_at_ms).await?;
+                let owner = &nodes[chorus_sql::classes::owner_index(&w_id.to_string(), nodes.len())];
+                rows += load_warehouse(owner, w_id, seed, loaded_at_ms).await?;
                 println!(
                     "  loaded warehouse {w_id}/{warehouses} ({:.0} s)",
                     started.elapsed().as_secs_f64()

@@ -292,7 +292,7 @@ async fn pipeline_rows(client: &Client, steps: &[Step<'_>]) -> Vec<Result<Vec<Ro
     .await
 }
 
-fn is_retryable(error: &tokio_postgres::Error) -> bool {
+pub(super) fn is_retryable(error: &tokio_postgres::Error) -> bool {
     error.code().is_some_and(|code| {
         *code == SqlState::T_R_SERIALIZATION_FAILURE
             || *code == SqlState::T_R_DEADLOCK_DETECTED
@@ -300,7 +300,7 @@ fn is_retryable(error: &tokio_postgres::Error) -> bool {
     })
 }
 
-fn describe(error: &tokio_postgres::Error) -> String {
+pub(super) fn describe(error: &tokio_postgres::Error) -> String {
     match error.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => error.to_string(),
