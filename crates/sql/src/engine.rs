@@ -210,6 +210,11 @@ pub struct Sqlite {
 /// when the database is opened again, so a run that ends any other way leaves none.
 const CLOSED_FILE: &str = "db.closed";
 
+/// A file system error as SQLSTATE 58030 (io_error), saying what could not be done.
+pub(crate) fn io_error(what: &str, e: std::io::Error) -> SqlError {
+    SqlError::new("58030", format!("{what}: {e}"))
+}
+
 /// Whether `dir` holds the mark of a clean `close`; takes it away (durably) if so.
 fn take_closed_mark(dir: &Path) -> std::io::Result<bool> {
     match std::fs::remove_file(dir.join(CLOSED_FILE)) {
@@ -270,15 +275,10 @@ impl Sqlite {
     }
 
     pub fn open(dir: &Path) -> Result<Sqlite, SqlError> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| SqlError::new("58030", format!("cannot create {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|e| io_error(&format!("cannot create {}", dir.display()), e))?;
         let existed = database_path(dir).exists();
-        let closed = take_closed_mark(dir).map_err(|e| {
-            SqlError::new(
-                "58030",
-                format!("cannot take the mark of a clean stop in {}: {e}", dir.display()),
-            )
-        })?;
+        let closed = take_closed_mark(dir)
+            .map_err(|e| io_error(&format!("cannot take the mark of a clean stop in {}", dir.display()), e))?;
         let conn = Connection::open(database_path(dir)).map_err(|e| SqlError::from_sqlite(&e))?;
         conn.set_prepared_statement_cache_capacity(PREPARED_STATEMENTS_PER_CONNECTION);
         // SQLite syncs nothing (synchronous = OFF): a COMMIT is durable once its entry is in
@@ -661,16 +661,15 @@ impl Engine for Sqlite {
     }
 
     fn restore(&mut self, checkpoint: Option<&Path>, mark: AppliedMark) -> Result<(), SqlError> {
-        let io = |what: &str, e: std::io::Error| SqlError::new("58030", format!("{what}: {e}"));
         // Close the database before its files are replaced.
         self.recording = None;
         self.applier = None;
         self.tables = Default::default();
         self.conn = Connection::open_in_memory().map_err(|e| SqlError::from_sqlite(&e))?;
-        Sqlite::remove(&self.dir).map_err(|e| io("cannot remove the database", e))?;
+        Sqlite::remove(&self.dir).map_err(|e| io_error("cannot remove the database", e))?;
         if let Some(checkpoint) = checkpoint {
             let db = database_path(&self.dir);
-            std::fs::copy(checkpoint, &db).map_err(|e| io("cannot copy the checkpoint", e))?;
+            std::fs::copy(checkpoint, &db).map_err(|e| io_error("cannot copy the checkpoint", e))?;
         }
         *self = Sqlite::open(&self.dir)?;
         // This copy is the rebuild; should this run end without `close`, the next one rebuilds
@@ -694,7 +693,6 @@ impl Engine for Sqlite {
     }
 
     fn close(&mut self) -> Result<(), SqlError> {
-        let io = |what: &str, e: std::io::Error| SqlError::new("58030", format!("{what}: {e}"));
         if !self.conn.is_autocommit() || self.applier.as_ref().is_some_and(|applier| !applier.is_autocommit()) {
             return Err(SqlError::new("55000", "a transaction is open on the database"));
         }
@@ -712,15 +710,15 @@ impl Engine for Sqlite {
         wal.push("-wal");
         for path in [db.as_os_str(), wal.as_os_str()] {
             match std::fs::File::open(path) {
-                Ok(file) => file.sync_all().map_err(|e| io("cannot sync the database", e))?,
+                Ok(file) => file.sync_all().map_err(|e| io_error("cannot sync the database", e))?,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io("cannot open the database to sync it", e)),
+                Err(e) => return Err(io_error("cannot open the database to sync it", e)),
             }
         }
         std::fs::File::create(self.dir.join(CLOSED_FILE))
             .and_then(|file| file.sync_all())
             .and_then(|()| std::fs::File::open(&self.dir)?.sync_all())
-            .map_err(|e| io("cannot mark the database closed", e))
+            .map_err(|e| io_error("cannot mark the database closed", e))
     }
 
     fn holds_ahead(&mut self) -> Result<bool, SqlError> {

@@ -124,6 +124,11 @@ impl Shared {
         })
     }
 
+    /// The database made durable and marked closed (`WriterHandle::close`).
+    pub fn close_database(&self) -> Result<(), SqlError> {
+        self.writer.close()
+    }
+
     /// Shuts the front end down, as PostgreSQL's smart shutdown does but bounded by `within`: no
     /// new clients or forwarded transactions; a session with no transaction open is told so
     /// (57P01) and closed, the others once their transaction ends — so a COMMIT under way gets

@@ -79,7 +79,6 @@ pub struct SqlOptions {
 pub struct SqlNode {
     pub node: NodeHandle<SqlState>,
     front: Arc<Shared>,
-    writer: writer::WriterHandle,
 }
 
 impl SqlNode {
@@ -93,7 +92,7 @@ impl SqlNode {
     /// the next start need not rebuild it (`WriterHandle::close`). Nothing may run on the
     /// node's thread after it.
     pub fn close_database(&self) -> Result<(), SqlError> {
-        self.writer.close()
+        self.front.close_database()
     }
 }
 
@@ -128,12 +127,8 @@ pub async fn start(
     if let (Database::Postgres(server), false) = (&database, options.mode == ReplicationMode::Active) {
         postgres::require_logical_decoding(server).map_err(StartError::Database)?;
     }
-    std::fs::create_dir_all(sql_dir).map_err(|e| {
-        StartError::Database(SqlError::new(
-            "58030",
-            format!("cannot create {}: {e}", sql_dir.display()),
-        ))
-    })?;
+    std::fs::create_dir_all(sql_dir)
+        .map_err(|e| StartError::Database(engine::io_error(&format!("cannot create {}", sql_dir.display()), e)))?;
     let engine = database.open_engine().map_err(StartError::Database)?;
     let (proposals, proposal_queue) = tokio::sync::mpsc::unbounded_channel();
     let writer = writer::start(
@@ -184,11 +179,7 @@ pub async fn start(
         tokio::spawn(front::serve_forwarded(Arc::clone(&shared), forwarded));
     }
     tokio::spawn(serve(listener, Arc::clone(&shared)));
-    Ok(SqlNode {
-        node,
-        front: shared,
-        writer,
-    })
+    Ok(SqlNode { node, front: shared })
 }
 
 /// Forwarded statements from peers waiting to be taken (each then runs in a task of its own).
