@@ -26,6 +26,7 @@ pub mod engine;
 pub mod error;
 mod front;
 pub mod machine;
+pub mod page_cache;
 mod pg_blocking;
 mod pg_decoding;
 pub mod pg_write_set;
