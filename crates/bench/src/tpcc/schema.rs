@@ -102,6 +102,10 @@ struct Inserter<'a> {
     loaded: u64,
     /// Whether a retry was already reported (once per table and warehouse is enough).
     said_retrying: bool,
+    /// The table's columns, named in each INSERT: hybrid replication labels an INSERT with
+    /// the class column's values only when a column list says where that column is (without
+    /// one, every insert would be a global transaction borrowing every class).
+    columns: Option<String>,
 }
 
 impl<'a> Inserter<'a> {
@@ -112,6 +116,7 @@ impl<'a> Inserter<'a> {
             rows: Vec::with_capacity(ROWS_PER_INSERT),
             loaded: 0,
             said_retrying: false,
+            columns: None,
         }
     }
 
@@ -131,11 +136,30 @@ impl<'a> Inserter<'a> {
         Ok(())
     }
 
+    /// The table's column names in order, as the server describes them.
+    async fn column_list(&self) -> anyhow::Result<String> {
+        let described = self
+            .client
+            .prepare(&format!("SELECT * FROM {} LIMIT 0", self.table))
+            .await
+            .with_context(|| format!("cannot describe {}", self.table))?;
+        Ok(described
+            .columns()
+            .iter()
+            .map(|c| c.name())
+            .collect::<Vec<_>>()
+            .join(","))
+    }
+
     async fn flush(&mut self) -> anyhow::Result<()> {
         if self.rows.is_empty() {
             return Ok(());
         }
-        let sql = format!("INSERT INTO {} VALUES {}", self.table, self.rows.join(","));
+        if self.columns.is_none() {
+            self.columns = Some(self.column_list().await?);
+        }
+        let columns = self.columns.as_deref().expect("set above");
+        let sql = format!("INSERT INTO {} ({columns}) VALUES {}", self.table, self.rows.join(","));
         // A hybrid cluster may refuse an insert it could not get its class for in time
         // (serialization failure): nothing was written, so the same insert is tried again.
         let mut backoff = RETRY_BACKOFF_FIRST;
