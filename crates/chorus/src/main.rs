@@ -173,6 +173,8 @@ fn main() -> anyhow::Result<()> {
             std::process::abort();
         }));
     }
+    // Process-wide, before any thread touches SQLite (SQLite takes a page cache only then).
+    chorus_sql::page_cache::install();
     // A node runs on one thread (see `chorus_log::node`), and so does `chorus bench`: on two
     // shared cores a second worker only adds cross-CPU wake-ups, which the systems under test
     // pay for (client CPU per op on 100% writes at 50 clients: Chorus 9.7 -> 8.1-8.5 µs, etcd

@@ -279,7 +279,6 @@ impl Sqlite {
         let existed = database_path(dir).exists();
         let closed = take_closed_mark(dir)
             .map_err(|e| io_error(&format!("cannot take the mark of a clean stop in {}", dir.display()), e))?;
-        crate::page_cache::install();
         let conn = Connection::open(database_path(dir)).map_err(|e| SqlError::from_sqlite(&e))?;
         conn.set_prepared_statement_cache_capacity(PREPARED_STATEMENTS_PER_CONNECTION);
         // SQLite syncs nothing (synchronous = OFF): a COMMIT is durable once its entry is in
@@ -420,7 +419,6 @@ fn mark_params(mark: AppliedMark) -> (i64, u32, i64, i64) {
 
 /// A read-only connection to the same database, for reads off the node's thread.
 pub fn open_reader(dir: &Path) -> Result<Connection, SqlError> {
-    crate::page_cache::install();
     let conn = Connection::open_with_flags(
         database_path(dir),
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,

@@ -42,9 +42,10 @@ struct Cache {
     lock_page: c_uint,
 }
 
-/// Installs the cache for every database this process opens from now on. SQLite takes a page
-/// cache only before its first connection: if one was opened already (a test that opened a
-/// database on its own first) the default cache stays, which changes only the cost.
+/// Installs the cache for every database this process opens from now on. Call it before any
+/// thread uses SQLite (`chorus`'s main does, first thing): SQLite takes a page cache only
+/// before its first connection, and its configuration must not race another thread's first
+/// use. Called later, it leaves the default cache, which changes only the cost.
 pub fn install() {
     static INSTALL: Once = Once::new();
     INSTALL.call_once(|| {
