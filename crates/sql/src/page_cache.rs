@@ -21,19 +21,20 @@ const LOCK_BYTE: u64 = 0x4000_0000;
 /// A key pcache1 can hold that no page of SQLite's has (page numbers start at 1).
 const SWAP_KEY: c_uint = 0;
 
-/// SQLite's default page cache methods, which every cache here delegates to.
-struct Default(ffi::sqlite3_pcache_methods2);
+/// SQLite's default page cache's methods, which every cache here delegates to.
+struct Pcache1(ffi::sqlite3_pcache_methods2);
 
 // SAFETY: the methods are plain C functions, safe to call from any thread (SQLite serializes
 // a cache's calls itself); `pArg` is the default cache's and only SQLite reads it.
-unsafe impl Send for Default {}
-unsafe impl Sync for Default {}
+unsafe impl Send for Pcache1 {}
+unsafe impl Sync for Pcache1 {}
 
-static DEFAULT: OnceLock<Default> = OnceLock::new();
+static PCACHE1: OnceLock<Pcache1> = OnceLock::new();
 
 /// Pages renumbered through the lock page since start (each swap renumbers one there and back).
 static SWAPS: AtomicU64 = AtomicU64::new(0);
 
+/// Whether `install` took effect.
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// One cache: pcache1's, and the page number that stands for "being swapped" at its page size.
@@ -52,7 +53,7 @@ pub fn install() {
         let mut default: ffi::sqlite3_pcache_methods2 = unsafe { std::mem::zeroed() };
         // SAFETY: GETPCACHE2 writes the methods into the struct passed.
         let got = unsafe { ffi::sqlite3_config(ffi::SQLITE_CONFIG_GETPCACHE2, &mut default as *mut _) };
-        if got != ffi::SQLITE_OK || DEFAULT.set(Default(default)).is_err() {
+        if got != ffi::SQLITE_OK || PCACHE1.set(Pcache1(default)).is_err() {
             tracing::debug!(
                 code = got,
                 "SQLite's page cache stays its default (SQLite was initialized)"
@@ -97,8 +98,8 @@ pub fn swaps() -> u64 {
     SWAPS.load(Ordering::Relaxed)
 }
 
-fn default() -> &'static ffi::sqlite3_pcache_methods2 {
-    &DEFAULT.get().expect("set before the cache is installed").0
+fn pcache1() -> &'static ffi::sqlite3_pcache_methods2 {
+    &PCACHE1.get().expect("set before the cache is installed").0
 }
 
 /// SAFETY (for every function below): SQLite calls them as its page cache interface says,
@@ -108,17 +109,17 @@ unsafe fn cache<'a>(cache: *mut ffi::sqlite3_pcache) -> &'a Cache {
 }
 
 unsafe extern "C" fn init(_: *mut c_void) -> c_int {
-    let default = default();
-    default.xInit.expect("pcache1 has xInit")(default.pArg)
+    let pcache1 = pcache1();
+    pcache1.xInit.expect("pcache1 has xInit")(pcache1.pArg)
 }
 
 unsafe extern "C" fn shutdown(_: *mut c_void) {
-    let default = default();
-    default.xShutdown.expect("pcache1 has xShutdown")(default.pArg)
+    let pcache1 = pcache1();
+    pcache1.xShutdown.expect("pcache1 has xShutdown")(pcache1.pArg)
 }
 
 unsafe extern "C" fn create(page_bytes: c_int, extra_bytes: c_int, purgeable: c_int) -> *mut ffi::sqlite3_pcache {
-    let inner = default().xCreate.expect("pcache1 has xCreate")(page_bytes, extra_bytes, purgeable);
+    let inner = pcache1().xCreate.expect("pcache1 has xCreate")(page_bytes, extra_bytes, purgeable);
     if inner.is_null() {
         return inner;
     }
@@ -127,19 +128,19 @@ unsafe extern "C" fn create(page_bytes: c_int, extra_bytes: c_int, purgeable: c_
 }
 
 unsafe extern "C" fn cache_size(p: *mut ffi::sqlite3_pcache, pages: c_int) {
-    default().xCachesize.expect("pcache1 has xCachesize")(cache(p).inner, pages)
+    pcache1().xCachesize.expect("pcache1 has xCachesize")(cache(p).inner, pages)
 }
 
 unsafe extern "C" fn page_count(p: *mut ffi::sqlite3_pcache) -> c_int {
-    default().xPagecount.expect("pcache1 has xPagecount")(cache(p).inner)
+    pcache1().xPagecount.expect("pcache1 has xPagecount")(cache(p).inner)
 }
 
 unsafe extern "C" fn fetch(p: *mut ffi::sqlite3_pcache, key: c_uint, create: c_int) -> *mut ffi::sqlite3_pcache_page {
-    default().xFetch.expect("pcache1 has xFetch")(cache(p).inner, key, create)
+    pcache1().xFetch.expect("pcache1 has xFetch")(cache(p).inner, key, create)
 }
 
 unsafe extern "C" fn unpin(p: *mut ffi::sqlite3_pcache, page: *mut ffi::sqlite3_pcache_page, discard: c_int) {
-    default().xUnpin.expect("pcache1 has xUnpin")(cache(p).inner, page, discard)
+    pcache1().xUnpin.expect("pcache1 has xUnpin")(cache(p).inner, page, discard)
 }
 
 unsafe extern "C" fn rekey(p: *mut ffi::sqlite3_pcache, page: *mut ffi::sqlite3_pcache_page, old: c_uint, new: c_uint) {
@@ -148,18 +149,18 @@ unsafe extern "C" fn rekey(p: *mut ffi::sqlite3_pcache, page: *mut ffi::sqlite3_
         SWAPS.fetch_add(1, Ordering::Relaxed);
     }
     let swapping = |key: c_uint| if key == cache.lock_page { SWAP_KEY } else { key };
-    default().xRekey.expect("pcache1 has xRekey")(cache.inner, page, swapping(old), swapping(new))
+    pcache1().xRekey.expect("pcache1 has xRekey")(cache.inner, page, swapping(old), swapping(new))
 }
 
 unsafe extern "C" fn truncate(p: *mut ffi::sqlite3_pcache, limit: c_uint) {
-    default().xTruncate.expect("pcache1 has xTruncate")(cache(p).inner, limit)
+    pcache1().xTruncate.expect("pcache1 has xTruncate")(cache(p).inner, limit)
 }
 
 unsafe extern "C" fn destroy(p: *mut ffi::sqlite3_pcache) {
     let cache = Box::from_raw(p as *mut Cache);
-    default().xDestroy.expect("pcache1 has xDestroy")(cache.inner)
+    pcache1().xDestroy.expect("pcache1 has xDestroy")(cache.inner)
 }
 
 unsafe extern "C" fn shrink(p: *mut ffi::sqlite3_pcache) {
-    default().xShrink.expect("pcache1 has xShrink")(cache(p).inner)
+    pcache1().xShrink.expect("pcache1 has xShrink")(cache(p).inner)
 }
