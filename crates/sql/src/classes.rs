@@ -8,7 +8,8 @@
 //! ruled table named more often than its class column is pinned to a value (`column = value`,
 //! the value a parameter or a literal), two ruled tables of one statement sharing a class
 //! column's name, `OR` or `NOT` anywhere in a statement, a write to a table without a rule,
-//! an INSERT without a column list or with a computed class, an UPDATE setting a class to a
+//! an INSERT with a computed class (or without a column list where the database cannot say
+//! which columns its rows fill), an UPDATE setting a class to a
 //! computed value, any other write (schema changes, `COPY`, `MERGE`, `ON CONFLICT`). Ruled
 //! tables reached only through a view or a function are not seen: rules name what statements
 //! name.
@@ -165,6 +166,34 @@ enum Template {
     Classes(Vec<Source>),
 }
 
+/// What the labeller asks the database about an INSERT without a column list.
+pub trait Schema {
+    /// A number that changes whenever the schema does; None: the database cannot say.
+    fn version(&mut self) -> Option<u64>;
+    /// The columns (lower-cased) an INSERT without a column list fills into `table`, in order;
+    /// None if there is no such table or the database cannot say.
+    fn insert_columns(&mut self, table: &str) -> Option<Vec<String>>;
+}
+
+/// A schema that cannot say anything: an INSERT without a column list is global.
+pub struct NoSchema;
+
+impl Schema for NoSchema {
+    fn version(&mut self) -> Option<u64> {
+        None
+    }
+
+    fn insert_columns(&mut self, _table: &str) -> Option<Vec<String>> {
+        None
+    }
+}
+
+/// A text's template, and the schema version it was read against if it depends on the schema.
+struct Memo {
+    template: Arc<Template>,
+    schema_version: Option<u64>,
+}
+
 /// Texts' templates kept at most; beyond, the memo starts over (texts with values written in
 /// come once).
 const TEMPLATES_KEPT: usize = 10_000;
@@ -172,7 +201,7 @@ const TEMPLATES_KEPT: usize = 10_000;
 /// Labels statements by `rules`, remembering each text's template (the writer owns it).
 pub struct Labeller {
     rules: ClassRules,
-    templates: HashMap<String, Arc<Template>>,
+    templates: HashMap<String, Memo>,
 }
 
 impl Labeller {
@@ -183,19 +212,35 @@ impl Labeller {
         }
     }
 
-    /// What statement `sql` (of kind `kind`) touches with `params`.
-    pub fn label(&mut self, sql: &str, kind: StatementKind, params: &[Value]) -> Label {
+    /// What statement `sql` (of kind `kind`) touches with `params`; `schema` places an INSERT's
+    /// class column when the statement names no columns.
+    pub fn label(&mut self, sql: &str, kind: StatementKind, params: &[Value], schema: &mut dyn Schema) -> Label {
         if !matches!(kind, StatementKind::Read | StatementKind::Write) {
             return Label::default();
         }
-        let template = match self.templates.get(sql) {
-            Some(template) => template.clone(),
+        let memo = self.templates.get(sql).filter(|memo| {
+            // A template read against the schema holds while the schema does.
+            memo.schema_version.is_none() || memo.schema_version == schema.version()
+        });
+        let template = match memo {
+            Some(memo) => memo.template.clone(),
             None => {
                 if self.templates.len() >= TEMPLATES_KEPT {
                     self.templates.clear();
                 }
-                let template = Arc::new(template(&self.rules, sql, kind == StatementKind::Write));
-                self.templates.insert(sql.to_owned(), template.clone());
+                let mut schema_version = None;
+                let template = Arc::new(template(
+                    &self.rules,
+                    sql,
+                    kind == StatementKind::Write,
+                    schema,
+                    &mut schema_version,
+                ));
+                let memo = Memo {
+                    template: template.clone(),
+                    schema_version,
+                };
+                self.templates.insert(sql.to_owned(), memo);
                 template
             }
         };
@@ -233,8 +278,15 @@ fn is(token: Option<&Token>, text: &str) -> bool {
     token.is_some_and(|t| t.text.eq_ignore_ascii_case(text))
 }
 
-/// The labelling of one statement's text; `tokens` without gaps.
-fn template(rules: &ClassRules, sql: &str, writes: bool) -> Template {
+/// The labelling of one statement's text; `schema_version` is set to the version of the
+/// schema read for it, if one was.
+fn template(
+    rules: &ClassRules,
+    sql: &str,
+    writes: bool,
+    schema: &mut dyn Schema,
+    schema_version: &mut Option<u64>,
+) -> Template {
     let Ok(tokens) = tokenize(sql) else {
         return Template::Global;
     };
@@ -292,7 +344,7 @@ fn template(rules: &ClassRules, sql: &str, writes: bool) -> Template {
             return Template::Global;
         }
         if inserting {
-            match inserted(&tokens, &params, column, rules) {
+            match inserted(&tokens, &params, column, rules, schema, schema_version) {
                 Some(found) => pinned.extend(found),
                 None => return Template::Global,
             }
@@ -544,16 +596,36 @@ fn list_items(tokens: &[Token], open: usize) -> Option<(Vec<(usize, usize)>, usi
 /// The classes an INSERT gives its rows: each VALUES row's value at the class column's place,
 /// or, for INSERT … SELECT, the selected class column's pinned values. `None` if any cannot be
 /// told.
-fn inserted(tokens: &[Token], params: &[Option<usize>], column: &str, rules: &ClassRules) -> Option<Vec<Source>> {
+fn inserted(
+    tokens: &[Token],
+    params: &[Option<usize>],
+    column: &str,
+    rules: &ClassRules,
+    schema: &mut dyn Schema,
+    schema_version: &mut Option<u64>,
+) -> Option<Vec<Source>> {
     let into = tokens.iter().position(|t| t.text.eq_ignore_ascii_case("INTO"))?;
     let mut open = into + 2;
     if is(tokens.get(into + 2), ".") {
         open += 2;
     }
-    let (columns, after) = list_items(tokens, open)?;
-    let place = columns
-        .iter()
-        .position(|&(start, end)| end == start + 1 && name_of(&tokens[start]).as_deref() == Some(column))?;
+    // The class column's place in the rows: in the column list, or without one in the table's
+    // columns as the schema has them now.
+    let (place, after) = match list_items(tokens, open) {
+        Some((columns, after)) => {
+            let place = columns
+                .iter()
+                .position(|&(start, end)| end == start + 1 && name_of(&tokens[start]).as_deref() == Some(column))?;
+            (place, after)
+        }
+        None => {
+            let table = name_of(tokens.get(open - 1)?)?;
+            // Whatever the schema says now (even that there is no such table) may change.
+            *schema_version = Some(schema.version()?);
+            let place = schema.insert_columns(&table)?.iter().position(|name| name == column)?;
+            (place, open)
+        }
+    };
     if is(tokens.get(after), "VALUES") {
         let mut sources = Vec::new();
         let mut open = after + 1;
@@ -678,12 +750,12 @@ mod tests {
 
     fn write(sql: &str, params: &[i64]) -> Label {
         let params: Vec<Value> = params.iter().map(|&p| Value::Integer(p)).collect();
-        labeller().label(sql, StatementKind::Write, &params)
+        labeller().label(sql, StatementKind::Write, &params, &mut NoSchema)
     }
 
     fn read(sql: &str, params: &[i64]) -> Label {
         let params: Vec<Value> = params.iter().map(|&p| Value::Integer(p)).collect();
-        labeller().label(sql, StatementKind::Read, &params)
+        labeller().label(sql, StatementKind::Read, &params, &mut NoSchema)
     }
 
     #[test]
@@ -788,6 +860,7 @@ mod tests {
             "SELECT * FROM a JOIN b ON a.x = b.x WHERE a.k = 1",
             StatementKind::Read,
             &[],
+            &mut NoSchema,
         );
         assert!(shared.global, "two tables sharing a class column's name: {shared:?}");
     }
@@ -809,8 +882,75 @@ mod tests {
             "SELECT * FROM stock WHERE s_w_id = $1",
             StatementKind::Read,
             &[Value::Null],
+            &mut NoSchema,
         );
         assert!(null.global);
+    }
+
+    /// A schema whose tables and version a test sets, counting how often it is asked.
+    #[derive(Default)]
+    struct FakeSchema {
+        version: u64,
+        tables: HashMap<String, Vec<String>>,
+        asked: usize,
+    }
+
+    impl Schema for FakeSchema {
+        fn version(&mut self) -> Option<u64> {
+            Some(self.version)
+        }
+
+        fn insert_columns(&mut self, table: &str) -> Option<Vec<String>> {
+            self.asked += 1;
+            self.tables.get(table).cloned()
+        }
+    }
+
+    #[test]
+    fn an_insert_without_a_column_list_is_placed_by_the_schema_it_is_labelled_against() {
+        let mut labeller = labeller();
+        let mut schema = FakeSchema::default();
+        let insert = "INSERT INTO stock VALUES ($1, $2), (7, 8)";
+        let select = "INSERT INTO main.stock SELECT 3, w_id FROM warehouse WHERE w_id = $1";
+        let label = |labeller: &mut Labeller, schema: &mut FakeSchema, sql: &str| {
+            labeller.label(
+                sql,
+                StatementKind::Write,
+                &[Value::Integer(1), Value::Integer(2)],
+                schema,
+            )
+        };
+        assert!(label(&mut labeller, &mut schema, insert).global, "no such table yet");
+        schema.version = 1;
+        schema
+            .tables
+            .insert("stock".into(), vec!["s_i_id".into(), "s_w_id".into()]);
+        assert_eq!(classes(&label(&mut labeller, &mut schema, insert)), ["2", "8"]);
+        assert_eq!(classes(&label(&mut labeller, &mut schema, select)), ["1"]);
+        let asked = schema.asked;
+        assert_eq!(classes(&label(&mut labeller, &mut schema, insert)), ["2", "8"]);
+        assert_eq!(schema.asked, asked, "a template is kept while the schema version holds");
+        // The class column moved (a table rebuilt with its columns in another order).
+        schema.version = 2;
+        schema
+            .tables
+            .insert("stock".into(), vec!["s_w_id".into(), "s_i_id".into()]);
+        assert_eq!(classes(&label(&mut labeller, &mut schema, insert)), ["1", "7"]);
+        schema.version = 3;
+        schema
+            .tables
+            .insert("stock".into(), vec!["s_i_id".into(), "s_quantity".into()]);
+        assert!(label(&mut labeller, &mut schema, insert).global, "no class column");
+        // More values than the schema has columns is the database's error, not a class.
+        schema.version = 4;
+        schema.tables.insert("stock".into(), vec!["s_w_id".into()]);
+        assert_eq!(classes(&label(&mut labeller, &mut schema, insert)), ["1", "7"]);
+        let computed = "INSERT INTO stock VALUES ($1 + 1, $2)";
+        assert!(label(&mut labeller, &mut schema, computed).global);
+        assert!(
+            label(&mut labeller, &mut schema, "INSERT INTO stock DEFAULT VALUES").global,
+            "no value to read the class from"
+        );
     }
 
     #[test]

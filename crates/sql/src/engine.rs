@@ -19,6 +19,7 @@ use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OpenFlags};
 
 use crate::certify::{Chain, Remembered, Touch};
+use crate::classes::Schema;
 use crate::error::SqlError;
 use crate::text::Dialect;
 use crate::txn::{Statement, TxnId, Value};
@@ -174,6 +175,25 @@ pub trait Engine: Send {
     fn applies_in_transaction(&mut self) -> bool {
         false
     }
+    /// For the labeller (`classes::Schema`): a number that changes whenever the schema does.
+    fn schema_version(&mut self) -> Option<u64> {
+        None
+    }
+    /// For the labeller (`classes::Schema`): the columns, lower-cased, that an INSERT without
+    /// a column list fills into `table`, in order.
+    fn insert_columns(&mut self, _table: &str) -> Option<Vec<String>> {
+        None
+    }
+}
+
+impl Schema for Box<dyn Engine> {
+    fn version(&mut self) -> Option<u64> {
+        self.schema_version()
+    }
+
+    fn insert_columns(&mut self, table: &str) -> Option<Vec<String>> {
+        Engine::insert_columns(&mut **self, table)
+    }
 }
 
 fn hybrid_unsupported() -> SqlError {
@@ -196,7 +216,7 @@ pub struct Sqlite {
     tables: crate::write_set::Tables,
     /// Whether write-sets may be applied on `conn` (`applies_in_transaction`), as of a schema
     /// version.
-    applies_in_transaction: Option<(i64, bool)>,
+    applies_in_transaction: Option<(u64, bool)>,
     /// Certified write-sets are being applied in a transaction on `conn` (not the applier):
     /// where that is right, one connection both executes and applies, so neither finds its
     /// page cache stale after the other's commit.
@@ -894,11 +914,7 @@ impl Engine for Sqlite {
     }
 
     fn applies_in_transaction(&mut self) -> bool {
-        let version = self
-            .conn
-            .prepare_cached("PRAGMA schema_version")
-            .and_then(|mut statement| statement.query_row([], |row| row.get::<_, i64>(0)));
-        let Ok(version) = version else {
+        let Some(version) = self.schema_version() else {
             return false;
         };
         if let Some((known, applies)) = self.applies_in_transaction {
@@ -919,6 +935,33 @@ impl Engine for Sqlite {
             .unwrap_or(false);
         self.applies_in_transaction = Some((version, applies));
         applies
+    }
+
+    fn schema_version(&mut self) -> Option<u64> {
+        self.conn
+            .prepare_cached("PRAGMA schema_version")
+            .and_then(|mut statement| statement.query_row([], |row| row.get::<_, i64>(0)))
+            .ok()
+            .map(|version| version as u64)
+    }
+
+    fn insert_columns(&mut self, table: &str) -> Option<Vec<String>> {
+        // Generated columns (hidden 2 and 3) take no value from an INSERT.
+        let mut statement = self
+            .conn
+            .prepare_cached("SELECT lower(name), hidden FROM pragma_table_xinfo(?1)")
+            .ok()?;
+        let rows = statement
+            .query_map([table], |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)))
+            .ok()?;
+        let mut columns = Vec::new();
+        for row in rows {
+            let (name, hidden) = row.ok()?;
+            if hidden == 0 {
+                columns.push(name);
+            }
+        }
+        (!columns.is_empty()).then_some(columns)
     }
 
     fn apply_write_set(&mut self, write_set: &[u8]) -> Result<(), SqlError> {
@@ -979,6 +1022,36 @@ mod tests {
                 .unwrap()
                 .rows
         });
+    }
+
+    #[test]
+    fn the_labeller_places_an_insert_without_columns_by_the_tables_columns_as_they_stand() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut engine: Box<dyn Engine> = Box::new(Sqlite::open(dir.path()).unwrap());
+        let mut labeller = crate::classes::Labeller::new("stock.s_w_id".parse().unwrap());
+        let insert = "INSERT INTO stock VALUES (?1, ?2)";
+        let params = [Value::Integer(4), Value::Integer(9)];
+        let mut label =
+            |engine: &mut Box<dyn Engine>| labeller.label(insert, crate::text::StatementKind::Write, &params, engine);
+        assert!(label(&mut engine).global, "no table yet");
+        // A generated column takes no value from an INSERT, wherever it stands.
+        engine
+            .execute(
+                "CREATE TABLE stock (s_double INTEGER AS (s_i_id * 2), s_i_id INTEGER, \"S_W_ID\" INTEGER)",
+                &[],
+            )
+            .unwrap();
+        assert_eq!(label(&mut engine).classes.into_iter().collect::<Vec<_>>(), ["9"]);
+        engine.execute("DROP TABLE stock", &[]).unwrap();
+        engine
+            .execute("CREATE TABLE stock (s_w_id INTEGER, s_i_id INTEGER)", &[])
+            .unwrap();
+        assert_eq!(label(&mut engine).classes.into_iter().collect::<Vec<_>>(), ["4"]);
+        engine.execute(insert, &params).unwrap();
+        assert_eq!(
+            engine.execute("SELECT s_w_id FROM stock", &[]).unwrap().rows,
+            [[Value::Integer(4)]]
+        );
     }
 
     #[test]

@@ -192,11 +192,11 @@ impl WriterHandle {
 
     /// The conflict classes a statement touches (none without rules).
     pub fn label(&self, sql: &str, kind: StatementKind, params: &[Value]) -> Label {
-        let mut writer = self.writer();
-        writer
-            .labeller
-            .as_mut()
-            .map_or_else(Label::default, |labeller| labeller.label(sql, kind, params))
+        let mut guard = self.writer();
+        let writer = &mut *guard;
+        writer.labeller.as_mut().map_or_else(Label::default, |labeller| {
+            labeller.label(sql, kind, params, &mut writer.engine)
+        })
     }
 
     /// Hybrid with owners: the node (its id) owning every class `label` names, if that is
@@ -1089,7 +1089,7 @@ impl Writer {
             return Err(SqlError::in_failed_transaction());
         }
         if let Some(labeller) = &mut self.labeller {
-            let touched = labeller.label(sql, analysis.kind, &params);
+            let touched = labeller.label(sql, analysis.kind, &params, &mut self.engine);
             // A class a suspended transaction of this node's holds is its alone until it is
             // done (`reach` waits for it; a statement that did not ask fails here).
             if touched

@@ -103,8 +103,9 @@ struct Inserter<'a> {
     /// Whether a retry was already reported (once per table and warehouse is enough).
     said_retrying: bool,
     /// The table's columns, named in each INSERT: hybrid replication labels an INSERT with
-    /// the class column's values only when a column list says where that column is (without
-    /// one, every insert would be a global transaction borrowing every class).
+    /// the class column's values only when it can tell where that column is, and without a
+    /// column list only the SQLite engine can say (on PostgreSQL every insert would be a
+    /// global transaction borrowing every class).
     columns: Option<String>,
 }
 
