@@ -8,9 +8,9 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 
 use rusqlite::config::DbConfig;
 use rusqlite::ffi;
@@ -18,6 +18,7 @@ use rusqlite::functions::FunctionFlags;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OpenFlags};
 
+use crate::capture::Capture;
 use crate::certify::{Chain, Remembered, Touch};
 use crate::classes::Schema;
 use crate::error::SqlError;
@@ -204,8 +205,10 @@ fn hybrid_unsupported() -> SqlError {
 /// power cut leaves a consistent (older) database that the log brings forward.
 pub struct Sqlite {
     dir: std::path::PathBuf,
-    /// Declared before `conn`: a session is deleted before its connection closes.
-    recording: Option<Recording>,
+    /// Declared before `conn`: the capture's hook is removed before its connection closes.
+    recording: Option<Capture>,
+    /// The captures' knowledge of the tables' columns.
+    captured_tables: Arc<Mutex<crate::capture::Tables>>,
     conn: Connection,
     /// Applies other nodes' write-sets, with triggers and foreign-key actions off for good: a
     /// write-set holds what they did on the leader. (Switching them off and on around each
@@ -244,21 +247,6 @@ fn take_closed_mark(dir: &Path) -> std::io::Result<bool> {
     }
 }
 
-/// SQLite's session extension recording one transaction's changes (every table, those
-/// without a primary key by rowid).
-struct Recording(*mut ffi::sqlite3_session);
-
-// SAFETY: a session is used only through its connection's owner (`Sqlite`), which moves
-// between threads with it and is never shared.
-unsafe impl Send for Recording {}
-
-impl Drop for Recording {
-    fn drop(&mut self) {
-        // SAFETY: the session was created by `sqlite3session_create` and is deleted once.
-        unsafe { ffi::sqlite3session_delete(self.0) }
-    }
-}
-
 /// An error code of SQLite's C interface as an error of ours.
 pub(crate) fn sqlite_code_error(what: &str, code: c_int) -> SqlError {
     SqlError::from_sqlite(&rusqlite::Error::SqliteFailure(
@@ -275,23 +263,10 @@ pub fn database_path(dir: &Path) -> std::path::PathBuf {
 impl Sqlite {
     /// The net changes recorded since `record_writes` (empty if none); the recording ends.
     fn take_changeset(&mut self) -> Result<Vec<u8>, SqlError> {
-        let recording = self.recording.take().expect("writes are being recorded");
-        let mut len: c_int = 0;
-        let mut bytes: *mut c_void = std::ptr::null_mut();
-        // SAFETY: the session is live; SQLite allocates the changeset, freed below.
-        let taken = unsafe { ffi::sqlite3session_changeset(recording.0, &mut len, &mut bytes) };
-        let write_set = if bytes.is_null() || len <= 0 {
-            Vec::new()
-        } else {
-            // SAFETY: SQLite returned `len` bytes at `bytes`.
-            unsafe { std::slice::from_raw_parts(bytes.cast::<u8>(), len as usize) }.to_vec()
-        };
-        // SAFETY: `bytes` came from SQLite's allocator (freeing null is a no-op).
-        unsafe { ffi::sqlite3_free(bytes) };
-        if taken != ffi::SQLITE_OK {
-            return Err(sqlite_code_error("cannot collect the transaction's writes", taken));
-        }
-        Ok(write_set)
+        self.recording
+            .take()
+            .expect("writes are being recorded")
+            .changeset(&self.conn)
     }
 
     pub fn open(dir: &Path) -> Result<Sqlite, SqlError> {
@@ -348,6 +323,7 @@ impl Sqlite {
         Ok(Sqlite {
             dir: dir.to_path_buf(),
             recording: None,
+            captured_tables: Default::default(),
             conn,
             applier: None,
             tables: Default::default(),
@@ -751,33 +727,14 @@ impl Engine for Sqlite {
 
     fn record_writes(&mut self) -> Result<(), SqlError> {
         assert!(self.recording.is_none(), "one recording per transaction");
-        let mut session = std::ptr::null_mut();
-        // SAFETY: the handle is this connection's, open for the call; the session is kept in
-        // `recording`, which deletes it before the connection closes.
-        let created = unsafe { ffi::sqlite3session_create(self.conn.handle(), c"main".as_ptr(), &mut session) };
-        if created != ffi::SQLITE_OK {
-            return Err(sqlite_code_error("cannot record the transaction's writes", created));
-        }
-        let recording = Recording(session);
-        // Tables without a primary key are recorded by rowid (the option is set before any
-        // table is attached); a null name attaches every table, those created later too.
-        let mut by_rowid: c_int = 1;
-        // SAFETY: `session` is live; the option takes a pointer to an int it may write.
-        let configured = unsafe {
-            ffi::sqlite3session_object_config(
-                session,
-                ffi::SQLITE_SESSION_OBJCONFIG_ROWID,
-                (&mut by_rowid as *mut c_int).cast(),
-            )
-        };
-        // SAFETY: as above.
-        let attached = unsafe { ffi::sqlite3session_attach(session, std::ptr::null()) };
-        for code in [configured, attached] {
-            if code != ffi::SQLITE_OK {
-                return Err(sqlite_code_error("cannot record the transaction's writes", code));
-            }
-        }
-        self.recording = Some(recording);
+        let schema_version = self
+            .schema_version()
+            .ok_or_else(|| SqlError::new("XX000", "cannot read the schema version"))?;
+        // SAFETY: the connection is this engine's, with no other pre-update hook (no session
+        // is ever made on it); `recording` is declared before `conn`, so the capture ends
+        // before the connection closes, and both move together.
+        let capture = unsafe { Capture::start(self.conn.handle(), self.captured_tables.clone(), schema_version) };
+        self.recording = Some(capture);
         Ok(())
     }
 
@@ -898,17 +855,14 @@ impl Engine for Sqlite {
     fn apply_in_transaction(&mut self, write_set: &[u8]) -> Result<(), SqlError> {
         assert!(!self.conn.is_autocommit(), "applied inside the open transaction");
         // Not the transaction's own writes: the recording, if one runs, skips them.
-        let recording = self.recording.as_ref().map(|recording| recording.0);
-        if let Some(session) = recording {
-            // SAFETY: the session is live (kept in `recording`); enabling takes a flag.
-            unsafe { ffi::sqlite3session_enable(session, 0) };
+        if let Some(capture) = &mut self.recording {
+            capture.set_recording(false);
         }
         // A chain's rows without a key take fresh rowids too: others' write-sets applied since
         // it ran may hold the ones it drew.
         let applied = crate::write_set::apply(&self.conn, &mut self.tables, write_set, true);
-        if let Some(session) = recording {
-            // SAFETY: as above.
-            unsafe { ffi::sqlite3session_enable(session, 1) };
+        if let Some(capture) = &mut self.recording {
+            capture.set_recording(true);
         }
         applied
     }

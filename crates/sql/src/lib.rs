@@ -17,6 +17,7 @@
 //! Hybrid replication: every node executes its own clients' transactions and sends their
 //! write-sets; every node certifies them by conflict class in log order (`certify`).
 
+mod capture;
 pub mod certify;
 pub mod checkpoint;
 pub mod classes;

@@ -1,4 +1,4 @@
-//! Applying a write-set (SQLite's changeset format, as the session extension records it) row by
+//! Applying a write-set (SQLite's changeset format, as `capture` writes it) row by
 //! row, with statements kept prepared. `sqlite3changeset_apply` prepares its statements afresh
 //! for every write-set — for TPC-C that cost a replica more than re-executing the transaction.
 //!
