@@ -3,7 +3,7 @@
 //! rewrite, conflict-class labels, COPY statements) and COPY data.
 #![no_main]
 
-use chorus_sql::classes::Labeller;
+use chorus_sql::classes::{Labeller, Schema};
 use chorus_sql::copy::{parse_copy, CopyFormat, RowReader};
 use chorus_sql::text::{
     classify, command_verb, fix_writes, parameter_count, split_statements, Dialect, FixedClock, StatementKind,
@@ -11,6 +11,24 @@ use chorus_sql::text::{
 use chorus_sql::txn::{Command, Value};
 use chorus_sql::{ForwardReply, ForwardRequest};
 use libfuzzer_sys::fuzz_target;
+
+/// Two ruled tables' columns, so that an INSERT without a column list is placed.
+struct FixedSchema;
+
+impl Schema for FixedSchema {
+    fn version(&mut self) -> Option<u64> {
+        Some(1)
+    }
+
+    fn insert_columns(&mut self, table: &str) -> Option<Vec<String>> {
+        let columns: &[&str] = match table {
+            "stock" => &["s_i_id", "s_w_id", "s_quantity"],
+            "t" => &["v", "k"],
+            _ => return None,
+        };
+        Some(columns.iter().map(|c| c.to_string()).collect())
+    }
+}
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(command) = Command::decode(data) {
@@ -65,7 +83,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(statements) = split_statements(sql) {
         for statement in statements {
             for kind in [StatementKind::Read, StatementKind::Write] {
-                let _ = labeller.label(&statement, kind, &params);
+                let _ = labeller.label(&statement, kind, &params, &mut FixedSchema);
             }
             let _ = classify(&statement);
             let _ = command_verb(&statement);
