@@ -25,6 +25,7 @@ use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{ffi, Connection, ToSql};
 
 use crate::error::SqlError;
+use crate::write_set::{quoted, value_of};
 
 /// The changeset's operation codes (SQLite's).
 const INSERT: u8 = ffi::SQLITE_INSERT as u8;
@@ -322,31 +323,6 @@ fn put_value(out: &mut Vec<u8>, value: ValueRef) {
     }
 }
 
-/// A value the hook gave.
-///
-/// # Safety
-/// `value` is live for `'a`.
-unsafe fn value_ref<'a>(value: *mut ffi::sqlite3_value) -> ValueRef<'a> {
-    // SAFETY: the caller's.
-    unsafe {
-        let bytes = |data: *const u8| {
-            let len = ffi::sqlite3_value_bytes(value) as usize;
-            if data.is_null() || len == 0 {
-                &[][..]
-            } else {
-                std::slice::from_raw_parts(data, len)
-            }
-        };
-        match ffi::sqlite3_value_type(value) {
-            ffi::SQLITE_INTEGER => ValueRef::Integer(ffi::sqlite3_value_int64(value)),
-            ffi::SQLITE_FLOAT => ValueRef::Real(ffi::sqlite3_value_double(value)),
-            ffi::SQLITE_TEXT => ValueRef::Text(bytes(ffi::sqlite3_value_text(value))),
-            ffi::SQLITE_BLOB => ValueRef::Blob(bytes(ffi::sqlite3_value_blob(value).cast())),
-            _ => ValueRef::Null,
-        }
-    }
-}
-
 /// The pre-update hook: records the change into the capture `context` points to.
 unsafe extern "C" fn on_change(
     context: *mut c_void,
@@ -422,24 +398,24 @@ unsafe fn record(
             ));
         }
     }
-    let value_of: ValueOf = if existed {
+    let hook_value: HookValue = if existed {
         ffi::sqlite3_preupdate_old
     } else {
         ffi::sqlite3_preupdate_new
     };
     let info = changes.info.clone();
-    // SAFETY: inside the hook; `value_of` gives this change's old or new values.
+    // SAFETY: inside the hook; `hook_value` gives this change's old or new values.
     let value = |column: Column| -> Result<ValueRef<'_>, String> {
         match column {
             Column::Rowid => Ok(ValueRef::Integer(rowid)),
             Column::At(index) => {
                 let mut value = std::ptr::null_mut();
-                let code = unsafe { value_of(db, index, &mut value) };
+                let code = unsafe { hook_value(db, index, &mut value) };
                 if code != ffi::SQLITE_OK || value.is_null() {
                     return Err(format!("SQLite gave no value for column {index} (code {code})"));
                 }
                 // SAFETY: the value lives until the hook returns, past this use.
-                Ok(unsafe { value_ref(value) })
+                Ok(unsafe { value_of(value) }.unwrap_or(ValueRef::Null))
             }
         }
     };
@@ -476,7 +452,7 @@ unsafe fn record(
     Ok(())
 }
 
-type ValueOf = unsafe extern "C" fn(*mut ffi::sqlite3, c_int, *mut *mut ffi::sqlite3_value) -> c_int;
+type HookValue = unsafe extern "C" fn(*mut ffi::sqlite3, c_int, *mut *mut ffi::sqlite3_value) -> c_int;
 
 /// The shape of table `name`, from `tables` unless `reload`, else read (on the hook's
 /// connection) and remembered.
@@ -500,11 +476,6 @@ unsafe fn table_info(
     let info = Arc::new(unsafe { read_table_info(db, name)? });
     tables.by_name.insert(lower, info.clone());
     Ok(info)
-}
-
-/// `"name"`, quoted for SQL.
-fn quoted(name: &[u8]) -> String {
-    format!("\"{}\"", String::from_utf8_lossy(name).replace('"', "\"\""))
 }
 
 /// Reads a table's columns as the session extension does: those not hidden, by `cid`, a
@@ -558,6 +529,7 @@ unsafe fn read_table_info(db: *mut ffi::sqlite3, name: &[u8]) -> Result<TableInf
     if columns.is_empty() {
         return Err(format!("table {} has no columns", String::from_utf8_lossy(name)));
     }
+    let quoted = |name: &[u8]| quoted(&String::from_utf8_lossy(name));
     let mut selected: Vec<String> = names.iter().map(|n| quoted(n)).collect();
     let mut keys: Vec<String> = names
         .iter()

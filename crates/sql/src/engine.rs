@@ -605,8 +605,8 @@ impl Engine for Sqlite {
         self.recording = None;
         self.write_sets_on_conn = false;
         if !self.conn.is_autocommit() {
-            self.conn
-                .execute_batch("ROLLBACK")
+            // Kept prepared, as COMMIT is: a hybrid node rolls back every transaction it runs.
+            self.bookkeep("ROLLBACK", [])
                 .expect("SQLite rolls back an open transaction");
         }
     }

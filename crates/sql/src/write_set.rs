@@ -162,11 +162,12 @@ impl Drop for Changes {
     }
 }
 
-/// The value a changeset holds, or None where it holds none (an update's unchanged column).
+/// The value a changeset (or the pre-update hook) holds, or None where it holds none (an
+/// update's unchanged column).
 ///
-/// SAFETY: `value` is null or a value the changeset iterator gave; the result borrows it, and
-/// must not outlive the iterator's current change.
-unsafe fn value_of<'a>(value: *mut ffi::sqlite3_value) -> Option<ValueRef<'a>> {
+/// SAFETY: `value` is null or a value the changeset iterator (or the hook) gave; the result
+/// borrows it, and must not outlive the iterator's current change (or the hook's call).
+pub(crate) unsafe fn value_of<'a>(value: *mut ffi::sqlite3_value) -> Option<ValueRef<'a>> {
     if value.is_null() {
         return None;
     }
@@ -187,7 +188,8 @@ unsafe fn value_of<'a>(value: *mut ffi::sqlite3_value) -> Option<ValueRef<'a>> {
     })
 }
 
-fn quoted(name: &str) -> String {
+/// `name` quoted for SQL.
+pub(crate) fn quoted(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
