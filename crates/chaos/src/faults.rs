@@ -265,7 +265,7 @@ impl Target<'_> {
                 applied.cut = self.cut(&[left, right], Some(bridge))?;
             }
             FaultKind::RestartAll => {
-                self.kill_every_node()?;
+                self.kill_and_wait(&self.ids());
                 applied.nodes = ids;
             }
             FaultKind::PowerCutRandom => {
@@ -285,13 +285,15 @@ impl Target<'_> {
         Ok(applied)
     }
 
-    fn kill_every_node(&self) -> anyhow::Result<()> {
-        for id in self.ids() {
-            if chorus_cluster::read_pid(self.dir, id).is_some() {
-                chorus_cluster::kill_node(self.dir, id)?;
+    /// SIGKILLs each of `ids` still running and waits until it is gone. One lookup of its pid:
+    /// a node already signalled may die between two (kill_node's own lookup then fails, and
+    /// a power cut stopped there left every node down).
+    fn kill_and_wait(&self, ids: &[u64]) {
+        for &id in ids {
+            if let Some(pid) = chorus_cluster::read_pid(self.dir, id) {
+                process::kill(pid);
             }
         }
-        Ok(())
     }
 
     fn disks(&self) -> anyhow::Result<std::sync::MutexGuard<'_, PowerCutDisks>> {
@@ -326,11 +328,7 @@ impl Target<'_> {
                 disks.fail_stalled_syncs(id)?;
             }
         }
-        for &id in ids {
-            if chorus_cluster::read_pid(self.dir, id).is_some() {
-                chorus_cluster::kill_node(self.dir, id)?;
-            }
-        }
+        self.kill_and_wait(ids);
         self.cut_power(ids)
     }
 
@@ -395,7 +393,7 @@ impl Target<'_> {
     /// Kills every node (and cuts every disk's power, when the nodes are on power-cut disks) and
     /// starts them all again: what "no acknowledged write is lost" is checked against.
     pub async fn full_restart(&self) -> anyhow::Result<usize> {
-        self.kill_every_node()?;
+        self.kill_and_wait(&self.ids());
         let rolled_back = if self.disks.is_some() {
             self.cut_power(&self.ids())?
         } else {
