@@ -25,6 +25,7 @@ use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{ffi, Connection, ToSql};
 
 use crate::error::SqlError;
+use crate::table_columns::{self, ColumnInfo};
 use crate::write_set::{quoted, value_of};
 
 /// The changeset's operation codes (SQLite's).
@@ -484,52 +485,18 @@ unsafe fn table_info(
 /// # Safety
 /// `db` is an open connection, used on this thread.
 unsafe fn read_table_info(db: *mut ffi::sqlite3, name: &[u8]) -> Result<TableInfo, String> {
-    const SQL: &CStr = c"SELECT cid, pk, hidden, name FROM pragma_table_xinfo(?1)";
-    let mut statement = std::ptr::null_mut();
-    // SAFETY: the caller's; the statement is finalized below on every path.
-    let code = unsafe { ffi::sqlite3_prepare_v2(db, SQL.as_ptr(), -1, &mut statement, std::ptr::null_mut()) };
-    if code != ffi::SQLITE_OK {
-        return Err(format!("cannot read the columns of a table (code {code})"));
+    let name = String::from_utf8_lossy(name);
+    // SAFETY: the caller's; a connection made from a handle leaves it open when dropped.
+    let conn = unsafe { Connection::from_handle(db) }.map_err(|e| e.to_string())?;
+    let all = table_columns::read(&conn, &name).map_err(|e| format!("cannot read the columns of table {name}: {e}"))?;
+    let hook_columns = all.len() as c_int;
+    let shown: Vec<ColumnInfo> = all.into_iter().filter(|column| !column.hidden).collect();
+    if shown.is_empty() {
+        return Err(format!("table {name} has no columns"));
     }
-    let mut columns = Vec::new();
-    let mut primary_key = Vec::new();
-    let mut names = Vec::new();
-    let mut hook_columns = 0;
-    // SAFETY: the statement is live; SQLITE_TRANSIENT has SQLite copy the name.
-    let code = unsafe {
-        let mut code = ffi::sqlite3_bind_text(
-            statement,
-            1,
-            name.as_ptr().cast(),
-            name.len() as c_int,
-            ffi::SQLITE_TRANSIENT(),
-        );
-        while code == ffi::SQLITE_OK || code == ffi::SQLITE_ROW {
-            code = ffi::sqlite3_step(statement);
-            if code == ffi::SQLITE_ROW {
-                hook_columns += 1;
-                if ffi::sqlite3_column_int(statement, 2) == 0 {
-                    columns.push(Column::At(ffi::sqlite3_column_int(statement, 0)));
-                    primary_key.push(ffi::sqlite3_column_int(statement, 1) != 0);
-                    let text = ffi::sqlite3_column_text(statement, 3);
-                    names.push(if text.is_null() {
-                        Vec::new()
-                    } else {
-                        CStr::from_ptr(text.cast()).to_bytes().to_vec()
-                    });
-                }
-            }
-        }
-        ffi::sqlite3_finalize(statement);
-        code
-    };
-    if code != ffi::SQLITE_DONE {
-        return Err(format!("cannot read the columns of a table (code {code})"));
-    }
-    if columns.is_empty() {
-        return Err(format!("table {} has no columns", String::from_utf8_lossy(name)));
-    }
-    let quoted = |name: &[u8]| quoted(&String::from_utf8_lossy(name));
+    let mut columns: Vec<Column> = shown.iter().map(|column| Column::At(column.cid)).collect();
+    let mut primary_key: Vec<bool> = shown.iter().map(|column| column.primary_key).collect();
+    let names: Vec<&str> = shown.iter().map(|column| column.name.as_str()).collect();
     let mut selected: Vec<String> = names.iter().map(|n| quoted(n)).collect();
     let mut keys: Vec<String> = names
         .iter()
@@ -551,7 +518,7 @@ unsafe fn read_table_info(db: *mut ffi::sqlite3, name: &[u8]) -> Result<TableInf
     let select = format!(
         "SELECT {} FROM main.{} WHERE {}",
         selected.join(", "),
-        quoted(name),
+        quoted(&name),
         conditions.join(" AND ")
     );
     Ok(TableInfo {
@@ -677,9 +644,9 @@ mod tests {
 
     fn captured_changeset(conn: &Connection, tables: &Arc<Mutex<Tables>>, statements: &[String]) -> Vec<u8> {
         conn.execute_batch("BEGIN").unwrap();
-        let version: i64 = conn.query_row("PRAGMA schema_version", [], |row| row.get(0)).unwrap();
+        let version = table_columns::schema_version(conn).unwrap();
         // SAFETY: no session is open on the connection, which outlives the capture.
-        let capture = unsafe { Capture::start(conn.handle(), tables.clone(), version as u64) };
+        let capture = unsafe { Capture::start(conn.handle(), tables.clone(), version) };
         for statement in statements {
             let _ = conn.execute_batch(statement);
         }

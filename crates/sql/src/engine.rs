@@ -892,29 +892,16 @@ impl Engine for Sqlite {
     }
 
     fn schema_version(&mut self) -> Option<u64> {
-        self.conn
-            .prepare_cached("PRAGMA schema_version")
-            .and_then(|mut statement| statement.query_row([], |row| row.get::<_, i64>(0)))
-            .ok()
-            .map(|version| version as u64)
+        crate::table_columns::schema_version(&self.conn).ok()
     }
 
     fn insert_columns(&mut self, table: &str) -> Option<Vec<String>> {
-        // Generated columns (hidden 2 and 3) take no value from an INSERT.
-        let mut statement = self
-            .conn
-            .prepare_cached("SELECT lower(name), hidden FROM pragma_table_xinfo(?1)")
-            .ok()?;
-        let rows = statement
-            .query_map([table], |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)))
-            .ok()?;
-        let mut columns = Vec::new();
-        for row in rows {
-            let (name, hidden) = row.ok()?;
-            if hidden == 0 {
-                columns.push(name);
-            }
-        }
+        let columns: Vec<String> = crate::table_columns::read(&self.conn, table)
+            .ok()?
+            .into_iter()
+            .filter(|column| !column.hidden)
+            .map(|column| column.name.to_ascii_lowercase())
+            .collect();
         (!columns.is_empty()).then_some(columns)
     }
 

@@ -33,6 +33,7 @@ mod pg_decoding;
 pub mod pg_write_set;
 pub mod postgres;
 mod readers;
+mod table_columns;
 pub mod text;
 pub mod txn;
 mod wire;

@@ -14,13 +14,14 @@ use rusqlite::{ffi, Connection};
 
 use crate::engine::sqlite_code_error;
 use crate::error::SqlError;
+use crate::table_columns::{self, ColumnInfo};
 
 /// What applying write-sets needs to know of the tables they touch, as of one schema version:
 /// their columns, and the statement text for each shape of change met so far (built once, not
 /// per row: formatting it per row cost more than SQLite's execution of some changes).
 #[derive(Default)]
 pub struct Tables {
-    schema_version: Option<i64>,
+    schema_version: Option<u64>,
     tables: HashMap<String, Table>,
 }
 
@@ -47,18 +48,16 @@ impl Tables {
     /// `table`, checked to have `count` columns.
     fn table(&mut self, conn: &Connection, name: &str, count: usize) -> Result<&mut Table, SqlError> {
         if !self.tables.contains_key(name) {
-            let mut statement = conn
-                .prepare("SELECT name, pk FROM pragma_table_info(?1) ORDER BY cid")
-                .map_err(|e| SqlError::from_sqlite(&e))?;
-            let info = statement
-                .query_map([name], |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)))
-                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| SqlError::from_sqlite(&e))?;
+            let info: Vec<ColumnInfo> = table_columns::read(conn, name)
+                .map_err(|e| SqlError::from_sqlite(&e))?
+                .into_iter()
+                .filter(|column| !column.hidden)
+                .collect();
             let mut columns: Vec<String> = Vec::with_capacity(info.len() + 1);
-            if info.iter().all(|(_, pk)| *pk == 0) {
+            if !info.iter().any(|column| column.primary_key) {
                 columns.push("_rowid_".to_owned());
             }
-            columns.extend(info.into_iter().map(|(name, _)| name));
+            columns.extend(info.into_iter().map(|column| column.name));
             self.tables.insert(
                 name.to_owned(),
                 Table {
@@ -79,10 +78,7 @@ impl Tables {
 
     /// Forgets what it knows if the schema changed since it learned it.
     fn refresh(&mut self, conn: &Connection) -> Result<(), SqlError> {
-        let version = conn
-            .prepare_cached("PRAGMA schema_version")
-            .and_then(|mut statement| statement.query_row([], |row| row.get::<_, i64>(0)))
-            .map_err(|e| SqlError::from_sqlite(&e))?;
+        let version = table_columns::schema_version(conn).map_err(|e| SqlError::from_sqlite(&e))?;
         if self.schema_version != Some(version) {
             self.tables.clear();
             self.schema_version = Some(version);
