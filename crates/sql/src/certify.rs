@@ -76,6 +76,17 @@ impl Chain {
     }
 }
 
+/// Why certification voids a transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Void {
+    /// A transaction of its chain was not ordered before it or did not commit, or a later
+    /// transaction of its node's was ordered before it.
+    Chain,
+    /// Another node's transaction (or a global one) committed on what it touched after its
+    /// snapshot: first committer wins.
+    Conflict,
+}
+
 /// One thing the certifier remembers, as the database keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Remembered {
@@ -118,7 +129,7 @@ impl Certifier {
     /// Whether transaction `id`, which `certify` describes, ordered at `at`, commits: its
     /// chain was ordered before it and committed, and no other transaction committed after its
     /// snapshot touched what it touched.
-    pub fn admits(&self, id: TxnId, certify: &Certify, at: Position) -> bool {
+    pub fn admits(&self, id: TxnId, certify: &Certify, at: Position) -> Result<(), Void> {
         assert!(
             certify.snapshot < at,
             "a transaction is ordered after the state it ran on: snapshot {:?}, position {at:?}",
@@ -126,15 +137,14 @@ impl Certifier {
         );
         let chain = self.chains.get(&id.incarnation).copied().unwrap_or_default();
         if id.seq <= chain.last_seq {
-            // Ordered after a later transaction of its node's.
-            return false;
+            return Err(Void::Chain);
         }
         let depends_on = certify.chain.unwrap_or(0);
         let chain_committed = (0..CHAIN_SPAN)
             .filter(|i| depends_on & (1 << i) != 0)
             .all(|i| id.seq > i + 1 && chain.committed(id.seq - 1 - i));
         if !chain_committed {
-            return false;
+            return Err(Void::Chain);
         }
         // On a chain, its own node's touches after the snapshot are its chain's.
         let others = |touch: &Touch| {
@@ -145,14 +155,20 @@ impl Certifier {
             }
         };
         let later = |position: Position| position > certify.snapshot;
-        if certify.global {
-            return !later(others(&self.any));
+        let untouched = if certify.global {
+            !later(others(&self.any))
+        } else {
+            !later(self.global)
+                && certify
+                    .classes
+                    .iter()
+                    .all(|class| self.classes.get(class).is_none_or(|touch| !later(others(touch))))
+        };
+        if untouched {
+            Ok(())
+        } else {
+            Err(Void::Conflict)
         }
-        !later(self.global)
-            && certify
-                .classes
-                .iter()
-                .all(|class| self.classes.get(class).is_none_or(|touch| !later(others(touch))))
     }
 
     /// Whether no transaction of a node other than `incarnation` committed on `classes` (nor a
@@ -227,6 +243,13 @@ impl Certifier {
 mod tests {
     use super::*;
 
+    impl Certifier {
+        /// Whether certification passes it (tests ask why separately).
+        fn passes(&self, id: TxnId, certify: &Certify, at: Position) -> bool {
+            self.admits(id, certify, at).is_ok()
+        }
+    }
+
     fn txn(snapshot: Position, classes: &[&str], global: bool) -> Certify {
         Certify {
             snapshot,
@@ -246,23 +269,24 @@ mod tests {
         let a = txn((1, 0), &["a"], false);
         let b = txn((1, 0), &["b"], false);
         let a_again = txn((1, 0), &["a", "c"], false);
-        assert!(certifier.admits(id(1, 1), &a, (2, 0)));
+        assert!(certifier.passes(id(1, 1), &a, (2, 0)));
         certifier.commit(id(1, 1), &a, (2, 0));
         assert!(
-            certifier.admits(id(2, 1), &b, (2, 1)),
+            certifier.passes(id(2, 1), &b, (2, 1)),
             "another class commits alongside"
         );
         certifier.commit(id(2, 1), &b, (2, 1));
-        assert!(
-            !certifier.admits(id(3, 1), &a_again, (3, 0)),
+        assert_eq!(
+            certifier.admits(id(3, 1), &a_again, (3, 0)),
+            Err(Void::Conflict),
             "a class written after its snapshot"
         );
         assert!(
-            !certifier.admits(id(1, 2), &a_again, (3, 0)),
+            !certifier.passes(id(1, 2), &a_again, (3, 0)),
             "its own node's earlier transaction counts too, outside a chain"
         );
         assert!(
-            certifier.admits(id(3, 1), &txn((2, 0), &["a", "c"], false), (3, 0)),
+            certifier.passes(id(3, 1), &txn((2, 0), &["a", "c"], false), (3, 0)),
             "a snapshot that saw the write"
         );
     }
@@ -272,15 +296,15 @@ mod tests {
         let mut certifier = Certifier::default();
         certifier.commit(id(1, 1), &txn((1, 0), &[], false), (2, 0));
         assert!(
-            !certifier.admits(id(2, 1), &txn((1, 0), &[], true), (3, 0)),
+            !certifier.passes(id(2, 1), &txn((1, 0), &[], true), (3, 0)),
             "a transaction of no class came after its snapshot"
         );
         let global = txn((2, 0), &[], true);
-        assert!(certifier.admits(id(2, 1), &global, (3, 0)));
+        assert!(certifier.passes(id(2, 1), &global, (3, 0)));
         certifier.commit(id(2, 1), &global, (3, 0));
-        assert!(!certifier.admits(id(1, 2), &txn((2, 5), &["z"], false), (4, 0)));
-        assert!(!certifier.admits(id(1, 2), &txn((2, 5), &[], false), (4, 0)));
-        assert!(certifier.admits(id(1, 2), &txn((3, 0), &["z"], false), (4, 0)));
+        assert!(!certifier.passes(id(1, 2), &txn((2, 5), &["z"], false), (4, 0)));
+        assert!(!certifier.passes(id(1, 2), &txn((2, 5), &[], false), (4, 0)));
+        assert!(certifier.passes(id(1, 2), &txn((3, 0), &["z"], false), (4, 0)));
     }
 
     #[test]
@@ -292,38 +316,38 @@ mod tests {
             chain: Some(0b1),
             ..txn((1, 0), &["a"], false)
         };
-        assert!(certifier.admits(id(1, 1), &first, (2, 0)));
+        assert!(certifier.passes(id(1, 1), &first, (2, 0)));
         certifier.commit(id(1, 1), &first, (2, 0));
         assert!(
-            certifier.admits(id(1, 2), &second, (2, 1)),
+            certifier.passes(id(1, 2), &second, (2, 1)),
             "its own chain's touch does not count"
         );
         // Had another node touched the class in between, it would not.
         let mut other = Certifier::default();
         other.commit(id(1, 1), &first, (2, 0));
         other.commit(id(9, 1), &txn((1, 0), &["a"], false), (2, 1));
-        assert!(!other.admits(id(1, 2), &second, (3, 0)));
+        assert_eq!(other.admits(id(1, 2), &second, (3, 0)), Err(Void::Conflict));
         // A chain member voided, or missing, voids it; one it does not depend on does not.
         let mut voided = Certifier::default();
         voided.void(id(1, 1));
-        assert!(!voided.admits(id(1, 2), &second, (2, 1)));
+        assert_eq!(voided.admits(id(1, 2), &second, (2, 1)), Err(Void::Chain));
         let independent = Certify {
             chain: Some(0),
             ..txn((1, 0), &["b"], false)
         };
-        assert!(voided.admits(id(1, 2), &independent, (2, 1)));
+        assert!(voided.passes(id(1, 2), &independent, (2, 1)));
         let missing = Certifier::default();
-        assert!(!missing.admits(id(1, 2), &second, (2, 1)));
+        assert!(!missing.passes(id(1, 2), &second, (2, 1)));
         let mut skipped = Certifier::default();
         skipped.commit(id(1, 2), &independent, (2, 0));
         let third = Certify {
             chain: Some(0b11),
             ..txn((1, 0), &["a"], false)
         };
-        assert!(!skipped.admits(id(1, 3), &third, (3, 0)), "seq 1 was never ordered");
+        assert!(!skipped.passes(id(1, 3), &third, (3, 0)), "seq 1 was never ordered");
         // A transaction ordered after a later one of its node's is void.
         certifier.commit(id(1, 2), &second, (2, 1));
-        assert!(!certifier.admits(id(1, 1), &first, (3, 0)));
+        assert_eq!(certifier.admits(id(1, 1), &first, (3, 0)), Err(Void::Chain));
     }
 
     #[test]
@@ -336,7 +360,7 @@ mod tests {
             (id(2, 2), (5, 0), txn((2, 1), &[], true)),
             (id(1, 2), (6, 0), txn((5, 0), &["a"], false)),
         ] {
-            assert!(certifier.admits(who, &t, at));
+            assert!(certifier.passes(who, &t, at));
             rows.extend(certifier.commit(who, &t, at));
         }
         rows.extend(certifier.void(id(3, 4)));
@@ -357,8 +381,8 @@ mod tests {
             (id(1, 3), txn((6, 0), &[], true)),
         ] {
             assert_eq!(
-                rebuilt.admits(who, &probe, (7, 0)),
-                certifier.admits(who, &probe, (7, 0)),
+                rebuilt.passes(who, &probe, (7, 0)),
+                certifier.passes(who, &probe, (7, 0)),
                 "{who:?} {probe:?}"
             );
         }

@@ -134,6 +134,8 @@ pub async fn start(
         .map_err(|e| StartError::Database(engine::io_error(&format!("cannot create {}", sql_dir.display()), e)))?;
     let engine = database.open_engine().map_err(StartError::Database)?;
     let (proposals, proposal_queue) = tokio::sync::mpsc::unbounded_channel();
+    // The writer starts before the node whose transport says which peers answer pings.
+    let peer_calls: Arc<std::sync::OnceLock<Arc<chorus_log::PeerCalls>>> = Arc::default();
     let writer = writer::start(
         engine,
         writer::WriterOptions {
@@ -141,7 +143,7 @@ pub async fn start(
             on_diverged: options.on_diverged,
             mode: options.mode,
             labeller: (!options.conflict_classes.is_empty()).then(|| classes::Labeller::new(options.conflict_classes)),
-            ownership: (options.mode == ReplicationMode::Hybrid).then(|| ownership(&node_config)),
+            ownership: (options.mode == ReplicationMode::Hybrid).then(|| ownership(&node_config, peer_calls.clone())),
             voters: start_voters(&node_config),
         },
         proposals,
@@ -160,6 +162,7 @@ pub async fn start(
     )
     .await
     .map_err(StartError::Node)?;
+    assert!(peer_calls.set(node.peer_calls().clone()).is_ok(), "set once, here");
     tokio::spawn(front::propose_in_order(node.clone(), writer.clone(), proposal_queue));
     if options.mode == ReplicationMode::Hybrid {
         tokio::spawn(writer::tick_hand_overs(writer.clone()));
@@ -198,13 +201,22 @@ fn start_voters(node_config: &NodeConfig) -> Vec<u64> {
 
 /// Hybrid replication's class owners. A transaction waits for a class it borrows about as long
 /// as a few log round trips on a slow link; an owner lends one for longer than a transaction on
-/// it takes.
-fn ownership(node_config: &NodeConfig) -> writer::Ownership {
+/// it takes; a node answering pings (every 500 ms) in the last two is alive.
+fn ownership(
+    node_config: &NodeConfig,
+    peer_calls: Arc<std::sync::OnceLock<Arc<chorus_log::PeerCalls>>>,
+) -> writer::Ownership {
+    const ANSWERED_PING_WITHIN: Duration = Duration::from_millis(1000);
     writer::Ownership {
         me: node_config.id,
         borrow_wait: Duration::from_millis(500),
         silent_for: Duration::from_secs(5),
         lend_for: Duration::from_secs(2),
+        answering: writer::Answering::new(move |node| {
+            peer_calls
+                .get()
+                .is_some_and(|calls| calls.heard_within(node, ANSWERED_PING_WITHIN))
+        }),
     }
 }
 

@@ -34,14 +34,14 @@ use chorus_log::node::Pending;
 use chorus_log::NodeError;
 use tokio::sync::{mpsc as async_mpsc, oneshot, watch};
 
-use crate::certify::{Certifier, Position, Remembered, CHAIN_SPAN};
+use crate::certify::{Certifier, Position, Remembered, Void, CHAIN_SPAN};
 use crate::classes::{Label, Labeller};
 use crate::engine::{AppliedMark, Engine, Outcome, Recorded};
 use crate::error::SqlError;
 use crate::text::{Analysis, FixedClock, StatementKind};
 use crate::txn::{Body, Certify, ClassMessage, Command, NodeRef, Statement, Ticket, Txn, TxnId, Value};
-pub use owners::Ownership;
 use owners::{holds, Asked, Borrowed, Suspended};
+pub use owners::{Answering, Ownership};
 
 /// How a leader's transactions travel through the log to the other replicas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -512,13 +512,18 @@ struct WriterMetrics {
     /// `Borrowed`), and classes this node lent.
     borrowed: [Arc<chorus_metrics::Counter>; 4],
     lent: Arc<chorus_metrics::Counter>,
+    /// Loans this node took back unreleased after `lend_for`.
+    lent_overdue: Arc<chorus_metrics::Counter>,
     /// Nodes the log takes for down, whose classes the others own meanwhile.
     owners_down: Arc<chorus_metrics::Gauge>,
     /// Voters the classes are placed over.
     owner_voters: Arc<chorus_metrics::Gauge>,
     /// Hybrid transactions this node certified (every node certifies every one), by outcome.
     certified_committed: Arc<chorus_metrics::Counter>,
-    certified_void: Arc<chorus_metrics::Counter>,
+    /// Void ones, by why: [`Void::Chain`], [`Void::Conflict`], and a write-set that did not fit.
+    certified_void_chain: Arc<chorus_metrics::Counter>,
+    certified_void_conflict: Arc<chorus_metrics::Counter>,
+    certified_void_misfit: Arc<chorus_metrics::Counter>,
 }
 
 impl WriterMetrics {
@@ -535,8 +540,10 @@ impl WriterMetrics {
             chorus_metrics::labeled_counter(
                 "chorus_sql_transactions_certified_total",
                 "Hybrid transactions this node certified in log order (every node certifies every \
-                 one), by outcome: committed, or void (a class it touched was written after its \
-                 snapshot, its chain was voided, or its write-set did not fit the rows)",
+                 one), by outcome: committed, or void because another node committed on a class it \
+                 touched after its snapshot (void_conflict), a transaction it was chained on was \
+                 void or ordered after it (void_chain), or its write-set did not fit the rows \
+                 (void_misfit)",
                 Some(("outcome", outcome)),
             )
         };
@@ -556,7 +563,9 @@ impl WriterMetrics {
                 )
             }),
             certified_committed: certified("committed"),
-            certified_void: certified("void"),
+            certified_void_chain: certified("void_chain"),
+            certified_void_conflict: certified("void_conflict"),
+            certified_void_misfit: certified("void_misfit"),
             borrowed: Borrowed::ALL.map(|outcome| {
                 chorus_metrics::labeled_counter(
                     "chorus_sql_class_waits_total",
@@ -571,6 +580,11 @@ impl WriterMetrics {
             lent: chorus_metrics::counter(
                 "chorus_sql_classes_lent_total",
                 "Classes this node owns that it lent to another node's transaction",
+            ),
+            lent_overdue: chorus_metrics::counter(
+                "chorus_sql_classes_taken_back_total",
+                "Classes this node lent and took back before the borrower released them (after \
+                 lend_for): the borrower's transaction then races this node's on the class",
             ),
             owners_down: chorus_metrics::gauge(
                 "chorus_sql_class_owners_down",
@@ -1500,7 +1514,8 @@ impl Writer {
                 self.group_outcomes.push((lost, Applied::Void));
             }
         }
-        if self.certifier.admits(txn.id, certify, at) {
+        let verdict = self.certifier.admits(txn.id, certify, at);
+        if verdict.is_ok() {
             let applied = match &txn.body {
                 Body::WriteSet(write_set) => self
                     .open_group(mark, true)
@@ -1527,10 +1542,14 @@ impl Writer {
         if outcome == Applied::Void {
             let remembered = self.certifier.void(txn.id);
             self.group_certified.extend(remembered);
-            self.metrics.certified_void.inc();
-        } else {
-            self.metrics.certified_committed.inc();
         }
+        let counted = match verdict {
+            _ if outcome == Applied::Committed => &self.metrics.certified_committed,
+            Err(Void::Chain) => &self.metrics.certified_void_chain,
+            Err(Void::Conflict) => &self.metrics.certified_void_conflict,
+            Ok(()) => &self.metrics.certified_void_misfit,
+        };
+        counted.inc();
         if txn.id.incarnation == self.incarnation {
             self.own_in_flight.retain(|own| own.id != txn.id);
         }

@@ -2,6 +2,7 @@
 //! and a randomized check against a serial reference.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::tests::{node_over, Node};
 use super::*;
@@ -24,14 +25,21 @@ fn hybrid_node_in(dir: tempfile::TempDir) -> Node {
     )
 }
 
-/// Node `me` of three (ids 0, 1, 2) that own the classes (class % 3: see `owner_index`).
+/// Node `me` of three (ids 0, 1, 2) that own the classes (class % 3: see `owner_index`),
+/// without a transport: no other node answers its pings.
 fn owning_node(me: u64) -> Node {
+    owning_node_hearing(me, Answering::new(|_| false))
+}
+
+/// Node `me` of three, hearing pings from the nodes `answering` says.
+fn owning_node_hearing(me: u64, answering: Answering) -> Node {
     let labeller = Labeller::new("acct.class,hist.class".parse().unwrap());
     let ownership = Ownership {
         me,
         borrow_wait: Duration::from_millis(500),
         silent_for: Duration::from_secs(5),
         lend_for: Duration::from_secs(60),
+        answering,
     };
     node_over(
         tempfile::tempdir().unwrap(),
@@ -839,6 +847,54 @@ async fn an_owner_taken_for_down_has_its_classes_move_to_the_nodes_up_until_it_s
     for node in &nodes {
         assert_eq!(owners(node), [1, 1, 1]);
     }
+}
+
+#[tokio::test]
+async fn an_owner_that_answers_pings_is_not_taken_for_down_however_slowly_the_log_moves() {
+    let answering = Arc::new(AtomicBool::new(true));
+    let hears_one = {
+        let answering = answering.clone();
+        Answering::new(move |node| node == 1 && answering.load(Ordering::Relaxed))
+    };
+    let (mut nodes, index) = cluster_of(vec![owning_node_hearing(0, hears_one), owning_node(1), owning_node(2)]).await;
+    // Node 1 owns class 1 and lends nothing (the log moves, but not its word): node 0's
+    // transaction waits in vain, and fails with 40001, since node 1 answers pings.
+    begin(&nodes[0], 1, &(DEPOSIT, vec![int(1), int(0), int(4)]))
+        .await
+        .unwrap();
+    let mut on_one = reach(&nodes[0], 1, 1);
+    let index = deliver_proposed(&mut nodes, 0, index);
+    while nodes[1].proposals.try_recv().is_ok() {}
+    nodes[0].writer.writer().go_on_without(1);
+    let failed = on_one.try_recv();
+    assert!(matches!(&failed, Ok(Err(e)) if e.code == "40001"), "{failed:?}");
+    let proposed: Vec<Command> = std::iter::from_fn(|| nodes[0].proposals.try_recv().ok().map(|(c, _)| c)).collect();
+    assert!(
+        !proposed
+            .iter()
+            .any(|c| matches!(class_message(c), Some(ClassMessage::OwnerDown { .. }))),
+        "{proposed:?}"
+    );
+    for (offset, command) in proposed.iter().enumerate() {
+        deliver(&nodes, index + offset as u64, command);
+    }
+    let index = index + proposed.len() as u64;
+    // Once it answers no ping either, the next wait takes it for down.
+    answering.store(false, Ordering::Relaxed);
+    begin(&nodes[0], 2, &(DEPOSIT, vec![int(1), int(0), int(4)]))
+        .await
+        .unwrap();
+    let mut on_one = reach(&nodes[0], 2, 1);
+    deliver_proposed(&mut nodes, 0, index);
+    nodes[0].writer.writer().go_on_without(2);
+    assert!(
+        matches!(on_one.try_recv(), Ok(Ok(()))),
+        "its owner seems down: it goes on"
+    );
+    let proposed: Vec<Command> = std::iter::from_fn(|| nodes[0].proposals.try_recv().ok().map(|(c, _)| c)).collect();
+    assert!(proposed
+        .iter()
+        .any(|c| matches!(class_message(c), Some(ClassMessage::OwnerDown { node: NodeRef::Id(1) }))));
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@
 //! safety.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::oneshot;
@@ -39,6 +40,29 @@ pub struct Ownership {
     /// How long an owner lends a class before it takes it back unreleased (its borrower may be
     /// gone).
     pub lend_for: Duration,
+    /// Which nodes answer the peer transport's pings: one that does is alive however slowly the
+    /// log moves (a stalled log lends nothing for anyone), and is not taken for down.
+    pub answering: Answering,
+}
+
+/// Whether a node answered the peer transport's pings lately (`PeerCalls::heard_within`).
+#[derive(Clone)]
+pub struct Answering(Arc<dyn Fn(u64) -> bool + Send + Sync>);
+
+impl Answering {
+    pub fn new(answers: impl Fn(u64) -> bool + Send + Sync + 'static) -> Answering {
+        Answering(Arc::new(answers))
+    }
+
+    fn answers(&self, node: u64) -> bool {
+        (self.0)(node)
+    }
+}
+
+impl std::fmt::Debug for Answering {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Answering")
+    }
 }
 
 /// How a transaction's wait for classes ended.
@@ -366,7 +390,9 @@ impl Writer {
     }
 
     /// `session`'s suspended transaction waited `borrow_wait` in vain. If the owners it waits
-    /// for seem down (they lent nothing to anyone meanwhile) it goes on without their classes
+    /// for seem down (they lent nothing to anyone meanwhile, and answer no ping: a log that
+    /// stalls for everyone must not have every node take the others for down) it goes on
+    /// without their classes
     /// (what was lent to it goes back; certification decides) and they are not asked for
     /// `silent_for`. Otherwise it fails: going on beside a live owner would void the owner's
     /// transactions on the class (and those chained on them), not just risk itself; and one
@@ -385,6 +411,7 @@ impl Writer {
         let now = Instant::now();
         let alive = |owner: u64| {
             owner == ownership.me
+                || ownership.answering.answers(owner)
                 || self
                     .last_lent
                     .get(&owner)
@@ -537,7 +564,12 @@ impl Writer {
             ClassMessage::OwnerDown { node } => {
                 if let Some(node) = self.resolve(node).filter(|node| self.voters.contains(node)) {
                     let mut down = self.owners_down.clone();
-                    down.insert(node);
+                    if down.insert(node) {
+                        tracing::info!(
+                            node,
+                            "a class owner is taken for down: its classes move to the nodes up"
+                        );
+                    }
                     self.owners_moved(&ownership, self.voters.clone(), down);
                 }
             }
@@ -547,7 +579,9 @@ impl Writer {
                         self.back_proposed = None;
                     }
                     let mut down = self.owners_down.clone();
-                    down.remove(&node);
+                    if down.remove(&node) {
+                        tracing::info!(node, "a class owner taken for down is back: it owns its classes again");
+                    }
                     self.owners_moved(&ownership, self.voters.clone(), down);
                 }
             }
@@ -701,11 +735,13 @@ impl Writer {
             .filter(|(_, (_, since))| now.duration_since(*since) >= ownership.lend_for)
             .map(|(class, _)| class.clone())
             .collect();
+        self.metrics.lent_overdue.add(overdue.len() as u64);
         self.take_back(&overdue);
         if self
             .lent_all
             .is_some_and(|(_, since)| now.duration_since(since) >= ownership.lend_for)
         {
+            self.metrics.lent_overdue.inc();
             self.take_back_all(&ownership);
         }
         if self.lent_all.is_some() {
