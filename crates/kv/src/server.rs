@@ -844,7 +844,7 @@ enum Kind {
 
 fn node_error(e: NodeError) -> Value {
     let prefix = match e {
-        NodeError::NoLeader { .. } | NodeError::Overloaded => "TRYAGAIN",
+        NodeError::NoLeader { .. } | NodeError::ReadUnconfirmed { .. } | NodeError::Overloaded => "TRYAGAIN",
         NodeError::Timeout { .. } => "TIMEOUT",
         NodeError::LeaderChanged => "UNCERTAIN",
         NodeError::DiskFull { .. } => "NOSPACE",

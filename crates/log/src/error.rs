@@ -63,6 +63,10 @@ pub(crate) fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> StorageErr
 pub enum NodeError {
     #[error("no leader elected within {waited_ms} ms; the request was not applied, retry")]
     NoLeader { waited_ms: u64 },
+    /// A linearizable read the leader did not confirm (ReadIndex) in time: it is overloaded or
+    /// its leadership is moving.
+    #[error("the leader did not confirm a read within {waited_ms} ms (overloaded, or leadership moving); nothing was read, retry")]
+    ReadUnconfirmed { waited_ms: u64 },
     #[error("not committed within {waited_ms} ms; the write may or may not have been applied")]
     Timeout { waited_ms: u64 },
     #[error("leadership changed before the write committed; it may or may not have been applied")]

@@ -2585,7 +2585,9 @@ impl<SM: StateMachine> RaftLoop<SM> {
             for r in issued.reads {
                 if now.duration_since(r.arrived) >= leader_wait {
                     failed.inc();
-                    let _ = r.reply.send(Err(no_leader()));
+                    let _ = r.reply.send(Err(NodeError::ReadUnconfirmed {
+                        waited_ms: leader_wait.as_millis() as u64,
+                    }));
                 } else {
                     self.reads_unissued.push(r);
                 }
