@@ -201,7 +201,7 @@ fn start_voters(node_config: &NodeConfig) -> Vec<u64> {
 
 /// Hybrid replication's class owners. A transaction waits for a class it borrows about as long
 /// as a few log round trips on a slow link; an owner lends one for longer than a transaction on
-/// it takes; a node answering pings (every 500 ms) in the last two is alive.
+/// it takes; a node that answered a ping (they go every 500 ms) within the last second is alive.
 fn ownership(
     node_config: &NodeConfig,
     peer_calls: Arc<std::sync::OnceLock<Arc<chorus_log::PeerCalls>>>,

@@ -602,11 +602,7 @@ async fn certified_histories_equal_a_serial_one_in_log_order() {
 /// Every node applies what `from` proposed since, in order, one command per log index from
 /// `index` on; returns the next index.
 fn deliver_proposed(nodes: &mut [Node], from: usize, mut index: u64) -> u64 {
-    let mut proposed = Vec::new();
-    while let Ok((command, _)) = nodes[from].proposals.try_recv() {
-        proposed.push(command);
-    }
-    for command in proposed {
+    for command in take_proposed(&mut nodes[from]) {
         deliver(nodes, index, &command);
         index += 1;
     }
@@ -630,6 +626,24 @@ fn reach(node: &Node, session: u64, class: i64) -> oneshot::Receiver<Result<(), 
         .reach(session, label)
         .unwrap()
         .expect("another node owns the class: it waits")
+}
+
+/// What `node` proposed since last asked, taken.
+fn take_proposed(node: &mut Node) -> Vec<Command> {
+    std::iter::from_fn(|| node.proposals.try_recv().ok().map(|(c, _)| c)).collect()
+}
+
+/// The nodes `proposed` takes for down.
+fn taken_for_down(proposed: &[Command]) -> Vec<u64> {
+    proposed
+        .iter()
+        .filter_map(|c| match class_message(c) {
+            Some(ClassMessage::OwnerDown {
+                node: NodeRef::Id(node),
+            }) => Some(*node),
+            _ => None,
+        })
+        .collect()
 }
 
 fn class_message(command: &Command) -> Option<&ClassMessage> {
@@ -820,10 +834,8 @@ async fn an_owner_taken_for_down_has_its_classes_move_to_the_nodes_up_until_it_s
         matches!(on_one.try_recv(), Ok(Ok(()))),
         "its owner seems down: it goes on"
     );
-    let proposed: Vec<Command> = std::iter::from_fn(|| nodes[0].proposals.try_recv().ok().map(|(c, _)| c)).collect();
-    assert!(proposed
-        .iter()
-        .any(|c| matches!(class_message(c), Some(ClassMessage::OwnerDown { node: NodeRef::Id(1) }))));
+    let proposed = take_proposed(&mut nodes[0]);
+    assert_eq!(taken_for_down(&proposed), [1]);
     for (offset, command) in proposed.iter().enumerate() {
         deliver(&nodes, index + offset as u64, command);
     }
@@ -838,7 +850,7 @@ async fn an_owner_taken_for_down_has_its_classes_move_to_the_nodes_up_until_it_s
         "class 4 moved to its own node"
     );
     // Node 1 reads that it was taken for down, and says it is back: its classes return.
-    let back: Vec<Command> = std::iter::from_fn(|| nodes[1].proposals.try_recv().ok().map(|(c, _)| c)).collect();
+    let back = take_proposed(&mut nodes[1]);
     assert_eq!(
         back.iter().filter_map(class_message).collect::<Vec<_>>(),
         [&ClassMessage::OwnerBack { node: NodeRef::Id(1) }]
@@ -868,13 +880,8 @@ async fn an_owner_that_answers_pings_is_not_taken_for_down_however_slowly_the_lo
     nodes[0].writer.writer().go_on_without(1);
     let failed = on_one.try_recv();
     assert!(matches!(&failed, Ok(Err(e)) if e.code == "40001"), "{failed:?}");
-    let proposed: Vec<Command> = std::iter::from_fn(|| nodes[0].proposals.try_recv().ok().map(|(c, _)| c)).collect();
-    assert!(
-        !proposed
-            .iter()
-            .any(|c| matches!(class_message(c), Some(ClassMessage::OwnerDown { .. }))),
-        "{proposed:?}"
-    );
+    let proposed = take_proposed(&mut nodes[0]);
+    assert!(taken_for_down(&proposed).is_empty(), "{proposed:?}");
     for (offset, command) in proposed.iter().enumerate() {
         deliver(&nodes, index + offset as u64, command);
     }
@@ -891,10 +898,8 @@ async fn an_owner_that_answers_pings_is_not_taken_for_down_however_slowly_the_lo
         matches!(on_one.try_recv(), Ok(Ok(()))),
         "its owner seems down: it goes on"
     );
-    let proposed: Vec<Command> = std::iter::from_fn(|| nodes[0].proposals.try_recv().ok().map(|(c, _)| c)).collect();
-    assert!(proposed
-        .iter()
-        .any(|c| matches!(class_message(c), Some(ClassMessage::OwnerDown { node: NodeRef::Id(1) }))));
+    let proposed = take_proposed(&mut nodes[0]);
+    assert_eq!(taken_for_down(&proposed), [1]);
 }
 
 #[tokio::test]

@@ -392,9 +392,8 @@ impl Writer {
     /// `session`'s suspended transaction waited `borrow_wait` in vain. If the owners it waits
     /// for seem down (they lent nothing to anyone meanwhile, and answer no ping: a log that
     /// stalls for everyone must not have every node take the others for down) it goes on
-    /// without their classes
-    /// (what was lent to it goes back; certification decides) and they are not asked for
-    /// `silent_for`. Otherwise it fails: going on beside a live owner would void the owner's
+    /// without their classes (what was lent to it goes back; certification decides) and they
+    /// are not asked for `silent_for`. Otherwise it fails: going on beside a live owner would void the owner's
     /// transactions on the class (and those chained on them), not just risk itself; and one
     /// waiting for a class another of its own node's holds cannot run beside that one.
     pub(super) fn go_on_without(&mut self, session: u64) {
